@@ -1,0 +1,57 @@
+//! The contract between an instrumented module and the host that runs it.
+//!
+//! * Import `ferry.poll : [] -> []` — called at a safe point when the flag word is non-zero.
+//!   If the host wants to suspend it sets `ferry:state` to [`STATE_UNWIND`] and `ferry:sp` to 0
+//!   and returns; every frame then saves itself and returns, so the entry function returns to
+//!   the host. While rewinding, the host sets the state back to [`STATE_NORMAL`] here.
+//! * Exported memory `ferry:ctl` (1 page, never grows): word 0 is the poll flag. The host may
+//!   write it from any thread.
+//! * Exported memory `ferry:stack`: the saved frames, `ferry:sp` bytes long. Each frame is
+//!   `[defined function index: u32][call site: u32][locals, naturally aligned]`, innermost frame
+//!   first. Rewinding pops frames from the top (outermost first).
+//! * Exported globals `ferry:state` and `ferry:sp` (both mutable i32).
+//! * Every original memory `N` is exported as `ferry:memory:N`, every mutable global `N` as
+//!   `ferry:global:N`, so the host can capture and restore them without knowing the module.
+//! * Imports listed in [`UNWINDING_IMPORTS`] are call sites too: the host may start an unwind
+//!   from inside them (a sleep or a blocking read), and on rewind they are called again with
+//!   their original arguments while the state is still [`STATE_REWIND`].
+
+/// Module name of ferry's own imports.
+pub const MODULE: &str = "ferry";
+/// The safe-point import.
+pub const POLL: &str = "poll";
+/// Control memory export (flag word at offset 0).
+pub const CTL_MEMORY: &str = "ferry:ctl";
+/// Saved-stack memory export.
+pub const STACK_MEMORY: &str = "ferry:stack";
+/// Unwind state global export.
+pub const STATE_GLOBAL: &str = "ferry:state";
+/// Saved-stack pointer global export.
+pub const SP_GLOBAL: &str = "ferry:sp";
+/// Prefix of the exports of the original memories.
+pub const MEMORY_PREFIX: &str = "ferry:memory:";
+/// Prefix of the exports of the original mutable globals.
+pub const GLOBAL_PREFIX: &str = "ferry:global:";
+
+/// Running normally.
+pub const STATE_NORMAL: i32 = 0;
+/// Frames are saving themselves and returning.
+pub const STATE_UNWIND: i32 = 1;
+/// Frames are restoring themselves and re-entering their call sites.
+pub const STATE_REWIND: i32 = 2;
+
+/// WASI imports from which the host may start an unwind (they can block).
+pub const UNWINDING_IMPORTS: &[(&str, &str)] = &[
+    ("wasi_snapshot_preview1", "poll_oneoff"),
+    ("wasi_snapshot_preview1", "fd_read"),
+];
+
+/// Name of the export of original memory `index`.
+pub fn memory_export(index: u32) -> String {
+    format!("{MEMORY_PREFIX}{index}")
+}
+
+/// Name of the export of original mutable global `index`.
+pub fn global_export(index: u32) -> String {
+    format!("{GLOBAL_PREFIX}{index}")
+}

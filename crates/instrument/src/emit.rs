@@ -1,0 +1,667 @@
+//! Phase B of the per-function transform: rewrite one function so it can save and rebuild
+//! its frame. See the crate documentation for the shape of the output; in short:
+//!
+//! ```text
+//! block $done (result R)
+//!   block $unwind
+//!     <prologue: if rewinding, pop this frame's record into the locals>
+//!     <body, with every stretch of code between call sites inside `if (!rw) … end`>
+//!     br $done
+//!   end
+//!   <epilogue: push this frame's record>   ;; reached only by `br $unwind`
+//!   <dummy R>
+//! end
+//! ```
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+
+use wasm_encoder::reencode::Reencode;
+use wasm_encoder::{BlockType, Encode, Function, Instruction as I, MemArg, ValType};
+use wasmparser::{
+    FuncToValidate, FuncType, FuncValidator, FunctionBody, Operator, ValidatorResources,
+};
+
+use crate::abi;
+use crate::error::InstrumentError;
+use crate::plan::{OpPlan, Plan};
+
+/// Module-wide facts the emitter needs.
+#[derive(Debug)]
+pub(crate) struct ModuleCtx<'a> {
+    pub func_types: &'a [Option<FuncType>],
+    pub func_type_of: &'a [u32],
+    pub is_site_callee: &'a [bool],
+    pub n_imported: u32,
+    pub poll_func: u32,
+    pub state_global: u32,
+    pub sp_global: u32,
+    pub ctl_memory: u32,
+    pub stack_memory: u32,
+}
+
+/// Function types the transform needs for its own blocks, appended after the module's types.
+#[derive(Debug)]
+pub(crate) struct TypeInterner {
+    base: u32,
+    map: HashMap<(Vec<ValType>, Vec<ValType>), u32>,
+    list: Vec<(Vec<ValType>, Vec<ValType>)>,
+}
+
+impl TypeInterner {
+    pub fn new(base: u32) -> Self {
+        Self { base, map: HashMap::new(), list: Vec::new() }
+    }
+
+    pub fn intern(&mut self, params: &[ValType], results: &[ValType]) -> u32 {
+        let key = (params.to_vec(), results.to_vec());
+        if let Some(&i) = self.map.get(&key) {
+            return i;
+        }
+        let i = self.base + self.list.len() as u32;
+        self.list.push(key.clone());
+        self.map.insert(key, i);
+        i
+    }
+
+    fn block_type(&mut self, params: &[ValType], results: &[ValType]) -> BlockType {
+        match (params, results) {
+            ([], []) => BlockType::Empty,
+            ([], [r]) => BlockType::Result(*r),
+            _ => BlockType::FunctionType(self.intern(params, results)),
+        }
+    }
+
+    pub fn append_to(self, types: &mut wasm_encoder::TypeSection) {
+        for (p, r) in self.list {
+            types.ty().function(p, r);
+        }
+    }
+}
+
+fn val_type(t: wasmparser::ValType) -> Result<ValType, InstrumentError> {
+    Ok(match t {
+        wasmparser::ValType::I32 => ValType::I32,
+        wasmparser::ValType::I64 => ValType::I64,
+        wasmparser::ValType::F32 => ValType::F32,
+        wasmparser::ValType::F64 => ValType::F64,
+        wasmparser::ValType::V128 => ValType::V128,
+        wasmparser::ValType::Ref(_) => {
+            return Err(InstrumentError::Unsupported(
+                "reference-typed locals or operands in a function that can be suspended".into(),
+            ));
+        }
+    })
+}
+
+fn val_types(ts: &[wasmparser::ValType]) -> Result<Vec<ValType>, InstrumentError> {
+    ts.iter().map(|t| val_type(*t)).collect()
+}
+
+fn size_of(t: ValType) -> u32 {
+    match t {
+        ValType::I32 | ValType::F32 => 4,
+        ValType::I64 | ValType::F64 => 8,
+        ValType::V128 => 16,
+        ValType::Ref(_) => unreachable!("refused by val_type"),
+    }
+}
+
+fn dummy(t: ValType) -> I<'static> {
+    match t {
+        ValType::I32 => I::I32Const(0),
+        ValType::I64 => I::I64Const(0),
+        ValType::F32 => I::F32Const(0.0f32.into()),
+        ValType::F64 => I::F64Const(0.0f64.into()),
+        ValType::V128 => I::V128Const(0),
+        ValType::Ref(_) => unreachable!("refused by val_type"),
+    }
+}
+
+fn load(t: ValType, m: MemArg) -> I<'static> {
+    match t {
+        ValType::I32 => I::I32Load(m),
+        ValType::I64 => I::I64Load(m),
+        ValType::F32 => I::F32Load(m),
+        ValType::F64 => I::F64Load(m),
+        ValType::V128 => I::V128Load(m),
+        ValType::Ref(_) => unreachable!("refused by val_type"),
+    }
+}
+
+fn store(t: ValType, m: MemArg) -> I<'static> {
+    match t {
+        ValType::I32 => I::I32Store(m),
+        ValType::I64 => I::I64Store(m),
+        ValType::F32 => I::F32Store(m),
+        ValType::F64 => I::F64Store(m),
+        ValType::V128 => I::V128Store(m),
+        ValType::Ref(_) => unreachable!("refused by val_type"),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seg {
+    /// Not inside a guard.
+    Closed,
+    /// A guard is due but nothing needed it yet (no values, no code).
+    Pending,
+    /// Inside `if (!rw)` whose parameters are this many values.
+    Open(usize),
+}
+
+#[derive(Debug)]
+struct Frame {
+    relevant: bool,
+    /// Whether a skip-wrapper block surrounds this construct (closed after it).
+    wrap: bool,
+    /// Output nesting level a branch to this frame targets.
+    level: u32,
+    seg: Seg,
+}
+
+struct Emitter<'c, 'm, R> {
+    ctx: &'c ModuleCtx<'m>,
+    types: &'c mut TypeInterner,
+    shift: &'c mut R,
+    out: Vec<u8>,
+    depth: u32,
+    frames: Vec<Frame>,
+    temps: HashMap<(ValType, u32), u32>,
+    /// Types of all locals, params first; temps are appended.
+    locals: Vec<ValType>,
+    rw: u32,
+    idx: u32,
+}
+
+type Validator = FuncValidator<ValidatorResources>;
+
+/// Output nesting level of the `$unwind` block.
+const UNWIND_LEVEL: u32 = 1;
+
+impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
+    fn ins(&mut self, i: I<'_>) {
+        match i {
+            I::Block(_) | I::Loop(_) | I::If(_) => self.depth += 1,
+            I::End => self.depth = self.depth.saturating_sub(1),
+            _ => {}
+        }
+        i.encode(&mut self.out);
+    }
+
+    fn rel(&self, level: u32) -> u32 {
+        self.depth - 1 - level
+    }
+
+    fn temp(&mut self, t: ValType, pos: u32) -> u32 {
+        let next = self.locals.len() as u32;
+        *self.temps.entry((t, pos)).or_insert_with(|| {
+            self.locals.push(t);
+            next
+        })
+    }
+
+    /// The frame's values (bottom first) with their absolute stack positions.
+    fn frame_values(v: &Validator) -> Result<(u32, Vec<ValType>), InstrumentError> {
+        let frame = v.get_control_frame(0).expect("inside a function");
+        let h = frame.height;
+        let n = v.operand_stack_height() as usize - h;
+        let mut ts = Vec::with_capacity(n);
+        for d in (0..n).rev() {
+            match v.get_operand_type(d).flatten() {
+                Some(t) => ts.push(val_type(t)?),
+                None => {
+                    return Err(InstrumentError::Internal(
+                        "operand of unknown type at a segment boundary".into(),
+                    ));
+                }
+            }
+        }
+        Ok((h as u32, ts))
+    }
+
+    fn top(&mut self) -> &mut Frame {
+        self.frames.last_mut().expect("function frame is always present")
+    }
+
+    fn seg_start(&mut self, v: &Validator) -> Result<(), InstrumentError> {
+        let (_, vals) = Self::frame_values(v)?;
+        if vals.is_empty() {
+            self.top().seg = Seg::Pending;
+        } else {
+            let bt = self.types.block_type(&vals, &[]);
+            self.ins(I::LocalGet(self.rw));
+            self.ins(I::I32Eqz);
+            self.ins(I::If(bt));
+            self.top().seg = Seg::Open(vals.len());
+        }
+        Ok(())
+    }
+
+    fn ensure_open(&mut self) {
+        if self.top().seg == Seg::Pending {
+            self.ins(I::LocalGet(self.rw));
+            self.ins(I::I32Eqz);
+            self.ins(I::If(BlockType::Empty));
+            self.top().seg = Seg::Open(0);
+        }
+    }
+
+    /// Ends the current guard: spills the frame's values to temps inside it and re-pushes them
+    /// after it, so they are in locals (saved on unwind, restored on rewind).
+    fn seg_close(&mut self, v: &Validator) -> Result<(), InstrumentError> {
+        let Seg::Open(n_params) = self.top().seg else {
+            self.top().seg = Seg::Closed;
+            return Ok(());
+        };
+        let unreachable = v.get_control_frame(0).expect("inside a function").unreachable;
+        let mut spilled = Vec::new();
+        if unreachable {
+            self.ins(I::Unreachable);
+        } else {
+            let (h, vals) = Self::frame_values(v)?;
+            for (j, t) in vals.iter().enumerate() {
+                spilled.push(self.temp(*t, h + j as u32));
+            }
+            for &l in spilled.iter().rev() {
+                self.ins(I::LocalSet(l));
+            }
+        }
+        self.ins(I::Else);
+        for _ in 0..n_params {
+            self.ins(I::Drop);
+        }
+        self.ins(I::End);
+        if unreachable {
+            // Only a corrupt rewind gets here: the target site was not in this frame.
+            self.ins(I::Unreachable);
+        }
+        for l in spilled {
+            self.ins(I::LocalGet(l));
+        }
+        self.top().seg = Seg::Closed;
+        Ok(())
+    }
+
+    /// Emits an unwind-capable call: on rewind it is re-entered only if it is the target.
+    fn call_site(&mut self, site: u32, call: I<'_>, params: &[ValType], results: &[ValType]) {
+        let bt = self.types.block_type(params, results);
+        self.ins(I::LocalGet(self.rw));
+        self.ins(I::If(bt));
+        self.ins(I::LocalGet(self.idx));
+        self.ins(I::I32Const(site as i32));
+        self.ins(I::I32Eq);
+        self.ins(I::If(bt));
+        self.ins(call.clone());
+        self.ins(I::I32Const(0));
+        self.ins(I::LocalSet(self.rw));
+        self.ins(I::Else);
+        for _ in params {
+            self.ins(I::Drop);
+        }
+        for r in results {
+            self.ins(dummy(*r));
+        }
+        self.ins(I::End);
+        self.ins(I::Else);
+        self.ins(call);
+        self.ins(I::End);
+        self.ins(I::GlobalGet(self.ctx.state_global));
+        self.ins(I::I32Const(abi::STATE_UNWIND));
+        self.ins(I::I32Eq);
+        self.ins(I::If(BlockType::Empty));
+        self.ins(I::I32Const(site as i32));
+        self.ins(I::LocalSet(self.idx));
+        self.ins(I::Br(self.rel(UNWIND_LEVEL)));
+        self.ins(I::End);
+    }
+
+    fn poll_site(&mut self, site: u32) {
+        self.ins(I::I32Const(0));
+        self.ins(I::I32Load(MemArg { offset: 0, align: 2, memory_index: self.ctx.ctl_memory }));
+        self.ins(I::If(BlockType::Empty));
+        self.call_site(site, I::Call(self.ctx.poll_func), &[], &[]);
+        self.ins(I::End);
+    }
+
+    fn block_sig(
+        &self,
+        bt: wasmparser::BlockType,
+    ) -> Result<(Vec<ValType>, Vec<ValType>), InstrumentError> {
+        Ok(match bt {
+            wasmparser::BlockType::Empty => (vec![], vec![]),
+            wasmparser::BlockType::Type(t) => (vec![], vec![val_type(t)?]),
+            wasmparser::BlockType::FuncType(i) => {
+                let f = self.func_type(i)?;
+                (val_types(f.params())?, val_types(f.results())?)
+            }
+        })
+    }
+
+    fn func_type(&self, type_index: u32) -> Result<&FuncType, InstrumentError> {
+        self.ctx
+            .func_types
+            .get(type_index as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| InstrumentError::Invalid(format!("type {type_index} is not a function")))
+    }
+
+    /// Translates a plain operator, renumbering branch depths for the added nesting.
+    fn plain(&mut self, op: &Operator<'_>) -> Result<(), InstrumentError> {
+        let target = |s: &Self, d: u32| -> u32 {
+            let f = &s.frames[s.frames.len() - 1 - d as usize];
+            s.rel(f.level)
+        };
+        match op {
+            Operator::Br { relative_depth } => self.ins(I::Br(target(self, *relative_depth))),
+            Operator::BrIf { relative_depth } => self.ins(I::BrIf(target(self, *relative_depth))),
+            Operator::BrTable { targets } => {
+                let mut ls = Vec::with_capacity(targets.len() as usize);
+                for t in targets.targets() {
+                    ls.push(target(self, t?));
+                }
+                let def = target(self, targets.default());
+                self.ins(I::BrTable(ls.into(), def));
+            }
+            other => {
+                let i = wasm_encoder::reencode::utils::instruction(self.shift, other.clone())
+                    .map_err(|e| InstrumentError::Invalid(e.to_string()))?;
+                self.ins(i);
+            }
+        }
+        Ok(())
+    }
+
+    fn shifted(&mut self, f: u32) -> u32 {
+        self.shift.function_index(f).unwrap_or(f)
+    }
+}
+
+/// Rewrites one instrumented function.
+pub(crate) fn emit<R: Reencode<Error = Infallible>>(
+    ctx: &ModuleCtx<'_>,
+    types: &mut TypeInterner,
+    shift: &mut R,
+    fv: FuncToValidate<ValidatorResources>,
+    body: &FunctionBody<'_>,
+    plan: &Plan,
+    defined_index: u32,
+) -> Result<Function, InstrumentError> {
+    let fty = ctx
+        .func_types
+        .get(fv.ty as usize)
+        .and_then(Option::as_ref)
+        .ok_or_else(|| InstrumentError::Invalid("function type is not a function".into()))?
+        .clone();
+    let mut v = fv.into_validator(Default::default());
+    let mut locals = val_types(fty.params())?;
+    let n_params = locals.len();
+    let mut reader = body.get_locals_reader()?;
+    for _ in 0..reader.get_count() {
+        let offset = reader.original_position();
+        let (count, ty) = reader.read()?;
+        v.define_locals(offset, count, ty)?;
+        let t = val_type(ty)?;
+        locals.extend(std::iter::repeat_n(t, count as usize));
+    }
+    let results = val_types(fty.results())?;
+    let rw = locals.len() as u32;
+    let idx = rw + 1;
+    locals.push(ValType::I32);
+    locals.push(ValType::I32);
+
+    let mut e = Emitter {
+        ctx,
+        types,
+        shift,
+        out: Vec::new(),
+        depth: 0,
+        frames: Vec::new(),
+        temps: HashMap::new(),
+        locals,
+        rw,
+        idx,
+    };
+    let done_bt = e.types.block_type(&[], &results);
+    e.ins(I::Block(done_bt));
+    e.ins(I::Block(BlockType::Empty));
+    let prologue_at = e.out.len();
+    e.frames.push(Frame { relevant: true, wrap: false, level: 0, seg: Seg::Closed });
+    if plan.entry_poll {
+        e.poll_site(0);
+    }
+    e.seg_start(&v)?;
+
+    let mut ops = body.get_operators_reader()?;
+    let mut i = 0usize;
+    while !ops.eof() {
+        let offset = ops.original_position();
+        let op = ops.read()?;
+        let op_plan = plan.ops[i];
+        i += 1;
+        let relevant = e.frames.last().is_some_and(|f| f.relevant);
+        match (&op, op_plan) {
+            (Operator::End, _) if e.frames.len() == 1 => {
+                e.seg_close(&v)?;
+                e.ins(I::Br(e.rel(0)));
+                v.op(offset, &op)?;
+                e.frames.pop();
+            }
+            (Operator::End, _) if relevant => {
+                e.seg_close(&v)?;
+                e.ins(I::End);
+                let f = e.frames.pop().expect("checked above");
+                if f.wrap {
+                    e.ins(I::End);
+                }
+                v.op(offset, &op)?;
+                e.seg_start(&v)?;
+            }
+            (Operator::Else, _) if relevant => {
+                e.seg_close(&v)?;
+                e.ins(I::Else);
+                v.op(offset, &op)?;
+                e.seg_start(&v)?;
+            }
+            (
+                Operator::Block { blockty } | Operator::Loop { blockty } | Operator::If { blockty },
+                OpPlan::Construct { lo, hi, then_hi, poll },
+            ) => {
+                e.seg_close(&v)?;
+                let (mut params, res) = e.block_sig(*blockty)?;
+                let is_if = matches!(op, Operator::If { .. });
+                if is_if {
+                    params.push(ValType::I32);
+                }
+                let wrap_bt = e.types.block_type(&params, &res);
+                e.ins(I::Block(wrap_bt));
+                let wrap_level = e.depth - 1;
+                // Rewinding to a site outside this construct: skip it.
+                e.ins(I::LocalGet(e.rw));
+                e.ins(I::If(BlockType::Empty));
+                e.ins(I::LocalGet(e.idx));
+                e.ins(I::I32Const(lo as i32));
+                e.ins(I::I32LtU);
+                e.ins(I::LocalGet(e.idx));
+                e.ins(I::I32Const(hi as i32));
+                e.ins(I::I32GeU);
+                e.ins(I::I32Or);
+                e.ins(I::If(BlockType::Empty));
+                for r in &res {
+                    e.ins(dummy(*r));
+                }
+                e.ins(I::Br(e.rel(wrap_level)));
+                e.ins(I::End);
+                e.ins(I::End);
+                if is_if {
+                    // Rewinding into this `if`: take the arm that holds the target site.
+                    let bt = e.types.block_type(&[ValType::I32], &[ValType::I32]);
+                    e.ins(I::LocalGet(e.rw));
+                    e.ins(I::If(bt));
+                    e.ins(I::Drop);
+                    e.ins(I::LocalGet(e.idx));
+                    e.ins(I::I32Const(then_hi as i32));
+                    e.ins(I::I32LtU);
+                    e.ins(I::End);
+                }
+                e.plain(&op)?;
+                let level = e.depth - 1;
+                e.frames.push(Frame { relevant: true, wrap: true, level, seg: Seg::Closed });
+                v.op(offset, &op)?;
+                if let Some(site) = poll {
+                    e.seg_start(&v)?;
+                    e.seg_close(&v)?;
+                    e.poll_site(site);
+                }
+                e.seg_start(&v)?;
+            }
+            (Operator::Call { function_index }, OpPlan::Site(site)) => {
+                e.seg_close(&v)?;
+                let ty = e.func_type(ctx.func_type_of[*function_index as usize])?;
+                let (params, res) = (val_types(ty.params())?, val_types(ty.results())?);
+                let callee = e.shifted(*function_index);
+                e.call_site(site, I::Call(callee), &params, &res);
+                v.op(offset, &op)?;
+                e.seg_start(&v)?;
+            }
+            (Operator::CallIndirect { type_index, table_index }, OpPlan::Site(site)) => {
+                e.seg_close(&v)?;
+                let ty = e.func_type(*type_index)?;
+                let (mut params, res) = (val_types(ty.params())?, val_types(ty.results())?);
+                params.push(ValType::I32);
+                let call = I::CallIndirect { type_index: *type_index, table_index: *table_index };
+                e.call_site(site, call, &params, &res);
+                v.op(offset, &op)?;
+                e.seg_start(&v)?;
+            }
+            _ => {
+                if relevant {
+                    e.ensure_open();
+                }
+                e.plain(&op)?;
+                match op {
+                    Operator::Block { .. } | Operator::Loop { .. } | Operator::If { .. } => {
+                        let level = e.depth - 1;
+                        e.frames.push(Frame {
+                            relevant: false,
+                            wrap: false,
+                            level,
+                            seg: Seg::Closed,
+                        });
+                    }
+                    Operator::End => {
+                        e.frames.pop();
+                    }
+                    _ => {}
+                }
+                v.op(offset, &op)?;
+            }
+        }
+    }
+
+    // Epilogue, reached by `br $unwind`: push this frame's record.
+    let stack = |offset: u32, align: u32| MemArg {
+        offset: u64::from(offset),
+        align,
+        memory_index: ctx.stack_memory,
+    };
+    let saved: Vec<(u32, ValType, u32)> = {
+        let mut off = 8u32;
+        let mut v = Vec::new();
+        for (l, t) in e.locals.iter().enumerate() {
+            let l = l as u32;
+            if l == rw || l == idx {
+                continue;
+            }
+            let sz = size_of(*t);
+            off = off.div_ceil(sz) * sz;
+            v.push((l, *t, off));
+            off += sz;
+        }
+        v.push((u32::MAX, ValType::I32, off.div_ceil(16) * 16));
+        v
+    };
+    let (_, _, size) = *saved.last().expect("sentinel pushed above");
+    let saved = &saved[..saved.len() - 1];
+    let (sp, state) = (ctx.sp_global, ctx.state_global);
+    let fid = defined_index as i32;
+
+    e.ins(I::End); // $unwind
+    e.ins(I::GlobalGet(sp));
+    e.ins(I::I32Const(size as i32));
+    e.ins(I::I32Add);
+    e.ins(I::MemorySize(ctx.stack_memory));
+    e.ins(I::I32Const(16));
+    e.ins(I::I32Shl);
+    e.ins(I::I32GtU);
+    e.ins(I::If(BlockType::Empty));
+    e.ins(I::I32Const((size / 65536 + 1) as i32));
+    e.ins(I::MemoryGrow(ctx.stack_memory));
+    e.ins(I::Drop);
+    e.ins(I::End);
+    e.ins(I::GlobalGet(sp));
+    e.ins(I::I32Const(fid));
+    e.ins(I::I32Store(stack(0, 2)));
+    e.ins(I::GlobalGet(sp));
+    e.ins(I::LocalGet(idx));
+    e.ins(I::I32Store(stack(4, 2)));
+    for &(l, t, off) in saved {
+        e.ins(I::GlobalGet(sp));
+        e.ins(I::LocalGet(l));
+        e.ins(store(t, stack(off, size_of(t).trailing_zeros())));
+    }
+    e.ins(I::GlobalGet(sp));
+    e.ins(I::I32Const(size as i32));
+    e.ins(I::I32Add);
+    e.ins(I::GlobalSet(sp));
+    for r in &results {
+        e.ins(dummy(*r));
+    }
+    e.ins(I::End); // $done
+    e.ins(I::End); // function
+
+    // Prologue: if rewinding, pop this frame's record.
+    let mut pro = Vec::new();
+    {
+        let mut p = |i: I<'_>| i.encode(&mut pro);
+        p(I::GlobalGet(state));
+        p(I::I32Const(abi::STATE_REWIND));
+        p(I::I32Eq);
+        p(I::LocalTee(rw));
+        p(I::If(BlockType::Empty));
+        p(I::GlobalGet(sp));
+        p(I::I32Const(size as i32));
+        p(I::I32Sub);
+        p(I::GlobalSet(sp));
+        p(I::GlobalGet(sp));
+        p(I::I32Load(stack(0, 2)));
+        p(I::I32Const(fid));
+        p(I::I32Ne);
+        p(I::If(BlockType::Empty));
+        p(I::Unreachable);
+        p(I::End);
+        p(I::GlobalGet(sp));
+        p(I::I32Load(stack(4, 2)));
+        p(I::LocalSet(idx));
+        for &(l, t, off) in saved {
+            p(I::GlobalGet(sp));
+            p(load(t, stack(off, size_of(t).trailing_zeros())));
+            p(I::LocalSet(l));
+        }
+        p(I::End);
+    }
+    let mut body_bytes = e.out;
+    body_bytes.splice(prologue_at..prologue_at, pro);
+
+    let declared = &e.locals[n_params..];
+    let mut groups: Vec<(u32, ValType)> = Vec::new();
+    for t in declared {
+        match groups.last_mut() {
+            Some((n, last)) if last == t => *n += 1,
+            _ => groups.push((1, *t)),
+        }
+    }
+    let mut f = Function::new(groups);
+    f.raw(body_bytes);
+    Ok(f)
+}

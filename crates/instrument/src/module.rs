@@ -1,0 +1,407 @@
+//! Module-level driver: validates the input, decides which functions need instrumenting, runs
+//! the per-function transform and assembles the output module.
+
+use std::convert::Infallible;
+
+use wasm_encoder::reencode::{Reencode, RoundtripReencoder};
+use wasm_encoder::{
+    ConstExpr, EntityType, ExportKind, ExportSection, GlobalSection, GlobalType, ImportSection,
+    MemorySection, MemoryType, Module, ValType,
+};
+use wasmparser::{
+    ExternalKind, FuncToValidate, FuncType, FunctionBody, Operator, Parser, Payload, TypeRef,
+    ValidPayload, Validator, ValidatorResources, WasmFeatures,
+};
+
+use crate::abi;
+use crate::emit::{self, ModuleCtx, TypeInterner};
+use crate::error::InstrumentError;
+use crate::plan;
+
+/// An instrumented module and what the transform did.
+#[derive(Debug, Clone)]
+pub struct Instrumented {
+    /// The suspendable module's bytes.
+    pub wasm: Vec<u8>,
+    /// Counts, for `inspect` and benchmarks.
+    pub stats: Stats,
+}
+
+/// What the transform did to a module.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Defined functions in the module.
+    pub functions: u32,
+    /// Of those, how many can be on the stack at a safe point and were instrumented.
+    pub instrumented: u32,
+    /// Unwind-capable call sites, polls included.
+    pub call_sites: u32,
+    /// Safe-point polls (loop headers and function entries).
+    pub polls: u32,
+}
+
+/// The proposals ferry can suspend. Exception handling, threads, tail calls and GC are refused
+/// with the validator's message naming the proposal.
+fn supported_features() -> WasmFeatures {
+    WasmFeatures::WASM2
+        | WasmFeatures::MULTI_MEMORY
+        | WasmFeatures::EXTENDED_CONST
+        | WasmFeatures::FLOATS
+}
+
+/// Per-function facts gathered before the transform.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FuncFacts {
+    pub has_loop: bool,
+    pub calls_defined: bool,
+    pub calls_indirect: bool,
+    pub calls_unwinding_import: bool,
+}
+
+impl FuncFacts {
+    /// Can this function be on the stack at a safe point?
+    pub fn instrumented(&self) -> bool {
+        self.has_loop || self.calls_defined || self.calls_indirect || self.calls_unwinding_import
+    }
+    /// Does it poll on entry? Only functions that call can recurse without a loop.
+    pub fn entry_poll(&self) -> bool {
+        self.calls_defined || self.calls_indirect
+    }
+}
+
+/// Renumbers function indices after ferry's poll import is added at the end of the imports.
+pub(crate) struct Shift {
+    imported_funcs: u32,
+}
+
+impl Reencode for Shift {
+    type Error = Infallible;
+    fn function_index(
+        &mut self,
+        func: u32,
+    ) -> Result<u32, wasm_encoder::reencode::Error<Infallible>> {
+        Ok(if func >= self.imported_funcs { func + 1 } else { func })
+    }
+}
+
+/// Makes `wasm` suspendable. See the crate documentation for what that means.
+pub fn instrument(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
+    if wasm.len() < 8 || &wasm[..4] != b"\0asm" {
+        return Err(InstrumentError::NotWasm);
+    }
+    if wasm[4..8] != [1, 0, 0, 0] {
+        return Err(InstrumentError::Component);
+    }
+
+    let mut validator = Validator::new_with_features(supported_features());
+    let mut sections: Vec<Payload<'_>> = Vec::new();
+    let mut bodies: Vec<(FuncToValidate<ValidatorResources>, FunctionBody<'_>)> = Vec::new();
+    let mut func_types: Vec<Option<FuncType>> = Vec::new();
+    let mut func_type_of: Vec<u32> = Vec::new(); // by original function index
+    let mut imports: Vec<(String, String)> = Vec::new(); // function imports
+    let mut mutable_globals: Vec<u32> = Vec::new();
+    let mut n_globals = 0u32;
+    let mut n_memories = 0u32;
+    let mut has_start_export = false;
+
+    for payload in Parser::new(0).parse_all(wasm) {
+        let payload = payload?;
+        let valid = validator.payload(&payload).map_err(|e| classify(wasm, e))?;
+        if let ValidPayload::Func(f, body) = valid {
+            bodies.push((f, body));
+            continue;
+        }
+        match &payload {
+            Payload::TypeSection(r) => {
+                for group in r.clone() {
+                    for sub in group?.into_types() {
+                        func_types.push(match sub.composite_type.inner {
+                            wasmparser::CompositeInnerType::Func(f) => Some(f),
+                            _ => None,
+                        });
+                    }
+                }
+            }
+            Payload::ImportSection(r) => {
+                for imp in r.clone().into_imports() {
+                    let imp = imp?;
+                    match imp.ty {
+                        TypeRef::Func(t) | TypeRef::FuncExact(t) => {
+                            func_type_of.push(t);
+                            imports.push((imp.module.to_owned(), imp.name.to_owned()));
+                        }
+                        _ => {
+                            return Err(InstrumentError::Unsupported(format!(
+                                "import `{}.{}` is not a function; ferry provides only functions \
+                                 to guests",
+                                imp.module, imp.name
+                            )));
+                        }
+                    }
+                }
+            }
+            Payload::FunctionSection(r) => {
+                for t in r.clone() {
+                    func_type_of.push(t?);
+                }
+            }
+            Payload::MemorySection(r) => n_memories += r.count(),
+            Payload::GlobalSection(r) => {
+                for g in r.clone() {
+                    if g?.ty.mutable {
+                        mutable_globals.push(n_globals);
+                    }
+                    n_globals += 1;
+                }
+            }
+            Payload::ExportSection(r) => {
+                for e in r.clone() {
+                    let e = e?;
+                    if e.name == "_start" && e.kind == ExternalKind::Func {
+                        has_start_export = true;
+                    }
+                    if e.name.starts_with("ferry:") {
+                        return Err(InstrumentError::Unsupported(format!(
+                            "export `{}` uses the reserved `ferry:` prefix (already instrumented?)",
+                            e.name
+                        )));
+                    }
+                }
+            }
+            _ => {}
+        }
+        sections.push(payload);
+    }
+    if !has_start_export {
+        return Err(InstrumentError::NoStart);
+    }
+
+    let n_imported = imports.len() as u32;
+    let unwinding_import: Vec<bool> = imports
+        .iter()
+        .map(|(m, n)| abi::UNWINDING_IMPORTS.contains(&(m.as_str(), n.as_str())))
+        .collect();
+
+    // Facts per defined function, then which call sites matter.
+    let mut facts = Vec::with_capacity(bodies.len());
+    for (_, body) in &bodies {
+        facts.push(scan(body, n_imported, &unwinding_import)?);
+    }
+    let mut is_site_callee: Vec<bool> = unwinding_import.clone();
+    is_site_callee.extend(facts.iter().map(FuncFacts::instrumented));
+
+    let mut interner = TypeInterner::new(func_types.len() as u32);
+    let poll_type = interner.intern(&[], &[]);
+    let ctx = ModuleCtx {
+        func_types: &func_types,
+        func_type_of: &func_type_of,
+        is_site_callee: &is_site_callee,
+        n_imported,
+        poll_func: n_imported,
+        state_global: n_globals,
+        sp_global: n_globals + 1,
+        ctl_memory: n_memories,
+        stack_memory: n_memories + 1,
+    };
+
+    let mut stats = Stats { functions: bodies.len() as u32, ..Stats::default() };
+    let mut code = wasm_encoder::CodeSection::new();
+    let mut shift = Shift { imported_funcs: n_imported };
+    for (i, ((fv, body), facts)) in bodies.into_iter().zip(&facts).enumerate() {
+        let defined_index = i as u32;
+        if !facts.instrumented() {
+            shift
+                .parse_function_body(&mut code, body)
+                .map_err(|e| InstrumentError::Invalid(e.to_string()))?;
+            continue;
+        }
+        let plan = plan::plan(&fv, &body, facts.entry_poll(), &ctx)?;
+        stats.instrumented += 1;
+        stats.call_sites += plan.n_sites;
+        stats.polls += plan.n_polls;
+        let f = emit::emit(&ctx, &mut interner, &mut shift, fv, &body, &plan, defined_index)?;
+        code.function(&f);
+    }
+
+    let out = assemble(sections, &ctx, interner, poll_type, code, n_memories, &mutable_globals)?;
+    // The output is checked, so a transform bug surfaces here and not as a guest crash.
+    Validator::new_with_features(supported_features())
+        .validate_all(&out)
+        .map_err(|e| InstrumentError::Internal(e.to_string()))?;
+    Ok(Instrumented { wasm: out, stats })
+}
+
+/// Tells an invalid module from a valid one that uses a proposal ferry does not support.
+fn classify(wasm: &[u8], e: wasmparser::BinaryReaderError) -> InstrumentError {
+    if Validator::new_with_features(WasmFeatures::all()).validate_all(wasm).is_ok() {
+        InstrumentError::Unsupported(e.to_string())
+    } else {
+        InstrumentError::Invalid(e.to_string())
+    }
+}
+
+/// Walks a body once to learn what it calls and whether it loops.
+fn scan(
+    body: &FunctionBody<'_>,
+    n_imported: u32,
+    unwinding_import: &[bool],
+) -> Result<FuncFacts, InstrumentError> {
+    let mut facts = FuncFacts::default();
+    let mut reader = body.get_operators_reader()?;
+    while !reader.eof() {
+        match reader.read()? {
+            Operator::Loop { .. } => facts.has_loop = true,
+            Operator::Call { function_index } => {
+                if function_index >= n_imported {
+                    facts.calls_defined = true;
+                } else if unwinding_import[function_index as usize] {
+                    facts.calls_unwinding_import = true;
+                }
+            }
+            Operator::CallIndirect { .. } => facts.calls_indirect = true,
+            Operator::TableSet { .. }
+            | Operator::TableGrow { .. }
+            | Operator::TableFill { .. }
+            | Operator::TableCopy { .. }
+            | Operator::TableInit { .. } => {
+                return Err(InstrumentError::Unsupported(
+                    "tables modified at run time (table.set/grow/fill/copy/init): their contents \
+                     cannot be captured yet"
+                        .into(),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(facts)
+}
+
+fn assemble(
+    sections: Vec<Payload<'_>>,
+    ctx: &ModuleCtx<'_>,
+    interner: TypeInterner,
+    poll_type: u32,
+    code: wasm_encoder::CodeSection,
+    n_memories: u32,
+    mutable_globals: &[u32],
+) -> Result<Vec<u8>, InstrumentError> {
+    let err = |e: wasm_encoder::reencode::Error<Infallible>| InstrumentError::Invalid(e.to_string());
+    let mut shift = Shift { imported_funcs: ctx.n_imported };
+    let mut module = Module::new();
+    let mut customs = Vec::new();
+
+    let mut types = wasm_encoder::TypeSection::new();
+    let mut imports = ImportSection::new();
+    let mut memories = MemorySection::new();
+    let mut globals = GlobalSection::new();
+    let mut exports = ExportSection::new();
+    let mut functions = None;
+    let mut tables = None;
+    let mut start = None;
+    let mut elements = None;
+    let mut datacount = None;
+    let mut data = None;
+
+    for payload in sections {
+        match payload {
+            Payload::TypeSection(r) => shift.parse_type_section(&mut types, r).map_err(err)?,
+            Payload::ImportSection(r) => shift.parse_import_section(&mut imports, r).map_err(err)?,
+            Payload::FunctionSection(r) => {
+                let mut s = wasm_encoder::FunctionSection::new();
+                shift.parse_function_section(&mut s, r).map_err(err)?;
+                functions = Some(s);
+            }
+            Payload::TableSection(r) => {
+                let mut s = wasm_encoder::TableSection::new();
+                shift.parse_table_section(&mut s, r).map_err(err)?;
+                tables = Some(s);
+            }
+            Payload::MemorySection(r) => {
+                shift.parse_memory_section(&mut memories, r).map_err(err)?
+            }
+            Payload::GlobalSection(r) => shift.parse_global_section(&mut globals, r).map_err(err)?,
+            Payload::ExportSection(r) => shift.parse_export_section(&mut exports, r).map_err(err)?,
+            Payload::StartSection { func, .. } => {
+                start = Some(wasm_encoder::StartSection {
+                    function_index: shift.function_index(func).map_err(err)?,
+                })
+            }
+            Payload::ElementSection(r) => {
+                let mut s = wasm_encoder::ElementSection::new();
+                shift.parse_element_section(&mut s, r).map_err(err)?;
+                elements = Some(s);
+            }
+            Payload::DataCountSection { count, .. } => {
+                datacount = Some(wasm_encoder::DataCountSection { count })
+            }
+            Payload::DataSection(r) => {
+                let mut s = wasm_encoder::DataSection::new();
+                shift.parse_data_section(&mut s, r).map_err(err)?;
+                data = Some(s);
+            }
+            Payload::CustomSection(c) => customs.push(c),
+            _ => {}
+        }
+    }
+
+    interner.append_to(&mut types);
+    imports.import(abi::MODULE, abi::POLL, EntityType::Function(poll_type));
+    let fixed = |pages| MemoryType {
+        minimum: pages,
+        maximum: Some(pages),
+        memory64: false,
+        shared: false,
+        page_size_log2: None,
+    };
+    memories.memory(fixed(1));
+    memories.memory(MemoryType { maximum: None, ..fixed(1) });
+    let i32_mut = GlobalType { val_type: ValType::I32, mutable: true, shared: false };
+    globals.global(i32_mut, &ConstExpr::i32_const(0));
+    globals.global(i32_mut, &ConstExpr::i32_const(0));
+    exports.export(abi::CTL_MEMORY, ExportKind::Memory, ctx.ctl_memory);
+    exports.export(abi::STACK_MEMORY, ExportKind::Memory, ctx.stack_memory);
+    exports.export(abi::STATE_GLOBAL, ExportKind::Global, ctx.state_global);
+    exports.export(abi::SP_GLOBAL, ExportKind::Global, ctx.sp_global);
+    for m in 0..n_memories {
+        exports.export(&abi::memory_export(m), ExportKind::Memory, m);
+    }
+    for &g in mutable_globals {
+        exports.export(&abi::global_export(g), ExportKind::Global, g);
+    }
+
+    module.section(&types);
+    module.section(&imports);
+    if let Some(s) = &functions {
+        module.section(s);
+    }
+    if let Some(s) = &tables {
+        module.section(s);
+    }
+    module.section(&memories);
+    module.section(&globals);
+    module.section(&exports);
+    if let Some(s) = &start {
+        module.section(s);
+    }
+    if let Some(s) = &elements {
+        module.section(s);
+    }
+    if let Some(s) = &datacount {
+        module.section(s);
+    }
+    module.section(&code);
+    if let Some(s) = &data {
+        module.section(s);
+    }
+    for c in customs {
+        match c.as_known() {
+            wasmparser::KnownCustom::Name(name) => {
+                module.section(&shift.custom_name_section(name).map_err(err)?);
+            }
+            _ => {
+                module.section(&RoundtripReencoder.custom_section(c).map_err(err)?);
+            }
+        }
+    }
+    Ok(module.finish())
+}

@@ -1,0 +1,131 @@
+//! Phase A of the per-function transform: number the call sites and find the constructs that
+//! contain them.
+//!
+//! Sites are numbered in the order the emitter meets them: the entry poll (if any) is 0, then
+//! in instruction order each reachable loop's header poll and each reachable unwind-capable
+//! call. A construct is *relevant* when it is reachable at its start and contains sites; a
+//! rewind enters it only when the target site lies in its range `[lo, hi)`.
+
+use wasmparser::{FuncToValidate, FunctionBody, Operator, ValidatorResources};
+
+use crate::emit::ModuleCtx;
+use crate::error::InstrumentError;
+
+/// Deepest control nesting ferry accepts in one function.
+pub(crate) const MAX_NESTING: usize = 100_000;
+
+/// What the emitter must do at one instruction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum OpPlan {
+    /// Copy it (renumbering indices and branch depths).
+    #[default]
+    Plain,
+    /// An unwind-capable call: call site number.
+    Site(u32),
+    /// A relevant block/loop/if: its site range, the end of the `then` arm's range (for `if`),
+    /// and the loop-header poll's site.
+    Construct { lo: u32, hi: u32, then_hi: u32, poll: Option<u32> },
+}
+
+/// Phase A's result for one function.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub entry_poll: bool,
+    pub ops: Vec<OpPlan>,
+    pub n_sites: u32,
+    pub n_polls: u32,
+}
+
+struct Open {
+    op: usize,
+    lo: u32,
+    reachable: bool,
+    then_hi: Option<u32>,
+    poll: Option<u32>,
+}
+
+pub(crate) fn plan(
+    fv: &FuncToValidate<ValidatorResources>,
+    body: &FunctionBody<'_>,
+    entry_poll: bool,
+    ctx: &ModuleCtx<'_>,
+) -> Result<Plan, InstrumentError> {
+    let mut validator = FuncToValidate { resources: fv.resources.clone(), ..*fv }
+        .into_validator(Default::default());
+    let mut locals = body.get_locals_reader()?;
+    for _ in 0..locals.get_count() {
+        let offset = locals.original_position();
+        let (count, ty) = locals.read()?;
+        validator.define_locals(offset, count, ty)?;
+    }
+
+    let mut next = 0u32;
+    let mut n_polls = 0u32;
+    if entry_poll {
+        next = 1;
+        n_polls = 1;
+    }
+    let mut ops = Vec::new();
+    let mut open: Vec<Open> = Vec::new();
+    let mut reader = body.get_operators_reader()?;
+    while !reader.eof() {
+        let offset = reader.original_position();
+        let op = reader.read()?;
+        let reachable = !validator
+            .get_control_frame(0)
+            .expect("a function body always has a frame")
+            .unreachable;
+        let idx = ops.len();
+        let mut this = OpPlan::Plain;
+        match &op {
+            Operator::Block { .. } | Operator::If { .. } | Operator::Loop { .. } => {
+                if open.len() >= MAX_NESTING {
+                    return Err(InstrumentError::Unsupported(format!(
+                        "control nesting deeper than {MAX_NESTING} in function {}",
+                        fv.index
+                    )));
+                }
+                let mut o = Open { op: idx, lo: next, reachable, then_hi: None, poll: None };
+                if reachable && matches!(op, Operator::Loop { .. }) {
+                    o.poll = Some(next);
+                    next += 1;
+                    n_polls += 1;
+                }
+                open.push(o);
+            }
+            Operator::Else => {
+                if let Some(o) = open.last_mut() {
+                    o.then_hi = Some(next);
+                }
+            }
+            Operator::End => {
+                if let Some(o) = open.pop() {
+                    if o.reachable && next > o.lo {
+                        ops[o.op] = OpPlan::Construct {
+                            lo: o.lo,
+                            hi: next,
+                            then_hi: o.then_hi.unwrap_or(next),
+                            poll: o.poll,
+                        };
+                    }
+                }
+            }
+            Operator::Call { function_index } => {
+                if reachable && ctx.is_site_callee[*function_index as usize] {
+                    this = OpPlan::Site(next);
+                    next += 1;
+                }
+            }
+            Operator::CallIndirect { .. } => {
+                if reachable {
+                    this = OpPlan::Site(next);
+                    next += 1;
+                }
+            }
+            _ => {}
+        }
+        ops.push(this);
+        validator.op(offset, &op)?;
+    }
+    Ok(Plan { entry_poll, ops, n_sites: next, n_polls })
+}

@@ -1,0 +1,176 @@
+//! The object kinds. Field names are part of the format: change them only with a version bump.
+
+use std::collections::BTreeMap;
+
+use ferry_kappa::Kappa;
+use serde::{Deserialize, Serialize};
+
+use crate::ObjectKind;
+
+/// Size of a memory chunk: one WebAssembly page.
+pub const CHUNK_SIZE: u32 = 65536;
+
+macro_rules! kind {
+    ($t:ty, $name:literal, $v:literal, |$s:ident| $children:expr) => {
+        impl ObjectKind for $t {
+            const KIND: &'static str = $name;
+            const VERSION: u32 = $v;
+            fn children(&self) -> Vec<Kappa> {
+                let $s = self;
+                $children
+            }
+        }
+    };
+}
+
+/// A suspended guest: everything needed to continue it, by κ.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Snapshot {
+    pub kind: String,
+    pub v: u32,
+    /// Human name of the program (file name), for `ps` and `inspect`.
+    pub program: String,
+    /// The original module (blob).
+    pub module: Kappa,
+    /// The suspendable module derived from it (blob) and the transform version that made it.
+    pub instrumented: Kappa,
+    pub instrument_version: u32,
+    /// One memory image per original memory.
+    pub memories: Vec<Kappa>,
+    /// Mutable globals by original index.
+    pub globals: Vec<GlobalValue>,
+    /// The saved call stack (blob): frames as written by the instrumented module.
+    pub stack: Kappa,
+    /// Virtual WASI state (a `ferry.wasi` object).
+    pub wasi: Kappa,
+    /// What this snapshot needs from the host that resumes it.
+    pub profile: Profile,
+    /// The previous snapshot of the same run, if any.
+    pub parent: Option<Kappa>,
+    /// How many times this run has been suspended or checkpointed before, this one included.
+    pub generation: u64,
+}
+kind!(Snapshot, "ferry.snapshot", 1, |s| {
+    let mut c = vec![s.module, s.instrumented, s.stack, s.wasi];
+    c.extend(s.memories.iter().copied());
+    c.extend(s.parent);
+    c
+});
+
+/// `P(S)`: what a host must provide to resume a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Host contract version, e.g. `ferry-host/1`.
+    pub runtime: String,
+    /// Engine class: the Wasm features the instrumented module needs.
+    pub engine_class: String,
+    /// Capabilities the guest had: `mount:/guest/path`, `env`, `stdin`.
+    pub capabilities: Vec<String>,
+    /// `true` if the snapshot depends on something of the host that took it.
+    pub host_bound: bool,
+}
+
+/// One mutable global's value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GlobalValue {
+    pub index: u32,
+    /// `i32`, `i64`, `f32`, `f64` or `v128`.
+    pub ty: String,
+    /// Little-endian bits (4, 8 or 16 bytes).
+    #[serde(with = "serde_bytes")]
+    pub bits: Vec<u8>,
+}
+
+/// A linear memory, chunked: only non-zero chunks are listed, zero chunks cost nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryImage {
+    pub kind: String,
+    pub v: u32,
+    /// Length in bytes (a multiple of the page size).
+    pub len: u64,
+    pub chunk_size: u32,
+    /// `(chunk index, κ of the chunk blob)`, ascending by index.
+    pub chunks: Vec<(u32, Kappa)>,
+}
+kind!(MemoryImage, "ferry.memory", 1, |s| s.chunks.iter().map(|(_, k)| *k).collect());
+
+/// A directory tree: names to files and subtrees.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tree {
+    pub kind: String,
+    pub v: u32,
+    pub entries: BTreeMap<String, TreeEntry>,
+}
+kind!(Tree, "ferry.tree", 1, |s| s.entries.values().map(|e| e.object).collect());
+
+/// One entry of a [`Tree`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TreeEntry {
+    /// `file`, `exec` (executable file), `dir` or `symlink` (target as the blob).
+    pub mode: String,
+    pub object: Kappa,
+}
+
+/// The virtual WASI state of a guest at a safe point.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WasiState {
+    pub kind: String,
+    pub v: u32,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub mounts: Vec<Mount>,
+    pub fds: Vec<(u32, FdState)>,
+    /// Virtual monotonic clock (ns) at capture; resumes continue from here.
+    pub monotonic_ns: u64,
+    /// Bytes the guest has written to stdout and stderr and read from stdin so far.
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub stdin_bytes: u64,
+    /// A sleep in progress (absolute virtual monotonic deadline, ns), if suspended inside one.
+    pub sleep_deadline_ns: Option<u64>,
+}
+kind!(WasiState, "ferry.wasi", 1, |s| s.mounts.iter().map(|m| m.tree).collect());
+
+/// A host directory mounted into the guest, as it was when the snapshot was taken.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mount {
+    pub guest_path: String,
+    /// The host directory at capture: a hint for humans, never authority.
+    pub host_hint: String,
+    /// Content of the directory at capture.
+    pub tree: Kappa,
+    pub read_only: bool,
+}
+
+/// One open file descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FdState {
+    /// `stdin`, `stdout`, `stderr`, `preopen`, `file`, `dir`.
+    pub what: String,
+    pub mount: u32,
+    /// Path inside the mount (`/`-separated, no `..`).
+    pub path: String,
+    pub offset: u64,
+    /// WASI fdflags (append, nonblock, …).
+    pub fdflags: u16,
+    pub read: bool,
+    pub write: bool,
+}
+
+impl Snapshot {
+    pub const KIND_NAME: &'static str = "ferry.snapshot";
+}
+
+/// Builds the `kind`/`v` pair for a new object of kind `T`.
+pub fn header<T: ObjectKind>() -> (String, u32) {
+    (T::KIND.to_owned(), T::VERSION)
+}

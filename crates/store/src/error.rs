@@ -1,0 +1,41 @@
+use std::path::PathBuf;
+
+use ferry_kappa::Kappa;
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("object {0} is not in the store")]
+    NotFound(Kappa),
+    #[error(
+        "object {kappa} is corrupt: its bytes hash to {actual} (at {where_}); \
+         run `ferry store verify` and fetch the object again"
+    )]
+    Corrupt { kappa: Kappa, actual: Kappa, where_: String },
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("ref `{name}` changed concurrently (expected {expected}, found {found})")]
+    CasMismatch { name: String, expected: String, found: String },
+    #[error("`{0}` is not a valid ref name")]
+    BadRefName(String),
+    #[error("ref file `{0}` is malformed")]
+    BadRef(String),
+    #[error("`{0}` is not a κ or a κ prefix (give at least 4 hex digits)")]
+    BadPrefix(String),
+    #[error("no object in the store starts with `{0}`")]
+    NoMatch(String),
+    #[error("`{0}` matches {1} objects; give more digits")]
+    Ambiguous(String, usize),
+}
+
+impl StoreError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| Self::Io { op, path, source }
+    }
+}

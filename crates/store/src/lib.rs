@@ -1,0 +1,87 @@
+//! Content stores: `κ → bytes`, plus a small table of refs updated by compare-and-swap.
+//!
+//! # Contract (every implementation, checked by the same tests for each)
+//! * `put` stores bytes under `κ = BLAKE3(bytes)` and returns κ; storing what is already there
+//!   is a success and changes nothing. A `put` either completes or leaves no trace under κ.
+//! * `get` returns exactly the bytes whose hash is κ, or an error: bytes that do not re-hash to
+//!   κ are reported as [`StoreError::Corrupt`], never returned.
+//! * Refs name a current root (`session/<id>`) with an epoch; `cas_ref` replaces a ref only if
+//!   it still has the expected value, so two writers can never both win.
+//!
+//! [`MemStore`] is the reference implementation; [`FsStore`] is the embedded on-disk default.
+
+mod error;
+mod fs;
+mod mem;
+
+pub use error::StoreError;
+pub use fs::FsStore;
+pub use mem::MemStore;
+
+use ferry_kappa::Kappa;
+
+/// A ref's value: which root is current, and the epoch that fences older writers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefValue {
+    pub epoch: u64,
+    pub target: Kappa,
+}
+
+/// A content-addressed object store with refs.
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Stores `bytes`, returning their κ.
+    fn put(&self, bytes: &[u8]) -> Result<Kappa, StoreError>;
+    /// Returns the bytes of κ, verified.
+    fn get(&self, kappa: &Kappa) -> Result<Vec<u8>, StoreError>;
+    /// Whether κ is present (not verified).
+    fn has(&self, kappa: &Kappa) -> Result<bool, StoreError>;
+    /// Every κ present.
+    fn list(&self) -> Result<Vec<Kappa>, StoreError>;
+    /// Deletes κ (used by garbage collection). Deleting an absent κ is a success.
+    fn remove(&self, kappa: &Kappa) -> Result<(), StoreError>;
+    /// Reads a ref.
+    fn get_ref(&self, name: &str) -> Result<Option<RefValue>, StoreError>;
+    /// Sets a ref to `new` (or deletes it) if it currently equals `expected`.
+    fn cas_ref(
+        &self,
+        name: &str,
+        expected: Option<RefValue>,
+        new: Option<RefValue>,
+    ) -> Result<(), StoreError>;
+    /// Every ref.
+    fn list_refs(&self) -> Result<Vec<(String, RefValue)>, StoreError>;
+
+    /// Finds the one κ that starts with `prefix` (hex digits, `blake3:` optional).
+    fn resolve(&self, prefix: &str) -> Result<Kappa, StoreError> {
+        if let Ok(k) = prefix.parse::<Kappa>() {
+            return Ok(k);
+        }
+        let hex = prefix.strip_prefix(Kappa::PREFIX).unwrap_or(prefix);
+        if hex.len() < 4 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(StoreError::BadPrefix(prefix.to_owned()));
+        }
+        let found: Vec<Kappa> =
+            self.list()?.into_iter().filter(|k| k.matches_prefix(hex)).collect();
+        match found.as_slice() {
+            [k] => Ok(*k),
+            [] => Err(StoreError::NoMatch(prefix.to_owned())),
+            _ => Err(StoreError::Ambiguous(prefix.to_owned(), found.len())),
+        }
+    }
+}
+
+/// Checks a ref name: `[A-Za-z0-9._-]` segments separated by `/`, no `..`.
+pub fn check_ref_name(name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && name.split('/').all(|seg| {
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        });
+    if ok { Ok(()) } else { Err(StoreError::BadRefName(name.to_owned())) }
+}
+
+#[cfg(test)]
+mod tests;
