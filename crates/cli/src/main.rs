@@ -1,1 +1,89 @@
-fn main() {}
+//! `ferry`: run WebAssembly programs that can stop here and continue elsewhere.
+
+mod cmd;
+mod guest;
+mod session;
+mod settings;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Suspend a running WebAssembly (WASI) program — call stack and all — and resume it later,
+/// in another process or on another machine.
+#[derive(Debug, Parser)]
+#[command(name = "ferry", version, about, long_about = None)]
+struct Cli {
+    /// Object store directory [default: $XDG_DATA_HOME/ferry or ~/.local/share/ferry]
+    #[arg(long, global = true, env = "FERRY_STORE", value_name = "DIR")]
+    store: Option<std::path::PathBuf>,
+    /// Show each step (resume transitions, snapshot writes) on stderr.
+    #[arg(long, short, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a WASI program; Ctrl-C (SIGINT/SIGTERM) suspends it at the next safe point.
+    Run(cmd::run::Args),
+    /// Continue a suspended program from its snapshot.
+    Resume(cmd::resume::Args),
+    /// Ask a running session to write a snapshot and keep running.
+    Checkpoint(cmd::signal::Args),
+    /// Ask a running session to write a snapshot and stop.
+    Suspend(cmd::signal::Args),
+    /// List local sessions.
+    Ps(cmd::ps::Args),
+    /// Describe a snapshot: profile, capability request, sizes, chunks, parent.
+    Inspect(cmd::inspect::Args),
+    /// Maintain the object store.
+    #[command(subcommand)]
+    Store(cmd::store::Command),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = if cli.verbose { "info" } else { "warn" };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+        )
+        .init();
+    let settings = match settings::Settings::new(cli.store) {
+        Ok(s) => s,
+        Err(e) => return report(&e),
+    };
+    let result = match cli.command {
+        Command::Run(a) => cmd::run::run(&settings, a),
+        Command::Resume(a) => cmd::resume::run(&settings, a),
+        Command::Checkpoint(a) => cmd::signal::run(&settings, a, cmd::signal::Kind::Checkpoint),
+        Command::Suspend(a) => cmd::signal::run(&settings, a, cmd::signal::Kind::Suspend),
+        Command::Ps(a) => cmd::ps::run(&settings, a),
+        Command::Inspect(a) => cmd::inspect::run(&settings, a),
+        Command::Store(c) => cmd::store::run(&settings, c),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => report(&e),
+    }
+}
+
+fn report(e: &anyhow::Error) -> ExitCode {
+    if let Some(io) = e.downcast_ref::<std::io::Error>() {
+        if io.kind() == std::io::ErrorKind::BrokenPipe {
+            return ExitCode::SUCCESS;
+        }
+    }
+    let mut msg = format!("ferry: {e}");
+    for cause in e.chain().skip(1) {
+        msg.push_str(&format!("\n  caused by: {cause}"));
+    }
+    eprintln!("{msg}");
+    ExitCode::FAILURE
+}

@@ -1,1 +1,27 @@
-//! stub
+//! Runs suspendable modules on wasmtime, and turns their state into snapshot objects and back.
+//!
+//! * [`Runtime::prepare`] — original module → instrumented module (an object derived from the
+//!   original's κ, cached through a ref) → compiled code (a machine cache, never the contract).
+//! * [`Runtime::run`] — runs a guest from the start or from a snapshot; when a suspend or
+//!   checkpoint is requested through [`Control`] the guest unwinds at its next safe point,
+//!   [`snapshot::write`] stores the snapshot, and the guest either stops or rewinds and goes on.
+//! * [`snapshot::load`] — the verified resume transition of DESIGN §1.6 up to `Restoring`.
+
+pub mod closure;
+mod control;
+mod error;
+mod host;
+mod prepare;
+mod run;
+pub mod snapshot;
+
+pub use control::{Control, Request};
+pub use error::{EngineError, Stage};
+pub use prepare::{Prepared, Runtime};
+pub use run::{Outcome, SnapshotMeta, Start};
+
+/// Host contract version recorded in every snapshot's profile.
+pub const HOST_CONTRACT: &str = "ferry-host/1";
+/// Engine class every ferry snapshot needs: core Wasm 2.0 plus multi-memory (the saved stack
+/// and the control word live in memories of their own).
+pub const ENGINE_CLASS: &str = "wasm-core-2+multi-memory";

@@ -50,6 +50,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ) -> Result<(), StoreError>;
     /// Every ref.
     fn list_refs(&self) -> Result<Vec<(String, RefValue)>, StoreError>;
+    /// Makes every completed `put` durable (objects are written without a sync each, so a
+    /// snapshot of many chunks pays for one sync, not thousands).
+    fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 
     /// Finds the one κ that starts with `prefix` (hex digits, `blake3:` optional).
     fn resolve(&self, prefix: &str) -> Result<Kappa, StoreError> {

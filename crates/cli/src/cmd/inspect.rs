@@ -1,0 +1,92 @@
+//! `ferry inspect SNAPSHOT [--json]`
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use ferry_object::{MemoryImage, Snapshot, WasiState};
+use ferry_store::Store;
+use serde_json::json;
+
+use crate::settings::Settings;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The snapshot: `blake3:<hex>` or a unique prefix.
+    snapshot: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
+    let store = settings.open_store()?;
+    let k = store.resolve(&a.snapshot)?;
+    let s: Snapshot = ferry_object::decode(&store.get(&k)?).with_context(|| format!("{k} is not a snapshot"))?;
+    let w: WasiState = ferry_object::decode(&store.get(&s.wasi)?)?;
+    let mut memories = Vec::new();
+    for m in &s.memories {
+        let img: MemoryImage = ferry_object::decode(&store.get(m)?)?;
+        memories.push(json!({
+            "kappa": m.to_string(), "bytes": img.len, "chunk_size": img.chunk_size,
+            "chunks_total": img.len / u64::from(img.chunk_size), "chunks_nonzero": img.chunks.len(),
+            "stored_bytes": img.chunks.len() as u64 * u64::from(img.chunk_size),
+        }));
+    }
+    let stack_bytes = store.get(&s.stack)?.len();
+    let v = json!({
+        "snapshot": k.to_string(),
+        "program": s.program,
+        "generation": s.generation,
+        "parent": s.parent.map(|p| p.to_string()),
+        "module": s.module.to_string(),
+        "instrumented": s.instrumented.to_string(),
+        "instrument_version": s.instrument_version,
+        "profile": {
+            "runtime": s.profile.runtime, "engine_class": s.profile.engine_class,
+            "capabilities": s.profile.capabilities, "host_bound": s.profile.host_bound,
+        },
+        "capability_request": {
+            "mounts": w.mounts.iter().map(|m| json!({"guest_path": m.guest_path, "tree": m.tree.to_string(),
+                "host_hint": m.host_hint, "read_only": m.read_only})).collect::<Vec<_>>(),
+            "env": w.env.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        },
+        "args": w.args,
+        "memories": memories,
+        "globals": s.globals.len(),
+        "stack_bytes": stack_bytes,
+        "open_fds": w.fds.iter().map(|(n, f)| json!({"fd": n, "kind": f.what, "path": f.path, "offset": f.offset})).collect::<Vec<_>>(),
+        "stdio": {"stdout_bytes": w.stdout_bytes, "stderr_bytes": w.stderr_bytes, "stdin_bytes": w.stdin_bytes},
+        "monotonic_ns": w.monotonic_ns,
+        "sleeping_until_ns": w.sleep_deadline_ns,
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("snapshot     {k}");
+    println!("program      {} {}", s.program, w.args.iter().skip(1).cloned().collect::<Vec<_>>().join(" "));
+    println!("generation   {}  parent {}", s.generation, s.parent.map_or("-".into(), |p| p.fmt_short()));
+    println!("module       {}  (instrumented {} v{})", s.module.fmt_short(), s.instrumented.fmt_short(), s.instrument_version);
+    println!(
+        "profile      {} / {}  capabilities [{}]{}",
+        s.profile.runtime,
+        s.profile.engine_class,
+        s.profile.capabilities.join(", "),
+        if s.profile.host_bound { "  HOST-BOUND" } else { "" }
+    );
+    for m in &v["memories"].as_array().cloned().unwrap_or_default() {
+        println!(
+            "memory       {} MiB, {} of {} chunks non-zero ({} MiB stored)",
+            m["bytes"].as_u64().unwrap_or(0) >> 20,
+            m["chunks_nonzero"],
+            m["chunks_total"],
+            m["stored_bytes"].as_u64().unwrap_or(0) >> 20
+        );
+    }
+    println!("stack        {stack_bytes} bytes saved, {} globals", s.globals.len());
+    for m in &w.mounts {
+        println!("mount        {} (was {}) tree {}", m.guest_path, m.host_hint, m.tree.fmt_short());
+    }
+    println!("stdio        {} bytes out, {} bytes err, {} bytes in", w.stdout_bytes, w.stderr_bytes, w.stdin_bytes);
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,8 @@
+//! One module per subcommand.
+
+pub mod inspect;
+pub mod ps;
+pub mod resume;
+pub mod run;
+pub mod signal;
+pub mod store;

@@ -1,0 +1,139 @@
+//! `ferry resume SNAPSHOT`: the verified transition Resolving → Verifying → Admitting →
+//! Restoring → Running (DESIGN §1.6).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use ferry_engine::{Control, EngineError, Runtime, SnapshotMeta, Stage, Start, snapshot};
+use ferry_store::{MemStore, Store};
+use ferry_wasi::{MountSpec, WasiCtx};
+
+use crate::cmd::run::parse_duration;
+use crate::guest::{self, Execution};
+use crate::session::{self, Session};
+use crate::settings::Settings;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Grant a host directory for one of the snapshot's mounts: HOST::GUEST.
+    #[arg(long = "dir", value_name = "HOST::GUEST")]
+    dirs: Vec<String>,
+    /// Set or override an environment variable the guest sees from now on.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    envs: Vec<String>,
+    /// Resume even if a mounted host directory changed since the snapshot.
+    #[arg(long)]
+    allow_changed_dirs: bool,
+    /// Write a snapshot this often while running.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    checkpoint_every: Option<Duration>,
+    /// The snapshot: `blake3:<hex>` or a unique prefix of it.
+    snapshot: String,
+}
+
+fn refused(stage: Stage, why: impl std::fmt::Display) -> anyhow::Error {
+    anyhow!(EngineError::Refused { stage, reason: why.to_string() })
+}
+
+/// Admitting a mount: the granted host directory must hold what the snapshot saw, or be empty
+/// (then the snapshot's tree is written into it).
+fn admit_mount(store: &dyn Store, m: &ferry_object::Mount, grant: &MountSpec, allow_changed: bool) -> Result<()> {
+    let dir = &grant.host_dir;
+    let empty = !dir.exists() || std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(false);
+    if empty {
+        ferry_wasi::tree::materialize(store, &m.tree, dir)
+            .with_context(|| format!("writing the snapshot's `{}` into {}", m.guest_path, dir.display()))?;
+        return Ok(());
+    }
+    let now = ferry_wasi::tree::import(&MemStore::new(), dir)
+        .with_context(|| format!("reading {}", dir.display()))?;
+    if now != m.tree && !allow_changed {
+        return Err(refused(
+            Stage::Admitting,
+            format!(
+                "host directory {} (mounted at `{}`) changed since the snapshot was taken; \
+                 restore it, mount an empty directory to get the snapshot's copy, or pass \
+                 --allow-changed-dirs to continue with the directory as it is now",
+                dir.display(),
+                m.guest_path
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
+    let grants = a.dirs.iter().map(|d| guest::parse_dir(d)).collect::<Result<Vec<_>>>()?;
+    let env = a.envs.iter().map(|e| guest::parse_env(e)).collect::<Result<Vec<_>>>()?;
+    let store = settings.open_store()?;
+    let k = store.resolve(&a.snapshot).map_err(|e| refused(Stage::Resolving, e))?;
+    let mut loaded = snapshot::load(&store, k)?;
+
+    // Admitting: every mount granted and unchanged; the module re-derives to the same κ.
+    for m in &loaded.wasi.mounts {
+        let grant = grants.iter().find(|g| g.guest_path == m.guest_path).ok_or_else(|| {
+            refused(
+                Stage::Admitting,
+                format!(
+                    "the snapshot needs a directory mounted at `{}` (it was {}); grant one with \
+                     --dir HOST::{}",
+                    m.guest_path, m.host_hint, m.guest_path
+                ),
+            )
+        })?;
+        admit_mount(&store, m, grant, a.allow_changed_dirs)?;
+    }
+    let runtime = Runtime::new(Some(settings.compiled_cache()))?;
+    let prepared = runtime.prepare_kappa(&store, loaded.snapshot.module, &|msg| eprintln!("ferry: {msg}"))?;
+    if prepared.instrumented != loaded.snapshot.instrumented {
+        return Err(refused(
+            Stage::Admitting,
+            format!(
+                "module mismatch: the snapshot ran {} but its module now instruments to {}",
+                loaded.snapshot.instrumented, prepared.instrumented
+            ),
+        ));
+    }
+    for (key, value) in env {
+        loaded.wasi.env.retain(|(k, _)| *k != key);
+        loaded.wasi.env.push((key, value));
+    }
+
+    let control = Arc::new(Control::new());
+    let wasi = WasiCtx::restore(&loaded.wasi, grants, guest::stdio(), guest::host_clock(), guest::interrupt_of(&control))
+        .map_err(|e| refused(Stage::Admitting, e))?;
+    let program = loaded.snapshot.program.clone();
+    let id = owning_session(&store, &k).unwrap_or_else(session::new_id);
+    let sess = Session {
+        id,
+        program: program.clone(),
+        pid: 0,
+        state: "running".into(),
+        memory: 0,
+        last_snapshot: Some(k.to_string()),
+    };
+    let meta = SnapshotMeta { program, parent: Some(k), generation: loaded.snapshot.generation };
+    Execution {
+        settings,
+        store: &store,
+        runtime: &runtime,
+        prepared: &prepared,
+        control,
+        session: sess,
+        meta,
+        checkpoint_every: a.checkpoint_every,
+    }
+    .execute(wasi, Start::Restore(Box::new(loaded)))
+}
+
+/// The session whose latest snapshot is κ, so a resumed run keeps its session id.
+fn owning_session(store: &dyn Store, k: &ferry_kappa::Kappa) -> Option<String> {
+    store
+        .list_refs()
+        .ok()?
+        .into_iter()
+        .find(|(name, v)| name.starts_with("session/") && v.target == *k)
+        .map(|(name, _)| name["session/".len()..].to_owned())
+}

@@ -1,0 +1,57 @@
+//! `ferry checkpoint SESSION` and `ferry suspend SESSION`: signal a running session and wait
+//! for its snapshot.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use crate::session;
+use crate::settings::Settings;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Session id (see `ferry ps`).
+    session: String,
+    /// How long to wait for the snapshot, in seconds.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Checkpoint,
+    Suspend,
+}
+
+pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
+    let s = session::load(settings, &a.session)?;
+    if s.state != "running" || !session::alive(s.pid) {
+        bail!("session `{}` is not running (state: {}); see `ferry ps`", s.id, s.state);
+    }
+    let before = s.last_snapshot.clone();
+    let sig = if kind == Kind::Checkpoint { libc::SIGUSR1 } else { libc::SIGTERM };
+    // SAFETY: sending a signal to a process id read from our own session file.
+    if unsafe { libc::kill(s.pid as i32, sig) } != 0 {
+        bail!("cannot signal session `{}` (pid {}): {}", s.id, s.pid, std::io::Error::last_os_error());
+    }
+    let deadline = Instant::now() + Duration::from_secs(a.timeout);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = session::load(settings, &a.session)?;
+        let new_snapshot = now.last_snapshot.is_some() && now.last_snapshot != before;
+        let done = match kind {
+            Kind::Checkpoint => new_snapshot,
+            Kind::Suspend => now.state == "suspended" && new_snapshot,
+        };
+        if done {
+            let k = now.last_snapshot.unwrap_or_default();
+            println!("{k}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        if !session::alive(now.pid) || now.state.starts_with("exited") {
+            bail!("session `{}` ended ({}) before writing a snapshot", now.id, now.state);
+        }
+    }
+    bail!("session `{}` wrote no snapshot within {} s", s.id, a.timeout)
+}

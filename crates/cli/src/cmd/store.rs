@@ -1,0 +1,82 @@
+//! `ferry store verify` and `ferry store gc`.
+
+use std::collections::BTreeSet;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use ferry_engine::closure::snapshot_closure;
+use ferry_store::{Store, StoreError};
+
+use crate::settings::Settings;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Re-hash every object; report corrupt or missing ones (exit 1 if any).
+    Verify,
+    /// Delete objects no ref reaches (sessions' snapshots and their history, prepared modules).
+    Gc {
+        /// Only report what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+pub fn run(settings: &Settings, c: Command) -> Result<ExitCode> {
+    let store = settings.open_store()?;
+    match c {
+        Command::Verify => verify(&store),
+        Command::Gc { dry_run } => gc(&store, dry_run),
+    }
+}
+
+fn verify(store: &dyn Store) -> Result<ExitCode> {
+    let all = store.list()?;
+    let mut bad = 0;
+    for k in &all {
+        match store.get(k) {
+            Ok(_) => {}
+            Err(e @ StoreError::Corrupt { .. }) => {
+                bad += 1;
+                eprintln!("ferry: {e}");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for (name, r) in store.list_refs()? {
+        if !store.has(&r.target)? {
+            bad += 1;
+            eprintln!("ferry: ref `{name}` points at missing object {}", r.target);
+        } else if name.starts_with("session/") {
+            let mut c = BTreeSet::new();
+            if let Err(e) = snapshot_closure(store, &r.target, false, &mut c) {
+                bad += 1;
+                eprintln!("ferry: ref `{name}`: closure incomplete: {e}");
+            }
+        }
+    }
+    println!("{} objects checked, {bad} problems", all.len());
+    Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn gc(store: &dyn Store, dry_run: bool) -> Result<ExitCode> {
+    let mut live = BTreeSet::new();
+    for (name, r) in store.list_refs()? {
+        if name.starts_with("session/") {
+            snapshot_closure(store, &r.target, true, &mut live)?;
+        } else {
+            live.insert(r.target);
+        }
+    }
+    let mut removed = 0;
+    for k in store.list()? {
+        if !live.contains(&k) {
+            removed += 1;
+            if !dry_run {
+                store.remove(&k)?;
+            }
+        }
+    }
+    let verb = if dry_run { "would delete" } else { "deleted" };
+    println!("{verb} {removed} objects, kept {}", live.len());
+    Ok(ExitCode::SUCCESS)
+}

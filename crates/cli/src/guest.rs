@@ -1,0 +1,175 @@
+//! What `run` and `resume` share: signals, the guest thread, snapshots reported to the user.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use ferry_engine::{Control, Outcome, Prepared, Request, Runtime, SnapshotMeta, Start};
+use ferry_kappa::Kappa;
+use ferry_store::{FsStore, RefValue, Store};
+use ferry_wasi::{HostClock, MountSpec, Stdio, WasiCtx};
+
+use crate::session::{self, Session};
+use crate::settings::Settings;
+
+/// Exit code of `ferry run`/`resume` when the guest was suspended (EX_TEMPFAIL).
+pub const EXIT_SUSPENDED: u8 = 75;
+
+/// Stack of the thread the guest runs on: Wasm frames live on it.
+const GUEST_THREAD_STACK: usize = 256 << 20;
+
+/// Parses `HOST::GUEST` (or `DIR`, mounted at the same path).
+pub fn parse_dir(s: &str) -> Result<MountSpec> {
+    let (host, guest) = match s.split_once("::") {
+        Some((h, g)) => (h, g.to_owned()),
+        None => (s, s.to_owned()),
+    };
+    anyhow::ensure!(!host.is_empty() && !guest.is_empty(), "--dir `{s}`: expected HOST::GUEST");
+    let guest = if guest.starts_with('/') || guest == "." { guest } else { format!("/{guest}") };
+    Ok(MountSpec { guest_path: guest, host_dir: host.into(), read_only: false })
+}
+
+/// Parses `K=V`.
+pub fn parse_env(s: &str) -> Result<(String, String)> {
+    let (k, v) = s.split_once('=').with_context(|| format!("--env `{s}`: expected KEY=VALUE"))?;
+    anyhow::ensure!(!k.is_empty(), "--env `{s}`: empty name");
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+/// Builds the interrupt check the WASI layer polls while the guest is blocked.
+pub fn interrupt_of(control: &Arc<Control>) -> Arc<dyn Fn() -> bool + Send + Sync> {
+    let c = control.clone();
+    Arc::new(move || c.pending() != Request::None)
+}
+
+pub fn host_clock() -> Box<HostClock> {
+    Box::new(HostClock::default())
+}
+
+pub fn stdio() -> Stdio {
+    Stdio::inherit()
+}
+
+/// Everything about one guest execution.
+pub struct Execution<'a> {
+    pub settings: &'a Settings,
+    pub store: &'a FsStore,
+    pub runtime: &'a Runtime,
+    pub prepared: &'a Prepared,
+    pub control: Arc<Control>,
+    pub session: Session,
+    pub meta: SnapshotMeta,
+    pub checkpoint_every: Option<Duration>,
+}
+
+impl Execution<'_> {
+    /// Runs the guest to exit or suspension and returns ferry's exit code.
+    pub fn execute(mut self, wasi: WasiCtx, start: Start) -> Result<ExitCode> {
+        install_signals(&self.control)?;
+        if let Some(every) = self.checkpoint_every {
+            let c = self.control.clone();
+            std::thread::spawn(move || loop {
+                std::thread::sleep(every);
+                c.request(Request::Checkpoint);
+            });
+        }
+        self.session.pid = std::process::id();
+        self.session.state = "running".into();
+        session::save(self.settings, &self.session)?;
+
+        let (runtime, prepared, store, control) = (self.runtime, self.prepared, self.store, self.control.clone());
+        let settings = self.settings;
+        let meta = self.meta.clone();
+        let mut sess = self.session.clone();
+        let outcome = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("guest".into())
+                .stack_size(GUEST_THREAD_STACK)
+                .spawn_scoped(scope, move || {
+                    let mut on_snapshot = |r: Result<Kappa, ferry_engine::EngineError>, why: Request| match r {
+                        Ok(k) => {
+                            if let Err(e) = record(settings, store, &mut sess, k, why) {
+                                eprintln!("ferry: snapshot {k} written but not recorded: {e:#}");
+                            }
+                            if why == Request::Checkpoint {
+                                eprintln!("ferry: checkpoint {k}");
+                            }
+                        }
+                        Err(e) => eprintln!(
+                            "ferry: snapshot failed, the program keeps running (earlier snapshots are intact): {e}"
+                        ),
+                    };
+                    runtime.run(prepared, wasi, control, start, store, meta, &mut on_snapshot)
+                })
+                .expect("spawning the guest thread")
+                .join()
+                .expect("guest thread panicked")
+        });
+        self.session = session::load(self.settings, &self.session.id).unwrap_or(self.session);
+        match outcome {
+            Ok(Outcome::Exited(code)) => {
+                self.session.state = format!("exited({code})");
+                session::save(self.settings, &self.session)?;
+                Ok(ExitCode::from(code as u8))
+            }
+            Ok(Outcome::Suspended(k)) => {
+                self.session.state = "suspended".into();
+                session::save(self.settings, &self.session)?;
+                eprintln!("suspended {k}");
+                eprintln!("ferry: resume it with `ferry resume {}`", k.fmt_short());
+                Ok(ExitCode::from(EXIT_SUSPENDED))
+            }
+            Err(e) => {
+                self.session.state = "failed".into();
+                let _ = session::save(self.settings, &self.session);
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// Points the session's ref and file at a new snapshot.
+fn record(settings: &Settings, store: &FsStore, s: &mut Session, k: Kappa, why: Request) -> Result<()> {
+    let name = format!("session/{}", s.id);
+    let current = store.get_ref(&name)?;
+    let epoch = current.map_or(1, |c| c.epoch + 1);
+    store.cas_ref(&name, current, Some(RefValue { epoch, target: k }))?;
+    s.last_snapshot = Some(k.to_string());
+    if why == Request::Suspend {
+        s.state = "suspended".into();
+    }
+    if let Ok(snap) = ferry_object::decode::<ferry_object::Snapshot>(&store.get(&k)?) {
+        s.memory = 0;
+        for m in &snap.memories {
+            if let Ok(img) = ferry_object::decode::<ferry_object::MemoryImage>(&store.get(m)?) {
+                s.memory += img.len;
+            }
+        }
+    }
+    session::save(settings, s)
+}
+
+fn install_signals(control: &Arc<Control>) -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1])
+        .context("installing signal handlers")?;
+    let c = control.clone();
+    std::thread::spawn(move || {
+        let mut interrupts = 0;
+        for sig in signals.forever() {
+            match sig {
+                SIGUSR1 => c.request(Request::Checkpoint),
+                _ => {
+                    interrupts += 1;
+                    if interrupts >= 3 {
+                        eprintln!("ferry: interrupted again; exiting without a snapshot");
+                        std::process::exit(130);
+                    }
+                    c.request(Request::Suspend);
+                }
+            }
+        }
+    });
+    Ok(())
+}

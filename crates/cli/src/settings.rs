@@ -1,0 +1,43 @@
+//! Where ferry keeps things.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use ferry_store::FsStore;
+
+/// Paths and opened resources shared by every subcommand.
+#[derive(Debug)]
+pub struct Settings {
+    pub store_dir: PathBuf,
+}
+
+impl Settings {
+    pub fn new(store: Option<PathBuf>) -> Result<Self> {
+        let store_dir = match store {
+            Some(s) => s,
+            None => {
+                let base = std::env::var_os("XDG_DATA_HOME")
+                    .map(PathBuf::from)
+                    .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+                    .context("cannot find a data directory: set --store or FERRY_STORE")?;
+                base.join("ferry")
+            }
+        };
+        Ok(Self { store_dir })
+    }
+
+    pub fn open_store(&self) -> Result<FsStore> {
+        FsStore::open(&self.store_dir).with_context(|| {
+            format!("cannot use the store at {} (set --store or FERRY_STORE)", self.store_dir.display())
+        })
+    }
+
+    /// Machine cache of compiled code: always safe to delete.
+    pub fn compiled_cache(&self) -> PathBuf {
+        self.store_dir.join("cache").join("compiled")
+    }
+
+    pub fn sessions_dir(&self) -> PathBuf {
+        self.store_dir.join("sessions")
+    }
+}

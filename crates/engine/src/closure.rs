@@ -1,0 +1,66 @@
+//! The closure of a snapshot: every object it needs, by kind. Used by garbage collection,
+//! verification and `inspect`.
+
+use std::collections::BTreeSet;
+
+use ferry_kappa::Kappa;
+use ferry_object::{MemoryImage, Snapshot, Tree, WasiState};
+use ferry_store::{Store, StoreError};
+
+/// Why a closure walk failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClosureError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}: {1}")]
+    Object(Kappa, ferry_object::ObjectError),
+}
+
+fn decode<T: ferry_object::ObjectKind>(store: &dyn Store, k: &Kappa) -> Result<T, ClosureError> {
+    ferry_object::decode(&store.get(k)?).map_err(|e| ClosureError::Object(*k, e))
+}
+
+/// Adds the closure of snapshot κ to `out` (its parents too when `with_history`).
+pub fn snapshot_closure(
+    store: &dyn Store,
+    k: &Kappa,
+    with_history: bool,
+    out: &mut BTreeSet<Kappa>,
+) -> Result<(), ClosureError> {
+    let mut next = Some(*k);
+    while let Some(k) = next.take() {
+        if !out.insert(k) {
+            break;
+        }
+        let s: Snapshot = decode(store, &k)?;
+        out.extend([s.module, s.instrumented, s.stack, s.wasi]);
+        for m in &s.memories {
+            out.insert(*m);
+            let img: MemoryImage = decode(store, m)?;
+            out.extend(img.chunks.iter().map(|(_, c)| *c));
+        }
+        let w: WasiState = decode(store, &s.wasi)?;
+        for m in &w.mounts {
+            tree_closure(store, &m.tree, out, 0)?;
+        }
+        if with_history {
+            next = s.parent.filter(|p| store.has(p).unwrap_or(false));
+        }
+    }
+    Ok(())
+}
+
+fn tree_closure(store: &dyn Store, k: &Kappa, out: &mut BTreeSet<Kappa>, depth: usize) -> Result<(), ClosureError> {
+    if !out.insert(*k) || depth > ferry_wasi::tree::MAX_DEPTH {
+        return Ok(());
+    }
+    let t: Tree = decode(store, k)?;
+    for e in t.entries.values() {
+        if e.mode == "dir" {
+            tree_closure(store, &e.object, out, depth + 1)?;
+        } else {
+            out.insert(e.object);
+        }
+    }
+    Ok(())
+}

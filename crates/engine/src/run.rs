@@ -1,0 +1,144 @@
+//! Running a guest: from the start or from a snapshot, until it exits or is suspended.
+
+use std::sync::Arc;
+
+use ferry_instrument::abi;
+use ferry_kappa::Kappa;
+use ferry_store::Store;
+use ferry_wasi::WasiCtx;
+use tracing::info;
+use wasmtime::Val;
+
+use crate::control::{Control, Request};
+use crate::error::EngineError;
+use crate::host::{GuestExit, Handles, HostState, linker};
+use crate::prepare::{Prepared, Runtime};
+use crate::snapshot::{self, Loaded};
+
+/// Where a run begins.
+#[derive(Debug)]
+pub enum Start {
+    /// At `_start`.
+    Fresh,
+    /// Where a snapshot stopped (already verified by [`snapshot::load`]).
+    Restore(Box<Loaded>),
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The guest exited with this code.
+    Exited(i32),
+    /// The guest was suspended; this is its snapshot.
+    Suspended(Kappa),
+}
+
+/// Facts recorded in each snapshot the run writes.
+#[derive(Debug, Clone)]
+pub struct SnapshotMeta {
+    pub program: String,
+    pub parent: Option<Kappa>,
+    pub generation: u64,
+}
+
+/// Detaches the control word before the memory it points into is freed.
+struct Attached<'a>(&'a Control);
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        self.0.detach();
+    }
+}
+
+impl Runtime {
+    /// Runs `prepared` until it exits or a suspend completes. Every snapshot taken (suspend or
+    /// checkpoint) is reported to `on_snapshot`; a snapshot that fails to be written is
+    /// reported too and the guest keeps running (nothing is lost: the previous snapshot stays
+    /// as it was).
+    #[allow(clippy::too_many_arguments)] // one call site per CLI verb; a builder adds nothing
+    pub fn run(
+        &self,
+        prepared: &Prepared,
+        wasi: WasiCtx,
+        control: Arc<Control>,
+        start: Start,
+        store: &dyn Store,
+        mut meta: SnapshotMeta,
+        on_snapshot: &mut dyn FnMut(Result<Kappa, EngineError>, Request),
+    ) -> Result<Outcome, EngineError> {
+        let state = HostState { wasi, handles: None, control: control.clone(), unwind_reason: Request::None };
+        let mut ws = wasmtime::Store::new(&self.engine, state);
+        let linker = linker(&self.engine).map_err(|e| EngineError::Instantiate(e.to_string()))?;
+        let instance = linker
+            .instantiate(&mut ws, &prepared.compiled)
+            .map_err(|e| EngineError::Instantiate(format!("{e:#}")))?;
+        let mem = |ws: &mut wasmtime::Store<HostState>, name: &str| {
+            instance
+                .get_memory(&mut *ws, name)
+                .ok_or_else(|| EngineError::Instantiate(format!("instrumented module lacks `{name}`")))
+        };
+        let glob = |ws: &mut wasmtime::Store<HostState>, name: &str| {
+            instance
+                .get_global(&mut *ws, name)
+                .ok_or_else(|| EngineError::Instantiate(format!("instrumented module lacks `{name}`")))
+        };
+        let h = Handles {
+            memory: instance.get_memory(&mut ws, "memory"),
+            ctl: mem(&mut ws, abi::CTL_MEMORY)?,
+            stack: mem(&mut ws, abi::STACK_MEMORY)?,
+            state: glob(&mut ws, abi::STATE_GLOBAL)?,
+            sp: glob(&mut ws, abi::SP_GLOBAL)?,
+        };
+        ws.data_mut().handles = Some(h);
+        let entry = instance
+            .get_typed_func::<(), ()>(&mut ws, "_start")
+            .map_err(|e| EngineError::Instantiate(format!("`_start`: {e}")))?;
+
+        control.attach(h.ctl.data_ptr(&ws) as usize);
+        let _attached = Attached(&control);
+
+        if let Start::Restore(loaded) = start {
+            snapshot::restore_into(&mut ws, &instance, &loaded, store)?;
+            begin_rewind(&mut ws, h)?;
+            info!(snapshot = %meta.parent.map(|k| k.to_string()).unwrap_or_default(), "running");
+        }
+
+        loop {
+            match entry.call(&mut ws, ()) {
+                Ok(()) => {
+                    if h.state.get(&mut ws).unwrap_i32() != abi::STATE_UNWIND {
+                        ws.data_mut().wasi.flush();
+                        return Ok(Outcome::Exited(0));
+                    }
+                    let reason = ws.data().unwind_reason;
+                    let written = snapshot::write(&mut ws, &instance, h, store, &meta, prepared);
+                    let ok = written.as_ref().ok().copied();
+                    on_snapshot(written, reason);
+                    if let Some(k) = ok {
+                        meta.parent = Some(k);
+                        meta.generation += 1;
+                        if reason == Request::Suspend {
+                            return Ok(Outcome::Suspended(k));
+                        }
+                    }
+                    begin_rewind(&mut ws, h)?;
+                }
+                Err(e) => {
+                    ws.data_mut().wasi.flush();
+                    if let Some(GuestExit(code)) = e.downcast_ref::<GuestExit>() {
+                        return Ok(Outcome::Exited(*code));
+                    }
+                    return Err(EngineError::Trap(format!("{e:?}")));
+                }
+            }
+        }
+    }
+}
+
+/// Arms a rewind of the frames saved in `ferry:stack`: the next `_start` call re-enters them.
+fn begin_rewind(ws: &mut wasmtime::Store<HostState>, h: Handles) -> Result<(), EngineError> {
+    let err = |e: wasmtime::Error| EngineError::Trap(e.to_string());
+    h.state.set(&mut *ws, Val::I32(abi::STATE_REWIND)).map_err(err)?;
+    h.ctl.data_mut(&mut *ws)[..4].copy_from_slice(&1u32.to_le_bytes());
+    Ok(())
+}

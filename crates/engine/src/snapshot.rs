@@ -1,0 +1,293 @@
+//! Snapshot objects ↔ a guest's state.
+//!
+//! [`write`] turns a guest unwound at a safe point into objects: memory chunks (only non-zero
+//! ones, each stored once), the saved stack, the WASI state with its mounts imported as trees,
+//! and the snapshot itself. [`load`] is the first part of the verified resume transition
+//! (Resolving → Verifying → Admitting); [`restore_into`] is Restoring, where every chunk is
+//! re-hashed as it is copied and any mismatch refuses the resume before the guest runs.
+
+use ferry_instrument::{INSTRUMENT_VERSION, abi};
+use ferry_kappa::Kappa;
+use ferry_object::{CHUNK_SIZE, GlobalValue, MemoryImage, ObjectKind, Profile, Snapshot, WasiState};
+use ferry_store::{Store, StoreError};
+use tracing::info;
+use wasmtime::{Instance, Val};
+
+use crate::error::{EngineError, Stage};
+use crate::host::{Handles, HostState};
+use crate::prepare::Prepared;
+use crate::run::SnapshotMeta;
+use crate::{ENGINE_CLASS, HOST_CONTRACT};
+
+/// Largest memory ferry restores (4 GiB, the wasm32 limit).
+const MAX_MEMORY: u64 = 1 << 32;
+
+/// Whether a chunk is all zero bytes (OR-folded in blocks, which vectorizes).
+fn is_zero(chunk: &[u8]) -> bool {
+    chunk.chunks(256).all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
+}
+
+/// Stores a memory as chunks and returns the κ of its image.
+pub fn write_memory(store: &dyn Store, data: &[u8]) -> Result<Kappa, StoreError> {
+    let mut chunks = Vec::new();
+    for (i, c) in data.chunks(CHUNK_SIZE as usize).enumerate() {
+        if !is_zero(c) {
+            chunks.push((i as u32, store.put(c)?));
+        }
+    }
+    let (kind, v) = ferry_object::header::<MemoryImage>();
+    let image = MemoryImage { kind, v, len: data.len() as u64, chunk_size: CHUNK_SIZE, chunks };
+    store.put(&ferry_object::encode(&image))
+}
+
+fn global_value(index: u32, v: &Val) -> Option<GlobalValue> {
+    let (ty, bits) = match v {
+        Val::I32(x) => ("i32", x.to_le_bytes().to_vec()),
+        Val::I64(x) => ("i64", x.to_le_bytes().to_vec()),
+        Val::F32(x) => ("f32", x.to_le_bytes().to_vec()),
+        Val::F64(x) => ("f64", x.to_le_bytes().to_vec()),
+        Val::V128(x) => ("v128", x.as_u128().to_le_bytes().to_vec()),
+        _ => return None,
+    };
+    Some(GlobalValue { index, ty: ty.into(), bits })
+}
+
+fn to_val(g: &GlobalValue) -> Option<Val> {
+    let b = &g.bits;
+    Some(match (g.ty.as_str(), b.len()) {
+        ("i32", 4) => Val::I32(i32::from_le_bytes(b[..].try_into().ok()?)),
+        ("i64", 8) => Val::I64(i64::from_le_bytes(b[..].try_into().ok()?)),
+        ("f32", 4) => Val::F32(u32::from_le_bytes(b[..].try_into().ok()?)),
+        ("f64", 8) => Val::F64(u64::from_le_bytes(b[..].try_into().ok()?)),
+        ("v128", 16) => Val::V128(u128::from_le_bytes(b[..].try_into().ok()?).into()),
+        _ => return None,
+    })
+}
+
+/// Writes the snapshot of a guest that has just unwound.
+pub(crate) fn write(
+    ws: &mut wasmtime::Store<HostState>,
+    instance: &Instance,
+    h: Handles,
+    store: &dyn Store,
+    meta: &SnapshotMeta,
+    prepared: &Prepared,
+) -> Result<Kappa, EngineError> {
+    let fail = |step: &str, e: &dyn std::fmt::Display| EngineError::Capture(step.into(), e.to_string());
+    let sp = h.sp.get(&mut *ws).unwrap_i32() as u32 as usize;
+    let stack = h.stack.data(&*ws).get(..sp).ok_or_else(|| fail("stack", &"saved stack pointer out of bounds"))?.to_vec();
+
+    let host = ws.data_mut();
+    host.wasi.flush();
+    host.wasi.sync_files();
+    let mut trees = Vec::new();
+    let mut caps = Vec::new();
+    for (guest, root, _) in host.wasi.mounts() {
+        trees.push(ferry_wasi::tree::import(store, &root).map_err(|e| fail("mount", &e))?);
+        caps.push(format!("mount:{guest}"));
+    }
+    let wasi: WasiState = host.wasi.capture(&trees).map_err(|e| fail("wasi", &e))?;
+    if !wasi.env.is_empty() {
+        caps.push("env".into());
+    }
+
+    let mut globals = Vec::new();
+    let names: Vec<String> = instance.exports(&mut *ws).map(|e| e.name().to_owned()).collect();
+    for name in names {
+        if let Some(idx) = name.strip_prefix(abi::GLOBAL_PREFIX).and_then(|i| i.parse::<u32>().ok()) {
+            let g = instance.get_global(&mut *ws, &name).expect("listed export");
+            let v = g.get(&mut *ws);
+            globals.push(global_value(idx, &v).ok_or_else(|| fail("globals", &format!("global {idx} has a reference type")))?);
+        }
+    }
+    globals.sort_by_key(|g| g.index);
+
+    let mut memories = Vec::new();
+    for i in 0.. {
+        let Some(m) = instance.get_memory(&mut *ws, &abi::memory_export(i)) else { break };
+        memories.push(write_memory(store, m.data(&*ws)).map_err(|e| fail("memory", &e))?);
+    }
+
+    let (kind, v) = ferry_object::header::<Snapshot>();
+    let snap = Snapshot {
+        kind,
+        v,
+        program: meta.program.clone(),
+        module: prepared.module,
+        instrumented: prepared.instrumented,
+        instrument_version: INSTRUMENT_VERSION,
+        memories,
+        globals,
+        stack: store.put(&stack).map_err(|e| fail("stack", &e))?,
+        wasi: store.put(&ferry_object::encode(&wasi)).map_err(|e| fail("wasi", &e))?,
+        profile: Profile {
+            runtime: HOST_CONTRACT.into(),
+            engine_class: ENGINE_CLASS.into(),
+            capabilities: caps,
+            host_bound: false,
+        },
+        parent: meta.parent,
+        generation: meta.generation + 1,
+    };
+    let k = store.put(&ferry_object::encode(&snap)).map_err(|e| fail("snapshot", &e))?;
+    store.sync().map_err(|e| fail("sync", &e))?;
+    info!(snapshot = %k, "snapshot written");
+    Ok(k)
+}
+
+/// A snapshot that passed Resolving and Verifying, ready for Admitting and Restoring.
+#[derive(Debug)]
+pub struct Loaded {
+    pub kappa: Kappa,
+    pub snapshot: Snapshot,
+    pub wasi: WasiState,
+    pub(crate) memories: Vec<MemoryImage>,
+    pub(crate) stack: Vec<u8>,
+}
+
+fn get_object<T: ObjectKind>(store: &dyn Store, k: &Kappa, what: &str) -> Result<T, EngineError> {
+    let bytes = match store.get(k) {
+        Ok(b) => b,
+        Err(StoreError::NotFound(_)) => return Err(EngineError::missing(Stage::Resolving, what, k)),
+        Err(e) => return Err(EngineError::refused(Stage::Verifying, e)),
+    };
+    ferry_object::decode(&bytes).map_err(|e| EngineError::refused(Stage::Verifying, format!("{what} {k}: {e}")))
+}
+
+/// Resolving and Verifying: every object of the closure is present; every structured object
+/// re-hashes to its κ and decodes as its kind and version; memory images are well-formed.
+/// Chunk contents are re-hashed while they are copied in [`restore_into`].
+pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
+    info!(snapshot = %k, "resolving");
+    let snapshot: Snapshot = get_object(store, &k, "snapshot")?;
+    for (what, kk) in [("module", snapshot.module), ("instrumented module", snapshot.instrumented), ("saved stack", snapshot.stack)] {
+        if !store.has(&kk)? {
+            return Err(EngineError::missing(Stage::Resolving, what, &kk));
+        }
+    }
+    let wasi: WasiState = get_object(store, &snapshot.wasi, "WASI state")?;
+    let mut memories = Vec::new();
+    for m in &snapshot.memories {
+        let image: MemoryImage = get_object(store, m, "memory image")?;
+        check_image(&image).map_err(|e| EngineError::refused(Stage::Verifying, format!("memory image {m}: {e}")))?;
+        for (_, c) in &image.chunks {
+            if !store.has(c)? {
+                return Err(EngineError::missing(Stage::Resolving, "memory chunk", c));
+            }
+        }
+        memories.push(image);
+    }
+    for mount in &wasi.mounts {
+        check_tree(store, &mount.tree, 0)?;
+    }
+    info!(snapshot = %k, "verifying");
+    let stack = store.get(&snapshot.stack).map_err(|e| EngineError::refused(Stage::Verifying, e))?;
+    store.get(&snapshot.module).map_err(|e| EngineError::refused(Stage::Verifying, e))?;
+    if snapshot.instrument_version != INSTRUMENT_VERSION {
+        return Err(EngineError::refused(
+            Stage::Admitting,
+            format!(
+                "snapshot was made by instrumentation v{}, this ferry has v{INSTRUMENT_VERSION}",
+                snapshot.instrument_version
+            ),
+        ));
+    }
+    if snapshot.profile.runtime != HOST_CONTRACT || snapshot.profile.engine_class != ENGINE_CLASS {
+        return Err(EngineError::refused(
+            Stage::Admitting,
+            format!(
+                "snapshot needs {} / {}; this host provides {HOST_CONTRACT} / {ENGINE_CLASS}",
+                snapshot.profile.runtime, snapshot.profile.engine_class
+            ),
+        ));
+    }
+    Ok(Loaded { kappa: k, snapshot, wasi, memories, stack })
+}
+
+fn check_tree(store: &dyn Store, k: &Kappa, depth: usize) -> Result<(), EngineError> {
+    if depth > ferry_wasi::tree::MAX_DEPTH {
+        return Err(EngineError::refused(Stage::Verifying, format!("tree {k} is nested too deeply")));
+    }
+    let tree: ferry_object::Tree = get_object(store, k, "directory tree")?;
+    for (name, e) in &tree.entries {
+        if e.mode == "dir" {
+            check_tree(store, &e.object, depth + 1)?;
+        } else if !store.has(&e.object)? {
+            return Err(EngineError::missing(Stage::Resolving, &format!("file `{name}`"), &e.object));
+        }
+    }
+    Ok(())
+}
+
+fn check_image(m: &MemoryImage) -> Result<(), String> {
+    if m.chunk_size != CHUNK_SIZE {
+        return Err(format!("chunk size {} (expected {CHUNK_SIZE})", m.chunk_size));
+    }
+    if m.len > MAX_MEMORY || m.len % u64::from(CHUNK_SIZE) != 0 {
+        return Err(format!("length {} is not a whole number of pages up to 4 GiB", m.len));
+    }
+    let n = (m.len / u64::from(CHUNK_SIZE)) as u32;
+    let mut prev = None;
+    for (i, _) in &m.chunks {
+        if *i >= n || prev.is_some_and(|p| p >= *i) {
+            return Err(format!("chunk index {i} out of order or out of range"));
+        }
+        prev = Some(*i);
+    }
+    Ok(())
+}
+
+/// Restoring: memories, globals and the saved stack into a fresh instance.
+pub(crate) fn restore_into(
+    ws: &mut wasmtime::Store<HostState>,
+    instance: &Instance,
+    loaded: &Loaded,
+    store: &dyn Store,
+) -> Result<(), EngineError> {
+    let refuse = |why: String| EngineError::refused(Stage::Restoring, why);
+    info!(snapshot = %loaded.kappa, "restoring");
+    for (i, image) in loaded.memories.iter().enumerate() {
+        let name = abi::memory_export(i as u32);
+        let m = instance.get_memory(&mut *ws, &name).ok_or_else(|| refuse(format!("module has no memory {i}")))?;
+        let cur = m.data_size(&*ws) as u64;
+        if image.len < cur {
+            return Err(refuse(format!("memory {i} is smaller ({}) than the module's minimum ({cur})", image.len)));
+        }
+        m.grow(&mut *ws, (image.len - cur) / 65536).map_err(|e| refuse(format!("memory {i}: {e}")))?;
+        let data = m.data_mut(&mut *ws);
+        // Data segments were applied at instantiation: clear what the snapshot says is zero.
+        let mut listed = image.chunks.iter().map(|(i, _)| *i).peekable();
+        for idx in 0..(cur / u64::from(CHUNK_SIZE)) as u32 {
+            while listed.peek().is_some_and(|&j| j < idx) {
+                listed.next();
+            }
+            if listed.peek() != Some(&idx) {
+                let s = idx as usize * CHUNK_SIZE as usize;
+                data[s..s + CHUNK_SIZE as usize].fill(0);
+            }
+        }
+        for (idx, c) in &image.chunks {
+            let bytes = store.get(c).map_err(|e| refuse(e.to_string()))?;
+            if bytes.len() != CHUNK_SIZE as usize {
+                return Err(refuse(format!("chunk {c} has {} bytes", bytes.len())));
+            }
+            let s = *idx as usize * CHUNK_SIZE as usize;
+            data[s..s + bytes.len()].copy_from_slice(&bytes);
+        }
+    }
+    for g in &loaded.snapshot.globals {
+        let name = abi::global_export(g.index);
+        let global = instance.get_global(&mut *ws, &name).ok_or_else(|| refuse(format!("module has no mutable global {}", g.index)))?;
+        let v = to_val(g).ok_or_else(|| refuse(format!("global {} has a malformed value", g.index)))?;
+        global.set(&mut *ws, v).map_err(|e| refuse(format!("global {}: {e}", g.index)))?;
+    }
+    let h = ws.data().handles.expect("set before restore");
+    let need = loaded.stack.len() as u64;
+    let have = h.stack.data_size(&*ws) as u64;
+    if need > have {
+        h.stack.grow(&mut *ws, (need - have).div_ceil(65536)).map_err(|e| refuse(format!("saved stack: {e}")))?;
+    }
+    h.stack.data_mut(&mut *ws)[..loaded.stack.len()].copy_from_slice(&loaded.stack);
+    h.sp.set(&mut *ws, Val::I32(loaded.stack.len() as i32)).map_err(|e| refuse(e.to_string()))?;
+    Ok(())
+}

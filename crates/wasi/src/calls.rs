@@ -1,0 +1,723 @@
+//! The WASI preview 1 functions. Each takes guest memory as bytes and its arguments as
+//! integers; layouts follow the `wasi_snapshot_preview1` witx definitions.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::time::Duration;
+
+use tracing::trace;
+
+use crate::ctx::{Fd, FdKind, WasiCtx};
+use crate::mem::Mem;
+use crate::{Errno, HostError, path};
+
+/// Parameter types of a WASI function (`true` = i64) and whether it returns an errno.
+#[derive(Debug, Clone, Copy)]
+pub struct Signature {
+    pub params: &'static [bool],
+    pub returns: bool,
+}
+
+const fn sig(params: &'static [bool]) -> Signature {
+    Signature { params, returns: true }
+}
+const I: bool = false;
+const L: bool = true;
+
+/// Every function of `wasi_snapshot_preview1` ferry provides, with its signature.
+pub static FUNCTIONS: &[(&str, Signature)] = &[
+    ("args_get", sig(&[I, I])),
+    ("args_sizes_get", sig(&[I, I])),
+    ("environ_get", sig(&[I, I])),
+    ("environ_sizes_get", sig(&[I, I])),
+    ("clock_res_get", sig(&[I, I])),
+    ("clock_time_get", sig(&[I, L, I])),
+    ("fd_advise", sig(&[I, L, L, I])),
+    ("fd_allocate", sig(&[I, L, L])),
+    ("fd_close", sig(&[I])),
+    ("fd_datasync", sig(&[I])),
+    ("fd_fdstat_get", sig(&[I, I])),
+    ("fd_fdstat_set_flags", sig(&[I, I])),
+    ("fd_fdstat_set_rights", sig(&[I, L, L])),
+    ("fd_filestat_get", sig(&[I, I])),
+    ("fd_filestat_set_size", sig(&[I, L])),
+    ("fd_filestat_set_times", sig(&[I, L, L, I])),
+    ("fd_pread", sig(&[I, I, I, L, I])),
+    ("fd_prestat_get", sig(&[I, I])),
+    ("fd_prestat_dir_name", sig(&[I, I, I])),
+    ("fd_pwrite", sig(&[I, I, I, L, I])),
+    ("fd_read", sig(&[I, I, I, I])),
+    ("fd_readdir", sig(&[I, I, I, L, I])),
+    ("fd_renumber", sig(&[I, I])),
+    ("fd_seek", sig(&[I, L, I, I])),
+    ("fd_sync", sig(&[I])),
+    ("fd_tell", sig(&[I, I])),
+    ("fd_write", sig(&[I, I, I, I])),
+    ("path_create_directory", sig(&[I, I, I])),
+    ("path_filestat_get", sig(&[I, I, I, I, I])),
+    ("path_filestat_set_times", sig(&[I, I, I, I, L, L, I])),
+    ("path_link", sig(&[I, I, I, I, I, I, I])),
+    ("path_open", sig(&[I, I, I, I, I, L, L, I, I])),
+    ("path_readlink", sig(&[I, I, I, I, I, I])),
+    ("path_remove_directory", sig(&[I, I, I])),
+    ("path_rename", sig(&[I, I, I, I, I, I])),
+    ("path_symlink", sig(&[I, I, I, I, I])),
+    ("path_unlink_file", sig(&[I, I, I])),
+    ("poll_oneoff", sig(&[I, I, I, I])),
+    ("proc_exit", Signature { params: &[I], returns: false }),
+    ("proc_raise", sig(&[I])),
+    ("sched_yield", sig(&[])),
+    ("random_get", sig(&[I, I])),
+    ("sock_accept", sig(&[I, I, I])),
+    ("sock_recv", sig(&[I, I, I, I, I, I])),
+    ("sock_send", sig(&[I, I, I, I, I])),
+    ("sock_shutdown", sig(&[I, I])),
+];
+
+const FILETYPE_UNKNOWN: u8 = 0;
+const FILETYPE_CHAR: u8 = 2;
+const FILETYPE_DIR: u8 = 3;
+const FILETYPE_FILE: u8 = 4;
+const FILETYPE_SYMLINK: u8 = 7;
+const FDFLAG_APPEND: u16 = 1;
+const OFLAG_CREAT: u16 = 1;
+const OFLAG_DIRECTORY: u16 = 2;
+const OFLAG_EXCL: u16 = 4;
+const OFLAG_TRUNC: u16 = 8;
+const LOOKUP_FOLLOW: u32 = 1;
+const RIGHT_FD_READ: u64 = 1 << 1;
+const RIGHT_FD_WRITE: u64 = 1 << 6;
+
+type R = Result<Errno, HostError>;
+
+fn filetype(ft: fs::FileType) -> u8 {
+    if ft.is_dir() {
+        FILETYPE_DIR
+    } else if ft.is_symlink() {
+        FILETYPE_SYMLINK
+    } else if ft.is_file() {
+        FILETYPE_FILE
+    } else if ft.is_char_device() {
+        FILETYPE_CHAR
+    } else {
+        FILETYPE_UNKNOWN
+    }
+}
+
+fn filestat(mem: &mut Mem<'_>, ptr: u32, md: &fs::Metadata) -> Result<(), Errno> {
+    let mut b = [0u8; 64];
+    b[0..8].copy_from_slice(&md.dev().to_le_bytes());
+    b[8..16].copy_from_slice(&md.ino().to_le_bytes());
+    b[16] = filetype(md.file_type());
+    b[24..32].copy_from_slice(&md.nlink().to_le_bytes());
+    b[32..40].copy_from_slice(&md.size().to_le_bytes());
+    let ns = |s: i64, n: i64| (s.max(0) as u64) * 1_000_000_000 + n.max(0) as u64;
+    b[40..48].copy_from_slice(&ns(md.atime(), md.atime_nsec()).to_le_bytes());
+    b[48..56].copy_from_slice(&ns(md.mtime(), md.mtime_nsec()).to_le_bytes());
+    b[56..64].copy_from_slice(&ns(md.ctime(), md.ctime_nsec()).to_le_bytes());
+    mem.put(ptr, &b)
+}
+
+macro_rules! tri {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return Ok(Errno::from(e)),
+        }
+    };
+}
+
+impl WasiCtx {
+    /// Calls WASI function `name` with integer `args` against guest `memory`. Returns the
+    /// errno as an i32 (0 for `proc_exit`, which never returns normally).
+    pub fn call(&mut self, name: &str, memory: &mut [u8], args: &[i64]) -> Result<i32, HostError> {
+        let mut m = Mem(memory);
+        let a = |i: usize| args.get(i).copied().unwrap_or(0) as u32;
+        let l = |i: usize| args.get(i).copied().unwrap_or(0) as u64;
+        trace!(name, ?args, "wasi call");
+        let r = match name {
+            "args_get" => self.strings_get(&mut m, a(0), a(1), false),
+            "args_sizes_get" => self.strings_sizes(&mut m, a(0), a(1), false),
+            "environ_get" => self.strings_get(&mut m, a(0), a(1), true),
+            "environ_sizes_get" => self.strings_sizes(&mut m, a(0), a(1), true),
+            "clock_res_get" => Ok(m.put_u64(a(1), 1000).map(|_| Errno::Success).unwrap_or_else(|e| e)),
+            "clock_time_get" => self.clock_time_get(&mut m, a(0), a(2)),
+            "fd_advise" | "fd_allocate" => Ok(self.fd(a(0)).map(|_| Errno::Success).unwrap_or_else(|e| e)),
+            "fd_close" => self.fd_close(a(0)),
+            "fd_datasync" | "fd_sync" => self.fd_sync(a(0)),
+            "fd_fdstat_get" => self.fd_fdstat_get(&mut m, a(0), a(1)),
+            "fd_fdstat_set_flags" => self.fd_set_flags(a(0), a(1) as u16),
+            "fd_fdstat_set_rights" => Ok(self.fd(a(0)).map(|_| Errno::Success).unwrap_or_else(|e| e)),
+            "fd_filestat_get" => self.fd_filestat_get(&mut m, a(0), a(1)),
+            "fd_filestat_set_size" => self.fd_set_size(a(0), l(1)),
+            "fd_filestat_set_times" => Ok(self.fd(a(0)).map(|_| Errno::Success).unwrap_or_else(|e| e)),
+            "fd_pread" => self.fd_rw(&mut m, a(0), a(1), a(2), Some(l(3)), a(4), false),
+            "fd_pwrite" => self.fd_rw(&mut m, a(0), a(1), a(2), Some(l(3)), a(4), true),
+            "fd_read" => self.fd_rw(&mut m, a(0), a(1), a(2), None, a(3), false),
+            "fd_write" => self.fd_rw(&mut m, a(0), a(1), a(2), None, a(3), true),
+            "fd_prestat_get" => self.fd_prestat_get(&mut m, a(0), a(1)),
+            "fd_prestat_dir_name" => self.fd_prestat_dir_name(&mut m, a(0), a(1), a(2)),
+            "fd_readdir" => self.fd_readdir(&mut m, a(0), a(1), a(2), l(3), a(4)),
+            "fd_renumber" => self.fd_renumber(a(0), a(1)),
+            "fd_seek" => self.fd_seek(&mut m, a(0), args.get(1).copied().unwrap_or(0), a(2), a(3)),
+            "fd_tell" => self.fd_seek(&mut m, a(0), 0, 1, a(1)),
+            "path_create_directory" => self.path_op(&mut m, a(0), a(1), a(2), PathOp::Mkdir),
+            "path_remove_directory" => self.path_op(&mut m, a(0), a(1), a(2), PathOp::Rmdir),
+            "path_unlink_file" => self.path_op(&mut m, a(0), a(1), a(2), PathOp::Unlink),
+            "path_filestat_get" => self.path_filestat_get(&mut m, a(0), a(1), a(2), a(3), a(4)),
+            "path_filestat_set_times" => Ok(Errno::Success),
+            "path_open" => self.path_open(&mut m, a(0), a(1), a(2), a(3), a(4) as u16, l(5), a(7) as u16, a(8)),
+            "path_readlink" => self.path_readlink(&mut m, a(0), a(1), a(2), a(3), a(4), a(5)),
+            "path_rename" => self.path_rename(&mut m, a(0), a(1), a(2), a(3), a(4), a(5)),
+            "path_link" | "path_symlink" => Ok(Errno::Notsup),
+            "poll_oneoff" => self.poll_oneoff(&mut m, a(0), a(1), a(2), a(3)),
+            "proc_exit" => return Err(HostError::Exit(a(0) as i32)),
+            "proc_raise" => Ok(Errno::Notsup),
+            "sched_yield" => Ok(Errno::Success),
+            "random_get" => match m.slice_mut(a(0), a(1)) {
+                Ok(buf) => {
+                    rand::fill(buf);
+                    Ok(Errno::Success)
+                }
+                Err(e) => Ok(e),
+            },
+            "sock_accept" | "sock_recv" | "sock_send" | "sock_shutdown" => Ok(Errno::Notsup),
+            other => return Err(HostError::Fatal(format!("unknown WASI function `{other}`"))),
+        }?;
+        Ok(r as u16 as i32)
+    }
+
+    fn strings(&self, env: bool) -> Vec<Vec<u8>> {
+        if env {
+            self.env.iter().map(|(k, v)| format!("{k}={v}\0").into_bytes()).collect()
+        } else {
+            self.args.iter().map(|a| format!("{a}\0").into_bytes()).collect()
+        }
+    }
+
+    fn strings_sizes(&self, m: &mut Mem<'_>, count_ptr: u32, size_ptr: u32, env: bool) -> R {
+        let s = self.strings(env);
+        tri!(m.put_u32(count_ptr, s.len() as u32));
+        tri!(m.put_u32(size_ptr, s.iter().map(Vec::len).sum::<usize>() as u32));
+        Ok(Errno::Success)
+    }
+
+    fn strings_get(&self, m: &mut Mem<'_>, ptrs: u32, buf: u32, env: bool) -> R {
+        let mut at = buf;
+        for (i, s) in self.strings(env).iter().enumerate() {
+            tri!(m.put_u32(ptrs + 4 * i as u32, at));
+            tri!(m.put(at, s));
+            at += s.len() as u32;
+        }
+        Ok(Errno::Success)
+    }
+
+    fn clock_time_get(&self, m: &mut Mem<'_>, id: u32, out: u32) -> R {
+        let t = match id {
+            0 => self.clock.realtime_ns(),
+            1..=3 => self.monotonic_ns(),
+            _ => return Ok(Errno::Inval),
+        };
+        tri!(m.put_u64(out, t));
+        Ok(Errno::Success)
+    }
+
+    fn fd_close(&mut self, fd: u32) -> R {
+        match self.fds.get(&fd).map(|f| f.kind) {
+            None => Ok(Errno::Badf),
+            Some(FdKind::Preopen) => Ok(Errno::Notsup),
+            Some(_) => {
+                self.fds.remove(&fd);
+                Ok(Errno::Success)
+            }
+        }
+    }
+
+    fn fd_sync(&mut self, fd: u32) -> R {
+        let f = tri!(self.file(fd));
+        if let Some(f) = f {
+            tri!(f.sync_all());
+        }
+        Ok(Errno::Success)
+    }
+
+    /// The open host file behind `fd` (reopened after a restore), or `None` for stdio/dirs.
+    fn file(&mut self, fd: u32) -> Result<Option<&mut File>, Errno> {
+        let roots: Vec<_> = self.mounts.iter().map(|m| m.root.clone()).collect();
+        let f = self.fd(fd)?;
+        if f.kind != FdKind::File {
+            return Ok(None);
+        }
+        if f.file.is_none() {
+            let root = roots.get(f.mount as usize).ok_or(Errno::Badf)?;
+            let p = path::host_path(root, &f.path, true)?;
+            let mut file = OpenOptions::new()
+                .read(f.read)
+                .write(f.write && f.fdflags & FDFLAG_APPEND == 0)
+                .append(f.fdflags & FDFLAG_APPEND != 0)
+                .open(p)?;
+            file.seek(SeekFrom::Start(f.offset))?;
+            f.file = Some(file);
+        }
+        Ok(f.file.as_mut())
+    }
+
+    fn fd_fdstat_get(&mut self, m: &mut Mem<'_>, fd: u32, out: u32) -> R {
+        let f = tri!(self.fd(fd));
+        let ft = match f.kind {
+            FdKind::Stdin | FdKind::Stdout | FdKind::Stderr => FILETYPE_CHAR,
+            FdKind::Preopen | FdKind::Dir => FILETYPE_DIR,
+            FdKind::File => FILETYPE_FILE,
+        };
+        let mut rights = Self::rights();
+        if !f.read {
+            rights &= !RIGHT_FD_READ;
+        }
+        if !f.write {
+            rights &= !RIGHT_FD_WRITE;
+        }
+        let mut b = [0u8; 24];
+        b[0] = ft;
+        b[2..4].copy_from_slice(&f.fdflags.to_le_bytes());
+        b[8..16].copy_from_slice(&rights.to_le_bytes());
+        b[16..24].copy_from_slice(&Self::rights().to_le_bytes());
+        tri!(m.put(out, &b));
+        Ok(Errno::Success)
+    }
+
+    fn fd_set_flags(&mut self, fd: u32, flags: u16) -> R {
+        let f = tri!(self.fd(fd));
+        f.fdflags = flags;
+        if f.file.is_some() {
+            // Reopen with the new append mode at the current position.
+            let pos = f.file.as_mut().and_then(|h| h.stream_position().ok()).unwrap_or(f.offset);
+            f.offset = pos;
+            f.file = None;
+        }
+        Ok(Errno::Success)
+    }
+
+    fn fd_filestat_get(&mut self, m: &mut Mem<'_>, fd: u32, out: u32) -> R {
+        let kind = tri!(self.fd(fd)).kind;
+        match kind {
+            FdKind::File => {
+                let md = tri!(tri!(self.file(fd)).expect("file fd").metadata());
+                tri!(filestat(m, out, &md));
+            }
+            FdKind::Preopen | FdKind::Dir => {
+                let p = tri!(self.fd_host_path(fd, ""));
+                tri!(filestat(m, out, &tri!(fs::metadata(p))));
+            }
+            _ => {
+                let mut b = [0u8; 64];
+                b[16] = FILETYPE_CHAR;
+                tri!(m.put(out, &b));
+            }
+        }
+        Ok(Errno::Success)
+    }
+
+    fn fd_set_size(&mut self, fd: u32, size: u64) -> R {
+        if !tri!(self.fd(fd)).write {
+            return Ok(Errno::Badf);
+        }
+        match tri!(self.file(fd)) {
+            Some(f) => {
+                tri!(f.set_len(size));
+                Ok(Errno::Success)
+            }
+            None => Ok(Errno::Badf),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
+    fn fd_rw(&mut self, m: &mut Mem<'_>, fd: u32, iovs: u32, n: u32, at: Option<u64>, out: u32, write: bool) -> R {
+        let vecs = tri!(m.iovecs(iovs, n));
+        let kind = tri!(self.fd(fd)).kind;
+        let mut total: u64 = 0;
+        match (kind, write) {
+            (FdKind::Stdout | FdKind::Stderr, true) => {
+                let w = if kind == FdKind::Stdout { &mut self.stdio.stdout } else { &mut self.stdio.stderr };
+                for (p, len) in vecs {
+                    let buf = tri!(m.slice(p, len));
+                    if let Err(e) = w.write_all(buf) {
+                        return Err(HostError::Fatal(format!("writing guest output: {e}")));
+                    }
+                    total += u64::from(len);
+                }
+                let _ = w.flush();
+                if kind == FdKind::Stdout {
+                    self.stdout_bytes += total;
+                } else {
+                    self.stderr_bytes += total;
+                }
+            }
+            (FdKind::Stdin, false) => {
+                self.wait_stdin()?;
+                for (p, len) in vecs {
+                    let buf = tri!(m.slice_mut(p, len));
+                    let got = tri!(self.stdio.stdin.read(buf));
+                    total += got as u64;
+                    if got < len as usize {
+                        break;
+                    }
+                }
+                self.stdin_bytes += total;
+            }
+            (FdKind::File, _) => {
+                let f = tri!(self.fd(fd));
+                if (write && !f.write) || (!write && !f.read) {
+                    return Ok(Errno::Badf);
+                }
+                let file = tri!(self.file(fd)).expect("file fd");
+                let restore = match at {
+                    Some(off) => {
+                        let cur = tri!(file.stream_position());
+                        tri!(file.seek(SeekFrom::Start(off)));
+                        Some(cur)
+                    }
+                    None => None,
+                };
+                for (p, len) in vecs {
+                    if write {
+                        tri!(file.write_all(tri!(m.slice(p, len))));
+                        total += u64::from(len);
+                    } else {
+                        let buf = tri!(m.slice_mut(p, len));
+                        let mut got = 0;
+                        while got < buf.len() {
+                            let k = tri!(file.read(&mut buf[got..]));
+                            if k == 0 {
+                                break;
+                            }
+                            got += k;
+                        }
+                        total += got as u64;
+                        if got < len as usize {
+                            break;
+                        }
+                    }
+                }
+                if let Some(cur) = restore {
+                    tri!(file.seek(SeekFrom::Start(cur)));
+                }
+            }
+            (FdKind::Preopen | FdKind::Dir, _) => return Ok(Errno::Isdir),
+            _ => return Ok(Errno::Badf),
+        }
+        tri!(m.put_u32(out, total as u32));
+        Ok(Errno::Success)
+    }
+
+    /// Blocks until stdin is readable, unwinding if a suspend is requested meanwhile.
+    fn wait_stdin(&mut self) -> Result<(), HostError> {
+        let Some(fd) = self.stdio.stdin_fd else { return Ok(()) };
+        loop {
+            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd, count 1.
+            let r = unsafe { libc::poll(&mut p, 1, 50) };
+            if r != 0 {
+                return Ok(());
+            }
+            if !self.rewinding && (self.interrupt)() {
+                return Err(HostError::Unwind);
+            }
+        }
+    }
+
+    fn fd_prestat_get(&mut self, m: &mut Mem<'_>, fd: u32, out: u32) -> R {
+        let f = tri!(self.fd(fd));
+        if f.kind != FdKind::Preopen {
+            return Ok(Errno::Badf);
+        }
+        let mount = f.mount;
+        let name_len = self.mounts[mount as usize].guest_path.len() as u32;
+        tri!(m.put_u32(out, 0));
+        tri!(m.put_u32(out + 4, name_len));
+        Ok(Errno::Success)
+    }
+
+    fn fd_prestat_dir_name(&mut self, m: &mut Mem<'_>, fd: u32, ptr: u32, len: u32) -> R {
+        let f = tri!(self.fd(fd));
+        if f.kind != FdKind::Preopen {
+            return Ok(Errno::Badf);
+        }
+        let mount = f.mount;
+        let name = self.mounts[mount as usize].guest_path.clone();
+        if (len as usize) < name.len() {
+            return Ok(Errno::Nametoolong);
+        }
+        tri!(m.put(ptr, name.as_bytes()));
+        Ok(Errno::Success)
+    }
+
+    fn fd_renumber(&mut self, from: u32, to: u32) -> R {
+        if !self.fds.contains_key(&from) || !self.fds.contains_key(&to) {
+            return Ok(Errno::Badf);
+        }
+        let f = self.fds.remove(&from).expect("checked");
+        self.fds.insert(to, f);
+        Ok(Errno::Success)
+    }
+
+    fn fd_seek(&mut self, m: &mut Mem<'_>, fd: u32, offset: i64, whence: u32, out: u32) -> R {
+        let kind = tri!(self.fd(fd)).kind;
+        if kind != FdKind::File {
+            return Ok(if matches!(kind, FdKind::Dir | FdKind::Preopen) { Errno::Badf } else { Errno::Spipe });
+        }
+        let pos = match whence {
+            0 => {
+                if offset < 0 {
+                    return Ok(Errno::Inval);
+                }
+                SeekFrom::Start(offset as u64)
+            }
+            1 => SeekFrom::Current(offset),
+            2 => SeekFrom::End(offset),
+            _ => return Ok(Errno::Inval),
+        };
+        let file = tri!(self.file(fd)).expect("file fd");
+        let new = tri!(file.seek(pos));
+        tri!(m.put_u64(out, new));
+        Ok(Errno::Success)
+    }
+
+    /// Host path of `rel` resolved against directory fd `fd`.
+    fn fd_host_path(&mut self, fd: u32, rel: &str) -> Result<std::path::PathBuf, Errno> {
+        let (mount, joined) = self.resolve(fd, rel)?;
+        path::host_path(&self.mounts[mount as usize].root, &joined, true)
+    }
+
+    /// `(mount, mount-relative path)` of `rel` against directory fd `fd`.
+    fn resolve(&mut self, fd: u32, rel: &str) -> Result<(u32, String), Errno> {
+        let f = self.fd(fd)?;
+        if !matches!(f.kind, FdKind::Preopen | FdKind::Dir) {
+            return Err(Errno::Notdir);
+        }
+        let (mount, base) = (f.mount, f.path.clone());
+        Ok((mount, path::join(&base, rel)?))
+    }
+
+    fn guest_path(&mut self, m: &Mem<'_>, fd: u32, ptr: u32, len: u32, follow: bool) -> Result<(u32, String, std::path::PathBuf), Errno> {
+        if len > 4096 {
+            return Err(Errno::Nametoolong);
+        }
+        let rel = m.str(ptr, len)?.to_owned();
+        let (mount, joined) = self.resolve(fd, &rel)?;
+        let host = path::host_path(&self.mounts[mount as usize].root, &joined, follow)?;
+        Ok((mount, joined, host))
+    }
+
+    fn read_only(&self, mount: u32) -> bool {
+        self.mounts[mount as usize].read_only
+    }
+
+    fn path_op(&mut self, m: &mut Mem<'_>, fd: u32, ptr: u32, len: u32, op: PathOp) -> R {
+        let (mount, rel, host) = tri!(self.guest_path(m, fd, ptr, len, false));
+        if self.read_only(mount) {
+            return Ok(Errno::Rofs);
+        }
+        if rel.is_empty() {
+            return Ok(Errno::Perm);
+        }
+        match op {
+            PathOp::Mkdir => tri!(fs::create_dir(&host)),
+            PathOp::Rmdir => tri!(fs::remove_dir(&host)),
+            PathOp::Unlink => {
+                if tri!(fs::symlink_metadata(&host)).is_dir() {
+                    return Ok(Errno::Isdir);
+                }
+                tri!(fs::remove_file(&host))
+            }
+        }
+        Ok(Errno::Success)
+    }
+
+    fn path_filestat_get(&mut self, m: &mut Mem<'_>, fd: u32, flags: u32, ptr: u32, len: u32, out: u32) -> R {
+        let follow = flags & LOOKUP_FOLLOW != 0;
+        let (_, _, host) = tri!(self.guest_path(m, fd, ptr, len, follow));
+        let md = if follow { fs::metadata(&host) } else { fs::symlink_metadata(&host) };
+        tri!(filestat(m, out, &tri!(md)));
+        Ok(Errno::Success)
+    }
+
+    #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
+    fn path_open(&mut self, m: &mut Mem<'_>, fd: u32, dirflags: u32, ptr: u32, len: u32, oflags: u16, rights: u64, fdflags: u16, out: u32) -> R {
+        let follow = dirflags & LOOKUP_FOLLOW != 0;
+        let (mount, rel, host) = tri!(self.guest_path(m, fd, ptr, len, follow));
+        let wants_write = rights & RIGHT_FD_WRITE != 0
+            || oflags & (OFLAG_CREAT | OFLAG_TRUNC) != 0
+            || fdflags & FDFLAG_APPEND != 0;
+        let existing = if follow { fs::metadata(&host) } else { fs::symlink_metadata(&host) };
+        let is_dir = existing.as_ref().map(|md| md.is_dir()).unwrap_or(false);
+        if oflags & OFLAG_DIRECTORY != 0 || is_dir {
+            match existing {
+                Ok(md) if md.is_dir() => {}
+                Ok(_) => return Ok(Errno::Notdir),
+                Err(e) => return Ok(e.into()),
+            }
+            if oflags & (OFLAG_CREAT | OFLAG_EXCL) == OFLAG_CREAT | OFLAG_EXCL {
+                return Ok(Errno::Exist);
+            }
+            let n = self.next_fd();
+            self.fds.insert(n, Fd::new(FdKind::Dir, mount, rel));
+            tri!(m.put_u32(out, n));
+            return Ok(Errno::Success);
+        }
+        if wants_write && self.read_only(mount) {
+            return Ok(Errno::Rofs);
+        }
+        let read = rights & RIGHT_FD_READ != 0 || !wants_write;
+        let mut oo = OpenOptions::new();
+        oo.read(read)
+            .write(wants_write && fdflags & FDFLAG_APPEND == 0)
+            .append(fdflags & FDFLAG_APPEND != 0)
+            .create(oflags & OFLAG_CREAT != 0 && oflags & OFLAG_EXCL == 0)
+            .create_new(oflags & (OFLAG_CREAT | OFLAG_EXCL) == OFLAG_CREAT | OFLAG_EXCL)
+            .truncate(oflags & OFLAG_TRUNC != 0);
+        if !follow {
+            oo.custom_flags(libc::O_NOFOLLOW);
+        }
+        let file = tri!(oo.open(&host));
+        let n = self.next_fd();
+        let mut f = Fd::new(FdKind::File, mount, rel);
+        f.read = read;
+        f.write = wants_write;
+        f.fdflags = fdflags;
+        f.file = Some(file);
+        self.fds.insert(n, f);
+        tri!(m.put_u32(out, n));
+        Ok(Errno::Success)
+    }
+
+    fn next_fd(&self) -> u32 {
+        (3..).find(|n| !self.fds.contains_key(n)).expect("fd space is not exhausted")
+    }
+
+    #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
+    fn path_readlink(&mut self, m: &mut Mem<'_>, fd: u32, ptr: u32, len: u32, buf: u32, buf_len: u32, out: u32) -> R {
+        let (_, _, host) = tri!(self.guest_path(m, fd, ptr, len, false));
+        let target = tri!(fs::read_link(&host));
+        let bytes = target.to_string_lossy().into_owned().into_bytes();
+        let n = bytes.len().min(buf_len as usize);
+        tri!(m.put(buf, &bytes[..n]));
+        tri!(m.put_u32(out, n as u32));
+        Ok(Errno::Success)
+    }
+
+    #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
+    fn path_rename(&mut self, m: &mut Mem<'_>, fd: u32, p: u32, pl: u32, fd2: u32, p2: u32, pl2: u32) -> R {
+        let (mount, _, from) = tri!(self.guest_path(m, fd, p, pl, false));
+        let (mount2, _, to) = tri!(self.guest_path(m, fd2, p2, pl2, false));
+        if self.read_only(mount) || self.read_only(mount2) {
+            return Ok(Errno::Rofs);
+        }
+        tri!(fs::rename(from, to));
+        Ok(Errno::Success)
+    }
+
+    fn fd_readdir(&mut self, m: &mut Mem<'_>, fd: u32, buf: u32, buf_len: u32, cookie: u64, out: u32) -> R {
+        let host = tri!(self.fd_host_path(fd, ""));
+        let mut names: Vec<(String, u8, u64)> = vec![(".".into(), FILETYPE_DIR, 0), ("..".into(), FILETYPE_DIR, 0)];
+        let mut rest = Vec::new();
+        for e in tri!(fs::read_dir(&host)) {
+            let e = tri!(e);
+            let md = tri!(e.metadata());
+            rest.push((e.file_name().to_string_lossy().into_owned(), filetype(md.file_type()), md.ino()));
+        }
+        rest.sort();
+        names.extend(rest);
+        let mut bytes = Vec::new();
+        for (i, (name, ty, ino)) in names.iter().enumerate().skip(cookie as usize) {
+            let mut d = [0u8; 24];
+            d[0..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
+            d[8..16].copy_from_slice(&ino.to_le_bytes());
+            d[16..20].copy_from_slice(&(name.len() as u32).to_le_bytes());
+            d[20] = *ty;
+            bytes.extend_from_slice(&d);
+            bytes.extend_from_slice(name.as_bytes());
+            if bytes.len() >= buf_len as usize {
+                break;
+            }
+        }
+        let n = bytes.len().min(buf_len as usize);
+        tri!(m.put(buf, &bytes[..n]));
+        tri!(m.put_u32(out, n as u32));
+        Ok(Errno::Success)
+    }
+
+    fn poll_oneoff(&mut self, m: &mut Mem<'_>, subs: u32, events: u32, n: u32, out: u32) -> R {
+        if n == 0 || n > 256 {
+            return Ok(Errno::Inval);
+        }
+        let now = self.monotonic_ns();
+        let mut deadline: Option<(u64, u64)> = None; // (deadline, userdata)
+        let mut ready = Vec::new();
+        for i in 0..n {
+            let s = subs + i * 48;
+            let userdata = tri!(m.u64(s));
+            let tag = tri!(m.slice(s + 8, 1))[0];
+            match tag {
+                0 => {
+                    let clock = tri!(m.u32(s + 16));
+                    let timeout = tri!(m.u64(s + 24));
+                    let flags = tri!(m.u16(s + 40));
+                    let d = if flags & 1 != 0 {
+                        if clock == 0 {
+                            let real = self.clock.realtime_ns();
+                            now + timeout.saturating_sub(real)
+                        } else {
+                            timeout
+                        }
+                    } else {
+                        now.saturating_add(timeout)
+                    };
+                    if deadline.is_none_or(|(old, _)| d < old) {
+                        deadline = Some((d, userdata));
+                    }
+                }
+                1 | 2 => ready.push((userdata, tag)),
+                _ => return Ok(Errno::Inval),
+            }
+        }
+        if ready.is_empty() {
+            if let Some((mut d, userdata)) = deadline {
+                if self.rewinding {
+                    if let Some(saved) = self.sleep_deadline {
+                        d = saved;
+                    }
+                }
+                self.sleep_deadline = None;
+                loop {
+                    let now = self.monotonic_ns();
+                    if now >= d {
+                        break;
+                    }
+                    if !self.rewinding && (self.interrupt)() {
+                        self.sleep_deadline = Some(d);
+                        return Err(HostError::Unwind);
+                    }
+                    std::thread::sleep(Duration::from_nanos((d - now).min(20_000_000)));
+                }
+                ready.push((userdata, 0));
+            }
+        }
+        for (i, (userdata, tag)) in ready.iter().enumerate() {
+            let e = events + 32 * i as u32;
+            let mut b = [0u8; 32];
+            b[0..8].copy_from_slice(&userdata.to_le_bytes());
+            b[10] = *tag;
+            tri!(m.put(e, &b));
+        }
+        tri!(m.put_u32(out, ready.len() as u32));
+        Ok(Errno::Success)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum PathOp {
+    Mkdir,
+    Rmdir,
+    Unlink,
+}

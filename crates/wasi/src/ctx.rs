@@ -1,0 +1,367 @@
+//! The virtual WASI state of one guest, and its capture and restore.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use ferry_kappa::Kappa;
+use ferry_object::{FdState, Mount, WasiState};
+
+use crate::{Errno, path};
+
+/// Time as the host sees it. Behind a trait so tests can be deterministic.
+pub trait Clock: Send {
+    /// Host monotonic time in ns (any origin).
+    fn monotonic_ns(&self) -> u64;
+    /// Wall-clock time in ns since the Unix epoch.
+    fn realtime_ns(&self) -> u64;
+}
+
+/// The real host clock.
+#[derive(Debug)]
+pub struct HostClock(Instant);
+
+impl Default for HostClock {
+    fn default() -> Self {
+        Self(Instant::now())
+    }
+}
+
+impl Clock for HostClock {
+    fn monotonic_ns(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+    fn realtime_ns(&self) -> u64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    }
+}
+
+/// Where the guest's standard streams go.
+pub struct Stdio {
+    pub stdin: Box<dyn Read + Send>,
+    /// Raw fd behind `stdin`, so a blocked read can be interrupted by a suspend.
+    pub stdin_fd: Option<i32>,
+    pub stdout: Box<dyn Write + Send>,
+    pub stderr: Box<dyn Write + Send>,
+}
+
+impl std::fmt::Debug for Stdio {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stdio")
+    }
+}
+
+impl Stdio {
+    /// The process's own stdin, stdout and stderr.
+    pub fn inherit() -> Self {
+        Self {
+            stdin: Box::new(std::io::stdin()),
+            stdin_fd: Some(0),
+            stdout: Box::new(std::io::stdout()),
+            stderr: Box::new(std::io::stderr()),
+        }
+    }
+}
+
+/// A host directory granted to the guest at `guest_path`.
+#[derive(Debug, Clone)]
+pub struct MountSpec {
+    pub guest_path: String,
+    pub host_dir: PathBuf,
+    pub read_only: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct MountRt {
+    pub guest_path: String,
+    /// Canonical host directory.
+    pub root: PathBuf,
+    pub read_only: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FdKind {
+    Stdin,
+    Stdout,
+    Stderr,
+    Preopen,
+    File,
+    Dir,
+}
+
+impl FdKind {
+    fn name(self) -> &'static str {
+        match self {
+            FdKind::Stdin => "stdin",
+            FdKind::Stdout => "stdout",
+            FdKind::Stderr => "stderr",
+            FdKind::Preopen => "preopen",
+            FdKind::File => "file",
+            FdKind::Dir => "dir",
+        }
+    }
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "stdin" => FdKind::Stdin,
+            "stdout" => FdKind::Stdout,
+            "stderr" => FdKind::Stderr,
+            "preopen" => FdKind::Preopen,
+            "file" => FdKind::File,
+            "dir" => FdKind::Dir,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Fd {
+    pub kind: FdKind,
+    pub mount: u32,
+    /// Path inside the mount.
+    pub path: String,
+    pub fdflags: u16,
+    pub read: bool,
+    pub write: bool,
+    /// Offset to restore when the host file is (re)opened.
+    pub offset: u64,
+    /// Open host file, opened lazily (after a restore) from `path`.
+    pub file: Option<File>,
+}
+
+/// One guest's WASI state.
+pub struct WasiCtx {
+    pub(crate) args: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) mounts: Vec<MountRt>,
+    pub(crate) fds: BTreeMap<u32, Fd>,
+    pub(crate) clock: Box<dyn Clock>,
+    /// Virtual monotonic time = host monotonic + this offset (may be negative).
+    pub(crate) mono_offset: i128,
+    pub(crate) stdio: Stdio,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub stdin_bytes: u64,
+    /// Deadline of a sleep interrupted by a suspend (virtual ns).
+    pub sleep_deadline: Option<u64>,
+    /// Whether a suspend has been requested (checked while blocked).
+    pub(crate) interrupt: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// Set by the engine while it re-enters a blocking call during a rewind.
+    pub rewinding: bool,
+}
+
+impl std::fmt::Debug for WasiCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasiCtx").field("args", &self.args).field("fds", &self.fds).finish()
+    }
+}
+
+const ALL_RIGHTS: u64 = 0x1FFF_FFFF;
+
+impl WasiCtx {
+    /// A fresh context: stdio on fds 0–2, one preopen per mount from fd 3.
+    pub fn new(
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+        mounts: Vec<MountSpec>,
+        stdio: Stdio,
+        clock: Box<dyn Clock>,
+        interrupt: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) -> Result<Self, String> {
+        let mut ctx = Self {
+            args,
+            env,
+            mounts: Vec::new(),
+            fds: BTreeMap::new(),
+            mono_offset: 0,
+            clock,
+            stdio,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            stdin_bytes: 0,
+            sleep_deadline: None,
+            interrupt,
+            rewinding: false,
+        };
+        for (i, kind) in [FdKind::Stdin, FdKind::Stdout, FdKind::Stderr].into_iter().enumerate() {
+            ctx.fds.insert(i as u32, Fd::new(kind, 0, String::new()));
+        }
+        for (i, m) in mounts.into_iter().enumerate() {
+            ctx.mounts.push(MountRt::open(m)?);
+            ctx.fds.insert(3 + i as u32, Fd::new(FdKind::Preopen, i as u32, String::new()));
+        }
+        Ok(ctx)
+    }
+
+    /// Rebuilds a context from a captured state. `mounts` are the destination's grants; every
+    /// mount of the snapshot must be granted (matched by guest path).
+    pub fn restore(
+        state: &WasiState,
+        mounts: Vec<MountSpec>,
+        stdio: Stdio,
+        clock: Box<dyn Clock>,
+        interrupt: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) -> Result<Self, String> {
+        let mut ordered = Vec::new();
+        for m in &state.mounts {
+            let grant = mounts.iter().find(|g| g.guest_path == m.guest_path).ok_or_else(|| {
+                format!(
+                    "the snapshot needs a directory mounted at `{}` (it was `{}`); \
+                     grant one with --dir HOST::{}",
+                    m.guest_path, m.host_hint, m.guest_path
+                )
+            })?;
+            ordered.push(grant.clone());
+        }
+        let mut ctx = Self::new(
+            state.args.clone(),
+            state.env.clone(),
+            ordered,
+            stdio,
+            clock,
+            interrupt,
+        )?;
+        ctx.fds.clear();
+        for (n, fs) in &state.fds {
+            let kind = FdKind::parse(&fs.what)
+                .ok_or_else(|| format!("unknown fd kind `{}` in snapshot", fs.what))?;
+            if !matches!(kind, FdKind::Stdin | FdKind::Stdout | FdKind::Stderr)
+                && fs.mount as usize >= ctx.mounts.len()
+            {
+                return Err(format!("fd {n} refers to mount {} that does not exist", fs.mount));
+            }
+            path::join("", &fs.path).map_err(|_| format!("fd {n} has an unsafe path"))?;
+            ctx.fds.insert(
+                *n,
+                Fd {
+                    kind,
+                    mount: fs.mount,
+                    path: fs.path.clone(),
+                    fdflags: fs.fdflags,
+                    read: fs.read,
+                    write: fs.write,
+                    offset: fs.offset,
+                    file: None,
+                },
+            );
+        }
+        let host_now = i128::from(ctx.clock.monotonic_ns());
+        ctx.mono_offset = i128::from(state.monotonic_ns) - host_now;
+        ctx.stdout_bytes = state.stdout_bytes;
+        ctx.stderr_bytes = state.stderr_bytes;
+        ctx.stdin_bytes = state.stdin_bytes;
+        ctx.sleep_deadline = state.sleep_deadline_ns;
+        Ok(ctx)
+    }
+
+    /// The mounts, in order: `(guest path, canonical host dir, read-only)`.
+    pub fn mounts(&self) -> Vec<(String, PathBuf, bool)> {
+        self.mounts.iter().map(|m| (m.guest_path.clone(), m.root.clone(), m.read_only)).collect()
+    }
+
+    /// Captures the state. `trees` are the κ of each mount's content, in mount order.
+    pub fn capture(&mut self, trees: &[Kappa]) -> Result<WasiState, String> {
+        let mut fds = Vec::new();
+        for (n, fd) in self.fds.iter_mut() {
+            if let Some(f) = fd.file.as_mut() {
+                fd.offset = f.stream_position().map_err(|e| format!("fd {n}: {e}"))?;
+            }
+            fds.push((
+                *n,
+                FdState {
+                    what: fd.kind.name().to_owned(),
+                    mount: fd.mount,
+                    path: fd.path.clone(),
+                    offset: fd.offset,
+                    fdflags: fd.fdflags,
+                    read: fd.read,
+                    write: fd.write,
+                },
+            ));
+        }
+        let (kind, v) = ferry_object::header::<WasiState>();
+        Ok(WasiState {
+            kind,
+            v,
+            args: self.args.clone(),
+            env: self.env.clone(),
+            mounts: self
+                .mounts
+                .iter()
+                .zip(trees)
+                .map(|(m, t)| Mount {
+                    guest_path: m.guest_path.clone(),
+                    host_hint: m.root.display().to_string(),
+                    tree: *t,
+                    read_only: m.read_only,
+                })
+                .collect(),
+            fds,
+            monotonic_ns: self.monotonic_ns(),
+            stdout_bytes: self.stdout_bytes,
+            stderr_bytes: self.stderr_bytes,
+            stdin_bytes: self.stdin_bytes,
+            sleep_deadline_ns: self.sleep_deadline,
+        })
+    }
+
+    /// Virtual monotonic time in ns: never goes backwards across suspend and resume.
+    pub fn monotonic_ns(&self) -> u64 {
+        (i128::from(self.clock.monotonic_ns()) + self.mono_offset).max(0) as u64
+    }
+
+    /// Flushes stdout and stderr.
+    pub fn flush(&mut self) {
+        let _ = self.stdio.stdout.flush();
+        let _ = self.stdio.stderr.flush();
+    }
+
+    /// Closes every host file (before a capture's tree import, so all writes are visible).
+    pub fn sync_files(&mut self) {
+        for fd in self.fds.values_mut() {
+            if let Some(f) = fd.file.as_mut() {
+                let _ = f.flush();
+            }
+        }
+    }
+
+    pub(crate) fn fd(&mut self, n: u32) -> Result<&mut Fd, Errno> {
+        self.fds.get_mut(&n).ok_or(Errno::Badf)
+    }
+
+    pub(crate) fn rights() -> u64 {
+        ALL_RIGHTS
+    }
+}
+
+impl MountRt {
+    fn open(m: MountSpec) -> Result<Self, String> {
+        let root = m.host_dir.canonicalize().map_err(|e| {
+            format!("cannot mount `{}`: {e}", m.host_dir.display())
+        })?;
+        if !root.is_dir() {
+            return Err(format!("cannot mount `{}`: not a directory", m.host_dir.display()));
+        }
+        if !m.guest_path.starts_with('/') && m.guest_path != "." {
+            return Err(format!("guest path `{}` must be absolute (or `.`)", m.guest_path));
+        }
+        Ok(Self { guest_path: m.guest_path, root, read_only: m.read_only })
+    }
+}
+
+impl Fd {
+    pub(crate) fn new(kind: FdKind, mount: u32, path: String) -> Self {
+        Self {
+            kind,
+            mount,
+            path,
+            fdflags: 0,
+            read: true,
+            write: !matches!(kind, FdKind::Stdin),
+            offset: 0,
+            file: None,
+        }
+    }
+}
