@@ -66,7 +66,6 @@ pub struct Execution<'a> {
 impl Execution<'_> {
     /// Runs the guest to exit or suspension and returns ferry's exit code.
     pub fn execute(mut self, wasi: WasiCtx, start: Start) -> Result<ExitCode> {
-        install_signals(&self.control)?;
         if let Some(every) = self.checkpoint_every {
             let c = self.control.clone();
             std::thread::spawn(move || loop {
@@ -150,7 +149,10 @@ fn record(settings: &Settings, store: &FsStore, s: &mut Session, k: Kappa, why: 
     session::save(settings, s)
 }
 
-fn install_signals(control: &Arc<Control>) -> Result<()> {
+/// Routes SIGINT/SIGTERM to a suspend request and SIGUSR1 to a checkpoint request. Installed
+/// before any slow preparation, so a signal that arrives early is served at the first safe
+/// point instead of killing the process. A third SIGINT/SIGTERM exits without a snapshot.
+pub fn install_signals(control: &Arc<Control>) -> Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1])
         .context("installing signal handlers")?;

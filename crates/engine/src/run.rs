@@ -128,7 +128,7 @@ impl Runtime {
                     if let Some(GuestExit(code)) = e.downcast_ref::<GuestExit>() {
                         return Ok(Outcome::Exited(*code));
                     }
-                    return Err(EngineError::Trap(format!("{e:?}")));
+                    return Err(EngineError::Trap(trap_message(&e)));
                 }
             }
         }
@@ -141,4 +141,19 @@ fn begin_rewind(ws: &mut wasmtime::Store<HostState>, h: Handles) -> Result<(), E
     h.state.set(&mut *ws, Val::I32(abi::STATE_REWIND)).map_err(err)?;
     h.ctl.data_mut(&mut *ws)[..4].copy_from_slice(&1u32.to_le_bytes());
     Ok(())
+}
+
+/// The trap's cause and the innermost frames of its backtrace (a deep recursion would print
+/// thousands of identical lines).
+fn trap_message(e: &wasmtime::Error) -> String {
+    let full = format!("{e:?}");
+    let lines: Vec<&str> = full.lines().collect();
+    if lines.len() <= 16 {
+        return full;
+    }
+    let causes: Vec<&str> = lines.iter().skip_while(|l| !l.starts_with("Caused by")).copied().collect();
+    let mut out: Vec<&str> = lines[..9].to_vec();
+    out.push("    ...");
+    out.extend(causes);
+    out.join("\n")
 }

@@ -65,6 +65,8 @@ fn admit_mount(store: &dyn Store, m: &ferry_object::Mount, grant: &MountSpec, al
 }
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
+    let control = Arc::new(Control::new());
+    guest::install_signals(&control)?;
     let grants = a.dirs.iter().map(|d| guest::parse_dir(d)).collect::<Result<Vec<_>>>()?;
     let env = a.envs.iter().map(|e| guest::parse_env(e)).collect::<Result<Vec<_>>>()?;
     let store = settings.open_store()?;
@@ -101,7 +103,6 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         loaded.wasi.env.push((key, value));
     }
 
-    let control = Arc::new(Control::new());
     let wasi = WasiCtx::restore(&loaded.wasi, grants, guest::stdio(), guest::host_clock(), guest::interrupt_of(&control))
         .map_err(|e| refused(Stage::Admitting, e))?;
     let program = loaded.snapshot.program.clone();

@@ -51,6 +51,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
+    let control = Arc::new(Control::new());
+    guest::install_signals(&control)?;
     let mounts = a.dirs.iter().map(|d| guest::parse_dir(d)).collect::<Result<Vec<_>>>()?;
     let env = a.envs.iter().map(|e| guest::parse_env(e)).collect::<Result<Vec<_>>>()?;
     let mut wasm = std::fs::read(&a.program).with_context(|| format!("cannot read {}", a.program.display()))?;
@@ -66,7 +68,6 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         .prepare(&store, &wasm, &|msg| eprintln!("ferry: {msg}"))
         .with_context(|| format!("cannot run {}", a.program.display()))?;
 
-    let control = Arc::new(Control::new());
     let mut args = vec![name.clone()];
     args.extend(a.args);
     let wasi = WasiCtx::new(args, env, mounts, guest::stdio(), guest::host_clock(), guest::interrupt_of(&control))

@@ -1,0 +1,81 @@
+//! Churn tests: suspend and resume guests at random points, each resume in a new process, and
+//! require exactly what an uninterrupted run shows: stdout bytes, stderr, exit code, files.
+
+use crate::harness::{Env, dir_contents, guest};
+
+fn check(run_args: &[&str], suspends: usize, delay_ms: (u64, u64), seed: u64) {
+    let env = Env::new();
+    let plain = env.plain(run_args);
+    let churned = env.churn(run_args, &[], suspends, seed, delay_ms);
+    assert!(
+        churned.snapshots.len() >= suspends.min(2),
+        "expected at least {} suspends, got {:?}",
+        suspends.min(2),
+        churned.snapshots
+    );
+    assert_eq!(String::from_utf8_lossy(&churned.stdout), String::from_utf8_lossy(&plain.stdout));
+    assert_eq!(churned.stdout, plain.stdout, "stdout bytes differ");
+    assert_eq!(churned.stderr, plain.stderr, "guest stderr differs");
+    assert_eq!(churned.code, plain.code, "exit code differs");
+}
+
+#[test]
+fn wat_counter_survives_many_suspends() {
+    let g = guest("wat/count.wat");
+    check(&[g.to_str().unwrap()], 8, (20, 60), 1);
+}
+
+#[test]
+fn c_cpu_loop() {
+    let g = guest("wasm/cpu.wasm");
+    check(&[g.to_str().unwrap(), "--", "200"], 6, (40, 250), 2);
+}
+
+#[test]
+fn c_deep_recursion() {
+    let g = guest("wasm/recurse.wasm");
+    check(&[g.to_str().unwrap(), "--", "20000", "30"], 6, (40, 200), 3);
+}
+
+#[test]
+fn c_sleeps_stderr_and_exit_code() {
+    let g = guest("wasm/sleepy.wasm");
+    check(&[g.to_str().unwrap(), "--", "25", "3"], 5, (50, 150), 4);
+}
+
+#[test]
+fn c_heap_of_256_mib() {
+    let env = Env::new();
+    let g = guest("wasm/heap.wasm");
+    let args = [g.to_str().unwrap(), "--", "256", "30"];
+    let plain = env.plain(&args);
+    assert_eq!(plain.code, 0);
+    let churned = env.churn(&args, &[], 3, 5, (150, 400));
+    assert!(churned.snapshots.len() >= 2, "snapshots: {:?}", churned.snapshots);
+    assert_eq!(churned.stdout, plain.stdout);
+    assert_eq!(churned.code, plain.code);
+    // The last snapshot holds the whole heap.
+    let (out, _, code) = env.output(&["inspect", "--json", churned.snapshots.last().unwrap()]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let bytes = v["memories"][0]["bytes"].as_u64().unwrap();
+    assert!(bytes >= 256 << 20, "memory image is only {bytes} bytes");
+}
+
+#[test]
+fn c_file_io_in_a_mount() {
+    let env = Env::new();
+    let g = guest("wasm/files.wasm");
+    let plain_dir = env.path("plain-data");
+    let churn_dir = env.path("churn-data");
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    std::fs::create_dir_all(&churn_dir).unwrap();
+    let pd = format!("{}::/data", plain_dir.display());
+    let cd = format!("{}::/data", churn_dir.display());
+    let plain = env.plain(&["--dir", &pd, g.to_str().unwrap(), "--", "/data", "500"]);
+    let churned = env.churn(&["--dir", &cd, g.to_str().unwrap(), "--", "/data", "500"], &["--dir", &cd], 5, 6, (40, 200));
+    assert!(churned.snapshots.len() >= 2);
+    assert_eq!(churned.stdout, plain.stdout);
+    assert_eq!(churned.code, 0);
+    assert_eq!(dir_contents(&churn_dir), dir_contents(&plain_dir), "files written differ");
+}

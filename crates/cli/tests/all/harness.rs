@@ -1,0 +1,179 @@
+//! Running `ferry` the way a user does, and the churn driver: suspend at random points,
+//! resume each time in a new process, and collect exactly what the user saw.
+
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Repository root (for guests).
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+}
+
+/// A built test guest under `guests/`.
+pub fn guest(rel: &str) -> PathBuf {
+    let p = repo().join("guests").join(rel);
+    assert!(p.exists(), "missing guest {} (run guests/build.sh)", p.display());
+    p
+}
+
+/// A private store and scratch directory.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+}
+
+/// What one (possibly interrupted many times) run showed the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub stdout: Vec<u8>,
+    /// The guest's stderr: ferry's own lines (`suspended …`, `ferry: …`) removed.
+    pub stderr: String,
+    pub code: i32,
+    /// Snapshots taken on the way.
+    pub snapshots: Vec<String>,
+}
+
+impl Env {
+    pub fn new() -> Self {
+        Self { dir: tempfile::tempdir().expect("temp dir") }
+    }
+
+    pub fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn ferry(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
+        c.env("FERRY_STORE", self.store()).env_remove("FERRY_LOG").stdin(Stdio::null());
+        c
+    }
+
+    /// Runs ferry to completion; returns (stdout, stderr, exit code).
+    pub fn output(&self, args: &[&str]) -> (String, String, i32) {
+        let out = self.ferry().args(args).output().expect("spawn ferry");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            out.status.code().unwrap_or(-1),
+        )
+    }
+
+    /// `ferry run`, interrupted once after `delay_ms`: the κ of its snapshot (not resumed).
+    pub fn suspend_once(&self, run_args: &[&str], delay_ms: u64) -> String {
+        let child = self
+            .ferry()
+            .arg("run")
+            .args(run_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ferry");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let out = child.wait_with_output().expect("wait ferry");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(75), "not suspended: {err}");
+        err.lines().find_map(|l| l.strip_prefix("suspended ")).expect("snapshot line").to_owned()
+    }
+
+    /// `ferry run` without interruption.
+    pub fn plain(&self, run_args: &[&str]) -> Seen {
+        self.churn(run_args, &[], 0, 0, (0, 0))
+    }
+
+    /// Runs `ferry run RUN_ARGS`, sends SIGINT after a random delay in `delay_ms`, and
+    /// resumes with `ferry resume RESUME_ARGS κ` in a new process, up to `suspends` times;
+    /// then lets it finish.
+    pub fn churn(
+        &self,
+        run_args: &[&str],
+        resume_args: &[&str],
+        suspends: usize,
+        seed: u64,
+        delay_ms: (u64, u64),
+    ) -> Seen {
+        let out_path = self.path(&format!("stdout-{seed}-{suspends}"));
+        let _ = std::fs::remove_file(&out_path);
+        let mut rng = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut seen = Seen { stdout: vec![], stderr: String::new(), code: -1, snapshots: vec![] };
+        let mut args: Vec<String> = std::iter::once("run".to_owned()).chain(run_args.iter().map(|s| s.to_string())).collect();
+        let started = Instant::now();
+        loop {
+            let stdout = OpenOptions::new().create(true).append(true).open(&out_path).expect("stdout file");
+            let err_path = self.path("stderr-step");
+            let stderr = File::create(&err_path).expect("stderr file");
+            let mut child = self.ferry().args(&args).stdout(stdout).stderr(stderr).spawn().expect("spawn ferry");
+            let interrupt = seen.snapshots.len() < suspends;
+            if interrupt {
+                let span = delay_ms.1.saturating_sub(delay_ms.0).max(1);
+                let delay = delay_ms.0 + next() % span;
+                std::thread::sleep(Duration::from_millis(delay));
+                // SAFETY: signalling our own child; if it already exited the call just fails.
+                unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            }
+            let status = child.wait().expect("wait ferry");
+            let mut err = String::new();
+            File::open(&err_path).and_then(|mut f| f.read_to_string(&mut err)).expect("read stderr");
+            let mut snapshot = None;
+            for line in err.lines() {
+                if let Some(k) = line.strip_prefix("suspended ") {
+                    snapshot = Some(k.to_owned());
+                } else if !line.starts_with("ferry: ") {
+                    seen.stderr.push_str(line);
+                    seen.stderr.push('\n');
+                }
+            }
+            let code = status.code().unwrap_or(-1);
+            match (code, snapshot) {
+                (75, Some(k)) => {
+                    assert!(k.starts_with("blake3:") && k.len() == 71, "bad κ {k}");
+                    seen.snapshots.push(k.clone());
+                    args = std::iter::once("resume".to_owned())
+                        .chain(resume_args.iter().map(|s| s.to_string()))
+                        .chain(std::iter::once(k))
+                        .collect();
+                }
+                (75, None) => panic!("exit 75 without a snapshot line; stderr:\n{err}"),
+                _ => {
+                    seen.code = code;
+                    break;
+                }
+            }
+            assert!(started.elapsed() < Duration::from_secs(600), "churn did not finish");
+        }
+        seen.stdout = std::fs::read(&out_path).expect("read stdout");
+        seen
+    }
+}
+
+/// Every file under `dir`, with contents, sorted (to compare directories).
+pub fn dir_contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).expect("under dir").display().to_string();
+                out.push((rel, std::fs::read(&p).expect("read file")));
+            }
+        }
+    }
+    out.sort();
+    out
+}

@@ -1,0 +1,132 @@
+//! Bad input gets a clear error and changes nothing.
+
+use crate::harness::{Env, guest};
+
+#[test]
+fn not_wasm_is_refused() {
+    let env = Env::new();
+    let p = env.path("hello.txt");
+    std::fs::write(&p, "hello").unwrap();
+    let (_, err, code) = env.output(&["run", p.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not a WebAssembly module"), "{err}");
+}
+
+#[test]
+fn component_and_missing_start_are_refused() {
+    let env = Env::new();
+    let comp = env.path("c.wasm");
+    std::fs::write(&comp, b"\0asm\x0d\0\x01\0").unwrap();
+    let (_, err, code) = env.output(&["run", comp.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("component"), "{err}");
+    let lib = env.path("lib.wat");
+    std::fs::write(&lib, "(module (func (export \"f\")))").unwrap();
+    let (_, err, code) = env.output(&["run", lib.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no `_start`"), "{err}");
+}
+
+#[test]
+fn unsupported_proposal_is_named() {
+    let env = Env::new();
+    let m = env.path("eh.wat");
+    std::fs::write(&m, r#"(module (tag $t) (func (export "_start") (try_table (catch_all 0) (throw $t))))"#).unwrap();
+    let (_, err, code) = env.output(&["run", m.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("cannot suspend yet"), "{err}");
+}
+
+#[test]
+fn unknown_snapshot_is_refused_while_resolving() {
+    let env = Env::new();
+    let (_, err, code) = env.output(&["resume", "blake3:00000000"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("refused while resolving"), "{err}");
+    let fake = format!("blake3:{}", "ab".repeat(32));
+    let (_, err, code) = env.output(&["resume", &fake]);
+    assert_eq!(code, 1);
+    assert!(err.contains("refused while resolving") && err.contains("missing"), "{err}");
+}
+
+/// Suspends a counter and returns (env, κ).
+fn suspended_counter() -> (Env, String) {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let k = env.suspend_once(&[g.to_str().unwrap(), "--", "1000"], 100);
+    (env, k)
+}
+
+#[test]
+fn corrupted_or_truncated_objects_are_detected_not_resumed() {
+    let (env, k) = suspended_counter();
+    let (out, _, code) = env.output(&["inspect", "--json", &k]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let mem = v["memories"][0]["kappa"].as_str().unwrap().to_owned();
+    // Corrupt the memory image object on disk.
+    let hex = &mem["blake3:".len()..];
+    let p = env.store().join("objects").join(&hex[..2]).join(&hex[2..]);
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes.truncate(bytes.len() / 2);
+    std::fs::write(&p, bytes).unwrap();
+    let (_, err, code) = env.output(&["resume", &k]);
+    assert_eq!(code, 1);
+    assert!(err.contains("refused while verifying") && err.contains("corrupt"), "{err}");
+    let (out, err, code) = env.output(&["store", "verify"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("corrupt"), "{err}");
+}
+
+#[test]
+fn changed_mount_is_refused_unless_allowed() {
+    let env = Env::new();
+    let g = guest("wasm/files.wasm");
+    let d = env.path("data");
+    std::fs::create_dir_all(&d).unwrap();
+    let dir = format!("{}::/data", d.display());
+    let k = &env.suspend_once(&["--dir", &dir, g.to_str().unwrap(), "--", "/data", "400"], 150);
+    // Not granted: the refusal says which flag to pass.
+    let (_, err, code) = env.output(&["resume", k]);
+    assert_eq!(code, 1);
+    assert!(err.contains("refused while admitting") && err.contains("--dir HOST::/data"), "{err}");
+    // Changed under the suspended guest.
+    std::fs::write(d.join("intruder.txt"), "surprise").unwrap();
+    let (_, err, code) = env.output(&["resume", "--dir", &dir, k]);
+    assert_eq!(code, 1);
+    assert!(err.contains("changed since the snapshot"), "{err}");
+    // An empty directory receives the snapshot's copy and the guest finishes.
+    let fresh = env.path("fresh");
+    let fresh_dir = format!("{}::/data", fresh.display());
+    let (out, err, code) = env.output(&["resume", "--dir", &fresh_dir, k]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("done "), "{out}");
+    assert!(fresh.join("log-final.txt").exists());
+}
+
+#[test]
+fn wrong_format_version_is_refused() {
+    let (env, k) = suspended_counter();
+    let store = ferry_store::FsStore::open(env.store()).unwrap();
+    use ferry_store::Store;
+    let kk: ferry_kappa::Kappa = k.parse().unwrap();
+    let mut snap: ferry_object::Snapshot = ferry_object::decode(&store.get(&kk).unwrap()).unwrap();
+    snap.v = 99;
+    let bad = store.put(&ferry_kappa::encode(&snap).unwrap()).unwrap();
+    let (_, err, code) = env.output(&["resume", &bad.to_string()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("format version 99"), "{err}");
+}
+
+#[test]
+fn inspect_and_ps_describe_a_suspended_session() {
+    let (env, k) = suspended_counter();
+    let (out, _, code) = env.output(&["inspect", &k[..20]]);
+    assert_eq!(code, 0);
+    assert!(out.contains("cpu.wasm") && out.contains("ferry-host/1"), "{out}");
+    let (out, _, code) = env.output(&["ps"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("suspended") && out.contains(&k[..19]), "{out}");
+    let (out, _, code) = env.output(&["store", "verify"]);
+    assert_eq!(code, 0, "{out}");
+}
