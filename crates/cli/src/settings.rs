@@ -32,9 +32,17 @@ impl Settings {
         })
     }
 
-    /// Machine cache of compiled code: always safe to delete.
+    /// Machine cache of compiled code (per host and engine; always safe to delete):
+    /// `$FERRY_CACHE`, else `$XDG_CACHE_HOME/ferry/compiled`, else `~/.cache/ferry/compiled`.
     pub fn compiled_cache(&self) -> PathBuf {
-        self.store_dir.join("cache").join("compiled")
+        if let Some(c) = std::env::var_os("FERRY_CACHE") {
+            return PathBuf::from(c);
+        }
+        std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|c| c.join("ferry").join("compiled"))
+            .unwrap_or_else(|| self.store_dir.join("cache").join("compiled"))
     }
 
     pub fn sessions_dir(&self) -> PathBuf {

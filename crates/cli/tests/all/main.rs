@@ -3,4 +3,5 @@
 
 mod churn;
 mod harness;
+mod python;
 mod refusals;

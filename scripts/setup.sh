@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what ferry's build, guests and tests need on a fresh Debian machine (run as root,
+# or with the packages already present), then fetches the pinned CPython guest.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+need=()
+command -v clang >/dev/null || need+=(clang)
+command -v wasm-ld >/dev/null || command -v wasm-ld-14 >/dev/null || need+=(lld)
+[ -d /usr/include/wasm32-wasi ] || [ -d /usr/lib/wasm32-wasi ] || need+=(wasi-libc)
+ls /usr/lib/llvm-14/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev-wasm32)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "setup: installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+"$root/guests/build.sh"
+"$root/scripts/fetch-python.sh"
