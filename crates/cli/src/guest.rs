@@ -25,14 +25,27 @@ pub fn parse_dir(s: &str) -> Result<MountSpec> {
         Some((h, g)) => (h, g.to_owned()),
         None => (s, s.to_owned()),
     };
-    anyhow::ensure!(!host.is_empty() && !guest.is_empty(), "--dir `{s}`: expected HOST::GUEST");
-    let guest = if guest.starts_with('/') || guest == "." { guest } else { format!("/{guest}") };
-    Ok(MountSpec { guest_path: guest, host_dir: host.into(), read_only: false })
+    anyhow::ensure!(
+        !host.is_empty() && !guest.is_empty(),
+        "--dir `{s}`: expected HOST::GUEST"
+    );
+    let guest = if guest.starts_with('/') || guest == "." {
+        guest
+    } else {
+        format!("/{guest}")
+    };
+    Ok(MountSpec {
+        guest_path: guest,
+        host_dir: host.into(),
+        read_only: false,
+    })
 }
 
 /// Parses `K=V`.
 pub fn parse_env(s: &str) -> Result<(String, String)> {
-    let (k, v) = s.split_once('=').with_context(|| format!("--env `{s}`: expected KEY=VALUE"))?;
+    let (k, v) = s
+        .split_once('=')
+        .with_context(|| format!("--env `{s}`: expected KEY=VALUE"))?;
     anyhow::ensure!(!k.is_empty(), "--env `{s}`: empty name");
     Ok((k.to_owned(), v.to_owned()))
 }
@@ -68,16 +81,23 @@ impl Execution<'_> {
     pub fn execute(mut self, wasi: WasiCtx, start: Start) -> Result<ExitCode> {
         if let Some(every) = self.checkpoint_every {
             let c = self.control.clone();
-            std::thread::spawn(move || loop {
-                std::thread::sleep(every);
-                c.request(Request::Checkpoint);
+            std::thread::spawn(move || {
+                loop {
+                    std::thread::sleep(every);
+                    c.request(Request::Checkpoint);
+                }
             });
         }
         self.session.pid = std::process::id();
         self.session.state = "running".into();
         session::save(self.settings, &self.session)?;
 
-        let (runtime, prepared, store, control) = (self.runtime, self.prepared, self.store, self.control.clone());
+        let (runtime, prepared, store, control) = (
+            self.runtime,
+            self.prepared,
+            self.store,
+            self.control.clone(),
+        );
         let settings = self.settings;
         let meta = self.meta.clone();
         let mut sess = self.session.clone();
@@ -129,7 +149,13 @@ impl Execution<'_> {
 }
 
 /// Points the session's ref and file at a new snapshot.
-fn record(settings: &Settings, store: &FsStore, s: &mut Session, k: Kappa, why: Request) -> Result<()> {
+fn record(
+    settings: &Settings,
+    store: &FsStore,
+    s: &mut Session,
+    k: Kappa,
+    why: Request,
+) -> Result<()> {
     let name = format!("session/{}", s.id);
     let current = store.get_ref(&name)?;
     let epoch = current.map_or(1, |c| c.epoch + 1);

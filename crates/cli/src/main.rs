@@ -75,10 +75,10 @@ fn main() -> ExitCode {
 }
 
 fn report(e: &anyhow::Error) -> ExitCode {
-    if let Some(io) = e.downcast_ref::<std::io::Error>() {
-        if io.kind() == std::io::ErrorKind::BrokenPipe {
-            return ExitCode::SUCCESS;
-        }
+    if let Some(io) = e.downcast_ref::<std::io::Error>()
+        && io.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        return ExitCode::SUCCESS;
     }
     let mut msg = format!("ferry: {e}");
     for cause in e.chain().skip(1) {

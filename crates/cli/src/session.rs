@@ -45,7 +45,8 @@ pub fn save(settings: &Settings, s: &Session) -> Result<()> {
 pub fn load(settings: &Settings, id: &str) -> Result<Session> {
     let p = path(settings, id);
     let bytes = std::fs::read(&p).with_context(|| format!("no session `{id}` (see `ferry ps`)"))?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes).with_context(|| format!("reading {}", p.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&bytes).with_context(|| format!("reading {}", p.display()))?;
     Ok(Session {
         id: v["id"].as_str().unwrap_or(id).to_owned(),
         program: v["program"].as_str().unwrap_or("?").to_owned(),
@@ -58,13 +59,15 @@ pub fn load(settings: &Settings, id: &str) -> Result<Session> {
 
 pub fn list(settings: &Settings) -> Result<Vec<Session>> {
     let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(settings.sessions_dir()) else { return Ok(out) };
+    let Ok(rd) = std::fs::read_dir(settings.sessions_dir()) else {
+        return Ok(out);
+    };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if let Some(id) = name.strip_suffix(".json") {
-            if let Ok(s) = load(settings, id) {
-                out.push(s);
-            }
+        if let Some(id) = name.strip_suffix(".json")
+            && let Ok(s) = load(settings, id)
+        {
+            out.push(s);
         }
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));

@@ -18,7 +18,9 @@ impl Settings {
             None => {
                 let base = std::env::var_os("XDG_DATA_HOME")
                     .map(PathBuf::from)
-                    .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+                    .or_else(|| {
+                        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share"))
+                    })
                     .context("cannot find a data directory: set --store or FERRY_STORE")?;
                 base.join("ferry")
             }
@@ -28,7 +30,10 @@ impl Settings {
 
     pub fn open_store(&self) -> Result<FsStore> {
         FsStore::open(&self.store_dir).with_context(|| {
-            format!("cannot use the store at {} (set --store or FERRY_STORE)", self.store_dir.display())
+            format!(
+                "cannot use the store at {} (set --store or FERRY_STORE)",
+                self.store_dir.display()
+            )
         })
     }
 

@@ -50,7 +50,12 @@ pub fn snapshot_closure(
     Ok(())
 }
 
-fn tree_closure(store: &dyn Store, k: &Kappa, out: &mut BTreeSet<Kappa>, depth: usize) -> Result<(), ClosureError> {
+fn tree_closure(
+    store: &dyn Store,
+    k: &Kappa,
+    out: &mut BTreeSet<Kappa>,
+    depth: usize,
+) -> Result<(), ClosureError> {
     if !out.insert(*k) || depth > ferry_wasi::tree::MAX_DEPTH {
         return Ok(());
     }

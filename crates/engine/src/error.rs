@@ -43,7 +43,10 @@ pub enum EngineError {
 
 impl EngineError {
     pub(crate) fn refused(stage: Stage, reason: impl std::fmt::Display) -> Self {
-        Self::Refused { stage, reason: reason.to_string() }
+        Self::Refused {
+            stage,
+            reason: reason.to_string(),
+        }
     }
 
     pub(crate) fn missing(stage: Stage, what: &str, k: &Kappa) -> Self {

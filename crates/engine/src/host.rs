@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use ferry_instrument::abi;
 use ferry_wasi::{FUNCTIONS, HostError, WasiCtx};
-use wasmtime::{Caller, bail, FuncType, Global, Linker, Memory, Val, ValType};
+use wasmtime::{Caller, FuncType, Global, Linker, Memory, Val, ValType, bail};
 
 use crate::control::{Control, Request};
 
@@ -88,56 +88,68 @@ fn poll(caller: &mut Caller<'_, HostState>) -> wasmtime::Result<()> {
 
 pub(crate) fn linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostState>> {
     let mut linker = Linker::new(engine);
-    linker.func_wrap(abi::MODULE, abi::POLL, |mut caller: Caller<'_, HostState>| poll(&mut caller))?;
+    linker.func_wrap(
+        abi::MODULE,
+        abi::POLL,
+        |mut caller: Caller<'_, HostState>| poll(&mut caller),
+    )?;
     for (name, sig) in FUNCTIONS {
-        let params = sig.params.iter().map(|&wide| if wide { ValType::I64 } else { ValType::I32 });
+        let params = sig
+            .params
+            .iter()
+            .map(|&wide| if wide { ValType::I64 } else { ValType::I32 });
         let results: &[ValType] = if sig.returns { &[ValType::I32] } else { &[] };
         let ty = FuncType::new(engine, params, results.iter().cloned());
         let unwinding = abi::UNWINDING_IMPORTS.contains(&("wasi_snapshot_preview1", name));
         let returns = sig.returns;
-        linker.func_new("wasi_snapshot_preview1", name, ty, move |mut caller, args, results| {
-            let mut rewinding = false;
-            if unwinding {
-                let h = handles(&caller)?;
-                if h.state.get(&mut caller).unwrap_i32() == abi::STATE_REWIND {
-                    finish_rewind(&mut caller)?;
-                    rewinding = true;
-                }
-            }
-            let ints: Vec<i64> = args
-                .iter()
-                .map(|v| match v {
-                    Val::I32(x) => i64::from(*x),
-                    Val::I64(x) => *x,
-                    _ => 0,
-                })
-                .collect();
-            let Some(memory) = handles(&caller)?.memory else {
-                bail!("the module calls WASI but exports no `memory`");
-            };
-            let (mem, host) = memory.data_and_store_mut(&mut caller);
-            host.wasi.rewinding = rewinding;
-            let r = host.wasi.call(name, mem, &ints);
-            host.wasi.rewinding = false;
-            match r {
-                Ok(v) => {
-                    if returns {
-                        results[0] = Val::I32(v);
+        linker.func_new(
+            "wasi_snapshot_preview1",
+            name,
+            ty,
+            move |mut caller, args, results| {
+                let mut rewinding = false;
+                if unwinding {
+                    let h = handles(&caller)?;
+                    if h.state.get(&mut caller).unwrap_i32() == abi::STATE_REWIND {
+                        finish_rewind(&mut caller)?;
+                        rewinding = true;
                     }
-                    Ok(())
                 }
-                Err(HostError::Exit(code)) => Err(wasmtime::Error::new(GuestExit(code))),
-                Err(HostError::Unwind) => {
-                    let reason = caller.data().control.take();
-                    start_unwind(&mut caller, reason)?;
-                    if returns {
-                        results[0] = Val::I32(0);
+                let ints: Vec<i64> = args
+                    .iter()
+                    .map(|v| match v {
+                        Val::I32(x) => i64::from(*x),
+                        Val::I64(x) => *x,
+                        _ => 0,
+                    })
+                    .collect();
+                let Some(memory) = handles(&caller)?.memory else {
+                    bail!("the module calls WASI but exports no `memory`");
+                };
+                let (mem, host) = memory.data_and_store_mut(&mut caller);
+                host.wasi.rewinding = rewinding;
+                let r = host.wasi.call(name, mem, &ints);
+                host.wasi.rewinding = false;
+                match r {
+                    Ok(v) => {
+                        if returns {
+                            results[0] = Val::I32(v);
+                        }
+                        Ok(())
                     }
-                    Ok(())
+                    Err(HostError::Exit(code)) => Err(wasmtime::Error::new(GuestExit(code))),
+                    Err(HostError::Unwind) => {
+                        let reason = caller.data().control.take();
+                        start_unwind(&mut caller, reason)?;
+                        if returns {
+                            results[0] = Val::I32(0);
+                        }
+                        Ok(())
+                    }
+                    Err(HostError::Fatal(m)) => bail!("{name}: {m}"),
                 }
-                Err(HostError::Fatal(m)) => bail!("{name}: {m}"),
-            }
-        })?;
+            },
+        )?;
     }
     Ok(linker)
 }

@@ -17,7 +17,9 @@ pub struct Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("cache_dir", &self.cache_dir).finish()
+        f.debug_struct("Runtime")
+            .field("cache_dir", &self.cache_dir)
+            .finish()
     }
 }
 
@@ -43,7 +45,8 @@ impl Runtime {
         config.async_stack_size(MAX_WASM_STACK + (1 << 20));
         config.max_wasm_stack(MAX_WASM_STACK);
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
-        let engine = wasmtime::Engine::new(&config).map_err(|e| EngineError::Compile(e.to_string()))?;
+        let engine =
+            wasmtime::Engine::new(&config).map_err(|e| EngineError::Compile(e.to_string()))?;
         Ok(Self { engine, cache_dir })
     }
 
@@ -64,7 +67,10 @@ impl Runtime {
 
     /// The ref naming the instrumented module derived from `module`.
     pub fn derived_ref(module: &Kappa) -> String {
-        format!("derived/instrument-v{INSTRUMENT_VERSION}/{}", module.to_hex())
+        format!(
+            "derived/instrument-v{INSTRUMENT_VERSION}/{}",
+            module.to_hex()
+        )
     }
 
     /// Instruments (once per module and store) and compiles (once per machine) module κ.
@@ -89,17 +95,32 @@ impl Runtime {
                 }
                 let out = ferry_instrument::instrument(&wasm)?;
                 let k = store.put(&out.wasm)?;
-                let _ = store.cas_ref(&name, cached, Some(RefValue { epoch: 0, target: k }));
+                let _ = store.cas_ref(
+                    &name,
+                    cached,
+                    Some(RefValue {
+                        epoch: 0,
+                        target: k,
+                    }),
+                );
                 (k, out.wasm)
             }
         };
         let compiled = self.compile(&instrumented, &bytes, progress)?;
-        Ok(Prepared { module, instrumented, compiled })
+        Ok(Prepared {
+            module,
+            instrumented,
+            compiled,
+        })
     }
 
     fn cache_path(&self, k: &Kappa) -> Option<PathBuf> {
         self.cache_dir.as_ref().map(|d| {
-            d.join(format!("{}-wasmtime{}.cwasm", k.to_hex(), env!("CARGO_PKG_VERSION")))
+            d.join(format!(
+                "{}-wasmtime{}.cwasm",
+                k.to_hex(),
+                env!("CARGO_PKG_VERSION")
+            ))
         })
     }
 
@@ -119,14 +140,17 @@ impl Runtime {
             }
         }
         if bytes.len() > 1 << 20 {
-            progress(&format!("compiling {} ({} MB; cached afterwards)", k.fmt_short(), bytes.len() >> 20));
+            progress(&format!(
+                "compiling {} ({} MB; cached afterwards)",
+                k.fmt_short(),
+                bytes.len() >> 20
+            ));
         }
         let m = wasmtime::Module::new(&self.engine, bytes)
             .map_err(|e| EngineError::Compile(format!("{e:#}")))?;
-        if let Some(p) = path {
-            if let Ok(ser) = m.serialize() {
-                let _ = write_atomic(&p, &ser);
-            }
+        // A cache write that fails only costs a compile next time.
+        if let (Some(p), Ok(ser)) = (path, m.serialize()) {
+            let _ = write_atomic(&p, &ser);
         }
         Ok(m)
     }

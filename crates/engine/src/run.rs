@@ -66,21 +66,26 @@ impl Runtime {
         mut meta: SnapshotMeta,
         on_snapshot: &mut dyn FnMut(Result<Kappa, EngineError>, Request),
     ) -> Result<Outcome, EngineError> {
-        let state = HostState { wasi, handles: None, control: control.clone(), unwind_reason: Request::None };
+        let state = HostState {
+            wasi,
+            handles: None,
+            control: control.clone(),
+            unwind_reason: Request::None,
+        };
         let mut ws = wasmtime::Store::new(&self.engine, state);
         let linker = linker(&self.engine).map_err(|e| EngineError::Instantiate(e.to_string()))?;
         let instance = linker
             .instantiate(&mut ws, &prepared.compiled)
             .map_err(|e| EngineError::Instantiate(format!("{e:#}")))?;
         let mem = |ws: &mut wasmtime::Store<HostState>, name: &str| {
-            instance
-                .get_memory(&mut *ws, name)
-                .ok_or_else(|| EngineError::Instantiate(format!("instrumented module lacks `{name}`")))
+            instance.get_memory(&mut *ws, name).ok_or_else(|| {
+                EngineError::Instantiate(format!("instrumented module lacks `{name}`"))
+            })
         };
         let glob = |ws: &mut wasmtime::Store<HostState>, name: &str| {
-            instance
-                .get_global(&mut *ws, name)
-                .ok_or_else(|| EngineError::Instantiate(format!("instrumented module lacks `{name}`")))
+            instance.get_global(&mut *ws, name).ok_or_else(|| {
+                EngineError::Instantiate(format!("instrumented module lacks `{name}`"))
+            })
         };
         let h = Handles {
             memory: instance.get_memory(&mut ws, "memory"),
@@ -138,7 +143,9 @@ impl Runtime {
 /// Arms a rewind of the frames saved in `ferry:stack`: the next `_start` call re-enters them.
 fn begin_rewind(ws: &mut wasmtime::Store<HostState>, h: Handles) -> Result<(), EngineError> {
     let err = |e: wasmtime::Error| EngineError::Trap(e.to_string());
-    h.state.set(&mut *ws, Val::I32(abi::STATE_REWIND)).map_err(err)?;
+    h.state
+        .set(&mut *ws, Val::I32(abi::STATE_REWIND))
+        .map_err(err)?;
     h.ctl.data_mut(&mut *ws)[..4].copy_from_slice(&1u32.to_le_bytes());
     Ok(())
 }
@@ -151,7 +158,11 @@ fn trap_message(e: &wasmtime::Error) -> String {
     if lines.len() <= 16 {
         return full;
     }
-    let causes: Vec<&str> = lines.iter().skip_while(|l| !l.starts_with("Caused by")).copied().collect();
+    let causes: Vec<&str> = lines
+        .iter()
+        .skip_while(|l| !l.starts_with("Caused by"))
+        .copied()
+        .collect();
     let mut out: Vec<&str> = lines[..9].to_vec();
     out.push("    ...");
     out.extend(causes);

@@ -8,7 +8,9 @@
 
 use ferry_instrument::{INSTRUMENT_VERSION, abi};
 use ferry_kappa::Kappa;
-use ferry_object::{CHUNK_SIZE, GlobalValue, MemoryImage, ObjectKind, Profile, Snapshot, WasiState};
+use ferry_object::{
+    CHUNK_SIZE, GlobalValue, MemoryImage, ObjectKind, Profile, Snapshot, WasiState,
+};
 use ferry_store::{Store, StoreError};
 use tracing::info;
 use wasmtime::{Instance, Val};
@@ -24,7 +26,9 @@ const MAX_MEMORY: u64 = 1 << 32;
 
 /// Whether a chunk is all zero bytes (OR-folded in blocks, which vectorizes).
 fn is_zero(chunk: &[u8]) -> bool {
-    chunk.chunks(256).all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
+    chunk
+        .chunks(256)
+        .all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
 }
 
 /// Stores a memory as chunks and returns the κ of its image.
@@ -36,7 +40,13 @@ pub fn write_memory(store: &dyn Store, data: &[u8]) -> Result<Kappa, StoreError>
         }
     }
     let (kind, v) = ferry_object::header::<MemoryImage>();
-    let image = MemoryImage { kind, v, len: data.len() as u64, chunk_size: CHUNK_SIZE, chunks };
+    let image = MemoryImage {
+        kind,
+        v,
+        len: data.len() as u64,
+        chunk_size: CHUNK_SIZE,
+        chunks,
+    };
     store.put(&ferry_object::encode(&image))
 }
 
@@ -49,7 +59,11 @@ fn global_value(index: u32, v: &Val) -> Option<GlobalValue> {
         Val::V128(x) => ("v128", x.as_u128().to_le_bytes().to_vec()),
         _ => return None,
     };
-    Some(GlobalValue { index, ty: ty.into(), bits })
+    Some(GlobalValue {
+        index,
+        ty: ty.into(),
+        bits,
+    })
 }
 
 fn to_val(g: &GlobalValue) -> Option<Val> {
@@ -73,9 +87,15 @@ pub(crate) fn write(
     meta: &SnapshotMeta,
     prepared: &Prepared,
 ) -> Result<Kappa, EngineError> {
-    let fail = |step: &str, e: &dyn std::fmt::Display| EngineError::Capture(step.into(), e.to_string());
+    let fail =
+        |step: &str, e: &dyn std::fmt::Display| EngineError::Capture(step.into(), e.to_string());
     let sp = h.sp.get(&mut *ws).unwrap_i32() as u32 as usize;
-    let stack = h.stack.data(&*ws).get(..sp).ok_or_else(|| fail("stack", &"saved stack pointer out of bounds"))?.to_vec();
+    let stack = h
+        .stack
+        .data(&*ws)
+        .get(..sp)
+        .ok_or_else(|| fail("stack", &"saved stack pointer out of bounds"))?
+        .to_vec();
 
     let host = ws.data_mut();
     host.wasi.flush();
@@ -92,19 +112,31 @@ pub(crate) fn write(
     }
 
     let mut globals = Vec::new();
-    let names: Vec<String> = instance.exports(&mut *ws).map(|e| e.name().to_owned()).collect();
+    let names: Vec<String> = instance
+        .exports(&mut *ws)
+        .map(|e| e.name().to_owned())
+        .collect();
     for name in names {
-        if let Some(idx) = name.strip_prefix(abi::GLOBAL_PREFIX).and_then(|i| i.parse::<u32>().ok()) {
+        if let Some(idx) = name
+            .strip_prefix(abi::GLOBAL_PREFIX)
+            .and_then(|i| i.parse::<u32>().ok())
+        {
             let g = instance.get_global(&mut *ws, &name).expect("listed export");
             let v = g.get(&mut *ws);
-            globals.push(global_value(idx, &v).ok_or_else(|| fail("globals", &format!("global {idx} has a reference type")))?);
+            globals.push(
+                global_value(idx, &v).ok_or_else(|| {
+                    fail("globals", &format!("global {idx} has a reference type"))
+                })?,
+            );
         }
     }
     globals.sort_by_key(|g| g.index);
 
     let mut memories = Vec::new();
     for i in 0.. {
-        let Some(m) = instance.get_memory(&mut *ws, &abi::memory_export(i)) else { break };
+        let Some(m) = instance.get_memory(&mut *ws, &abi::memory_export(i)) else {
+            break;
+        };
         memories.push(write_memory(store, m.data(&*ws)).map_err(|e| fail("memory", &e))?);
     }
 
@@ -119,7 +151,9 @@ pub(crate) fn write(
         memories,
         globals,
         stack: store.put(&stack).map_err(|e| fail("stack", &e))?,
-        wasi: store.put(&ferry_object::encode(&wasi)).map_err(|e| fail("wasi", &e))?,
+        wasi: store
+            .put(&ferry_object::encode(&wasi))
+            .map_err(|e| fail("wasi", &e))?,
         profile: Profile {
             runtime: HOST_CONTRACT.into(),
             engine_class: ENGINE_CLASS.into(),
@@ -129,7 +163,9 @@ pub(crate) fn write(
         parent: meta.parent,
         generation: meta.generation + 1,
     };
-    let k = store.put(&ferry_object::encode(&snap)).map_err(|e| fail("snapshot", &e))?;
+    let k = store
+        .put(&ferry_object::encode(&snap))
+        .map_err(|e| fail("snapshot", &e))?;
     store.sync().map_err(|e| fail("sync", &e))?;
     info!(snapshot = %k, "snapshot written");
     Ok(k)
@@ -148,10 +184,13 @@ pub struct Loaded {
 fn get_object<T: ObjectKind>(store: &dyn Store, k: &Kappa, what: &str) -> Result<T, EngineError> {
     let bytes = match store.get(k) {
         Ok(b) => b,
-        Err(StoreError::NotFound(_)) => return Err(EngineError::missing(Stage::Resolving, what, k)),
+        Err(StoreError::NotFound(_)) => {
+            return Err(EngineError::missing(Stage::Resolving, what, k));
+        }
         Err(e) => return Err(EngineError::refused(Stage::Verifying, e)),
     };
-    ferry_object::decode(&bytes).map_err(|e| EngineError::refused(Stage::Verifying, format!("{what} {k}: {e}")))
+    ferry_object::decode(&bytes)
+        .map_err(|e| EngineError::refused(Stage::Verifying, format!("{what} {k}: {e}")))
 }
 
 /// Resolving and Verifying: every object of the closure is present; every structured object
@@ -160,7 +199,11 @@ fn get_object<T: ObjectKind>(store: &dyn Store, k: &Kappa, what: &str) -> Result
 pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
     info!(snapshot = %k, "resolving");
     let snapshot: Snapshot = get_object(store, &k, "snapshot")?;
-    for (what, kk) in [("module", snapshot.module), ("instrumented module", snapshot.instrumented), ("saved stack", snapshot.stack)] {
+    for (what, kk) in [
+        ("module", snapshot.module),
+        ("instrumented module", snapshot.instrumented),
+        ("saved stack", snapshot.stack),
+    ] {
         if !store.has(&kk)? {
             return Err(EngineError::missing(Stage::Resolving, what, &kk));
         }
@@ -169,7 +212,9 @@ pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
     let mut memories = Vec::new();
     for m in &snapshot.memories {
         let image: MemoryImage = get_object(store, m, "memory image")?;
-        check_image(&image).map_err(|e| EngineError::refused(Stage::Verifying, format!("memory image {m}: {e}")))?;
+        check_image(&image).map_err(|e| {
+            EngineError::refused(Stage::Verifying, format!("memory image {m}: {e}"))
+        })?;
         for (_, c) in &image.chunks {
             if !store.has(c)? {
                 return Err(EngineError::missing(Stage::Resolving, "memory chunk", c));
@@ -181,8 +226,12 @@ pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
         check_tree(store, &mount.tree, 0)?;
     }
     info!(snapshot = %k, "verifying");
-    let stack = store.get(&snapshot.stack).map_err(|e| EngineError::refused(Stage::Verifying, e))?;
-    store.get(&snapshot.module).map_err(|e| EngineError::refused(Stage::Verifying, e))?;
+    let stack = store
+        .get(&snapshot.stack)
+        .map_err(|e| EngineError::refused(Stage::Verifying, e))?;
+    store
+        .get(&snapshot.module)
+        .map_err(|e| EngineError::refused(Stage::Verifying, e))?;
     if snapshot.instrument_version != INSTRUMENT_VERSION {
         return Err(EngineError::refused(
             Stage::Admitting,
@@ -201,19 +250,32 @@ pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
             ),
         ));
     }
-    Ok(Loaded { kappa: k, snapshot, wasi, memories, stack })
+    Ok(Loaded {
+        kappa: k,
+        snapshot,
+        wasi,
+        memories,
+        stack,
+    })
 }
 
 fn check_tree(store: &dyn Store, k: &Kappa, depth: usize) -> Result<(), EngineError> {
     if depth > ferry_wasi::tree::MAX_DEPTH {
-        return Err(EngineError::refused(Stage::Verifying, format!("tree {k} is nested too deeply")));
+        return Err(EngineError::refused(
+            Stage::Verifying,
+            format!("tree {k} is nested too deeply"),
+        ));
     }
     let tree: ferry_object::Tree = get_object(store, k, "directory tree")?;
     for (name, e) in &tree.entries {
         if e.mode == "dir" {
             check_tree(store, &e.object, depth + 1)?;
         } else if !store.has(&e.object)? {
-            return Err(EngineError::missing(Stage::Resolving, &format!("file `{name}`"), &e.object));
+            return Err(EngineError::missing(
+                Stage::Resolving,
+                &format!("file `{name}`"),
+                &e.object,
+            ));
         }
     }
     Ok(())
@@ -221,10 +283,16 @@ fn check_tree(store: &dyn Store, k: &Kappa, depth: usize) -> Result<(), EngineEr
 
 fn check_image(m: &MemoryImage) -> Result<(), String> {
     if m.chunk_size != CHUNK_SIZE {
-        return Err(format!("chunk size {} (expected {CHUNK_SIZE})", m.chunk_size));
+        return Err(format!(
+            "chunk size {} (expected {CHUNK_SIZE})",
+            m.chunk_size
+        ));
     }
-    if m.len > MAX_MEMORY || m.len % u64::from(CHUNK_SIZE) != 0 {
-        return Err(format!("length {} is not a whole number of pages up to 4 GiB", m.len));
+    if m.len > MAX_MEMORY || !m.len.is_multiple_of(u64::from(CHUNK_SIZE)) {
+        return Err(format!(
+            "length {} is not a whole number of pages up to 4 GiB",
+            m.len
+        ));
     }
     let n = (m.len / u64::from(CHUNK_SIZE)) as u32;
     let mut prev = None;
@@ -248,12 +316,18 @@ pub(crate) fn restore_into(
     info!(snapshot = %loaded.kappa, "restoring");
     for (i, image) in loaded.memories.iter().enumerate() {
         let name = abi::memory_export(i as u32);
-        let m = instance.get_memory(&mut *ws, &name).ok_or_else(|| refuse(format!("module has no memory {i}")))?;
+        let m = instance
+            .get_memory(&mut *ws, &name)
+            .ok_or_else(|| refuse(format!("module has no memory {i}")))?;
         let cur = m.data_size(&*ws) as u64;
         if image.len < cur {
-            return Err(refuse(format!("memory {i} is smaller ({}) than the module's minimum ({cur})", image.len)));
+            return Err(refuse(format!(
+                "memory {i} is smaller ({}) than the module's minimum ({cur})",
+                image.len
+            )));
         }
-        m.grow(&mut *ws, (image.len - cur) / 65536).map_err(|e| refuse(format!("memory {i}: {e}")))?;
+        m.grow(&mut *ws, (image.len - cur) / 65536)
+            .map_err(|e| refuse(format!("memory {i}: {e}")))?;
         let data = m.data_mut(&mut *ws);
         // Data segments were applied at instantiation: clear what the snapshot says is zero.
         let mut listed = image.chunks.iter().map(|(i, _)| *i).peekable();
@@ -277,17 +351,25 @@ pub(crate) fn restore_into(
     }
     for g in &loaded.snapshot.globals {
         let name = abi::global_export(g.index);
-        let global = instance.get_global(&mut *ws, &name).ok_or_else(|| refuse(format!("module has no mutable global {}", g.index)))?;
-        let v = to_val(g).ok_or_else(|| refuse(format!("global {} has a malformed value", g.index)))?;
-        global.set(&mut *ws, v).map_err(|e| refuse(format!("global {}: {e}", g.index)))?;
+        let global = instance
+            .get_global(&mut *ws, &name)
+            .ok_or_else(|| refuse(format!("module has no mutable global {}", g.index)))?;
+        let v =
+            to_val(g).ok_or_else(|| refuse(format!("global {} has a malformed value", g.index)))?;
+        global
+            .set(&mut *ws, v)
+            .map_err(|e| refuse(format!("global {}: {e}", g.index)))?;
     }
     let h = ws.data().handles.expect("set before restore");
     let need = loaded.stack.len() as u64;
     let have = h.stack.data_size(&*ws) as u64;
     if need > have {
-        h.stack.grow(&mut *ws, (need - have).div_ceil(65536)).map_err(|e| refuse(format!("saved stack: {e}")))?;
+        h.stack
+            .grow(&mut *ws, (need - have).div_ceil(65536))
+            .map_err(|e| refuse(format!("saved stack: {e}")))?;
     }
     h.stack.data_mut(&mut *ws)[..loaded.stack.len()].copy_from_slice(&loaded.stack);
-    h.sp.set(&mut *ws, Val::I32(loaded.stack.len() as i32)).map_err(|e| refuse(e.to_string()))?;
+    h.sp.set(&mut *ws, Val::I32(loaded.stack.len() as i32))
+        .map_err(|e| refuse(e.to_string()))?;
     Ok(())
 }

@@ -50,7 +50,11 @@ pub(crate) struct TypeInterner {
 
 impl TypeInterner {
     pub fn new(base: u32) -> Self {
-        Self { base, map: HashMap::new(), list: Vec::new() }
+        Self {
+            base,
+            map: HashMap::new(),
+            list: Vec::new(),
+        }
     }
 
     pub fn intern(&mut self, params: &[ValType], results: &[ValType]) -> u32 {
@@ -221,7 +225,9 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     }
 
     fn top(&mut self) -> &mut Frame {
-        self.frames.last_mut().expect("function frame is always present")
+        self.frames
+            .last_mut()
+            .expect("function frame is always present")
     }
 
     fn seg_start(&mut self, v: &Validator) -> Result<(), InstrumentError> {
@@ -254,7 +260,10 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             self.top().seg = Seg::Closed;
             return Ok(());
         };
-        let unreachable = v.get_control_frame(0).expect("inside a function").unreachable;
+        let unreachable = v
+            .get_control_frame(0)
+            .expect("inside a function")
+            .unreachable;
         let mut spilled = Vec::new();
         if unreachable {
             self.ins(I::Unreachable);
@@ -318,7 +327,11 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
 
     fn poll_site(&mut self, site: u32) {
         self.ins(I::I32Const(0));
-        self.ins(I::I32Load(MemArg { offset: 0, align: 2, memory_index: self.ctx.ctl_memory }));
+        self.ins(I::I32Load(MemArg {
+            offset: 0,
+            align: 2,
+            memory_index: self.ctx.ctl_memory,
+        }));
         self.ins(I::If(BlockType::Empty));
         self.call_site(site, I::Call(self.ctx.poll_func), &[], &[]);
         self.ins(I::End);
@@ -426,7 +439,12 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     e.ins(I::Block(done_bt));
     e.ins(I::Block(BlockType::Empty));
     let prologue_at = e.out.len();
-    e.frames.push(Frame { relevant: true, wrap: false, level: 0, seg: Seg::Closed });
+    e.frames.push(Frame {
+        relevant: true,
+        wrap: false,
+        level: 0,
+        seg: Seg::Closed,
+    });
     if plan.entry_poll {
         e.poll_site(0);
     }
@@ -465,7 +483,12 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
             }
             (
                 Operator::Block { blockty } | Operator::Loop { blockty } | Operator::If { blockty },
-                OpPlan::Construct { lo, hi, then_hi, poll },
+                OpPlan::Construct {
+                    lo,
+                    hi,
+                    then_hi,
+                    poll,
+                },
             ) => {
                 e.seg_close(&v)?;
                 let (mut params, res) = e.block_sig(*blockty)?;
@@ -506,7 +529,12 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 }
                 e.plain(&op)?;
                 let level = e.depth - 1;
-                e.frames.push(Frame { relevant: true, wrap: true, level, seg: Seg::Closed });
+                e.frames.push(Frame {
+                    relevant: true,
+                    wrap: true,
+                    level,
+                    seg: Seg::Closed,
+                });
                 v.op(offset, &op)?;
                 if let Some(site) = poll {
                     e.seg_start(&v)?;
@@ -524,12 +552,21 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 v.op(offset, &op)?;
                 e.seg_start(&v)?;
             }
-            (Operator::CallIndirect { type_index, table_index }, OpPlan::Site(site)) => {
+            (
+                Operator::CallIndirect {
+                    type_index,
+                    table_index,
+                },
+                OpPlan::Site(site),
+            ) => {
                 e.seg_close(&v)?;
                 let ty = e.func_type(*type_index)?;
                 let (mut params, res) = (val_types(ty.params())?, val_types(ty.results())?);
                 params.push(ValType::I32);
-                let call = I::CallIndirect { type_index: *type_index, table_index: *table_index };
+                let call = I::CallIndirect {
+                    type_index: *type_index,
+                    table_index: *table_index,
+                };
                 e.call_site(site, call, &params, &res);
                 v.op(offset, &op)?;
                 e.seg_start(&v)?;

@@ -80,7 +80,11 @@ impl Reencode for Shift {
         &mut self,
         func: u32,
     ) -> Result<u32, wasm_encoder::reencode::Error<Infallible>> {
-        Ok(if func >= self.imported_funcs { func + 1 } else { func })
+        Ok(if func >= self.imported_funcs {
+            func + 1
+        } else {
+            func
+        })
     }
 }
 
@@ -204,9 +208,14 @@ pub fn instrument(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
         stack_memory: n_memories + 1,
     };
 
-    let mut stats = Stats { functions: bodies.len() as u32, ..Stats::default() };
+    let mut stats = Stats {
+        functions: bodies.len() as u32,
+        ..Stats::default()
+    };
     let mut code = wasm_encoder::CodeSection::new();
-    let mut shift = Shift { imported_funcs: n_imported };
+    let mut shift = Shift {
+        imported_funcs: n_imported,
+    };
     for (i, ((fv, body), facts)) in bodies.into_iter().zip(&facts).enumerate() {
         let defined_index = i as u32;
         if !facts.instrumented() {
@@ -219,11 +228,27 @@ pub fn instrument(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
         stats.instrumented += 1;
         stats.call_sites += plan.n_sites;
         stats.polls += plan.n_polls;
-        let f = emit::emit(&ctx, &mut interner, &mut shift, fv, &body, &plan, defined_index)?;
+        let f = emit::emit(
+            &ctx,
+            &mut interner,
+            &mut shift,
+            fv,
+            &body,
+            &plan,
+            defined_index,
+        )?;
         code.function(&f);
     }
 
-    let out = assemble(sections, &ctx, interner, poll_type, code, n_memories, &mutable_globals)?;
+    let out = assemble(
+        sections,
+        &ctx,
+        interner,
+        poll_type,
+        code,
+        n_memories,
+        &mutable_globals,
+    )?;
     // The output is checked, so a transform bug surfaces here and not as a guest crash.
     Validator::new_with_features(supported_features())
         .validate_all(&out)
@@ -233,7 +258,10 @@ pub fn instrument(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
 
 /// Tells an invalid module from a valid one that uses a proposal ferry does not support.
 fn classify(wasm: &[u8], e: wasmparser::BinaryReaderError) -> InstrumentError {
-    if Validator::new_with_features(WasmFeatures::all()).validate_all(wasm).is_ok() {
+    if Validator::new_with_features(WasmFeatures::all())
+        .validate_all(wasm)
+        .is_ok()
+    {
         InstrumentError::Unsupported(e.to_string())
     } else {
         InstrumentError::Invalid(e.to_string())
@@ -285,8 +313,11 @@ fn assemble(
     n_memories: u32,
     mutable_globals: &[u32],
 ) -> Result<Vec<u8>, InstrumentError> {
-    let err = |e: wasm_encoder::reencode::Error<Infallible>| InstrumentError::Invalid(e.to_string());
-    let mut shift = Shift { imported_funcs: ctx.n_imported };
+    let err =
+        |e: wasm_encoder::reencode::Error<Infallible>| InstrumentError::Invalid(e.to_string());
+    let mut shift = Shift {
+        imported_funcs: ctx.n_imported,
+    };
     let mut module = Module::new();
     let mut customs = Vec::new();
 
@@ -305,7 +336,9 @@ fn assemble(
     for payload in sections {
         match payload {
             Payload::TypeSection(r) => shift.parse_type_section(&mut types, r).map_err(err)?,
-            Payload::ImportSection(r) => shift.parse_import_section(&mut imports, r).map_err(err)?,
+            Payload::ImportSection(r) => {
+                shift.parse_import_section(&mut imports, r).map_err(err)?
+            }
             Payload::FunctionSection(r) => {
                 let mut s = wasm_encoder::FunctionSection::new();
                 shift.parse_function_section(&mut s, r).map_err(err)?;
@@ -319,8 +352,12 @@ fn assemble(
             Payload::MemorySection(r) => {
                 shift.parse_memory_section(&mut memories, r).map_err(err)?
             }
-            Payload::GlobalSection(r) => shift.parse_global_section(&mut globals, r).map_err(err)?,
-            Payload::ExportSection(r) => shift.parse_export_section(&mut exports, r).map_err(err)?,
+            Payload::GlobalSection(r) => {
+                shift.parse_global_section(&mut globals, r).map_err(err)?
+            }
+            Payload::ExportSection(r) => {
+                shift.parse_export_section(&mut exports, r).map_err(err)?
+            }
             Payload::StartSection { func, .. } => {
                 start = Some(wasm_encoder::StartSection {
                     function_index: shift.function_index(func).map_err(err)?,
@@ -354,8 +391,15 @@ fn assemble(
         page_size_log2: None,
     };
     memories.memory(fixed(1));
-    memories.memory(MemoryType { maximum: None, ..fixed(1) });
-    let i32_mut = GlobalType { val_type: ValType::I32, mutable: true, shared: false };
+    memories.memory(MemoryType {
+        maximum: None,
+        ..fixed(1)
+    });
+    let i32_mut = GlobalType {
+        val_type: ValType::I32,
+        mutable: true,
+        shared: false,
+    };
     globals.global(i32_mut, &ConstExpr::i32_const(0));
     globals.global(i32_mut, &ConstExpr::i32_const(0));
     exports.export(abi::CTL_MEMORY, ExportKind::Memory, ctx.ctl_memory);

@@ -24,7 +24,12 @@ pub(crate) enum OpPlan {
     Site(u32),
     /// A relevant block/loop/if: its site range, the end of the `then` arm's range (for `if`),
     /// and the loop-header poll's site.
-    Construct { lo: u32, hi: u32, then_hi: u32, poll: Option<u32> },
+    Construct {
+        lo: u32,
+        hi: u32,
+        then_hi: u32,
+        poll: Option<u32>,
+    },
 }
 
 /// Phase A's result for one function.
@@ -50,8 +55,11 @@ pub(crate) fn plan(
     entry_poll: bool,
     ctx: &ModuleCtx<'_>,
 ) -> Result<Plan, InstrumentError> {
-    let mut validator = FuncToValidate { resources: fv.resources.clone(), ..*fv }
-        .into_validator(Default::default());
+    let mut validator = FuncToValidate {
+        resources: fv.resources.clone(),
+        ..*fv
+    }
+    .into_validator(Default::default());
     let mut locals = body.get_locals_reader()?;
     for _ in 0..locals.get_count() {
         let offset = locals.original_position();
@@ -85,7 +93,13 @@ pub(crate) fn plan(
                         fv.index
                     )));
                 }
-                let mut o = Open { op: idx, lo: next, reachable, then_hi: None, poll: None };
+                let mut o = Open {
+                    op: idx,
+                    lo: next,
+                    reachable,
+                    then_hi: None,
+                    poll: None,
+                };
                 if reachable && matches!(op, Operator::Loop { .. }) {
                     o.poll = Some(next);
                     next += 1;
@@ -99,33 +113,37 @@ pub(crate) fn plan(
                 }
             }
             Operator::End => {
-                if let Some(o) = open.pop() {
-                    if o.reachable && next > o.lo {
-                        ops[o.op] = OpPlan::Construct {
-                            lo: o.lo,
-                            hi: next,
-                            then_hi: o.then_hi.unwrap_or(next),
-                            poll: o.poll,
-                        };
-                    }
+                if let Some(o) = open.pop()
+                    && o.reachable
+                    && next > o.lo
+                {
+                    ops[o.op] = OpPlan::Construct {
+                        lo: o.lo,
+                        hi: next,
+                        then_hi: o.then_hi.unwrap_or(next),
+                        poll: o.poll,
+                    };
                 }
             }
-            Operator::Call { function_index } => {
-                if reachable && ctx.is_site_callee[*function_index as usize] {
-                    this = OpPlan::Site(next);
-                    next += 1;
-                }
+            Operator::Call { function_index }
+                if reachable && ctx.is_site_callee[*function_index as usize] =>
+            {
+                this = OpPlan::Site(next);
+                next += 1;
             }
-            Operator::CallIndirect { .. } => {
-                if reachable {
-                    this = OpPlan::Site(next);
-                    next += 1;
-                }
+            Operator::CallIndirect { .. } if reachable => {
+                this = OpPlan::Site(next);
+                next += 1;
             }
             _ => {}
         }
         ops.push(this);
         validator.op(offset, &op)?;
     }
-    Ok(Plan { entry_poll, ops, n_sites: next, n_polls })
+    Ok(Plan {
+        entry_poll,
+        ops,
+        n_sites: next,
+        n_polls,
+    })
 }

@@ -45,7 +45,10 @@ impl Kappa {
 
     /// Whether this κ's hex form starts with `prefix` (hex digits, `blake3:` optional).
     pub fn matches_prefix(&self, prefix: &str) -> bool {
-        let p = prefix.strip_prefix(Self::PREFIX).unwrap_or(prefix).to_ascii_lowercase();
+        let p = prefix
+            .strip_prefix(Self::PREFIX)
+            .unwrap_or(prefix)
+            .to_ascii_lowercase();
         self.to_hex().starts_with(&p)
     }
 }
@@ -92,7 +95,9 @@ impl<'de> serde::Deserialize<'de> for Kappa {
                 f.write_str("a 32-byte BLAKE3 digest")
             }
             fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Kappa, E> {
-                let arr: [u8; 32] = v.try_into().map_err(|_| E::invalid_length(v.len(), &self))?;
+                let arr: [u8; 32] = v
+                    .try_into()
+                    .map_err(|_| E::invalid_length(v.len(), &self))?;
                 Ok(Kappa(arr))
             }
         }

@@ -96,7 +96,11 @@ pub struct MemoryImage {
     /// `(chunk index, κ of the chunk blob)`, ascending by index.
     pub chunks: Vec<(u32, Kappa)>,
 }
-kind!(MemoryImage, "ferry.memory", 1, |s| s.chunks.iter().map(|(_, k)| *k).collect());
+kind!(MemoryImage, "ferry.memory", 1, |s| s
+    .chunks
+    .iter()
+    .map(|(_, k)| *k)
+    .collect());
 
 /// A directory tree: names to files and subtrees.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,7 +110,11 @@ pub struct Tree {
     pub v: u32,
     pub entries: BTreeMap<String, TreeEntry>,
 }
-kind!(Tree, "ferry.tree", 1, |s| s.entries.values().map(|e| e.object).collect());
+kind!(Tree, "ferry.tree", 1, |s| s
+    .entries
+    .values()
+    .map(|e| e.object)
+    .collect());
 
 /// One entry of a [`Tree`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,7 +144,11 @@ pub struct WasiState {
     /// A sleep in progress (absolute virtual monotonic deadline, ns), if suspended inside one.
     pub sleep_deadline_ns: Option<u64>,
 }
-kind!(WasiState, "ferry.wasi", 1, |s| s.mounts.iter().map(|m| m.tree).collect());
+kind!(WasiState, "ferry.wasi", 1, |s| s
+    .mounts
+    .iter()
+    .map(|m| m.tree)
+    .collect());
 
 /// A host directory mounted into the guest, as it was when the snapshot was taken.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

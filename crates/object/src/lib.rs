@@ -30,12 +30,19 @@ pub enum ObjectError {
     #[error(transparent)]
     Codec(#[from] CodecError),
     #[error("expected a `{expected}` object, found `{found}`")]
-    WrongKind { expected: &'static str, found: String },
+    WrongKind {
+        expected: &'static str,
+        found: String,
+    },
     #[error(
         "`{kind}` object has format version {found}; this ferry reads version {supported} \
          (upgrade ferry, or take the snapshot again with this version)"
     )]
-    UnsupportedVersion { kind: &'static str, found: u32, supported: u32 },
+    UnsupportedVersion {
+        kind: &'static str,
+        found: u32,
+        supported: u32,
+    },
 }
 
 #[derive(serde::Deserialize)]
@@ -57,7 +64,10 @@ pub fn decode<T: ObjectKind>(bytes: &[u8]) -> Result<T, ObjectError> {
     let header: Header = serde_ipld_dagcbor::from_slice(bytes)
         .map_err(|e| CodecError::Decode(format!("no kind/version header: {e}")))?;
     if header.kind != T::KIND {
-        return Err(ObjectError::WrongKind { expected: T::KIND, found: header.kind });
+        return Err(ObjectError::WrongKind {
+            expected: T::KIND,
+            found: header.kind,
+        });
     }
     if header.v != T::VERSION {
         return Err(ObjectError::UnsupportedVersion {

@@ -11,7 +11,11 @@ pub enum StoreError {
         "object {kappa} is corrupt: its bytes hash to {actual} (at {where_}); \
          run `ferry store verify` and fetch the object again"
     )]
-    Corrupt { kappa: Kappa, actual: Kappa, where_: String },
+    Corrupt {
+        kappa: Kappa,
+        actual: Kappa,
+        where_: String,
+    },
     #[error("{op} {path}: {source}")]
     Io {
         op: &'static str,
@@ -20,7 +24,11 @@ pub enum StoreError {
         source: std::io::Error,
     },
     #[error("ref `{name}` changed concurrently (expected {expected}, found {found})")]
-    CasMismatch { name: String, expected: String, found: String },
+    CasMismatch {
+        name: String,
+        expected: String,
+        found: String,
+    },
     #[error("`{0}` is not a valid ref name")]
     BadRefName(String),
     #[error("ref file `{0}` is malformed")]
@@ -34,7 +42,10 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
         move |source| Self::Io { op, path, source }
     }

@@ -147,7 +147,11 @@ impl Store for FsStore {
             let prefix = dir.file_name().to_string_lossy().into_owned();
             for f in fs::read_dir(dir.path()).map_err(StoreError::io("list", dir.path()))? {
                 let f = f.map_err(StoreError::io("list", dir.path()))?;
-                let name = format!("{}{prefix}{}", Kappa::PREFIX, f.file_name().to_string_lossy());
+                let name = format!(
+                    "{}{prefix}{}",
+                    Kappa::PREFIX,
+                    f.file_name().to_string_lossy()
+                );
                 if let Ok(k) = name.parse() {
                     out.push(k);
                 }
@@ -202,7 +206,9 @@ impl Store for FsStore {
         let f = File::open(&self.root).map_err(StoreError::io("open", &self.root))?;
         // SAFETY: syncfs on a descriptor we own.
         if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
-            return Err(StoreError::io("sync", &self.root)(std::io::Error::last_os_error()));
+            return Err(StoreError::io("sync", &self.root)(
+                std::io::Error::last_os_error(),
+            ));
         }
         Ok(())
     }

@@ -65,8 +65,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         if hex.len() < 4 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(StoreError::BadPrefix(prefix.to_owned()));
         }
-        let found: Vec<Kappa> =
-            self.list()?.into_iter().filter(|k| k.matches_prefix(hex)).collect();
+        let found: Vec<Kappa> = self
+            .list()?
+            .into_iter()
+            .filter(|k| k.matches_prefix(hex))
+            .collect();
         match found.as_slice() {
             [k] => Ok(*k),
             [] => Err(StoreError::NoMatch(prefix.to_owned())),
@@ -83,9 +86,15 @@ pub fn check_ref_name(name: &str) -> Result<(), StoreError> {
             !seg.is_empty()
                 && seg != "."
                 && seg != ".."
-                && seg.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
         });
-    if ok { Ok(()) } else { Err(StoreError::BadRefName(name.to_owned())) }
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::BadRefName(name.to_owned()))
+    }
 }
 
 #[cfg(test)]

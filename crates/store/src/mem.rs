@@ -37,16 +37,27 @@ impl MemStore {
 impl Store for MemStore {
     fn put(&self, bytes: &[u8]) -> Result<Kappa, StoreError> {
         let k = Kappa::of(bytes);
-        self.lock().objects.entry(k).or_insert_with(|| bytes.to_vec());
+        self.lock()
+            .objects
+            .entry(k)
+            .or_insert_with(|| bytes.to_vec());
         Ok(k)
     }
 
     fn get(&self, kappa: &Kappa) -> Result<Vec<u8>, StoreError> {
-        let bytes =
-            self.lock().objects.get(kappa).cloned().ok_or(StoreError::NotFound(*kappa))?;
+        let bytes = self
+            .lock()
+            .objects
+            .get(kappa)
+            .cloned()
+            .ok_or(StoreError::NotFound(*kappa))?;
         let actual = Kappa::of(&bytes);
         if actual != *kappa {
-            return Err(StoreError::Corrupt { kappa: *kappa, actual, where_: "memory".into() });
+            return Err(StoreError::Corrupt {
+                kappa: *kappa,
+                actual,
+                where_: "memory".into(),
+            });
         }
         Ok(bytes)
     }
@@ -93,6 +104,11 @@ impl Store for MemStore {
     }
 
     fn list_refs(&self) -> Result<Vec<(String, RefValue)>, StoreError> {
-        Ok(self.lock().refs.iter().map(|(k, v)| (k.clone(), *v)).collect())
+        Ok(self
+            .lock()
+            .refs
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect())
     }
 }

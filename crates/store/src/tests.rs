@@ -34,7 +34,11 @@ fn prefix_resolution() {
         assert_eq!(s.resolve(&k.fmt_short()).unwrap(), k);
         assert_eq!(s.resolve(&k.to_string()).unwrap(), k);
         assert!(matches!(s.resolve("xyz"), Err(StoreError::BadPrefix(_))));
-        let other = if k.to_hex().starts_with("0000") { "ffff" } else { "0000" };
+        let other = if k.to_hex().starts_with("0000") {
+            "ffff"
+        } else {
+            "0000"
+        };
         assert!(matches!(s.resolve(other), Err(StoreError::NoMatch(_))));
     }
 }
@@ -42,17 +46,29 @@ fn prefix_resolution() {
 #[test]
 fn refs_compare_and_swap() {
     for (s, _d) in stores() {
-        let a = RefValue { epoch: 1, target: Kappa::of(b"a") };
-        let b = RefValue { epoch: 2, target: Kappa::of(b"b") };
+        let a = RefValue {
+            epoch: 1,
+            target: Kappa::of(b"a"),
+        };
+        let b = RefValue {
+            epoch: 2,
+            target: Kappa::of(b"b"),
+        };
         assert_eq!(s.get_ref("session/x").unwrap(), None);
         s.cas_ref("session/x", None, Some(a)).unwrap();
-        assert!(matches!(s.cas_ref("session/x", None, Some(b)), Err(StoreError::CasMismatch { .. })));
+        assert!(matches!(
+            s.cas_ref("session/x", None, Some(b)),
+            Err(StoreError::CasMismatch { .. })
+        ));
         s.cas_ref("session/x", Some(a), Some(b)).unwrap();
         assert_eq!(s.get_ref("session/x").unwrap(), Some(b));
         assert_eq!(s.list_refs().unwrap(), vec![("session/x".to_owned(), b)]);
         s.cas_ref("session/x", Some(b), None).unwrap();
         assert_eq!(s.get_ref("session/x").unwrap(), None);
-        assert!(matches!(s.get_ref("../escape"), Err(StoreError::BadRefName(_))));
+        assert!(matches!(
+            s.get_ref("../escape"),
+            Err(StoreError::BadRefName(_))
+        ));
     }
 }
 

@@ -20,7 +20,10 @@ pub struct Signature {
 }
 
 const fn sig(params: &'static [bool]) -> Signature {
-    Signature { params, returns: true }
+    Signature {
+        params,
+        returns: true,
+    }
 }
 const I: bool = false;
 const L: bool = true;
@@ -65,7 +68,13 @@ pub static FUNCTIONS: &[(&str, Signature)] = &[
     ("path_symlink", sig(&[I, I, I, I, I])),
     ("path_unlink_file", sig(&[I, I, I])),
     ("poll_oneoff", sig(&[I, I, I, I])),
-    ("proc_exit", Signature { params: &[I], returns: false }),
+    (
+        "proc_exit",
+        Signature {
+            params: &[I],
+            returns: false,
+        },
+    ),
     ("proc_raise", sig(&[I])),
     ("sched_yield", sig(&[])),
     ("random_get", sig(&[I, I])),
@@ -141,17 +150,26 @@ impl WasiCtx {
             "args_sizes_get" => self.strings_sizes(&mut m, a(0), a(1), false),
             "environ_get" => self.strings_get(&mut m, a(0), a(1), true),
             "environ_sizes_get" => self.strings_sizes(&mut m, a(0), a(1), true),
-            "clock_res_get" => Ok(m.put_u64(a(1), 1000).map(|_| Errno::Success).unwrap_or_else(|e| e)),
+            "clock_res_get" => Ok(m
+                .put_u64(a(1), 1000)
+                .map(|_| Errno::Success)
+                .unwrap_or_else(|e| e)),
             "clock_time_get" => self.clock_time_get(&mut m, a(0), a(2)),
-            "fd_advise" | "fd_allocate" => Ok(self.fd(a(0)).map(|_| Errno::Success).unwrap_or_else(|e| e)),
+            "fd_advise" | "fd_allocate" => {
+                Ok(self.fd(a(0)).map(|_| Errno::Success).unwrap_or_else(|e| e))
+            }
             "fd_close" => self.fd_close(a(0)),
             "fd_datasync" | "fd_sync" => self.fd_sync(a(0)),
             "fd_fdstat_get" => self.fd_fdstat_get(&mut m, a(0), a(1)),
             "fd_fdstat_set_flags" => self.fd_set_flags(a(0), a(1) as u16),
-            "fd_fdstat_set_rights" => Ok(self.fd(a(0)).map(|_| Errno::Success).unwrap_or_else(|e| e)),
+            "fd_fdstat_set_rights" => {
+                Ok(self.fd(a(0)).map(|_| Errno::Success).unwrap_or_else(|e| e))
+            }
             "fd_filestat_get" => self.fd_filestat_get(&mut m, a(0), a(1)),
             "fd_filestat_set_size" => self.fd_set_size(a(0), l(1)),
-            "fd_filestat_set_times" => Ok(self.fd(a(0)).map(|_| Errno::Success).unwrap_or_else(|e| e)),
+            "fd_filestat_set_times" => {
+                Ok(self.fd(a(0)).map(|_| Errno::Success).unwrap_or_else(|e| e))
+            }
             "fd_pread" => self.fd_rw(&mut m, a(0), a(1), a(2), Some(l(3)), a(4), false),
             "fd_pwrite" => self.fd_rw(&mut m, a(0), a(1), a(2), Some(l(3)), a(4), true),
             "fd_read" => self.fd_rw(&mut m, a(0), a(1), a(2), None, a(3), false),
@@ -167,7 +185,17 @@ impl WasiCtx {
             "path_unlink_file" => self.path_op(&mut m, a(0), a(1), a(2), PathOp::Unlink),
             "path_filestat_get" => self.path_filestat_get(&mut m, a(0), a(1), a(2), a(3), a(4)),
             "path_filestat_set_times" => Ok(Errno::Success),
-            "path_open" => self.path_open(&mut m, a(0), a(1), a(2), a(3), a(4) as u16, l(5), a(7) as u16, a(8)),
+            "path_open" => self.path_open(
+                &mut m,
+                a(0),
+                a(1),
+                a(2),
+                a(3),
+                a(4) as u16,
+                l(5),
+                a(7) as u16,
+                a(8),
+            ),
             "path_readlink" => self.path_readlink(&mut m, a(0), a(1), a(2), a(3), a(4), a(5)),
             "path_rename" => self.path_rename(&mut m, a(0), a(1), a(2), a(3), a(4), a(5)),
             "path_link" | "path_symlink" => Ok(Errno::Notsup),
@@ -190,9 +218,15 @@ impl WasiCtx {
 
     fn strings(&self, env: bool) -> Vec<Vec<u8>> {
         if env {
-            self.env.iter().map(|(k, v)| format!("{k}={v}\0").into_bytes()).collect()
+            self.env
+                .iter()
+                .map(|(k, v)| format!("{k}={v}\0").into_bytes())
+                .collect()
         } else {
-            self.args.iter().map(|a| format!("{a}\0").into_bytes()).collect()
+            self.args
+                .iter()
+                .map(|a| format!("{a}\0").into_bytes())
+                .collect()
         }
     }
 
@@ -291,7 +325,11 @@ impl WasiCtx {
         f.fdflags = flags;
         if f.file.is_some() {
             // Reopen with the new append mode at the current position.
-            let pos = f.file.as_mut().and_then(|h| h.stream_position().ok()).unwrap_or(f.offset);
+            let pos = f
+                .file
+                .as_mut()
+                .and_then(|h| h.stream_position().ok())
+                .unwrap_or(f.offset);
             f.offset = pos;
             f.file = None;
         }
@@ -332,13 +370,26 @@ impl WasiCtx {
     }
 
     #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
-    fn fd_rw(&mut self, m: &mut Mem<'_>, fd: u32, iovs: u32, n: u32, at: Option<u64>, out: u32, write: bool) -> R {
+    fn fd_rw(
+        &mut self,
+        m: &mut Mem<'_>,
+        fd: u32,
+        iovs: u32,
+        n: u32,
+        at: Option<u64>,
+        out: u32,
+        write: bool,
+    ) -> R {
         let vecs = tri!(m.iovecs(iovs, n));
         let kind = tri!(self.fd(fd)).kind;
         let mut total: u64 = 0;
         match (kind, write) {
             (FdKind::Stdout | FdKind::Stderr, true) => {
-                let w = if kind == FdKind::Stdout { &mut self.stdio.stdout } else { &mut self.stdio.stderr };
+                let w = if kind == FdKind::Stdout {
+                    &mut self.stdio.stdout
+                } else {
+                    &mut self.stdio.stderr
+                };
                 for (p, len) in vecs {
                     let buf = tri!(m.slice(p, len));
                     if let Err(e) = w.write_all(buf) {
@@ -412,9 +463,15 @@ impl WasiCtx {
 
     /// Blocks until stdin is readable, unwinding if a suspend is requested meanwhile.
     fn wait_stdin(&mut self) -> Result<(), HostError> {
-        let Some(fd) = self.stdio.stdin_fd else { return Ok(()) };
+        let Some(fd) = self.stdio.stdin_fd else {
+            return Ok(());
+        };
         loop {
-            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
             // SAFETY: one valid pollfd, count 1.
             let r = unsafe { libc::poll(&mut p, 1, 50) };
             if r != 0 {
@@ -464,7 +521,11 @@ impl WasiCtx {
     fn fd_seek(&mut self, m: &mut Mem<'_>, fd: u32, offset: i64, whence: u32, out: u32) -> R {
         let kind = tri!(self.fd(fd)).kind;
         if kind != FdKind::File {
-            return Ok(if matches!(kind, FdKind::Dir | FdKind::Preopen) { Errno::Badf } else { Errno::Spipe });
+            return Ok(if matches!(kind, FdKind::Dir | FdKind::Preopen) {
+                Errno::Badf
+            } else {
+                Errno::Spipe
+            });
         }
         let pos = match whence {
             0 => {
@@ -499,7 +560,14 @@ impl WasiCtx {
         Ok((mount, path::join(&base, rel)?))
     }
 
-    fn guest_path(&mut self, m: &Mem<'_>, fd: u32, ptr: u32, len: u32, follow: bool) -> Result<(u32, String, std::path::PathBuf), Errno> {
+    fn guest_path(
+        &mut self,
+        m: &Mem<'_>,
+        fd: u32,
+        ptr: u32,
+        len: u32,
+        follow: bool,
+    ) -> Result<(u32, String, std::path::PathBuf), Errno> {
         if len > 4096 {
             return Err(Errno::Nametoolong);
         }
@@ -534,22 +602,49 @@ impl WasiCtx {
         Ok(Errno::Success)
     }
 
-    fn path_filestat_get(&mut self, m: &mut Mem<'_>, fd: u32, flags: u32, ptr: u32, len: u32, out: u32) -> R {
+    fn path_filestat_get(
+        &mut self,
+        m: &mut Mem<'_>,
+        fd: u32,
+        flags: u32,
+        ptr: u32,
+        len: u32,
+        out: u32,
+    ) -> R {
         let follow = flags & LOOKUP_FOLLOW != 0;
         let (_, _, host) = tri!(self.guest_path(m, fd, ptr, len, follow));
-        let md = if follow { fs::metadata(&host) } else { fs::symlink_metadata(&host) };
+        let md = if follow {
+            fs::metadata(&host)
+        } else {
+            fs::symlink_metadata(&host)
+        };
         tri!(filestat(m, out, &tri!(md)));
         Ok(Errno::Success)
     }
 
     #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
-    fn path_open(&mut self, m: &mut Mem<'_>, fd: u32, dirflags: u32, ptr: u32, len: u32, oflags: u16, rights: u64, fdflags: u16, out: u32) -> R {
+    fn path_open(
+        &mut self,
+        m: &mut Mem<'_>,
+        fd: u32,
+        dirflags: u32,
+        ptr: u32,
+        len: u32,
+        oflags: u16,
+        rights: u64,
+        fdflags: u16,
+        out: u32,
+    ) -> R {
         let follow = dirflags & LOOKUP_FOLLOW != 0;
         let (mount, rel, host) = tri!(self.guest_path(m, fd, ptr, len, follow));
         let wants_write = rights & RIGHT_FD_WRITE != 0
             || oflags & (OFLAG_CREAT | OFLAG_TRUNC) != 0
             || fdflags & FDFLAG_APPEND != 0;
-        let existing = if follow { fs::metadata(&host) } else { fs::symlink_metadata(&host) };
+        let existing = if follow {
+            fs::metadata(&host)
+        } else {
+            fs::symlink_metadata(&host)
+        };
         let is_dir = existing.as_ref().map(|md| md.is_dir()).unwrap_or(false);
         if oflags & OFLAG_DIRECTORY != 0 || is_dir {
             match existing {
@@ -592,11 +687,22 @@ impl WasiCtx {
     }
 
     fn next_fd(&self) -> u32 {
-        (3..).find(|n| !self.fds.contains_key(n)).expect("fd space is not exhausted")
+        (3..)
+            .find(|n| !self.fds.contains_key(n))
+            .expect("fd space is not exhausted")
     }
 
     #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
-    fn path_readlink(&mut self, m: &mut Mem<'_>, fd: u32, ptr: u32, len: u32, buf: u32, buf_len: u32, out: u32) -> R {
+    fn path_readlink(
+        &mut self,
+        m: &mut Mem<'_>,
+        fd: u32,
+        ptr: u32,
+        len: u32,
+        buf: u32,
+        buf_len: u32,
+        out: u32,
+    ) -> R {
         let (_, _, host) = tri!(self.guest_path(m, fd, ptr, len, false));
         let target = tri!(fs::read_link(&host));
         let bytes = target.to_string_lossy().into_owned().into_bytes();
@@ -607,7 +713,16 @@ impl WasiCtx {
     }
 
     #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
-    fn path_rename(&mut self, m: &mut Mem<'_>, fd: u32, p: u32, pl: u32, fd2: u32, p2: u32, pl2: u32) -> R {
+    fn path_rename(
+        &mut self,
+        m: &mut Mem<'_>,
+        fd: u32,
+        p: u32,
+        pl: u32,
+        fd2: u32,
+        p2: u32,
+        pl2: u32,
+    ) -> R {
         let (mount, _, from) = tri!(self.guest_path(m, fd, p, pl, false));
         let (mount2, _, to) = tri!(self.guest_path(m, fd2, p2, pl2, false));
         if self.read_only(mount) || self.read_only(mount2) {
@@ -617,14 +732,29 @@ impl WasiCtx {
         Ok(Errno::Success)
     }
 
-    fn fd_readdir(&mut self, m: &mut Mem<'_>, fd: u32, buf: u32, buf_len: u32, cookie: u64, out: u32) -> R {
+    fn fd_readdir(
+        &mut self,
+        m: &mut Mem<'_>,
+        fd: u32,
+        buf: u32,
+        buf_len: u32,
+        cookie: u64,
+        out: u32,
+    ) -> R {
         let host = tri!(self.fd_host_path(fd, ""));
-        let mut names: Vec<(String, u8, u64)> = vec![(".".into(), FILETYPE_DIR, 0), ("..".into(), FILETYPE_DIR, 0)];
+        let mut names: Vec<(String, u8, u64)> = vec![
+            (".".into(), FILETYPE_DIR, 0),
+            ("..".into(), FILETYPE_DIR, 0),
+        ];
         let mut rest = Vec::new();
         for e in tri!(fs::read_dir(&host)) {
             let e = tri!(e);
             let md = tri!(e.metadata());
-            rest.push((e.file_name().to_string_lossy().into_owned(), filetype(md.file_type()), md.ino()));
+            rest.push((
+                e.file_name().to_string_lossy().into_owned(),
+                filetype(md.file_type()),
+                md.ino(),
+            ));
         }
         rest.sort();
         names.extend(rest);
@@ -681,27 +811,23 @@ impl WasiCtx {
                 _ => return Ok(Errno::Inval),
             }
         }
-        if ready.is_empty() {
-            if let Some((mut d, userdata)) = deadline {
-                if self.rewinding {
-                    if let Some(saved) = self.sleep_deadline {
-                        d = saved;
-                    }
-                }
-                self.sleep_deadline = None;
-                loop {
-                    let now = self.monotonic_ns();
-                    if now >= d {
-                        break;
-                    }
-                    if !self.rewinding && (self.interrupt)() {
-                        self.sleep_deadline = Some(d);
-                        return Err(HostError::Unwind);
-                    }
-                    std::thread::sleep(Duration::from_nanos((d - now).min(20_000_000)));
-                }
-                ready.push((userdata, 0));
+        if let (true, Some((mut d, userdata))) = (ready.is_empty(), deadline) {
+            if let (true, Some(saved)) = (self.rewinding, self.sleep_deadline) {
+                d = saved;
             }
+            self.sleep_deadline = None;
+            loop {
+                let now = self.monotonic_ns();
+                if now >= d {
+                    break;
+                }
+                if !self.rewinding && (self.interrupt)() {
+                    self.sleep_deadline = Some(d);
+                    return Err(HostError::Unwind);
+                }
+                std::thread::sleep(Duration::from_nanos((d - now).min(20_000_000)));
+            }
+            ready.push((userdata, 0));
         }
         for (i, (userdata, tag)) in ready.iter().enumerate() {
             let e = events + 32 * i as u32;

@@ -35,7 +35,10 @@ impl Clock for HostClock {
         self.0.elapsed().as_nanos() as u64
     }
     fn realtime_ns(&self) -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
     }
 }
 
@@ -154,7 +157,10 @@ pub struct WasiCtx {
 
 impl std::fmt::Debug for WasiCtx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WasiCtx").field("args", &self.args).field("fds", &self.fds).finish()
+        f.debug_struct("WasiCtx")
+            .field("args", &self.args)
+            .field("fds", &self.fds)
+            .finish()
     }
 }
 
@@ -185,12 +191,18 @@ impl WasiCtx {
             interrupt,
             rewinding: false,
         };
-        for (i, kind) in [FdKind::Stdin, FdKind::Stdout, FdKind::Stderr].into_iter().enumerate() {
+        for (i, kind) in [FdKind::Stdin, FdKind::Stdout, FdKind::Stderr]
+            .into_iter()
+            .enumerate()
+        {
             ctx.fds.insert(i as u32, Fd::new(kind, 0, String::new()));
         }
         for (i, m) in mounts.into_iter().enumerate() {
             ctx.mounts.push(MountRt::open(m)?);
-            ctx.fds.insert(3 + i as u32, Fd::new(FdKind::Preopen, i as u32, String::new()));
+            ctx.fds.insert(
+                3 + i as u32,
+                Fd::new(FdKind::Preopen, i as u32, String::new()),
+            );
         }
         Ok(ctx)
     }
@@ -206,13 +218,16 @@ impl WasiCtx {
     ) -> Result<Self, String> {
         let mut ordered = Vec::new();
         for m in &state.mounts {
-            let grant = mounts.iter().find(|g| g.guest_path == m.guest_path).ok_or_else(|| {
-                format!(
-                    "the snapshot needs a directory mounted at `{}` (it was `{}`); \
+            let grant = mounts
+                .iter()
+                .find(|g| g.guest_path == m.guest_path)
+                .ok_or_else(|| {
+                    format!(
+                        "the snapshot needs a directory mounted at `{}` (it was `{}`); \
                      grant one with --dir HOST::{}",
-                    m.guest_path, m.host_hint, m.guest_path
-                )
-            })?;
+                        m.guest_path, m.host_hint, m.guest_path
+                    )
+                })?;
             ordered.push(grant.clone());
         }
         let mut ctx = Self::new(
@@ -230,7 +245,10 @@ impl WasiCtx {
             if !matches!(kind, FdKind::Stdin | FdKind::Stdout | FdKind::Stderr)
                 && fs.mount as usize >= ctx.mounts.len()
             {
-                return Err(format!("fd {n} refers to mount {} that does not exist", fs.mount));
+                return Err(format!(
+                    "fd {n} refers to mount {} that does not exist",
+                    fs.mount
+                ));
             }
             path::join("", &fs.path).map_err(|_| format!("fd {n} has an unsafe path"))?;
             ctx.fds.insert(
@@ -258,7 +276,10 @@ impl WasiCtx {
 
     /// The mounts, in order: `(guest path, canonical host dir, read-only)`.
     pub fn mounts(&self) -> Vec<(String, PathBuf, bool)> {
-        self.mounts.iter().map(|m| (m.guest_path.clone(), m.root.clone(), m.read_only)).collect()
+        self.mounts
+            .iter()
+            .map(|m| (m.guest_path.clone(), m.root.clone(), m.read_only))
+            .collect()
     }
 
     /// Captures the state. `trees` are the κ of each mount's content, in mount order.
@@ -338,16 +359,27 @@ impl WasiCtx {
 
 impl MountRt {
     fn open(m: MountSpec) -> Result<Self, String> {
-        let root = m.host_dir.canonicalize().map_err(|e| {
-            format!("cannot mount `{}`: {e}", m.host_dir.display())
-        })?;
+        let root = m
+            .host_dir
+            .canonicalize()
+            .map_err(|e| format!("cannot mount `{}`: {e}", m.host_dir.display()))?;
         if !root.is_dir() {
-            return Err(format!("cannot mount `{}`: not a directory", m.host_dir.display()));
+            return Err(format!(
+                "cannot mount `{}`: not a directory",
+                m.host_dir.display()
+            ));
         }
         if !m.guest_path.starts_with('/') && m.guest_path != "." {
-            return Err(format!("guest path `{}` must be absolute (or `.`)", m.guest_path));
+            return Err(format!(
+                "guest path `{}` must be absolute (or `.`)",
+                m.guest_path
+            ));
         }
-        Ok(Self { guest_path: m.guest_path, root, read_only: m.read_only })
+        Ok(Self {
+            guest_path: m.guest_path,
+            root,
+            read_only: m.read_only,
+        })
     }
 }
 

@@ -33,7 +33,8 @@ impl Mem<'_> {
     }
 
     pub fn put(&mut self, ptr: u32, bytes: &[u8]) -> Result<(), Errno> {
-        self.slice_mut(ptr, bytes.len() as u32)?.copy_from_slice(bytes);
+        self.slice_mut(ptr, bytes.len() as u32)?
+            .copy_from_slice(bytes);
         Ok(())
     }
 
@@ -54,6 +55,8 @@ impl Mem<'_> {
         if count > 1024 {
             return Err(Errno::Inval);
         }
-        (0..count).map(|i| Ok((self.u32(ptr + i * 8)?, self.u32(ptr + i * 8 + 4)?))).collect()
+        (0..count)
+            .map(|i| Ok((self.u32(ptr + i * 8)?, self.u32(ptr + i * 8 + 4)?)))
+            .collect()
     }
 }

@@ -36,11 +36,18 @@ pub(crate) fn join(base: &str, rel: &str) -> Result<String, Errno> {
 /// symlinks are resolved. With `follow_last == false` the last component itself is not
 /// followed (it may be a symlink or not exist yet).
 pub(crate) fn host_path(root: &Path, rel: &str, follow_last: bool) -> Result<PathBuf, Errno> {
-    let full = if rel.is_empty() { root.to_path_buf() } else { root.join(rel) };
+    let full = if rel.is_empty() {
+        root.to_path_buf()
+    } else {
+        root.join(rel)
+    };
     let (check, tail) = if follow_last || rel.is_empty() {
         (full.clone(), None)
     } else {
-        (full.parent().map(Path::to_path_buf).unwrap_or_default(), full.file_name())
+        (
+            full.parent().map(Path::to_path_buf).unwrap_or_default(),
+            full.file_name(),
+        )
     };
     match check.canonicalize() {
         Ok(c) => {
@@ -54,12 +61,11 @@ pub(crate) fn host_path(root: &Path, rel: &str, follow_last: bool) -> Result<Pat
         }
         // A missing path cannot point anywhere; its parent is checked by the caller's call.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if let Some(parent) = check.parent() {
-                if let Ok(c) = parent.canonicalize() {
-                    if !c.starts_with(root) {
-                        return Err(Errno::Notcapable);
-                    }
-                }
+            let parent = check.parent().map(Path::canonicalize);
+            if let Some(Ok(c)) = parent
+                && !c.starts_with(root)
+            {
+                return Err(Errno::Notcapable);
             }
             Ok(full)
         }
@@ -88,7 +94,10 @@ mod tests {
         let root = root.canonicalize().unwrap();
         std::os::unix::fs::symlink("/etc", root.join("out")).unwrap();
         assert_eq!(host_path(&root, "out/passwd", true), Err(Errno::Notcapable));
-        assert!(host_path(&root, "out", false).is_ok(), "the link itself may be removed");
+        assert!(
+            host_path(&root, "out", false).is_ok(),
+            "the link itself may be removed"
+        );
         assert!(host_path(&root, "new-file", true).is_ok());
     }
 }

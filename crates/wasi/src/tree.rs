@@ -41,14 +41,21 @@ fn import_at(store: &dyn Store, dir: &Path, depth: usize) -> Result<Kappa, TreeE
         return Err(TreeError::TooDeep(dir.display().to_string()));
     }
     let (kind, v) = ferry_object::header::<Tree>();
-    let mut tree = Tree { kind, v, entries: Default::default() };
+    let mut tree = Tree {
+        kind,
+        v,
+        entries: Default::default(),
+    };
     for e in fs::read_dir(dir).map_err(io(dir))? {
         let e = e.map_err(io(dir))?;
         let p = e.path();
         let md = fs::symlink_metadata(&p).map_err(io(&p))?;
         let name = e.file_name().to_string_lossy().into_owned();
         let entry = if md.is_dir() {
-            TreeEntry { mode: "dir".into(), object: import_at(store, &p, depth + 1)? }
+            TreeEntry {
+                mode: "dir".into(),
+                object: import_at(store, &p, depth + 1)?,
+            }
         } else if md.file_type().is_symlink() {
             let t = fs::read_link(&p).map_err(io(&p))?;
             TreeEntry {
@@ -57,8 +64,15 @@ fn import_at(store: &dyn Store, dir: &Path, depth: usize) -> Result<Kappa, TreeE
             }
         } else if md.is_file() {
             let bytes = fs::read(&p).map_err(io(&p))?;
-            let mode = if md.permissions().mode() & 0o111 != 0 { "exec" } else { "file" };
-            TreeEntry { mode: mode.into(), object: store.put(&bytes)? }
+            let mode = if md.permissions().mode() & 0o111 != 0 {
+                "exec"
+            } else {
+                "file"
+            };
+            TreeEntry {
+                mode: mode.into(),
+                object: store.put(&bytes)?,
+            }
         } else {
             continue;
         };
@@ -72,14 +86,24 @@ pub fn materialize(store: &dyn Store, kappa: &Kappa, dir: &Path) -> Result<(), T
     materialize_at(store, kappa, dir, 0)
 }
 
-fn materialize_at(store: &dyn Store, kappa: &Kappa, dir: &Path, depth: usize) -> Result<(), TreeError> {
+fn materialize_at(
+    store: &dyn Store,
+    kappa: &Kappa,
+    dir: &Path,
+    depth: usize,
+) -> Result<(), TreeError> {
     if depth > MAX_DEPTH {
         return Err(TreeError::TooDeep(dir.display().to_string()));
     }
     let tree: Tree = ferry_object::decode(&store.get(kappa)?)?;
     fs::create_dir_all(dir).map_err(io(dir))?;
     for (name, e) in &tree.entries {
-        if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        if name.is_empty()
+            || name == "."
+            || name == ".."
+            || name.contains('/')
+            || name.contains('\0')
+        {
             return Err(TreeError::BadName(name.clone()));
         }
         let p = dir.join(name);

@@ -21,7 +21,8 @@ pub struct Args {
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let store = settings.open_store()?;
     let k = store.resolve(&a.snapshot)?;
-    let s: Snapshot = ferry_object::decode(&store.get(&k)?).with_context(|| format!("{k} is not a snapshot"))?;
+    let s: Snapshot =
+        ferry_object::decode(&store.get(&k)?).with_context(|| format!("{k} is not a snapshot"))?;
     let w: WasiState = ferry_object::decode(&store.get(&s.wasi)?)?;
     let mut memories = Vec::new();
     for m in &s.memories {
@@ -64,15 +65,32 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!("snapshot     {k}");
-    println!("program      {} {}", s.program, w.args.iter().skip(1).cloned().collect::<Vec<_>>().join(" "));
-    println!("generation   {}  parent {}", s.generation, s.parent.map_or("-".into(), |p| p.fmt_short()));
-    println!("module       {}  (instrumented {} v{})", s.module.fmt_short(), s.instrumented.fmt_short(), s.instrument_version);
+    println!(
+        "program      {} {}",
+        s.program,
+        w.args.iter().skip(1).cloned().collect::<Vec<_>>().join(" ")
+    );
+    println!(
+        "generation   {}  parent {}",
+        s.generation,
+        s.parent.map_or("-".into(), |p| p.fmt_short())
+    );
+    println!(
+        "module       {}  (instrumented {} v{})",
+        s.module.fmt_short(),
+        s.instrumented.fmt_short(),
+        s.instrument_version
+    );
     println!(
         "profile      {} / {}  capabilities [{}]{}",
         s.profile.runtime,
         s.profile.engine_class,
         s.profile.capabilities.join(", "),
-        if s.profile.host_bound { "  HOST-BOUND" } else { "" }
+        if s.profile.host_bound {
+            "  HOST-BOUND"
+        } else {
+            ""
+        }
     );
     for m in &v["memories"].as_array().cloned().unwrap_or_default() {
         println!(
@@ -83,10 +101,21 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             m["stored_bytes"].as_u64().unwrap_or(0) >> 20
         );
     }
-    println!("stack        {stack_bytes} bytes saved, {} globals", s.globals.len());
+    println!(
+        "stack        {stack_bytes} bytes saved, {} globals",
+        s.globals.len()
+    );
     for m in &w.mounts {
-        println!("mount        {} (was {}) tree {}", m.guest_path, m.host_hint, m.tree.fmt_short());
+        println!(
+            "mount        {} (was {}) tree {}",
+            m.guest_path,
+            m.host_hint,
+            m.tree.fmt_short()
+        );
     }
-    println!("stdio        {} bytes out, {} bytes err, {} bytes in", w.stdout_bytes, w.stderr_bytes, w.stdin_bytes);
+    println!(
+        "stdio        {} bytes out, {} bytes err, {} bytes in",
+        w.stdout_bytes, w.stderr_bytes, w.stdin_bytes
+    );
     Ok(ExitCode::SUCCESS)
 }

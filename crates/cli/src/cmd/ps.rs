@@ -12,12 +12,29 @@ pub struct Args {}
 
 pub fn run(settings: &Settings, _a: Args) -> Result<ExitCode> {
     let sessions = session::list(settings)?;
-    println!("{:<10} {:<20} {:<12} {:>10}  LAST SNAPSHOT", "SESSION", "PROGRAM", "STATE", "MEMORY");
+    println!(
+        "{:<10} {:<20} {:<12} {:>10}  LAST SNAPSHOT",
+        "SESSION", "PROGRAM", "STATE", "MEMORY"
+    );
     for s in sessions {
-        let state = if s.state == "running" && !session::alive(s.pid) { "lost".to_owned() } else { s.state };
-        let snap = s.last_snapshot.map(|k| k.chars().take(19).collect::<String>()).unwrap_or_else(|| "-".into());
-        let mem = if s.memory == 0 { "-".into() } else { format!("{} MiB", s.memory >> 20) };
-        println!("{:<10} {:<20} {:<12} {:>10}  {}", s.id, s.program, state, mem, snap);
+        let state = if s.state == "running" && !session::alive(s.pid) {
+            "lost".to_owned()
+        } else {
+            s.state
+        };
+        let snap = s
+            .last_snapshot
+            .map(|k| k.chars().take(19).collect::<String>())
+            .unwrap_or_else(|| "-".into());
+        let mem = if s.memory == 0 {
+            "-".into()
+        } else {
+            format!("{} MiB", s.memory >> 20)
+        };
+        println!(
+            "{:<10} {:<20} {:<12} {:>10}  {}",
+            s.id, s.program, state, mem, snap
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

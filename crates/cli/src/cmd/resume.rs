@@ -34,17 +34,33 @@ pub struct Args {
 }
 
 fn refused(stage: Stage, why: impl std::fmt::Display) -> anyhow::Error {
-    anyhow!(EngineError::Refused { stage, reason: why.to_string() })
+    anyhow!(EngineError::Refused {
+        stage,
+        reason: why.to_string()
+    })
 }
 
 /// Admitting a mount: the granted host directory must hold what the snapshot saw, or be empty
 /// (then the snapshot's tree is written into it).
-fn admit_mount(store: &dyn Store, m: &ferry_object::Mount, grant: &MountSpec, allow_changed: bool) -> Result<()> {
+fn admit_mount(
+    store: &dyn Store,
+    m: &ferry_object::Mount,
+    grant: &MountSpec,
+    allow_changed: bool,
+) -> Result<()> {
     let dir = &grant.host_dir;
-    let empty = !dir.exists() || std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(false);
+    let empty = !dir.exists()
+        || std::fs::read_dir(dir)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
     if empty {
-        ferry_wasi::tree::materialize(store, &m.tree, dir)
-            .with_context(|| format!("writing the snapshot's `{}` into {}", m.guest_path, dir.display()))?;
+        ferry_wasi::tree::materialize(store, &m.tree, dir).with_context(|| {
+            format!(
+                "writing the snapshot's `{}` into {}",
+                m.guest_path,
+                dir.display()
+            )
+        })?;
         return Ok(());
     }
     let now = ferry_wasi::tree::import(&MemStore::new(), dir)
@@ -67,10 +83,20 @@ fn admit_mount(store: &dyn Store, m: &ferry_object::Mount, grant: &MountSpec, al
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
     guest::install_signals(&control)?;
-    let grants = a.dirs.iter().map(|d| guest::parse_dir(d)).collect::<Result<Vec<_>>>()?;
-    let env = a.envs.iter().map(|e| guest::parse_env(e)).collect::<Result<Vec<_>>>()?;
+    let grants = a
+        .dirs
+        .iter()
+        .map(|d| guest::parse_dir(d))
+        .collect::<Result<Vec<_>>>()?;
+    let env = a
+        .envs
+        .iter()
+        .map(|e| guest::parse_env(e))
+        .collect::<Result<Vec<_>>>()?;
     let store = settings.open_store()?;
-    let k = store.resolve(&a.snapshot).map_err(|e| refused(Stage::Resolving, e))?;
+    let k = store
+        .resolve(&a.snapshot)
+        .map_err(|e| refused(Stage::Resolving, e))?;
     let mut loaded = snapshot::load(&store, k)?;
 
     // Admitting: every mount granted and unchanged; the module re-derives to the same κ.
@@ -88,7 +114,9 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         admit_mount(&store, m, grant, a.allow_changed_dirs)?;
     }
     let runtime = Runtime::new(Some(settings.compiled_cache()))?;
-    let prepared = runtime.prepare_kappa(&store, loaded.snapshot.module, &|msg| eprintln!("ferry: {msg}"))?;
+    let prepared = runtime.prepare_kappa(&store, loaded.snapshot.module, &|msg| {
+        eprintln!("ferry: {msg}")
+    })?;
     if prepared.instrumented != loaded.snapshot.instrumented {
         return Err(refused(
             Stage::Admitting,
@@ -103,8 +131,14 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         loaded.wasi.env.push((key, value));
     }
 
-    let wasi = WasiCtx::restore(&loaded.wasi, grants, guest::stdio(), guest::host_clock(), guest::interrupt_of(&control))
-        .map_err(|e| refused(Stage::Admitting, e))?;
+    let wasi = WasiCtx::restore(
+        &loaded.wasi,
+        grants,
+        guest::stdio(),
+        guest::host_clock(),
+        guest::interrupt_of(&control),
+    )
+    .map_err(|e| refused(Stage::Admitting, e))?;
     let program = loaded.snapshot.program.clone();
     let id = owning_session(&store, &k).unwrap_or_else(session::new_id);
     let sess = Session {
@@ -115,7 +149,11 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         memory: 0,
         last_snapshot: Some(k.to_string()),
     };
-    let meta = SnapshotMeta { program, parent: Some(k), generation: loaded.snapshot.generation };
+    let meta = SnapshotMeta {
+        program,
+        parent: Some(k),
+        generation: loaded.snapshot.generation,
+    };
     Execution {
         settings,
         store: &store,

@@ -35,8 +35,12 @@ pub struct Args {
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.find(|c: char| !c.is_ascii_digit() && c != '.').map_or((s, "s"), |i| s.split_at(i));
-    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a duration like 500ms, 10s or 5m"))?;
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration like 500ms, 10s or 5m"))?;
     let secs = match unit {
         "ms" => n / 1000.0,
         "s" => n,
@@ -53,9 +57,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
     guest::install_signals(&control)?;
-    let mounts = a.dirs.iter().map(|d| guest::parse_dir(d)).collect::<Result<Vec<_>>>()?;
-    let env = a.envs.iter().map(|e| guest::parse_env(e)).collect::<Result<Vec<_>>>()?;
-    let mut wasm = std::fs::read(&a.program).with_context(|| format!("cannot read {}", a.program.display()))?;
+    let mounts = a
+        .dirs
+        .iter()
+        .map(|d| guest::parse_dir(d))
+        .collect::<Result<Vec<_>>>()?;
+    let env = a
+        .envs
+        .iter()
+        .map(|e| guest::parse_env(e))
+        .collect::<Result<Vec<_>>>()?;
+    let mut wasm = std::fs::read(&a.program)
+        .with_context(|| format!("cannot read {}", a.program.display()))?;
     if a.program.extension().is_some_and(|e| e == "wat") {
         wasm = wat::parse_bytes(&wasm)
             .with_context(|| format!("{} is not valid WebAssembly text", a.program.display()))?
@@ -63,17 +76,34 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     }
     let store = settings.open_store()?;
     let runtime = Runtime::new(Some(settings.compiled_cache()))?;
-    let name = a.program.file_name().map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned());
+    let name = a
+        .program
+        .file_name()
+        .map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned());
     let prepared = runtime
         .prepare(&store, &wasm, &|msg| eprintln!("ferry: {msg}"))
         .with_context(|| format!("cannot run {}", a.program.display()))?;
 
     let mut args = vec![name.clone()];
     args.extend(a.args);
-    let wasi = WasiCtx::new(args, env, mounts, guest::stdio(), guest::host_clock(), guest::interrupt_of(&control))
-        .map_err(anyhow::Error::msg)?;
+    let wasi = WasiCtx::new(
+        args,
+        env,
+        mounts,
+        guest::stdio(),
+        guest::host_clock(),
+        guest::interrupt_of(&control),
+    )
+    .map_err(anyhow::Error::msg)?;
     let id = a.session.unwrap_or_else(session::new_id);
-    let sess = Session { id, program: name.clone(), pid: 0, state: "running".into(), memory: 0, last_snapshot: None };
+    let sess = Session {
+        id,
+        program: name.clone(),
+        pid: 0,
+        state: "running".into(),
+        memory: 0,
+        last_snapshot: None,
+    };
     Execution {
         settings,
         store: &store,
@@ -81,7 +111,11 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         prepared: &prepared,
         control,
         session: sess,
-        meta: SnapshotMeta { program: name, parent: None, generation: 0 },
+        meta: SnapshotMeta {
+            program: name,
+            parent: None,
+            generation: 0,
+        },
         checkpoint_every: a.checkpoint_every,
     }
     .execute(wasi, Start::Fresh)

@@ -27,13 +27,26 @@ pub enum Kind {
 pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
     let s = session::load(settings, &a.session)?;
     if s.state != "running" || !session::alive(s.pid) {
-        bail!("session `{}` is not running (state: {}); see `ferry ps`", s.id, s.state);
+        bail!(
+            "session `{}` is not running (state: {}); see `ferry ps`",
+            s.id,
+            s.state
+        );
     }
     let before = s.last_snapshot.clone();
-    let sig = if kind == Kind::Checkpoint { libc::SIGUSR1 } else { libc::SIGTERM };
+    let sig = if kind == Kind::Checkpoint {
+        libc::SIGUSR1
+    } else {
+        libc::SIGTERM
+    };
     // SAFETY: sending a signal to a process id read from our own session file.
     if unsafe { libc::kill(s.pid as i32, sig) } != 0 {
-        bail!("cannot signal session `{}` (pid {}): {}", s.id, s.pid, std::io::Error::last_os_error());
+        bail!(
+            "cannot signal session `{}` (pid {}): {}",
+            s.id,
+            s.pid,
+            std::io::Error::last_os_error()
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(a.timeout);
     while Instant::now() < deadline {
@@ -50,8 +63,16 @@ pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         if !session::alive(now.pid) || now.state.starts_with("exited") {
-            bail!("session `{}` ended ({}) before writing a snapshot", now.id, now.state);
+            bail!(
+                "session `{}` ended ({}) before writing a snapshot",
+                now.id,
+                now.state
+            );
         }
     }
-    bail!("session `{}` wrote no snapshot within {} s", s.id, a.timeout)
+    bail!(
+        "session `{}` wrote no snapshot within {} s",
+        s.id,
+        a.timeout
+    )
 }

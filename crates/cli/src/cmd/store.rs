@@ -55,7 +55,11 @@ fn verify(store: &dyn Store) -> Result<ExitCode> {
         }
     }
     println!("{} objects checked, {bad} problems", all.len());
-    Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if bad == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn gc(store: &dyn Store, dry_run: bool) -> Result<ExitCode> {

@@ -13,7 +13,10 @@ fn check(run_args: &[&str], suspends: usize, delay_ms: (u64, u64), seed: u64) {
         suspends.min(2),
         churned.snapshots
     );
-    assert_eq!(String::from_utf8_lossy(&churned.stdout), String::from_utf8_lossy(&plain.stdout));
+    assert_eq!(
+        String::from_utf8_lossy(&churned.stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
     assert_eq!(churned.stdout, plain.stdout, "stdout bytes differ");
     assert_eq!(churned.stderr, plain.stderr, "guest stderr differs");
     assert_eq!(churned.code, plain.code, "exit code differs");
@@ -51,7 +54,11 @@ fn c_heap_of_256_mib() {
     let plain = env.plain(&args);
     assert_eq!(plain.code, 0);
     let churned = env.churn(&args, &[], 3, 5, (150, 400));
-    assert!(churned.snapshots.len() >= 2, "snapshots: {:?}", churned.snapshots);
+    assert!(
+        churned.snapshots.len() >= 2,
+        "snapshots: {:?}",
+        churned.snapshots
+    );
     assert_eq!(churned.stdout, plain.stdout);
     assert_eq!(churned.code, plain.code);
     // The last snapshot holds the whole heap.
@@ -73,9 +80,19 @@ fn c_file_io_in_a_mount() {
     let pd = format!("{}::/data", plain_dir.display());
     let cd = format!("{}::/data", churn_dir.display());
     let plain = env.plain(&["--dir", &pd, g.to_str().unwrap(), "--", "/data", "500"]);
-    let churned = env.churn(&["--dir", &cd, g.to_str().unwrap(), "--", "/data", "500"], &["--dir", &cd], 5, 6, (40, 200));
+    let churned = env.churn(
+        &["--dir", &cd, g.to_str().unwrap(), "--", "/data", "500"],
+        &["--dir", &cd],
+        5,
+        6,
+        (40, 200),
+    );
     assert!(churned.snapshots.len() >= 2);
     assert_eq!(churned.stdout, plain.stdout);
     assert_eq!(churned.code, 0);
-    assert_eq!(dir_contents(&churn_dir), dir_contents(&plain_dir), "files written differ");
+    assert_eq!(
+        dir_contents(&churn_dir),
+        dir_contents(&plain_dir),
+        "files written differ"
+    );
 }

@@ -9,13 +9,20 @@ use std::time::{Duration, Instant};
 
 /// Repository root (for guests).
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
 }
 
 /// A built test guest under `guests/`.
 pub fn guest(rel: &str) -> PathBuf {
     let p = repo().join("guests").join(rel);
-    assert!(p.exists(), "missing guest {} (run guests/build.sh)", p.display());
+    assert!(
+        p.exists(),
+        "missing guest {} (run guests/build.sh)",
+        p.display()
+    );
     p
 }
 
@@ -37,7 +44,9 @@ pub struct Seen {
 
 impl Env {
     pub fn new() -> Self {
-        Self { dir: tempfile::tempdir().expect("temp dir") }
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
     }
 
     pub fn store(&self) -> PathBuf {
@@ -50,7 +59,9 @@ impl Env {
 
     pub fn ferry(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
-        c.env("FERRY_STORE", self.store()).env_remove("FERRY_LOG").stdin(Stdio::null());
+        c.env("FERRY_STORE", self.store())
+            .env_remove("FERRY_LOG")
+            .stdin(Stdio::null());
         c
     }
 
@@ -80,7 +91,10 @@ impl Env {
         let out = child.wait_with_output().expect("wait ferry");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(75), "not suspended: {err}");
-        err.lines().find_map(|l| l.strip_prefix("suspended ")).expect("snapshot line").to_owned()
+        err.lines()
+            .find_map(|l| l.strip_prefix("suspended "))
+            .expect("snapshot line")
+            .to_owned()
     }
 
     /// `ferry run` without interruption.
@@ -101,21 +115,41 @@ impl Env {
     ) -> Seen {
         let out_path = self.path(&format!("stdout-{seed}-{suspends}"));
         let _ = std::fs::remove_file(&out_path);
-        let mut rng = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+        let mut rng = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407)
+            | 1;
         let mut next = || {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
             rng
         };
-        let mut seen = Seen { stdout: vec![], stderr: String::new(), code: -1, snapshots: vec![] };
-        let mut args: Vec<String> = std::iter::once("run".to_owned()).chain(run_args.iter().map(|s| s.to_string())).collect();
+        let mut seen = Seen {
+            stdout: vec![],
+            stderr: String::new(),
+            code: -1,
+            snapshots: vec![],
+        };
+        let mut args: Vec<String> = std::iter::once("run".to_owned())
+            .chain(run_args.iter().map(|s| s.to_string()))
+            .collect();
         let started = Instant::now();
         loop {
-            let stdout = OpenOptions::new().create(true).append(true).open(&out_path).expect("stdout file");
+            let stdout = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&out_path)
+                .expect("stdout file");
             let err_path = self.path("stderr-step");
             let stderr = File::create(&err_path).expect("stderr file");
-            let mut child = self.ferry().args(&args).stdout(stdout).stderr(stderr).spawn().expect("spawn ferry");
+            let mut child = self
+                .ferry()
+                .args(&args)
+                .stdout(stdout)
+                .stderr(stderr)
+                .spawn()
+                .expect("spawn ferry");
             let interrupt = seen.snapshots.len() < suspends;
             if interrupt {
                 let span = delay_ms.1.saturating_sub(delay_ms.0).max(1);
@@ -126,7 +160,9 @@ impl Env {
             }
             let status = child.wait().expect("wait ferry");
             let mut err = String::new();
-            File::open(&err_path).and_then(|mut f| f.read_to_string(&mut err)).expect("read stderr");
+            File::open(&err_path)
+                .and_then(|mut f| f.read_to_string(&mut err))
+                .expect("read stderr");
             let mut snapshot = None;
             for line in err.lines() {
                 if let Some(k) = line.strip_prefix("suspended ") {
@@ -152,7 +188,10 @@ impl Env {
                     break;
                 }
             }
-            assert!(started.elapsed() < Duration::from_secs(600), "churn did not finish");
+            assert!(
+                started.elapsed() < Duration::from_secs(600),
+                "churn did not finish"
+            );
         }
         seen.stdout = std::fs::read(&out_path).expect("read stdout");
         seen
@@ -169,7 +208,11 @@ pub fn dir_contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
             if p.is_dir() {
                 stack.push(p);
             } else {
-                let rel = p.strip_prefix(dir).expect("under dir").display().to_string();
+                let rel = p
+                    .strip_prefix(dir)
+                    .expect("under dir")
+                    .display()
+                    .to_string();
                 out.push((rel, std::fs::read(&p).expect("read file")));
             }
         }

@@ -1,6 +1,8 @@
 //! End-to-end tests of the `ferry` binary: what a user sees (output bytes, exit codes,
 //! refusal messages). One test binary for the crate, as in wasmtime.
 
+#![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
+
 mod churn;
 mod harness;
 mod python;

@@ -31,7 +31,11 @@ fn component_and_missing_start_are_refused() {
 fn unsupported_proposal_is_named() {
     let env = Env::new();
     let m = env.path("eh.wat");
-    std::fs::write(&m, r#"(module (tag $t) (func (export "_start") (try_table (catch_all 0) (throw $t))))"#).unwrap();
+    std::fs::write(
+        &m,
+        r#"(module (tag $t) (func (export "_start") (try_table (catch_all 0) (throw $t))))"#,
+    )
+    .unwrap();
     let (_, err, code) = env.output(&["run", m.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(err.contains("cannot suspend yet"), "{err}");
@@ -46,7 +50,10 @@ fn unknown_snapshot_is_refused_while_resolving() {
     let fake = format!("blake3:{}", "ab".repeat(32));
     let (_, err, code) = env.output(&["resume", &fake]);
     assert_eq!(code, 1);
-    assert!(err.contains("refused while resolving") && err.contains("missing"), "{err}");
+    assert!(
+        err.contains("refused while resolving") && err.contains("missing"),
+        "{err}"
+    );
 }
 
 /// Suspends a counter and returns (env, κ).
@@ -72,7 +79,10 @@ fn corrupted_or_truncated_objects_are_detected_not_resumed() {
     std::fs::write(&p, bytes).unwrap();
     let (_, err, code) = env.output(&["resume", &k]);
     assert_eq!(code, 1);
-    assert!(err.contains("refused while verifying") && err.contains("corrupt"), "{err}");
+    assert!(
+        err.contains("refused while verifying") && err.contains("corrupt"),
+        "{err}"
+    );
     let (out, err, code) = env.output(&["store", "verify"]);
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains("corrupt"), "{err}");
@@ -85,11 +95,17 @@ fn changed_mount_is_refused_unless_allowed() {
     let d = env.path("data");
     std::fs::create_dir_all(&d).unwrap();
     let dir = format!("{}::/data", d.display());
-    let k = &env.suspend_once(&["--dir", &dir, g.to_str().unwrap(), "--", "/data", "400"], 150);
+    let k = &env.suspend_once(
+        &["--dir", &dir, g.to_str().unwrap(), "--", "/data", "400"],
+        150,
+    );
     // Not granted: the refusal says which flag to pass.
     let (_, err, code) = env.output(&["resume", k]);
     assert_eq!(code, 1);
-    assert!(err.contains("refused while admitting") && err.contains("--dir HOST::/data"), "{err}");
+    assert!(
+        err.contains("refused while admitting") && err.contains("--dir HOST::/data"),
+        "{err}"
+    );
     // Changed under the suspended guest.
     std::fs::write(d.join("intruder.txt"), "surprise").unwrap();
     let (_, err, code) = env.output(&["resume", "--dir", &dir, k]);
@@ -123,7 +139,10 @@ fn inspect_and_ps_describe_a_suspended_session() {
     let (env, k) = suspended_counter();
     let (out, _, code) = env.output(&["inspect", &k[..20]]);
     assert_eq!(code, 0);
-    assert!(out.contains("cpu.wasm") && out.contains("ferry-host/1"), "{out}");
+    assert!(
+        out.contains("cpu.wasm") && out.contains("ferry-host/1"),
+        "{out}"
+    );
     let (out, _, code) = env.output(&["ps"]);
     assert_eq!(code, 0);
     assert!(out.contains("suspended") && out.contains(&k[..19]), "{out}");
