@@ -38,6 +38,8 @@ enum Command {
     Ps(cmd::ps::Args),
     /// Describe a snapshot: profile, capability request, sizes, chunks, parent.
     Inspect(cmd::inspect::Args),
+    /// Measure overhead, time to safe point, snapshot and resume times (docs/benchmarks.md).
+    Bench(cmd::bench::Args),
     /// Maintain the object store.
     #[command(subcommand)]
     Store(cmd::store::Command),
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Command::Ps(a) => cmd::ps::run(&settings, a),
         Command::Inspect(a) => cmd::inspect::run(&settings, a),
         Command::Store(c) => cmd::store::run(&settings, c),
+        Command::Bench(a) => cmd::bench::run(&settings, a),
     };
     match result {
         Ok(code) => code,

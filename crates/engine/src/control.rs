@@ -1,16 +1,31 @@
 //! Asking a running guest to stop at its next safe point, from any thread.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// What the host wants from the guest at its next safe point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
     /// Nothing.
     None = 0,
+    /// Only measure how long the guest takes to reach a safe point (benchmarks).
+    Probe = 1,
     /// Snapshot and keep running.
-    Checkpoint = 1,
+    Checkpoint = 2,
     /// Snapshot and stop.
-    Suspend = 2,
+    Suspend = 3,
+}
+
+impl Request {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Request::None,
+            1 => Request::Probe,
+            2 => Request::Checkpoint,
+            _ => Request::Suspend,
+        }
+    }
 }
 
 /// Shared between the guest's thread and whoever asks it to stop (signal handlers, timers).
@@ -19,6 +34,15 @@ pub struct Control {
     request: AtomicU8,
     /// Address of the guest's poll flag word (in its `ferry:ctl` memory), 0 when no guest runs.
     flag: AtomicUsize,
+    /// When the pending request was made, and the delays until safe points were reached.
+    timing: Mutex<Timing>,
+}
+
+#[derive(Debug, Default)]
+struct Timing {
+    requested: Option<Instant>,
+    to_safe_point: Vec<Duration>,
+    running_at: Option<Instant>,
 }
 
 impl Control {
@@ -28,26 +52,42 @@ impl Control {
 
     /// Asks for `r`. A suspend is never downgraded to a checkpoint.
     pub fn request(&self, r: Request) {
+        self.timing().requested.get_or_insert_with(Instant::now);
         let _ = self.request.fetch_max(r as u8, Ordering::SeqCst);
         self.raise_flag();
     }
 
-    /// The pending request.
-    pub fn pending(&self) -> Request {
-        match self.request.load(Ordering::SeqCst) {
-            0 => Request::None,
-            1 => Request::Checkpoint,
-            _ => Request::Suspend,
-        }
+    fn timing(&self) -> std::sync::MutexGuard<'_, Timing> {
+        self.timing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes the pending request, leaving none.
+    /// Delays from each request to the safe point that served it, oldest first.
+    pub fn safe_point_delays(&self) -> Vec<Duration> {
+        self.timing().to_safe_point.clone()
+    }
+
+    /// When the last rewind completed (the guest was running again).
+    pub fn running_at(&self) -> Option<Instant> {
+        self.timing().running_at
+    }
+
+    pub(crate) fn mark_running(&self) {
+        self.timing().running_at = Some(Instant::now());
+    }
+
+    /// The pending request.
+    pub fn pending(&self) -> Request {
+        Request::from_u8(self.request.load(Ordering::SeqCst))
+    }
+
+    /// Takes the pending request, leaving none, and records how long it waited.
     pub(crate) fn take(&self) -> Request {
-        match self.request.swap(0, Ordering::SeqCst) {
-            0 => Request::None,
-            1 => Request::Checkpoint,
-            _ => Request::Suspend,
+        let r = Request::from_u8(self.request.swap(0, Ordering::SeqCst));
+        let mut t = self.timing();
+        if let Some(at) = t.requested.take() {
+            t.to_safe_point.push(at.elapsed());
         }
+        r
     }
 
     pub(crate) fn attach(&self, flag_addr: usize) {

@@ -12,6 +12,9 @@ use crate::control::{Control, Request};
 /// Per-guest host state, owned by the wasmtime store.
 pub(crate) struct HostState {
     pub wasi: WasiCtx,
+    /// The guest's `memory` export, which WASI calls read and write.
+    pub memory: Option<Memory>,
+    /// The unwind machinery (absent when a plain module runs, e.g. as a benchmark baseline).
     pub handles: Option<Handles>,
     pub control: Arc<Control>,
     /// Why the current unwind started.
@@ -21,7 +24,6 @@ pub(crate) struct HostState {
 /// Exports of the instrumented module the host needs on every call.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Handles {
-    pub memory: Option<Memory>,
     pub ctl: Memory,
     pub stack: Memory,
     pub state: Global,
@@ -58,6 +60,7 @@ fn finish_rewind(caller: &mut Caller<'_, HostState>) -> wasmtime::Result<()> {
         bail!("corrupt saved stack: frames left over after the rewind reached its target");
     }
     h.state.set(&mut *caller, Val::I32(abi::STATE_NORMAL))?;
+    caller.data().control.mark_running();
     let pending = caller.data().control.pending() != Request::None;
     set_flag(caller, h.ctl, pending);
     Ok(())
@@ -78,7 +81,7 @@ fn poll(caller: &mut Caller<'_, HostState>) -> wasmtime::Result<()> {
         return finish_rewind(caller);
     }
     match caller.data().control.take() {
-        Request::None => {
+        Request::None | Request::Probe => {
             set_flag(caller, h.ctl, false);
             Ok(())
         }
@@ -108,12 +111,11 @@ pub(crate) fn linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostS
             ty,
             move |mut caller, args, results| {
                 let mut rewinding = false;
-                if unwinding {
-                    let h = handles(&caller)?;
-                    if h.state.get(&mut caller).unwrap_i32() == abi::STATE_REWIND {
-                        finish_rewind(&mut caller)?;
-                        rewinding = true;
-                    }
+                if let (true, Some(h)) = (unwinding, caller.data().handles)
+                    && h.state.get(&mut caller).unwrap_i32() == abi::STATE_REWIND
+                {
+                    finish_rewind(&mut caller)?;
+                    rewinding = true;
                 }
                 let ints: Vec<i64> = args
                     .iter()
@@ -123,7 +125,7 @@ pub(crate) fn linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<HostS
                         _ => 0,
                     })
                     .collect();
-                let Some(memory) = handles(&caller)?.memory else {
+                let Some(memory) = caller.data().memory else {
                     bail!("the module calls WASI but exports no `memory`");
                 };
                 let (mem, host) = memory.data_and_store_mut(&mut caller);

@@ -18,7 +18,7 @@ pub mod snapshot;
 pub use control::{Control, Request};
 pub use error::{EngineError, Stage};
 pub use prepare::{Prepared, Runtime};
-pub use run::{Outcome, SnapshotMeta, Start};
+pub use run::{Outcome, PlainModule, SnapshotMeta, Start};
 
 /// Host contract version recorded in every snapshot's profile.
 pub const HOST_CONTRACT: &str = "ferry-host/1";

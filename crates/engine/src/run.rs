@@ -33,6 +33,10 @@ pub enum Outcome {
     Suspended(Kappa),
 }
 
+/// A module compiled without instrumentation.
+#[derive(Debug, Clone)]
+pub struct PlainModule(wasmtime::Module);
+
 /// Facts recorded in each snapshot the run writes.
 #[derive(Debug, Clone)]
 pub struct SnapshotMeta {
@@ -68,6 +72,7 @@ impl Runtime {
     ) -> Result<Outcome, EngineError> {
         let state = HostState {
             wasi,
+            memory: None,
             handles: None,
             control: control.clone(),
             unwind_reason: Request::None,
@@ -87,8 +92,8 @@ impl Runtime {
                 EngineError::Instantiate(format!("instrumented module lacks `{name}`"))
             })
         };
+        ws.data_mut().memory = instance.get_memory(&mut ws, "memory");
         let h = Handles {
-            memory: instance.get_memory(&mut ws, "memory"),
             ctl: mem(&mut ws, abi::CTL_MEMORY)?,
             stack: mem(&mut ws, abi::STACK_MEMORY)?,
             state: glob(&mut ws, abi::STATE_GLOBAL)?,
@@ -136,6 +141,45 @@ impl Runtime {
                     return Err(EngineError::Trap(trap_message(&e)));
                 }
             }
+        }
+    }
+}
+
+impl Runtime {
+    /// Compiles a module as it is, without instrumentation (the benchmark baseline).
+    pub fn compile_plain(&self, wasm: &[u8]) -> Result<PlainModule, EngineError> {
+        wasmtime::Module::new(&self.engine, wasm)
+            .map(PlainModule)
+            .map_err(|e| EngineError::Compile(format!("{e:#}")))
+    }
+
+    /// Runs an uninstrumented module to completion with the same WASI. Returns its exit code.
+    pub fn run_plain(&self, module: &PlainModule, wasi: WasiCtx) -> Result<i32, EngineError> {
+        let module = &module.0;
+        let state = HostState {
+            wasi,
+            memory: None,
+            handles: None,
+            control: Arc::new(Control::new()),
+            unwind_reason: Request::None,
+        };
+        let mut ws = wasmtime::Store::new(&self.engine, state);
+        let linker = linker(&self.engine).map_err(|e| EngineError::Instantiate(e.to_string()))?;
+        let instance = linker
+            .instantiate(&mut ws, &module)
+            .map_err(|e| EngineError::Instantiate(format!("{e:#}")))?;
+        ws.data_mut().memory = instance.get_memory(&mut ws, "memory");
+        let entry = instance
+            .get_typed_func::<(), ()>(&mut ws, "_start")
+            .map_err(|e| EngineError::Instantiate(format!("`_start`: {e}")))?;
+        let r = entry.call(&mut ws, ());
+        ws.data_mut().wasi.flush();
+        match r {
+            Ok(()) => Ok(0),
+            Err(e) => match e.downcast_ref::<GuestExit>() {
+                Some(GuestExit(code)) => Ok(*code),
+                None => Err(EngineError::Trap(trap_message(&e))),
+            },
         }
     }
 }

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod inspect;
 pub mod ps;
 pub mod resume;

@@ -1,0 +1,366 @@
+//! `ferry bench`: the figures of `docs/benchmarks.md`, measured side by side in one run.
+//!
+//! * steady state: the plain module and the instrumented one in the same engine, alternating,
+//!   median of the pairs;
+//! * time to safe point: requests at random moments, delay until a poll served each;
+//! * snapshot: full, then incremental after ~1% of memory changed, request → durable;
+//! * resume: load + verify + restore until the guest runs again (compiled code cached).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::mpsc::{Sender, channel};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use ferry_engine::{Control, Outcome, Request, Runtime, SnapshotMeta, Start, snapshot};
+use ferry_store::{FsStore, Store};
+use ferry_wasi::{HostClock, MountSpec, Stdio, WasiCtx};
+
+use crate::settings::Settings;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Directory of the built C guests.
+    #[arg(long, default_value = "guests/wasm")]
+    guests: PathBuf,
+    /// CPython 3.12 WASI binary (skipped if absent) [default: the guest cache's].
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Memory sizes (MiB) for the snapshot and resume figures.
+    #[arg(long, value_delimiter = ',', default_value = "256,1024")]
+    sizes: Vec<u64>,
+    /// Alternating plain/instrumented pairs per steady-state workload.
+    #[arg(long, default_value_t = 3)]
+    pairs: usize,
+}
+
+struct LineSignal {
+    tx: Sender<()>,
+    buf: Vec<u8>,
+}
+
+impl Write for LineSignal {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        while let Some(i) = self.buf.iter().position(|&c| c == b'\n') {
+            let line: Vec<u8> = self.buf.drain(..=i).collect();
+            if line.starts_with(b"ready") {
+                let _ = self.tx.send(());
+            }
+        }
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn quiet_stdio(stdout: Box<dyn Write + Send>) -> Stdio {
+    Stdio {
+        stdin: Box::new(std::io::empty()),
+        stdin_fd: None,
+        stdout,
+        stderr: Box::new(std::io::sink()),
+    }
+}
+
+fn wasi(
+    args: &[&str],
+    mounts: Vec<MountSpec>,
+    stdout: Box<dyn Write + Send>,
+    control: &Arc<Control>,
+) -> Result<WasiCtx> {
+    let c = control.clone();
+    WasiCtx::new(
+        args.iter().map(|s| s.to_string()).collect(),
+        vec![],
+        mounts,
+        quiet_stdio(stdout),
+        Box::new(HostClock::default()),
+        Arc::new(move || c.pending() != Request::None),
+    )
+    .map_err(anyhow::Error::msg)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+struct Workload {
+    name: &'static str,
+    wasm: Vec<u8>,
+    args: Vec<String>,
+    mounts: Vec<MountSpec>,
+}
+
+pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
+    let dir = tempfile_dir()?;
+    let store = FsStore::open(dir.join("store"))?;
+    let rt = Runtime::new(Some(settings.compiled_cache()))?;
+    let read = |n: &str| {
+        std::fs::read(a.guests.join(n))
+            .with_context(|| format!("{} (run guests/build.sh)", a.guests.join(n).display()))
+    };
+
+    let mut work = vec![
+        Workload {
+            name: "C cpu (sieve+hash)",
+            wasm: read("cpu.wasm")?,
+            args: vec!["cpu".into(), "150".into()],
+            mounts: vec![],
+        },
+        Workload {
+            name: "C recursion",
+            wasm: read("recurse.wasm")?,
+            args: vec!["recurse".into(), "20000".into(), "30".into()],
+            mounts: vec![],
+        },
+    ];
+    let python = a.python.clone().unwrap_or_else(|| {
+        std::env::var_os("FERRY_GUEST_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                    .join(".cache/ferry/guests")
+            })
+            .join("python-3.12.0.wasm")
+    });
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app)?;
+    std::fs::write(
+        app.join("loop.py"),
+        include_str!("../../../../guests/python/loop.py"),
+    )?;
+    if python.exists() {
+        work.push(Workload {
+            name: "CPython 3.12 loop.py",
+            wasm: std::fs::read(&python)?,
+            args: vec!["python".into(), "/app/loop.py".into(), "8".into()],
+            mounts: vec![MountSpec {
+                guest_path: "/app".into(),
+                host_dir: app.clone(),
+                read_only: false,
+            }],
+        });
+    } else {
+        eprintln!(
+            "ferry bench: {} not found, skipping CPython (run scripts/fetch-python.sh)",
+            python.display()
+        );
+    }
+
+    println!(
+        "## Steady state: instrumented vs plain, same engine (wasmtime), median of {} alternating pairs\n",
+        a.pairs
+    );
+    println!("| workload | plain (ms) | instrumented (ms) | ratio |");
+    println!("|---|---:|---:|---:|");
+    for w in &work {
+        let plain = rt.compile_plain(&w.wasm)?;
+        let prepared = rt.prepare(&store, &w.wasm, &|m| eprintln!("ferry bench: {m}"))?;
+        let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
+        let (mut p, mut i) = (vec![], vec![]);
+        for _ in 0..a.pairs {
+            let c = Arc::new(Control::new());
+            let t = Instant::now();
+            rt.run_plain(
+                &plain,
+                wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?,
+            )?;
+            p.push(ms(t.elapsed()));
+            let t = Instant::now();
+            let meta = SnapshotMeta {
+                program: w.name.into(),
+                parent: None,
+                generation: 0,
+            };
+            let out = rt.run(
+                &prepared,
+                wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?,
+                c.clone(),
+                Start::Fresh,
+                &store,
+                meta,
+                &mut |_, _| {},
+            )?;
+            i.push(ms(t.elapsed()));
+            if out != Outcome::Exited(0) {
+                bail!("{}: unexpected outcome {out:?}", w.name);
+            }
+        }
+        let (pm, im) = (median(p), median(i));
+        println!("| {} | {pm:.0} | {im:.0} | {:.2}x |", w.name, im / pm);
+    }
+
+    println!("\n## Time to safe point (request at random moments → poll reached)\n");
+    println!("| workload | requests | p50 (µs) | p99 (µs) | max (µs) |");
+    println!("|---|---:|---:|---:|---:|");
+    for w in &work {
+        let prepared = rt.prepare(&store, &w.wasm, &|_| {})?;
+        let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
+        let c = Arc::new(Control::new());
+        let ctx = wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?;
+        let delays = std::thread::scope(|s| -> Result<Vec<Duration>> {
+            let c2 = c.clone();
+            let (store, rt, prepared) = (&store, &rt, &prepared);
+            let h = std::thread::Builder::new()
+                .stack_size(256 << 20)
+                .spawn_scoped(s, move || {
+                    let meta = SnapshotMeta {
+                        program: "bench".into(),
+                        parent: None,
+                        generation: 0,
+                    };
+                    rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {})
+                })?;
+            let mut seed = 0x2545_f491_4f6c_dd1du64;
+            while !h.is_finished() {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                std::thread::sleep(Duration::from_micros(1000 + seed % 9000));
+                c.request(Request::Probe);
+            }
+            h.join().expect("guest thread")?;
+            Ok(c.safe_point_delays())
+        })?;
+        let mut us: Vec<f64> = delays.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+        us.sort_by(|a, b| a.total_cmp(b));
+        if us.is_empty() {
+            continue;
+        }
+        let pct = |p: f64| us[((us.len() - 1) as f64 * p) as usize];
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.0} |",
+            w.name,
+            us.len(),
+            pct(0.5),
+            pct(0.99),
+            us[us.len() - 1]
+        );
+    }
+
+    println!(
+        "\n## Snapshot and resume (guest `dirty`: random memory, ~1% of pages rewritten per 100 ms tick)\n"
+    );
+    println!(
+        "| memory | full snapshot (ms) | incremental after ~1% (ms) | new bytes stored incr. | resume to running (ms) |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    let dirty = read("dirty.wasm")?;
+    let prepared = rt.prepare(&store, &dirty, &|_| {})?;
+    for mib in &a.sizes {
+        let c = Arc::new(Control::new());
+        let (tx, rx) = channel();
+        let size = mib.to_string();
+        let ctx = wasi(
+            &["dirty", &size, "100", "10"],
+            vec![],
+            Box::new(LineSignal { tx, buf: vec![] }),
+            &c,
+        )?;
+        let (snap_tx, snap_rx) = channel::<(Instant, Result<ferry_kappa::Kappa, String>)>();
+        let (full, incr, new_bytes, k) = std::thread::scope(|s| -> Result<_> {
+            let c2 = c.clone();
+            let (store, rt, prepared) = (&store, &rt, &prepared);
+            let h = std::thread::Builder::new()
+                .stack_size(256 << 20)
+                .spawn_scoped(s, move || {
+                    let meta = SnapshotMeta {
+                        program: "dirty".into(),
+                        parent: None,
+                        generation: 0,
+                    };
+                    rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |r, _| {
+                        let _ = snap_tx.send((Instant::now(), r.map_err(|e| e.to_string())));
+                    })
+                })?;
+            rx.recv_timeout(Duration::from_secs(120))
+                .context("guest never got ready")?;
+            let t = Instant::now();
+            c.request(Request::Checkpoint);
+            let (done, r) = snap_rx.recv()?;
+            r.map_err(anyhow::Error::msg)?;
+            let full = done - t;
+            std::thread::sleep(Duration::from_millis(150));
+            let before = store.list()?.len();
+            let t = Instant::now();
+            c.request(Request::Checkpoint);
+            let (done, r) = snap_rx.recv()?;
+            r.map_err(anyhow::Error::msg)?;
+            let incr = done - t;
+            let new_objects = store.list()?.len() - before;
+            c.request(Request::Suspend);
+            let out = h.join().expect("guest thread")?;
+            let Outcome::Suspended(k) = out else {
+                bail!("dirty guest was not suspended: {out:?}")
+            };
+            Ok((full, incr, new_objects as u64 * 65536, k))
+        })?;
+        // Resume: Resolving → Verifying → Admitting → Restoring → running again.
+        let c = Arc::new(Control::new());
+        let t = Instant::now();
+        let loaded = snapshot::load(&store, k)?;
+        let prepared = rt.prepare_kappa(&store, loaded.snapshot.module, &|_| {})?;
+        let ctx = WasiCtx::restore(
+            &loaded.wasi,
+            vec![],
+            quiet_stdio(Box::new(std::io::sink())),
+            Box::new(HostClock::default()),
+            {
+                let c = c.clone();
+                Arc::new(move || c.pending() != Request::None)
+            },
+        )
+        .map_err(anyhow::Error::msg)?;
+        c.request(Request::Suspend);
+        let c2 = c.clone();
+        std::thread::scope(|s| -> Result<()> {
+            let (store, rt, prepared) = (&store, &rt, &prepared);
+            std::thread::Builder::new()
+                .stack_size(256 << 20)
+                .spawn_scoped(s, move || {
+                    let meta = SnapshotMeta {
+                        program: "dirty".into(),
+                        parent: Some(k),
+                        generation: 1,
+                    };
+                    rt.run(
+                        prepared,
+                        ctx,
+                        c2,
+                        Start::Restore(Box::new(loaded)),
+                        store,
+                        meta,
+                        &mut |_, _| {},
+                    )
+                })?
+                .join()
+                .expect("guest thread")?;
+            Ok(())
+        })?;
+        let resumed = c.running_at().context("guest never ran after restore")? - t;
+        println!(
+            "| {mib} MiB | {:.0} | {:.0} | {:.1} MiB | {:.0} |",
+            ms(full),
+            ms(incr),
+            new_bytes as f64 / (1 << 20) as f64,
+            ms(resumed)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tempfile_dir() -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("ferry-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
