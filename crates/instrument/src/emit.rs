@@ -318,6 +318,12 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::GlobalGet(self.ctx.state_global));
         self.ins(I::I32Const(abi::STATE_UNWIND));
         self.ins(I::I32Eq);
+        self.unwind_check(site);
+    }
+
+    /// After a call that ran: the state is NORMAL or UNWIND (a rewind always ends inside the
+    /// callee), so any non-zero state means "save this frame and return".
+    fn unwind_check(&mut self, site: u32) {
         self.ins(I::If(BlockType::Empty));
         self.ins(I::I32Const(site as i32));
         self.ins(I::LocalSet(self.idx));
@@ -325,7 +331,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::End);
     }
 
-    fn poll_site(&mut self, site: u32) {
+    fn flag_check(&mut self) {
         self.ins(I::I32Const(0));
         self.ins(I::I32Load(MemArg {
             offset: 0,
@@ -333,6 +339,10 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             memory_index: self.ctx.ctl_memory,
         }));
         self.ins(I::If(BlockType::Empty));
+    }
+
+    fn poll_site(&mut self, site: u32) {
+        self.flag_check();
         self.call_site(site, I::Call(self.ctx.poll_func), &[], &[]);
         self.ins(I::End);
     }
@@ -438,6 +448,9 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     let done_bt = e.types.block_type(&[], &results);
     e.ins(I::Block(done_bt));
     e.ins(I::Block(BlockType::Empty));
+    // One flag test on entry serves both the rewind prologue and the entry poll: the host
+    // raises the flag while rewinding, so the normal path is a single load and branch.
+    e.flag_check();
     let prologue_at = e.out.len();
     e.frames.push(Frame {
         relevant: true,
@@ -446,8 +459,9 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         seg: Seg::Closed,
     });
     if plan.entry_poll {
-        e.poll_site(0);
+        e.call_site(0, I::Call(ctx.poll_func), &[], &[]);
     }
+    e.ins(I::End);
     e.seg_start(&v)?;
 
     let mut ops = body.get_operators_reader()?;
@@ -664,8 +678,9 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         p(I::GlobalGet(state));
         p(I::I32Const(abi::STATE_REWIND));
         p(I::I32Eq);
-        p(I::LocalTee(rw));
         p(I::If(BlockType::Empty));
+        p(I::I32Const(1));
+        p(I::LocalSet(rw));
         p(I::GlobalGet(sp));
         p(I::I32Const(size as i32));
         p(I::I32Sub);
