@@ -1,7 +1,7 @@
 //! Asking a running guest to stop at its next safe point, from any thread.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// What the host wants from the guest at its next safe point.
@@ -36,6 +36,8 @@ pub struct Control {
     flag: AtomicUsize,
     /// When the pending request was made, and the delays until safe points were reached.
     timing: Mutex<Timing>,
+    /// Suspend at exactly the n-th safe point from now (0 = off): deterministic churn tests.
+    countdown: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -90,9 +92,31 @@ impl Control {
         r
     }
 
+    /// Suspends at exactly the `n`-th safe point reached from now (`n` ≥ 1). Every poll then
+    /// calls the host, so this is for tests that must suspend at each point in turn.
+    pub fn suspend_at_safe_point(&self, n: u64) {
+        self.countdown.store(n, Ordering::SeqCst);
+        self.raise_flag();
+    }
+
+    /// Counts one safe point; `true` when the countdown reaches it. While a countdown runs the
+    /// flag stays raised.
+    pub(crate) fn count_safe_point(&self) -> bool {
+        let n = self.countdown.load(Ordering::SeqCst);
+        if n == 0 {
+            return false;
+        }
+        self.countdown.store(n - 1, Ordering::SeqCst);
+        n == 1
+    }
+
+    pub(crate) fn counting(&self) -> bool {
+        self.countdown.load(Ordering::SeqCst) != 0
+    }
+
     pub(crate) fn attach(&self, flag_addr: usize) {
         self.flag.store(flag_addr, Ordering::SeqCst);
-        if self.pending() != Request::None {
+        if self.pending() != Request::None || self.counting() {
             self.raise_flag();
         }
     }

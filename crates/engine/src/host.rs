@@ -61,7 +61,8 @@ fn finish_rewind(caller: &mut Caller<'_, HostState>) -> wasmtime::Result<()> {
     }
     h.state.set(&mut *caller, Val::I32(abi::STATE_NORMAL))?;
     caller.data().control.mark_running();
-    let pending = caller.data().control.pending() != Request::None;
+    let control = &caller.data().control;
+    let pending = control.pending() != Request::None || control.counting();
     set_flag(caller, h.ctl, pending);
     Ok(())
 }
@@ -80,9 +81,13 @@ fn poll(caller: &mut Caller<'_, HostState>) -> wasmtime::Result<()> {
     if h.state.get(&mut *caller).unwrap_i32() == abi::STATE_REWIND {
         return finish_rewind(caller);
     }
-    match caller.data().control.take() {
+    let control = caller.data().control.clone();
+    if control.count_safe_point() {
+        return start_unwind(caller, Request::Suspend);
+    }
+    match control.take() {
         Request::None | Request::Probe => {
-            set_flag(caller, h.ctl, false);
+            set_flag(caller, h.ctl, control.counting());
             Ok(())
         }
         r => start_unwind(caller, r),

@@ -10,7 +10,7 @@ use tracing::info;
 use wasmtime::Val;
 
 use crate::control::{Control, Request};
-use crate::error::EngineError;
+use crate::error::{EngineError, Stage};
 use crate::host::{GuestExit, Handles, HostState, linker};
 use crate::prepare::{Prepared, Runtime};
 use crate::snapshot::{self, Loaded};
@@ -100,28 +100,57 @@ impl Runtime {
             sp: glob(&mut ws, abi::SP_GLOBAL)?,
         };
         ws.data_mut().handles = Some(h);
-        let entry = instance
-            .get_typed_func::<(), ()>(&mut ws, "_start")
-            .map_err(|e| EngineError::Instantiate(format!("`_start`: {e}")))?;
+        // A fresh run calls the former start function, then `_start`; a restored run re-enters
+        // the one it was suspended in.
+        let mut entries = Vec::new();
+        for name in [abi::START_EXPORT, "_start"] {
+            if let Ok(f) = instance.get_typed_func::<(), ()>(&mut ws, name) {
+                entries.push((name, f));
+            }
+        }
+        if entries.last().is_none_or(|(n, _)| *n != "_start") {
+            return Err(EngineError::Instantiate(
+                "module has no `_start` function".into(),
+            ));
+        }
+        let mut phase = 0;
 
         control.attach(h.ctl.data_ptr(&ws) as usize);
         let _attached = Attached(&control);
 
         if let Start::Restore(loaded) = start {
+            phase = entries
+                .iter()
+                .position(|(n, _)| *n == loaded.snapshot.entry)
+                .ok_or_else(|| {
+                    EngineError::refused(
+                        Stage::Restoring,
+                        format!(
+                            "snapshot was taken inside `{}`, which this module lacks",
+                            loaded.snapshot.entry
+                        ),
+                    )
+                })?;
             snapshot::restore_into(&mut ws, &instance, &loaded, store)?;
             begin_rewind(&mut ws, h)?;
             info!(snapshot = %meta.parent.map(|k| k.to_string()).unwrap_or_default(), "running");
         }
 
         loop {
+            let (name, entry) = &entries[phase];
             match entry.call(&mut ws, ()) {
                 Ok(()) => {
                     if h.state.get(&mut ws).unwrap_i32() != abi::STATE_UNWIND {
+                        phase += 1;
+                        if phase < entries.len() {
+                            continue;
+                        }
                         ws.data_mut().wasi.flush();
                         return Ok(Outcome::Exited(0));
                     }
                     let reason = ws.data().unwind_reason;
-                    let written = snapshot::write(&mut ws, &instance, h, store, &meta, prepared);
+                    let written =
+                        snapshot::write(&mut ws, &instance, h, store, &meta, prepared, name);
                     let ok = written.as_ref().ok().copied();
                     on_snapshot(written, reason);
                     if let Some(k) = ok {

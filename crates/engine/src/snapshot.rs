@@ -86,6 +86,7 @@ pub(crate) fn write(
     store: &dyn Store,
     meta: &SnapshotMeta,
     prepared: &Prepared,
+    entry: &str,
 ) -> Result<Kappa, EngineError> {
     let fail =
         |step: &str, e: &dyn std::fmt::Display| EngineError::Capture(step.into(), e.to_string());
@@ -151,6 +152,7 @@ pub(crate) fn write(
         memories,
         globals,
         stack: store.put(&stack).map_err(|e| fail("stack", &e))?,
+        entry: entry.to_owned(),
         wasi: store
             .put(&ferry_object::encode(&wasi))
             .map_err(|e| fail("wasi", &e))?,

@@ -12,6 +12,7 @@
 //! * Exported globals `ferry:state` and `ferry:sp` (both mutable i32).
 //! * Every original memory `N` is exported as `ferry:memory:N`, every mutable global `N` as
 //!   `ferry:global:N`, so the host can capture and restore them without knowing the module.
+//! * A start function is exported as `ferry:start` instead of running at instantiation.
 //! * Imports listed in [`UNWINDING_IMPORTS`] are call sites too: the host may start an unwind
 //!   from inside them (a sleep or a blocking read), and on rewind they are called again with
 //!   their original arguments while the state is still [`STATE_REWIND`].
@@ -28,6 +29,9 @@ pub const STACK_MEMORY: &str = "ferry:stack";
 pub const STATE_GLOBAL: &str = "ferry:state";
 /// Saved-stack pointer global export.
 pub const SP_GLOBAL: &str = "ferry:sp";
+/// The module's start function, if it had one: no longer run at instantiation (a resume
+/// instantiates again); the host calls it before `_start` on a fresh run.
+pub const START_EXPORT: &str = "ferry:start";
 /// Prefix of the exports of the original memories.
 pub const MEMORY_PREFIX: &str = "ferry:memory:";
 /// Prefix of the exports of the original mutable globals.

@@ -358,10 +358,10 @@ fn assemble(
             Payload::ExportSection(r) => {
                 shift.parse_export_section(&mut exports, r).map_err(err)?
             }
+            // The start function becomes an export the host calls itself, so that a resume
+            // (which instantiates the module again) does not run it a second time.
             Payload::StartSection { func, .. } => {
-                start = Some(wasm_encoder::StartSection {
-                    function_index: shift.function_index(func).map_err(err)?,
-                })
+                start = Some(shift.function_index(func).map_err(err)?)
             }
             Payload::ElementSection(r) => {
                 let mut s = wasm_encoder::ElementSection::new();
@@ -406,6 +406,9 @@ fn assemble(
     exports.export(abi::STACK_MEMORY, ExportKind::Memory, ctx.stack_memory);
     exports.export(abi::STATE_GLOBAL, ExportKind::Global, ctx.state_global);
     exports.export(abi::SP_GLOBAL, ExportKind::Global, ctx.sp_global);
+    if let Some(f) = start {
+        exports.export(abi::START_EXPORT, ExportKind::Func, f);
+    }
     for m in 0..n_memories {
         exports.export(&abi::memory_export(m), ExportKind::Memory, m);
     }
@@ -424,9 +427,6 @@ fn assemble(
     module.section(&memories);
     module.section(&globals);
     module.section(&exports);
-    if let Some(s) = &start {
-        module.section(s);
-    }
     if let Some(s) = &elements {
         module.section(s);
     }

@@ -42,6 +42,9 @@ pub struct Snapshot {
     pub globals: Vec<GlobalValue>,
     /// The saved call stack (blob): frames as written by the instrumented module.
     pub stack: Kappa,
+    /// The export whose call the saved stack belongs to: `_start`, or `ferry:start` when the
+    /// guest was suspended inside its start function.
+    pub entry: String,
     /// Virtual WASI state (a `ferry.wasi` object).
     pub wasi: Kappa,
     /// What this snapshot needs from the host that resumes it.

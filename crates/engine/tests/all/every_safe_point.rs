@@ -1,0 +1,307 @@
+//! Each WAT program runs once uninterrupted, then once per safe point k: suspended exactly at
+//! its k-th safe point, resumed in a fresh instance from the snapshot objects alone (suspended
+//! once more on the way), and its output must equal the uninterrupted run's.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use ferry_engine::{Control, Outcome, Request, Runtime, SnapshotMeta, Start, snapshot};
+use ferry_store::MemStore;
+use ferry_wasi::{HostClock, Stdio, WasiCtx};
+
+#[derive(Clone, Default)]
+struct Buf(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn stdio(out: &Buf) -> Stdio {
+    Stdio {
+        stdin: Box::new(std::io::empty()),
+        stdin_fd: None,
+        stdout: Box::new(out.clone()),
+        stderr: Box::new(std::io::sink()),
+    }
+}
+
+fn interrupt(c: &Arc<Control>) -> Arc<dyn Fn() -> bool + Send + Sync> {
+    let c = c.clone();
+    Arc::new(move || c.pending() != Request::None)
+}
+
+/// Prints the i64 on the stack, in decimal, with a newline (fd_write on fd 1).
+const PRELUDE: &str = r#"
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func $print (param $v i64)
+    (local $p i32) (local $neg i32)
+    (local.set $p (i32.const 1000))
+    (i32.store8 (local.get $p) (i32.const 10))
+    (if (i64.lt_s (local.get $v) (i64.const 0))
+      (then (local.set $neg (i32.const 1)) (local.set $v (i64.sub (i64.const 0) (local.get $v)))))
+    (loop $digits
+      (local.set $p (i32.sub (local.get $p) (i32.const 1)))
+      (i32.store8 (local.get $p) (i32.wrap_i64 (i64.add (i64.const 48) (i64.rem_u (local.get $v) (i64.const 10)))))
+      (local.set $v (i64.div_u (local.get $v) (i64.const 10)))
+      (br_if $digits (i64.ne (local.get $v) (i64.const 0))))
+    (if (local.get $neg) (then
+      (local.set $p (i32.sub (local.get $p) (i32.const 1)))
+      (i32.store8 (local.get $p) (i32.const 45))))
+    (i32.store (i32.const 0) (local.get $p))
+    (i32.store (i32.const 4) (i32.sub (i32.const 1001) (local.get $p)))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8))))
+"#;
+
+fn module(body: &str) -> Vec<u8> {
+    wat::parse_str(format!("(module {PRELUDE} {body})")).unwrap()
+}
+
+struct Harness {
+    rt: Runtime,
+    store: MemStore,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self {
+            rt: Runtime::new(None).unwrap(),
+            store: MemStore::new(),
+        }
+    }
+
+    /// Runs (fresh, or from κ) with an optional countdown; returns the outcome and output.
+    fn run(
+        &self,
+        wasm: &[u8],
+        from: Option<ferry_kappa::Kappa>,
+        countdown: Option<u64>,
+    ) -> (Outcome, Vec<u8>) {
+        let prepared = self.rt.prepare(&self.store, wasm, &|_| {}).unwrap();
+        let out = Buf::default();
+        let c = Arc::new(Control::new());
+        if let Some(n) = countdown {
+            c.suspend_at_safe_point(n);
+        }
+        let (ctx, start, generation) = match from {
+            None => (
+                WasiCtx::new(
+                    vec!["t".into()],
+                    vec![],
+                    vec![],
+                    stdio(&out),
+                    Box::new(HostClock::default()),
+                    interrupt(&c),
+                )
+                .unwrap(),
+                Start::Fresh,
+                0,
+            ),
+            Some(k) => {
+                let loaded = snapshot::load(&self.store, k).unwrap();
+                let ctx = WasiCtx::restore(
+                    &loaded.wasi,
+                    vec![],
+                    stdio(&out),
+                    Box::new(HostClock::default()),
+                    interrupt(&c),
+                )
+                .unwrap();
+                let g = loaded.snapshot.generation;
+                (ctx, Start::Restore(Box::new(loaded)), g)
+            }
+        };
+        let meta = SnapshotMeta {
+            program: "t".into(),
+            parent: from,
+            generation,
+        };
+        let outcome = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .stack_size(64 << 20)
+                .spawn_scoped(s, || {
+                    self.rt
+                        .run(&prepared, ctx, c, start, &self.store, meta, &mut |r, _| {
+                            r.unwrap();
+                        })
+                })
+                .unwrap()
+                .join()
+                .unwrap()
+        })
+        .unwrap();
+        let bytes = out.0.lock().unwrap().clone();
+        (outcome, bytes)
+    }
+
+    /// The check described in the module doc, for every safe point (or every `step`-th).
+    fn check_every_point(&self, wasm: &[u8], step: u64) -> u64 {
+        let (outcome, expected) = self.run(wasm, None, None);
+        assert_eq!(outcome, Outcome::Exited(0));
+        assert!(!expected.is_empty());
+        let mut k = 1;
+        loop {
+            let (first, mut seen) = self.run(wasm, None, Some(k));
+            let Outcome::Suspended(snap) = first else {
+                assert_eq!(
+                    seen, expected,
+                    "run with countdown {k} that never suspended"
+                );
+                return k - 1;
+            };
+            let (second, more) = self.run(wasm, Some(snap), Some(k % 5 + 1));
+            seen.extend(more);
+            let last = match second {
+                Outcome::Suspended(s2) => {
+                    let (third, rest) = self.run(wasm, Some(s2), None);
+                    seen.extend(rest);
+                    third
+                }
+                done => done,
+            };
+            assert_eq!(last, Outcome::Exited(0), "safe point {k}");
+            assert_eq!(
+                String::from_utf8_lossy(&seen),
+                String::from_utf8_lossy(&expected),
+                "suspended at safe point {k}"
+            );
+            k += step;
+        }
+    }
+}
+
+#[test]
+fn values_of_every_type_on_the_operand_stack_across_calls() {
+    let wasm = module(
+        r#"
+      (func $work (param $n i32) (result i32)
+        (local $i i32)
+        (loop $l
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br_if $l (i32.lt_u (local.get $i) (local.get $n))))
+        (local.get $i))
+      (func (export "_start")
+        (local $k i32)
+        (loop $outer
+          (call $print
+            (i64.add
+              (i64.const 1000000000000)
+              (i64.add
+                (i64.trunc_f64_s (f64.mul (f64.const 1.5) (f64.convert_i32_s (call $work (i32.const 3)))))
+                (i64.extend_i32_s
+                  (i32.add (i32.trunc_f32_s (f32.const 7.25)) (call $work (local.get $k)))))))
+          (local.set $k (i32.add (local.get $k) (i32.const 1)))
+          (br_if $outer (i32.lt_u (local.get $k) (i32.const 6)))))
+    "#,
+    );
+    let points = Harness::new().check_every_point(&wasm, 1);
+    assert!(points > 20, "only {points} safe points exercised");
+}
+
+#[test]
+fn multi_value_blocks_and_loops_with_parameters() {
+    let wasm = module(
+        r#"
+      (type $ii_i (func (param i32 i64) (result i64)))
+      (func $id (param i64) (result i64) (local $j i32)
+        (loop $l (local.set $j (i32.add (local.get $j) (i32.const 1))) (br_if $l (i32.lt_u (local.get $j) (i32.const 2))))
+        (local.get 0))
+      (func (export "_start") (local $t i64) (local $n i32)
+        (call $print
+          (i32.const 5) (i64.const 40)
+          (block (type $ii_i)
+            (loop $l (param i32 i64) (result i64)
+              (call $id)
+              (local.set $t)
+              (local.set $n)
+              (i32.sub (local.get $n) (i32.const 1))
+              (i64.add (local.get $t) (call $id (i64.extend_i32_u (local.get $n))))
+              (br_if $l (i32.gt_u (local.get $n) (i32.const 1)))
+              (local.set $t)
+              (drop)
+              (local.get $t)))))
+      (func $pair (param $x i64) (result i64 i64) (local.get $x) (call $id (i64.add (local.get $x) (i64.const 1))))
+      (func $both (local $i i64)
+        (loop $l
+          (call $pair (local.get $i))
+          (i64.add)
+          (call $print)
+          (local.set $i (i64.add (local.get $i) (i64.const 1)))
+          (br_if $l (i64.lt_u (local.get $i) (i64.const 4)))))
+      (start $both)
+    "#,
+    );
+    Harness::new().check_every_point(&wasm, 1);
+}
+
+#[test]
+fn calls_in_if_arms_br_table_and_dead_code() {
+    let wasm = module(
+        r#"
+      (func $f (param $x i64) (result i64) (local $i i32)
+        (loop $l (local.set $i (i32.add (local.get $i) (i32.const 1))) (br_if $l (i32.lt_u (local.get $i) (i32.const 2))))
+        (i64.mul (local.get $x) (i64.const 3)))
+      (func $classify (param $x i32) (result i64)
+        (block $d (block $c (block $b (block $a
+          (br_table $a $b $c $d (i32.rem_u (local.get $x) (i32.const 4))))
+          (return (call $f (i64.const 1))))
+          (return (i64.add (call $f (i64.const 2)) (call $f (i64.const 10)))))
+          (if (result i64) (i32.and (local.get $x) (i32.const 8))
+            (then (call $f (i64.extend_i32_u (local.get $x))))
+            (else (i64.sub (i64.const 0) (call $f (i64.const 7)))))
+          (return))
+        (call $f (i64.const 100))
+        (return)
+        (call $f (i64.const 999))
+        (drop)
+        (i64.const 0))
+      (func (export "_start") (local $i i32)
+        (loop $l
+          (call $print (call $classify (local.get $i)))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br_if $l (i32.lt_u (local.get $i) (i32.const 12)))))
+    "#,
+    );
+    Harness::new().check_every_point(&wasm, 1);
+}
+
+#[test]
+fn indirect_calls_recursion_globals_memory_growth_and_v128() {
+    let wasm = module(
+        r#"
+      (type $t (func (param i64) (result i64)))
+      (table 3 funcref)
+      (elem (i32.const 0) $double $fib $square)
+      (global $acc (mut i64) (i64.const 0))
+      (global $f (mut f64) (f64.const 0.5))
+      (func $double (type $t) (i64.mul (local.get 0) (i64.const 2)))
+      (func $square (type $t) (i64.mul (local.get 0) (local.get 0)))
+      (func $fib (type $t)
+        (if (result i64) (i64.lt_u (local.get 0) (i64.const 2))
+          (then (local.get 0))
+          (else (i64.add (call $fib (i64.sub (local.get 0) (i64.const 1)))
+                         (call $fib (i64.sub (local.get 0) (i64.const 2)))))))
+      (func (export "_start") (local $i i32) (local $v v128)
+        (local.set $v (v128.const i64x2 7 9))
+        (loop $l
+          (global.set $acc (i64.add (global.get $acc)
+            (call_indirect (type $t) (i64.extend_i32_u (i32.add (local.get $i) (i32.const 8))) (i32.rem_u (local.get $i) (i32.const 3)))))
+          (global.set $f (f64.mul (global.get $f) (f64.const 1.5)))
+          (local.set $v (i64x2.add (local.get $v) (i64x2.splat (call $double (i64.const 1)))))
+          (drop (memory.grow (i32.const 1)))
+          (i64.store (i32.mul (memory.size) (i32.const 65528)) (global.get $acc))
+          (call $print (i64.load (i32.mul (memory.size) (i32.const 65528))))
+          (call $print (i64.add (i64x2.extract_lane 0 (local.get $v)) (i64x2.extract_lane 1 (local.get $v))))
+          (call $print (i64.trunc_f64_s (global.get $f)))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br_if $l (i32.lt_u (local.get $i) (i32.const 9)))))
+    "#,
+    );
+    Harness::new().check_every_point(&wasm, 3);
+}
