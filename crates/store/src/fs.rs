@@ -22,7 +22,13 @@ use crate::{RefValue, Store, StoreError, check_ref_name};
 #[derive(Debug)]
 pub struct FsStore {
     root: PathBuf,
+    /// Objects written since the last [`Store::sync`].
+    unsynced: std::sync::Mutex<Vec<PathBuf>>,
 }
+
+/// Up to this many new objects, `sync` fsyncs each one (and its directory); beyond, one
+/// `syncfs` of the whole file system is cheaper.
+const FSYNC_EACH_MAX: usize = 64;
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -34,7 +40,10 @@ impl FsStore {
             let p = root.join(sub);
             fs::create_dir_all(&p).map_err(StoreError::io("create store directory", &p))?;
         }
-        Ok(Self { root })
+        Ok(Self {
+            root,
+            unsynced: Default::default(),
+        })
     }
 
     /// The store's root directory.
@@ -114,6 +123,10 @@ impl Store for FsStore {
             return Ok(k);
         }
         self.write_atomic(&dest, bytes, false)?;
+        self.unsynced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(dest);
         Ok(k)
     }
 
@@ -203,6 +216,21 @@ impl Store for FsStore {
     }
 
     fn sync(&self) -> Result<(), StoreError> {
+        let pending = std::mem::take(&mut *self.unsynced.lock().unwrap_or_else(|p| p.into_inner()));
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if pending.len() <= FSYNC_EACH_MAX {
+            let mut dirs: Vec<&Path> = pending.iter().filter_map(|p| p.parent()).collect();
+            dirs.sort();
+            dirs.dedup();
+            for p in pending.iter().map(PathBuf::as_path).chain(dirs) {
+                File::open(p)
+                    .and_then(|f| f.sync_all())
+                    .map_err(StoreError::io("sync", p))?;
+            }
+            return Ok(());
+        }
         let f = File::open(&self.root).map_err(StoreError::io("open", &self.root))?;
         // SAFETY: syncfs on a descriptor we own.
         if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {

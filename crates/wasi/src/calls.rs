@@ -473,7 +473,7 @@ impl WasiCtx {
                 revents: 0,
             };
             // SAFETY: one valid pollfd, count 1.
-            let r = unsafe { libc::poll(&mut p, 1, 50) };
+            let r = unsafe { libc::poll(&mut p, 1, 5) };
             if r != 0 {
                 return Ok(());
             }
@@ -825,7 +825,7 @@ impl WasiCtx {
                     self.sleep_deadline = Some(d);
                     return Err(HostError::Unwind);
                 }
-                std::thread::sleep(Duration::from_nanos((d - now).min(20_000_000)));
+                std::thread::sleep(Duration::from_nanos((d - now).min(1_000_000)));
             }
             ready.push((userdata, 0));
         }

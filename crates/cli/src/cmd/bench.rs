@@ -251,109 +251,114 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         "\n## Snapshot and resume (guest `dirty`: random memory, ~1% of pages rewritten per 100 ms tick)\n"
     );
     println!(
-        "| memory | full snapshot (ms) | incremental after ~1% (ms) | new bytes stored incr. | resume to running (ms) |"
+        "| store | memory | full snapshot (ms) | incremental after ~1% (ms) | new bytes stored incr. | resume to running (ms) |"
     );
-    println!("|---|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|");
     let dirty = read("dirty.wasm")?;
-    let prepared = rt.prepare(&store, &dirty, &|_| {})?;
-    for mib in &a.sizes {
-        let c = Arc::new(Control::new());
-        let (tx, rx) = channel();
-        let size = mib.to_string();
-        let ctx = wasi(
-            &["dirty", &size, "100", "10"],
-            vec![],
-            Box::new(LineSignal { tx, buf: vec![] }),
-            &c,
-        )?;
-        let (snap_tx, snap_rx) = channel::<(Instant, Result<ferry_kappa::Kappa, String>)>();
-        let (full, incr, new_bytes, k) = std::thread::scope(|s| -> Result<_> {
-            let c2 = c.clone();
-            let (store, rt, prepared) = (&store, &rt, &prepared);
-            let h = std::thread::Builder::new()
-                .stack_size(256 << 20)
-                .spawn_scoped(s, move || {
-                    let meta = SnapshotMeta {
-                        program: "dirty".into(),
-                        parent: None,
-                        generation: 0,
-                    };
-                    rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |r, _| {
-                        let _ = snap_tx.send((Instant::now(), r.map_err(|e| e.to_string())));
-                    })
-                })?;
-            rx.recv_timeout(Duration::from_secs(120))
-                .context("guest never got ready")?;
+    let mem_store = ferry_store::MemStore::new();
+    let stores: [(&str, &dyn Store); 2] =
+        [("memory (no disk)", &mem_store), ("disk, durable", &store)];
+    for (label, store) in stores {
+        for mib in &a.sizes {
+            let prepared = rt.prepare(store, &dirty, &|_| {})?;
+            let c = Arc::new(Control::new());
+            let (tx, rx) = channel();
+            let size = mib.to_string();
+            let ctx = wasi(
+                &["dirty", &size, "100", "10"],
+                vec![],
+                Box::new(LineSignal { tx, buf: vec![] }),
+                &c,
+            )?;
+            let (snap_tx, snap_rx) = channel::<(Instant, Result<ferry_kappa::Kappa, String>)>();
+            let (full, incr, new_bytes, k) = std::thread::scope(|s| -> Result<_> {
+                let c2 = c.clone();
+                let (rt, prepared) = (&rt, &prepared);
+                let h = std::thread::Builder::new()
+                    .stack_size(256 << 20)
+                    .spawn_scoped(s, move || {
+                        let meta = SnapshotMeta {
+                            program: "dirty".into(),
+                            parent: None,
+                            generation: 0,
+                        };
+                        rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |r, _| {
+                            let _ = snap_tx.send((Instant::now(), r.map_err(|e| e.to_string())));
+                        })
+                    })?;
+                rx.recv_timeout(Duration::from_secs(120))
+                    .context("guest never got ready")?;
+                let t = Instant::now();
+                c.request(Request::Checkpoint);
+                let (done, r) = snap_rx.recv()?;
+                r.map_err(anyhow::Error::msg)?;
+                let full = done - t;
+                std::thread::sleep(Duration::from_millis(150));
+                let before = store.list()?.len();
+                let t = Instant::now();
+                c.request(Request::Checkpoint);
+                let (done, r) = snap_rx.recv()?;
+                r.map_err(anyhow::Error::msg)?;
+                let incr = done - t;
+                let new_objects = store.list()?.len() - before;
+                c.request(Request::Suspend);
+                let out = h.join().expect("guest thread")?;
+                let Outcome::Suspended(k) = out else {
+                    bail!("dirty guest was not suspended: {out:?}")
+                };
+                Ok((full, incr, new_objects as u64 * 65536, k))
+            })?;
+            // Resume: Resolving → Verifying → Admitting → Restoring → running again.
+            let c = Arc::new(Control::new());
             let t = Instant::now();
-            c.request(Request::Checkpoint);
-            let (done, r) = snap_rx.recv()?;
-            r.map_err(anyhow::Error::msg)?;
-            let full = done - t;
-            std::thread::sleep(Duration::from_millis(150));
-            let before = store.list()?.len();
-            let t = Instant::now();
-            c.request(Request::Checkpoint);
-            let (done, r) = snap_rx.recv()?;
-            r.map_err(anyhow::Error::msg)?;
-            let incr = done - t;
-            let new_objects = store.list()?.len() - before;
+            let loaded = snapshot::load(store, k)?;
+            let prepared = rt.prepare_kappa(store, loaded.snapshot.module, &|_| {})?;
+            let ctx = WasiCtx::restore(
+                &loaded.wasi,
+                vec![],
+                quiet_stdio(Box::new(std::io::sink())),
+                Box::new(HostClock::default()),
+                {
+                    let c = c.clone();
+                    Arc::new(move || c.pending() != Request::None)
+                },
+            )
+            .map_err(anyhow::Error::msg)?;
             c.request(Request::Suspend);
-            let out = h.join().expect("guest thread")?;
-            let Outcome::Suspended(k) = out else {
-                bail!("dirty guest was not suspended: {out:?}")
-            };
-            Ok((full, incr, new_objects as u64 * 65536, k))
-        })?;
-        // Resume: Resolving → Verifying → Admitting → Restoring → running again.
-        let c = Arc::new(Control::new());
-        let t = Instant::now();
-        let loaded = snapshot::load(&store, k)?;
-        let prepared = rt.prepare_kappa(&store, loaded.snapshot.module, &|_| {})?;
-        let ctx = WasiCtx::restore(
-            &loaded.wasi,
-            vec![],
-            quiet_stdio(Box::new(std::io::sink())),
-            Box::new(HostClock::default()),
-            {
-                let c = c.clone();
-                Arc::new(move || c.pending() != Request::None)
-            },
-        )
-        .map_err(anyhow::Error::msg)?;
-        c.request(Request::Suspend);
-        let c2 = c.clone();
-        std::thread::scope(|s| -> Result<()> {
-            let (store, rt, prepared) = (&store, &rt, &prepared);
-            std::thread::Builder::new()
-                .stack_size(256 << 20)
-                .spawn_scoped(s, move || {
-                    let meta = SnapshotMeta {
-                        program: "dirty".into(),
-                        parent: Some(k),
-                        generation: 1,
-                    };
-                    rt.run(
-                        prepared,
-                        ctx,
-                        c2,
-                        Start::Restore(Box::new(loaded)),
-                        store,
-                        meta,
-                        &mut |_, _| {},
-                    )
-                })?
-                .join()
-                .expect("guest thread")?;
-            Ok(())
-        })?;
-        let resumed = c.running_at().context("guest never ran after restore")? - t;
-        println!(
-            "| {mib} MiB | {:.0} | {:.0} | {:.1} MiB | {:.0} |",
-            ms(full),
-            ms(incr),
-            new_bytes as f64 / (1 << 20) as f64,
-            ms(resumed)
-        );
+            let c2 = c.clone();
+            std::thread::scope(|s| -> Result<()> {
+                let (rt, prepared) = (&rt, &prepared);
+                std::thread::Builder::new()
+                    .stack_size(256 << 20)
+                    .spawn_scoped(s, move || {
+                        let meta = SnapshotMeta {
+                            program: "dirty".into(),
+                            parent: Some(k),
+                            generation: 1,
+                        };
+                        rt.run(
+                            prepared,
+                            ctx,
+                            c2,
+                            Start::Restore(Box::new(loaded)),
+                            store,
+                            meta,
+                            &mut |_, _| {},
+                        )
+                    })?
+                    .join()
+                    .expect("guest thread")?;
+                Ok(())
+            })?;
+            let resumed = c.running_at().context("guest never ran after restore")? - t;
+            println!(
+                "| {label} | {mib} MiB | {:.0} | {:.0} | {:.1} MiB | {:.0} |",
+                ms(full),
+                ms(incr),
+                new_bytes as f64 / (1 << 20) as f64,
+                ms(resumed)
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ExitCode::SUCCESS)
