@@ -195,7 +195,7 @@ impl Runtime {
         let mut ws = wasmtime::Store::new(&self.engine, state);
         let linker = linker(&self.engine).map_err(|e| EngineError::Instantiate(e.to_string()))?;
         let instance = linker
-            .instantiate(&mut ws, &module)
+            .instantiate(&mut ws, module)
             .map_err(|e| EngineError::Instantiate(format!("{e:#}")))?;
         ws.data_mut().memory = instance.get_memory(&mut ws, "memory");
         let entry = instance

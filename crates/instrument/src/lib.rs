@@ -32,7 +32,10 @@ mod module;
 mod plan;
 
 pub use error::InstrumentError;
-pub use module::{Instrumented, Stats, instrument};
+pub use module::{Instrumented, Stats, instrument, instrument_any};
+
+#[cfg(test)]
+mod tests;
 
 /// Version of this transform. It is part of the κ of every instrumented module: change it
 /// whenever the output for some input changes.

@@ -90,6 +90,17 @@ impl Reencode for Shift {
 
 /// Makes `wasm` suspendable. See the crate documentation for what that means.
 pub fn instrument(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
+    instrument_inner(wasm, true)
+}
+
+/// Like [`instrument`] but without requiring a `_start` export: for fuzzing the transform
+/// with generated modules.
+#[doc(hidden)]
+pub fn instrument_any(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
+    instrument_inner(wasm, false)
+}
+
+fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, InstrumentError> {
     if wasm.len() < 8 || &wasm[..4] != b"\0asm" {
         return Err(InstrumentError::NotWasm);
     }
@@ -176,7 +187,7 @@ pub fn instrument(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
         }
         sections.push(payload);
     }
-    if !has_start_export {
+    if require_start && !has_start_export {
         return Err(InstrumentError::NoStart);
     }
 
@@ -250,9 +261,13 @@ pub fn instrument(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
         &mutable_globals,
     )?;
     // The output is checked, so a transform bug surfaces here and not as a guest crash.
-    Validator::new_with_features(supported_features())
-        .validate_all(&out)
-        .map_err(|e| InstrumentError::Internal(e.to_string()))?;
+    if let Err(e) = Validator::new_with_features(supported_features()).validate_all(&out) {
+        // For bug reports: FERRY_DUMP_INVALID=path keeps the invalid output.
+        if let Some(p) = std::env::var_os("FERRY_DUMP_INVALID") {
+            let _ = std::fs::write(p, &out);
+        }
+        return Err(InstrumentError::Internal(e.to_string()));
+    }
     Ok(Instrumented { wasm: out, stats })
 }
 

@@ -79,10 +79,13 @@ pub(crate) fn plan(
     while !reader.eof() {
         let offset = reader.original_position();
         let op = reader.read()?;
+        // Code inside a construct that starts in dead code looks reachable to the validator
+        // (a new frame starts reachable), so liveness is inherited from the enclosing frame.
         let reachable = !validator
             .get_control_frame(0)
             .expect("a function body always has a frame")
-            .unreachable;
+            .unreachable
+            && open.last().is_none_or(|o| o.reachable);
         let idx = ops.len();
         let mut this = OpPlan::Plain;
         match &op {

@@ -78,3 +78,79 @@ pub fn decode<T: ObjectKind>(bytes: &[u8]) -> Result<T, ObjectError> {
     }
     Ok(ferry_kappa::decode(bytes)?)
 }
+
+/// Decodes `bytes` as every object kind, discarding the results: the fuzzing entry point
+/// (`fuzz/fuzz_targets/decode_objects.rs`, and the property test below on stable).
+pub fn fuzz_decode(bytes: &[u8]) {
+    let _ = decode::<Snapshot>(bytes);
+    let _ = decode::<MemoryImage>(bytes);
+    let _ = decode::<Tree>(bytes);
+    let _ = decode::<WasiState>(bytes);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Snapshot {
+        let (kind, v) = header::<Snapshot>();
+        let k = Kappa::of(b"x");
+        Snapshot {
+            kind,
+            v,
+            program: "p.wasm".into(),
+            module: k,
+            instrumented: k,
+            instrument_version: 2,
+            memories: vec![k, k],
+            globals: vec![GlobalValue {
+                index: 0,
+                ty: "i32".into(),
+                bits: vec![1, 0, 0, 0],
+            }],
+            stack: k,
+            entry: "_start".into(),
+            wasi: k,
+            profile: Profile {
+                runtime: "ferry-host/1".into(),
+                engine_class: "wasm-core-2+multi-memory".into(),
+                capabilities: vec!["env".into()],
+                host_bound: false,
+            },
+            parent: None,
+            generation: 3,
+        }
+    }
+
+    #[test]
+    fn snapshot_round_trips_and_kind_is_checked() {
+        let s = sample();
+        let bytes = encode(&s);
+        assert_eq!(decode::<Snapshot>(&bytes).unwrap(), s);
+        assert!(matches!(
+            decode::<MemoryImage>(&bytes),
+            Err(ObjectError::WrongKind { .. })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn mutated_objects_never_panic(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+                                       cut in any::<usize>()) {
+            let mut bytes = encode(&sample());
+            for (at, x) in flips {
+                let n = bytes.len();
+                bytes[at % n] ^= x;
+            }
+            let cut = cut % (bytes.len() + 1);
+            fuzz_decode(&bytes[..cut]);
+            fuzz_decode(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            fuzz_decode(&bytes);
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! The transform on generated modules: every valid module is either instrumented into a valid
+//! module or refused with a reason — never an internal error, never a panic.
+
+use proptest::prelude::*;
+
+use crate::{InstrumentError, instrument, instrument_any};
+
+fn config() -> wasm_smith::Config {
+    wasm_smith::Config {
+        exceptions_enabled: false,
+        gc_enabled: false,
+        tail_call_enabled: false,
+        threads_enabled: false,
+        relaxed_simd_enabled: false,
+        reference_types_enabled: false,
+        memory64_enabled: false,
+        bulk_memory_enabled: false,
+        max_imports: 0,
+        min_funcs: 1,
+        ..wasm_smith::Config::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn generated_modules_instrument_to_valid_modules(seed in proptest::collection::vec(any::<u8>(), 256..4096)) {
+        let mut u = arbitrary::Unstructured::new(&seed);
+        let Ok(module) = wasm_smith::Module::new(config(), &mut u) else { return Ok(()) };
+        let bytes = module.to_bytes();
+        match instrument_any(&bytes) {
+            Ok(out) => prop_assert!(out.wasm.len() > 8),
+            Err(InstrumentError::Internal(e)) => {
+                let _ = std::fs::write(std::env::temp_dir().join("ferry-instrument-failure.wasm"), &bytes);
+                prop_assert!(false, "invalid output: {e}\n{}", wasmprinter::print_bytes(&bytes).unwrap_or_default())
+            }
+            Err(_) => {}
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_are_refused_not_crashed(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let mut b = bytes;
+        if b.len() >= 8 && b[0] % 2 == 0 {
+            b[..8].copy_from_slice(b"\0asm\x01\0\0\0");
+        }
+        prop_assert!(!matches!(instrument(&b), Err(InstrumentError::Internal(_))));
+    }
+}
+
+#[test]
+fn refusals_name_the_problem() {
+    assert!(matches!(
+        instrument(b"hello world"),
+        Err(InstrumentError::NotWasm)
+    ));
+    assert!(matches!(
+        instrument(b"\0asm\x0d\0\x01\0"),
+        Err(InstrumentError::Component)
+    ));
+    let lib = wat::parse_str("(module (func (export \"f\")))").unwrap();
+    assert!(matches!(instrument(&lib), Err(InstrumentError::NoStart)));
+    let threads = wat::parse_str(
+        "(module (memory 1 1 shared) (func (export \"_start\") (drop (i32.atomic.load (i32.const 0)))))",
+    )
+    .unwrap();
+    assert!(matches!(
+        instrument(&threads),
+        Err(InstrumentError::Unsupported(_))
+    ));
+}
+
+#[test]
+fn leaf_functions_are_left_alone_and_loops_are_polled() {
+    let m = wat::parse_str(
+        r#"(module
+             (func $leaf (param i32) (result i32) (i32.add (local.get 0) (i32.const 1)))
+             (func (export "_start") (local i32)
+               (loop (local.set 0 (call $leaf (local.get 0))) (br_if 0 (i32.lt_u (local.get 0) (i32.const 9))))))"#,
+    )
+    .unwrap();
+    let out = instrument(&m).unwrap();
+    assert_eq!(out.stats.functions, 2);
+    assert_eq!(
+        out.stats.instrumented, 1,
+        "only _start can be on the stack at a safe point"
+    );
+    assert_eq!(out.stats.polls, 2, "one loop header, one entry (it calls)");
+    assert_eq!(
+        out.stats.call_sites, 2,
+        "the call to a leaf is not a call site"
+    );
+}
+
+/// Guards against the property test above passing vacuously (every module refused).
+#[test]
+fn most_generated_modules_are_actually_instrumented() {
+    let (mut ok, mut total) = (0, 0);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..300 {
+        let seed: Vec<u8> = (0..2048)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        let mut u = arbitrary::Unstructured::new(&seed);
+        let Ok(module) = wasm_smith::Module::new(config(), &mut u) else {
+            continue;
+        };
+        total += 1;
+        match instrument_any(&module.to_bytes()) {
+            Ok(_) => ok += 1,
+            Err(InstrumentError::Internal(e)) => panic!("invalid output: {e}"),
+            Err(_) => {}
+        }
+    }
+    assert!(
+        ok * 2 >= total,
+        "only {ok} of {total} generated modules were instrumented"
+    );
+}
