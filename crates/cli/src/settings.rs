@@ -29,12 +29,20 @@ impl Settings {
     }
 
     pub fn open_store(&self) -> Result<FsStore> {
-        FsStore::open(&self.store_dir).with_context(|| {
+        let store = FsStore::open(&self.store_dir).with_context(|| {
             format!(
                 "cannot use the store at {} (set --store or FERRY_STORE)",
                 self.store_dir.display()
             )
-        })
+        })?;
+        // Fault injection (tests, DESIGN §5): the disk "fills up" after N more objects.
+        if let Some(n) = std::env::var("FERRY_FAULT_STORE_FULL_AFTER")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            store.fail_writes_after(n);
+        }
+        Ok(store)
     }
 
     /// Machine cache of compiled code (per host and engine; always safe to delete):

@@ -24,6 +24,9 @@ pub struct FsStore {
     root: PathBuf,
     /// Objects written since the last [`Store::sync`].
     unsynced: std::sync::Mutex<Vec<PathBuf>>,
+    /// Fault injection: new objects that may still be written before every write fails
+    /// with "no space left on device" (`u64::MAX` = no fault).
+    writes_left: AtomicU64,
 }
 
 /// Up to this many new objects, `sync` fsyncs each one (and its directory); beyond, one
@@ -43,7 +46,14 @@ impl FsStore {
         Ok(Self {
             root,
             unsynced: Default::default(),
+            writes_left: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// Fault injection for tests: after `n` more new objects, every write fails as if the disk
+    /// were full.
+    pub fn fail_writes_after(&self, n: u64) {
+        self.writes_left.store(n, Ordering::SeqCst);
     }
 
     /// The store's root directory.
@@ -121,6 +131,15 @@ impl Store for FsStore {
         let dest = self.object_path(&k);
         if dest.exists() {
             return Ok(k);
+        }
+        let left = self.writes_left.load(Ordering::SeqCst);
+        if left == 0 {
+            return Err(StoreError::io("write", &dest)(
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
+            ));
+        }
+        if left != u64::MAX {
+            self.writes_left.store(left - 1, Ordering::SeqCst);
         }
         self.write_atomic(&dest, bytes, false)?;
         self.unsynced

@@ -26,10 +26,10 @@ pub fn run(settings: &Settings, _a: Args) -> Result<ExitCode> {
             .last_snapshot
             .map(|k| k.chars().take(19).collect::<String>())
             .unwrap_or_else(|| "-".into());
-        let mem = if s.memory == 0 {
-            "-".into()
-        } else {
-            format!("{} MiB", s.memory >> 20)
+        let mem = match s.memory {
+            0 => "-".to_owned(),
+            m if m < 1 << 20 => format!("{} KiB", m >> 10),
+            m => format!("{} MiB", m >> 20),
         };
         println!(
             "{:<10} {:<20} {:<12} {:>10}  {}",

@@ -96,3 +96,96 @@ fn c_file_io_in_a_mount() {
         "files written differ"
     );
 }
+
+#[test]
+fn periodic_checkpoints_leave_output_alone_and_each_resumes_to_the_rest() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "200"];
+    let plain = env.plain(&args);
+    let out = env
+        .ferry()
+        .args(["run", "--checkpoint-every", "250ms"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, plain.stdout, "checkpointing changed the output");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let ks: Vec<&str> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("ferry: checkpoint "))
+        .collect();
+    assert!(
+        ks.len() >= 2,
+        "expected periodic checkpoints, stderr:\n{err}"
+    );
+    // A checkpoint resumes to exactly the output that followed it.
+    let k = ks[ks.len() / 2];
+    let (info, _, _) = env.output(&["inspect", "--json", k]);
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let at = v["stdio"]["stdout_bytes"].as_u64().unwrap() as usize;
+    let resumed = env.ferry().args(["resume", k]).output().unwrap();
+    assert_eq!(resumed.status.code(), Some(0));
+    assert_eq!(
+        resumed.stdout,
+        plain.stdout[at..],
+        "resume from a checkpoint"
+    );
+}
+
+#[test]
+fn suspend_from_another_terminal() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "200"];
+    let plain = env.plain(&args);
+    let child = env
+        .ferry()
+        .args(["run", "--session", "job1"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let (ps, _, _) = env.output(&["ps"]);
+    assert!(ps.contains("job1") && ps.contains("running"), "{ps}");
+    let (k, err, code) = env.output(&["suspend", "job1"]);
+    assert_eq!(code, 0, "{err}");
+    let first = child.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(75));
+    let k = k.trim();
+    assert!(String::from_utf8_lossy(&first.stderr).contains(&format!("suspended {k}")));
+    let rest = env.ferry().args(["resume", k]).output().unwrap();
+    assert_eq!(rest.status.code(), Some(0));
+    let mut all = first.stdout;
+    all.extend(rest.stdout);
+    assert_eq!(all, plain.stdout);
+}
+
+#[test]
+fn disk_full_during_snapshots_keeps_the_guest_running() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "200"];
+    let plain = env.plain(&args);
+    // The module objects are already stored by the plain run; nothing new can be written.
+    let out = env
+        .ferry()
+        .env("FERRY_FAULT_STORE_FULL_AFTER", "0")
+        .args(["run", "--checkpoint-every", "200ms"])
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("snapshot failed, the program keeps running"),
+        "{err}"
+    );
+    assert!(err.contains("No space left on device"), "{err}");
+    assert_eq!(out.stdout, plain.stdout);
+    let (o, e, code) = env.output(&["store", "verify"]);
+    assert_eq!(code, 0, "{o}{e}");
+}

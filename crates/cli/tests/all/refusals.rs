@@ -149,3 +149,20 @@ fn inspect_and_ps_describe_a_suspended_session() {
     let (out, _, code) = env.output(&["store", "verify"]);
     assert_eq!(code, 0, "{out}");
 }
+
+#[test]
+fn unusable_store_is_a_clear_error() {
+    let env = Env::new();
+    let file = env.path("not-a-dir");
+    std::fs::write(&file, "x").unwrap();
+    let g = guest("wasm/cpu.wasm");
+    let out = env
+        .ferry()
+        .env("FERRY_STORE", &file)
+        .args(["run", g.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot use the store at"), "{err}");
+}
