@@ -31,21 +31,23 @@ fn is_zero(chunk: &[u8]) -> bool {
         .all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
 }
 
-/// Stores a memory as chunks and returns the κ of its image.
+/// Stores a memory as chunks and returns the κ of its image. Non-zero chunks go to the store
+/// in one batch (hashed in parallel; on disk, the new ones land in one pack file).
 pub fn write_memory(store: &dyn Store, data: &[u8]) -> Result<Kappa, StoreError> {
-    let mut chunks = Vec::new();
-    for (i, c) in data.chunks(CHUNK_SIZE as usize).enumerate() {
-        if !is_zero(c) {
-            chunks.push((i as u32, store.put(c)?));
-        }
-    }
+    let (indices, chunks): (Vec<u32>, Vec<&[u8]>) = data
+        .chunks(CHUNK_SIZE as usize)
+        .enumerate()
+        .filter(|(_, c)| !is_zero(c))
+        .map(|(i, c)| (i as u32, c))
+        .unzip();
+    let kappas = store.put_many(&chunks)?;
     let (kind, v) = ferry_object::header::<MemoryImage>();
     let image = MemoryImage {
         kind,
         v,
         len: data.len() as u64,
         chunk_size: CHUNK_SIZE,
-        chunks,
+        chunks: indices.into_iter().zip(kappas).collect(),
     };
     store.put(&ferry_object::encode(&image))
 }
@@ -133,6 +135,7 @@ pub(crate) fn write(
     }
     globals.sort_by_key(|g| g.index);
 
+    let started = std::time::Instant::now();
     let mut memories = Vec::new();
     for i in 0.. {
         let Some(m) = instance.get_memory(&mut *ws, &abi::memory_export(i)) else {
@@ -168,8 +171,9 @@ pub(crate) fn write(
     let k = store
         .put(&ferry_object::encode(&snap))
         .map_err(|e| fail("snapshot", &e))?;
+    let stored = started.elapsed();
     store.sync().map_err(|e| fail("sync", &e))?;
-    info!(snapshot = %k, "snapshot written");
+    info!(snapshot = %k, memory_ms = stored.as_millis(), total_ms = started.elapsed().as_millis(), "snapshot written");
     Ok(k)
 }
 
@@ -307,6 +311,42 @@ fn check_image(m: &MemoryImage) -> Result<(), String> {
     Ok(())
 }
 
+/// Copies chunks into `memory`, each re-hashed as it is read, on up to four threads (chunks
+/// are sorted by index, so each thread gets a disjoint stretch of memory).
+fn read_chunks(
+    store: &dyn Store,
+    chunks: &[(u32, Kappa)],
+    memory: &mut [u8],
+) -> Result<(), StoreError> {
+    let size = CHUNK_SIZE as usize;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4);
+    let per = chunks.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        let mut rest = memory;
+        let mut base = 0usize;
+        let mut handles = Vec::new();
+        for part in chunks.chunks(per) {
+            let end = part.last().map_or(base, |(i, _)| (*i as usize + 1) * size);
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(end - base);
+            let start = base;
+            handles.push(s.spawn(move || {
+                for (i, k) in part {
+                    let at = *i as usize * size - start;
+                    store.read_into(k, &mut mine[at..at + size])?;
+                }
+                Ok::<(), StoreError>(())
+            }));
+            rest = tail;
+            base = end;
+        }
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().expect("restore thread"))
+    })
+}
+
 /// Restoring: memories, globals and the saved stack into a fresh instance.
 pub(crate) fn restore_into(
     ws: &mut wasmtime::Store<HostState>,
@@ -342,14 +382,7 @@ pub(crate) fn restore_into(
                 data[s..s + CHUNK_SIZE as usize].fill(0);
             }
         }
-        for (idx, c) in &image.chunks {
-            let bytes = store.get(c).map_err(|e| refuse(e.to_string()))?;
-            if bytes.len() != CHUNK_SIZE as usize {
-                return Err(refuse(format!("chunk {c} has {} bytes", bytes.len())));
-            }
-            let s = *idx as usize * CHUNK_SIZE as usize;
-            data[s..s + bytes.len()].copy_from_slice(&bytes);
-        }
+        read_chunks(store, &image.chunks, data).map_err(|e| refuse(e.to_string()))?;
     }
     for g in &loaded.snapshot.globals {
         let name = abi::global_export(g.index);

@@ -33,6 +33,14 @@ pub enum StoreError {
     BadRefName(String),
     #[error("ref file `{0}` is malformed")]
     BadRef(String),
+    #[error("pack file is damaged: {0}; run `ferry store verify`")]
+    BadPack(String),
+    #[error("object {kappa} is {actual} bytes, expected {expected}")]
+    WrongLength {
+        kappa: Kappa,
+        expected: usize,
+        actual: usize,
+    },
     #[error("`{0}` is not a κ or a κ prefix (give at least 4 hex digits)")]
     BadPrefix(String),
     #[error("no object in the store starts with `{0}`")]

@@ -1,6 +1,7 @@
 //! The embedded on-disk store.
 //!
 //! Layout under the root: `objects/<first 2 hex>/<other 62 hex>` (one file per object),
+//! `packs/<id>.{pack,idx}` (objects written together by `put_many`, see [`crate::pack`]),
 //! `refs/<name>` (text: `<epoch> blake3:<hex>`), `tmp/` for writes in progress, `refs.lock`.
 //! Writes go to a temp file in `tmp/` and are renamed into place, so a failed write (a full
 //! disk) never leaves a partial object under its κ. Durability is batched: [`Store::sync`]
@@ -8,6 +9,7 @@
 //! before that would fail verification on read (its bytes no longer hash to κ) and is never
 //! used. Refs are written and synced individually. Objects are immutable once written.
 
+use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::fd::AsRawFd;
@@ -16,7 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferry_kappa::Kappa;
 
-use crate::{RefValue, Store, StoreError, check_ref_name};
+use crate::pack::{self, Slot};
+use crate::{RefValue, Store, StoreError, check_ref_name, hash_all};
 
 /// On-disk store rooted at a directory.
 #[derive(Debug)]
@@ -27,6 +30,17 @@ pub struct FsStore {
     /// Fault injection: new objects that may still be written before every write fails
     /// with "no space left on device" (`u64::MAX` = no fault).
     writes_left: AtomicU64,
+    /// Whether `sync` makes writes durable (always, except in benchmarks).
+    durable: bool,
+    /// Objects held in packs, and how many live objects each pack still holds.
+    packed: std::sync::RwLock<Packed>,
+}
+
+#[derive(Debug, Default)]
+struct Packed {
+    slots: HashMap<Kappa, Slot>,
+    live: HashMap<PathBuf, usize>,
+    damaged: Vec<String>,
 }
 
 /// Up to this many new objects, `sync` fsyncs each one (and its directory); beyond, one
@@ -39,7 +53,7 @@ impl FsStore {
     /// Opens (creating if needed) a store at `root`.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
         let root = root.into();
-        for sub in ["objects", "refs", "tmp"] {
+        for sub in ["objects", "refs", "tmp", "packs"] {
             let p = root.join(sub);
             fs::create_dir_all(&p).map_err(StoreError::io("create store directory", &p))?;
         }
@@ -47,7 +61,89 @@ impl FsStore {
             root,
             unsynced: Default::default(),
             writes_left: AtomicU64::new(u64::MAX),
+            packed: Default::default(),
+            durable: true,
         })
+        .and_then(|s| {
+            s.load_packs()?;
+            Ok(s)
+        })
+    }
+
+    fn load_packs(&self) -> Result<(), StoreError> {
+        let mut packed = self.packed_mut();
+        for (idx, pack_path) in pack::list(&self.root.join("packs"))? {
+            // A damaged pack must not make the rest of the store unusable: its objects count
+            // as missing (a resume needing them is refused) and `verify` reports it.
+            let loaded = fs::metadata(&pack_path)
+                .map_err(StoreError::io("open", &pack_path))
+                .and_then(|meta| {
+                    let bytes = fs::read(&idx).map_err(StoreError::io("read", &idx))?;
+                    pack::decode_index(&idx, &bytes, meta.len())
+                });
+            let entries = match loaded {
+                Ok(e) => e,
+                Err(e) => {
+                    packed.damaged.push(e.to_string());
+                    continue;
+                }
+            };
+            *packed.live.entry(pack_path.clone()).or_default() += entries.len();
+            for (k, offset, len) in entries {
+                packed.slots.insert(
+                    k,
+                    Slot {
+                        pack: pack_path.clone(),
+                        offset,
+                        len,
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn packed(&self) -> std::sync::RwLockReadGuard<'_, Packed> {
+        self.packed.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn packed_mut(&self) -> std::sync::RwLockWriteGuard<'_, Packed> {
+        self.packed.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Fault injection: takes `n` writes from the budget, or fails as a full disk would.
+    fn take_writes(&self, n: u64, dest: &Path) -> Result<(), StoreError> {
+        let left = self.writes_left.load(Ordering::SeqCst);
+        if left == u64::MAX {
+            return Ok(());
+        }
+        if left < n {
+            self.writes_left.store(0, Ordering::SeqCst);
+            return Err(StoreError::io("write", dest)(
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
+            ));
+        }
+        self.writes_left.store(left - n, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn verify(kappa: &Kappa, bytes: &[u8], where_: &Path) -> Result<(), StoreError> {
+        let actual = Kappa::of(bytes);
+        if actual != *kappa {
+            return Err(StoreError::Corrupt {
+                kappa: *kappa,
+                actual,
+                where_: where_.display().to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Turns [`Store::sync`] into a no-op: writes then reach the page cache only, as CRIU's
+    /// and DMTCP's dumps do. For benchmarks that compare like with like; never the default.
+    pub fn without_durability(mut self) -> Self {
+        self.durable = false;
+        self
     }
 
     /// Fault injection for tests: after `n` more new objects, every write fails as if the disk
@@ -72,6 +168,16 @@ impl FsStore {
     }
 
     fn write_atomic(&self, dest: &Path, bytes: &[u8], sync: bool) -> Result<(), StoreError> {
+        self.write_parts_atomic(dest, &[bytes], sync)
+    }
+
+    /// Writes the concatenation of `parts` to `dest` via a temp file and a rename.
+    fn write_parts_atomic(
+        &self,
+        dest: &Path,
+        parts: &[&[u8]],
+        sync: bool,
+    ) -> Result<(), StoreError> {
         let tmp = self.root.join("tmp").join(format!(
             "{}-{}.tmp",
             std::process::id(),
@@ -79,7 +185,9 @@ impl FsStore {
         ));
         let result = (|| {
             let mut f = File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
-            f.write_all(bytes).map_err(StoreError::io("write", &tmp))?;
+            for part in parts {
+                f.write_all(part).map_err(StoreError::io("write", &tmp))?;
+            }
             if sync {
                 f.sync_data().map_err(StoreError::io("sync", &tmp))?;
             }
@@ -132,15 +240,10 @@ impl Store for FsStore {
         if dest.exists() {
             return Ok(k);
         }
-        let left = self.writes_left.load(Ordering::SeqCst);
-        if left == 0 {
-            return Err(StoreError::io("write", &dest)(
-                std::io::Error::from_raw_os_error(libc::ENOSPC),
-            ));
+        if self.packed().slots.contains_key(&k) {
+            return Ok(k);
         }
-        if left != u64::MAX {
-            self.writes_left.store(left - 1, Ordering::SeqCst);
-        }
+        self.take_writes(1, &dest)?;
         self.write_atomic(&dest, bytes, false)?;
         self.unsynced
             .lock()
@@ -153,22 +256,97 @@ impl Store for FsStore {
         let p = self.object_path(kappa);
         let bytes = match fs::read(&p) {
             Ok(b) => b,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Err(StoreError::NotFound(*kappa)),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                let slot = self
+                    .packed()
+                    .slots
+                    .get(kappa)
+                    .cloned()
+                    .ok_or(StoreError::NotFound(*kappa))?;
+                let mut b = vec![0; slot.len as usize];
+                pack::read(&slot, &mut b)?;
+                Self::verify(kappa, &b, &slot.pack)?;
+                return Ok(b);
+            }
             Err(e) => return Err(StoreError::io("read", &p)(e)),
         };
-        let actual = Kappa::of(&bytes);
-        if actual != *kappa {
-            return Err(StoreError::Corrupt {
-                kappa: *kappa,
-                actual,
-                where_: p.display().to_string(),
-            });
-        }
+        Self::verify(kappa, &bytes, &p)?;
         Ok(bytes)
     }
 
+    fn read_into(&self, kappa: &Kappa, out: &mut [u8]) -> Result<(), StoreError> {
+        let slot = self.packed().slots.get(kappa).cloned();
+        let Some(slot) = slot else {
+            let bytes = self.get(kappa)?;
+            if bytes.len() != out.len() {
+                return Err(StoreError::WrongLength {
+                    kappa: *kappa,
+                    expected: out.len(),
+                    actual: bytes.len(),
+                });
+            }
+            out.copy_from_slice(&bytes);
+            return Ok(());
+        };
+        if slot.len as usize != out.len() {
+            return Err(StoreError::WrongLength {
+                kappa: *kappa,
+                expected: out.len(),
+                actual: slot.len as usize,
+            });
+        }
+        pack::read(&slot, out)?;
+        Self::verify(kappa, out, &slot.pack)
+    }
+
+    fn put_many(&self, blobs: &[&[u8]]) -> Result<Vec<Kappa>, StoreError> {
+        let ks = hash_all(blobs);
+        let mut seen = BTreeSet::new();
+        let new: Vec<(Kappa, &[u8])> = {
+            let packed = self.packed();
+            ks.iter()
+                .zip(blobs)
+                .filter(|(k, _)| !packed.slots.contains_key(k) && !self.object_path(k).exists())
+                .filter(|(k, _)| seen.insert(**k))
+                .map(|(k, b)| (*k, *b))
+                .collect()
+        };
+        if new.is_empty() {
+            return Ok(ks);
+        }
+        let (header, idx_bytes, pack_len) = pack::layout(&new);
+        let id = Kappa::of(&idx_bytes).to_hex();
+        let dir = self.root.join("packs");
+        let pack_path = dir.join(format!("{}.pack", &id[..24]));
+        let idx_path = dir.join(format!("{}.idx", &id[..24]));
+        self.take_writes(new.len() as u64, &pack_path)?;
+        let parts: Vec<&[u8]> = std::iter::once(header.as_slice())
+            .chain(new.iter().map(|(_, b)| *b))
+            .collect();
+        self.write_parts_atomic(&pack_path, &parts, false)?;
+        self.write_atomic(&idx_path, &idx_bytes, false)?;
+        self.unsynced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend([pack_path.clone(), idx_path]);
+        let entries = pack::decode_index(&dir, &idx_bytes, pack_len)?;
+        let mut packed = self.packed_mut();
+        *packed.live.entry(pack_path.clone()).or_default() += entries.len();
+        for (k, offset, len) in entries {
+            packed.slots.insert(
+                k,
+                Slot {
+                    pack: pack_path.clone(),
+                    offset,
+                    len,
+                },
+            );
+        }
+        Ok(ks)
+    }
+
     fn has(&self, kappa: &Kappa) -> Result<bool, StoreError> {
-        Ok(self.object_path(kappa).exists())
+        Ok(self.packed().slots.contains_key(kappa) || self.object_path(kappa).exists())
     }
 
     fn list(&self) -> Result<Vec<Kappa>, StoreError> {
@@ -189,11 +367,32 @@ impl Store for FsStore {
                 }
             }
         }
+        out.extend(self.packed().slots.keys().copied());
         out.sort();
+        out.dedup();
         Ok(out)
     }
 
+    /// Removing a packed object forgets it; its pack file is deleted once none of its objects
+    /// is left. (A pack with some live objects keeps its space until all are removed.)
     fn remove(&self, kappa: &Kappa) -> Result<(), StoreError> {
+        let mut packed = self.packed_mut();
+        if let Some(slot) = packed.slots.remove(kappa) {
+            let live = packed.live.entry(slot.pack.clone()).or_default();
+            *live = live.saturating_sub(1);
+            if *live == 0 {
+                packed.live.remove(&slot.pack);
+                for p in [slot.pack.clone(), slot.pack.with_extension("idx")] {
+                    match fs::remove_file(&p) {
+                        Err(e) if e.kind() != ErrorKind::NotFound => {
+                            return Err(StoreError::io("remove", &p)(e));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        drop(packed);
         let p = self.object_path(kappa);
         match fs::remove_file(&p) {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(StoreError::io("remove", &p)(e)),
@@ -234,7 +433,14 @@ impl Store for FsStore {
         }
     }
 
+    fn problems(&self) -> Vec<String> {
+        self.packed().damaged.clone()
+    }
+
     fn sync(&self) -> Result<(), StoreError> {
+        if !self.durable {
+            return Ok(());
+        }
         let pending = std::mem::take(&mut *self.unsynced.lock().unwrap_or_else(|p| p.into_inner()));
         if pending.is_empty() {
             return Ok(());

@@ -13,6 +13,7 @@
 mod error;
 mod fs;
 mod mem;
+mod pack;
 
 pub use error::StoreError;
 pub use fs::FsStore;
@@ -50,6 +51,28 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ) -> Result<(), StoreError>;
     /// Every ref.
     fn list_refs(&self) -> Result<Vec<(String, RefValue)>, StoreError>;
+    /// Stores many blobs at once (memory chunks); same contract as [`Store::put`] for each.
+    /// Stores may hash in parallel and write the new ones together.
+    fn put_many(&self, blobs: &[&[u8]]) -> Result<Vec<Kappa>, StoreError> {
+        blobs.iter().map(|b| self.put(b)).collect()
+    }
+    /// Reads κ into `out`, verified; `out` must have the object's exact length.
+    fn read_into(&self, kappa: &Kappa, out: &mut [u8]) -> Result<(), StoreError> {
+        let bytes = self.get(kappa)?;
+        if bytes.len() != out.len() {
+            return Err(StoreError::WrongLength {
+                kappa: *kappa,
+                expected: out.len(),
+                actual: bytes.len(),
+            });
+        }
+        out.copy_from_slice(&bytes);
+        Ok(())
+    }
+    /// Damage found while opening the store (unreadable pack files), for `verify`.
+    fn problems(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Makes every completed `put` durable (objects are written without a sync each, so a
     /// snapshot of many chunks pays for one sync, not thousands).
     fn sync(&self) -> Result<(), StoreError> {
@@ -76,6 +99,27 @@ pub trait Store: Send + Sync + std::fmt::Debug {
             _ => Err(StoreError::Ambiguous(prefix.to_owned(), found.len())),
         }
     }
+}
+
+/// Hashes blobs on up to four threads, keeping their order.
+pub fn hash_all(blobs: &[&[u8]]) -> Vec<Kappa> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4);
+    if threads < 2 || blobs.len() < 64 {
+        return blobs.iter().map(|b| Kappa::of(b)).collect();
+    }
+    let per = blobs.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = blobs
+            .chunks(per)
+            .map(|part| s.spawn(move || part.iter().map(|b| Kappa::of(b)).collect::<Vec<_>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|h| h.join().expect("hashing thread"))
+            .collect()
+    })
 }
 
 /// Checks a ref name: `[A-Za-z0-9._-]` segments separated by `/`, no `..`.

@@ -108,3 +108,59 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn put_many_and_read_into_follow_the_contract() {
+    for (s, _d) in stores() {
+        let blobs: Vec<Vec<u8>> = (0..200u32).map(|i| vec![(i % 50) as u8; 1000]).collect();
+        let refs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
+        let ks = s.put_many(&refs).unwrap();
+        assert_eq!(ks.len(), 200);
+        for (k, b) in ks.iter().zip(&blobs) {
+            assert_eq!(*k, Kappa::of(b));
+            let mut out = vec![0; b.len()];
+            s.read_into(k, &mut out).unwrap();
+            assert_eq!(&out, b);
+            assert_eq!(&s.get(k).unwrap(), b);
+        }
+        let mut wrong = vec![0; 10];
+        assert!(matches!(
+            s.read_into(&ks[0], &mut wrong),
+            Err(StoreError::WrongLength { .. })
+        ));
+        assert_eq!(s.list().unwrap().len(), 50, "duplicates stored once");
+        // A second batch of the same blobs writes nothing new.
+        assert_eq!(s.put_many(&refs).unwrap(), ks);
+        assert_eq!(s.list().unwrap().len(), 50);
+        for k in &ks {
+            s.remove(k).unwrap();
+        }
+        assert!(s.list().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn packs_survive_reopening_and_corruption_is_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let blobs: Vec<Vec<u8>> = (0..100u32).map(|i| i.to_le_bytes().repeat(100)).collect();
+    let refs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
+    let ks = FsStore::open(dir.path()).unwrap().put_many(&refs).unwrap();
+    let s = FsStore::open(dir.path()).unwrap();
+    assert_eq!(s.get(&ks[7]).unwrap(), blobs[7]);
+    let pack = std::fs::read_dir(dir.path().join("packs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "pack"))
+        .unwrap();
+    let mut bytes = std::fs::read(&pack).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xff;
+    std::fs::write(&pack, &bytes).unwrap();
+    assert!(matches!(s.get(&ks[99]), Err(StoreError::Corrupt { .. })));
+    assert_eq!(s.get(&ks[0]).unwrap(), blobs[0], "other objects still read");
+    // A truncated pack: its objects count as missing and the damage is reported.
+    std::fs::write(&pack, &bytes[..n / 2]).unwrap();
+    let s = FsStore::open(dir.path()).unwrap();
+    assert!(matches!(s.get(&ks[0]), Err(StoreError::NotFound(_))));
+    assert_eq!(s.problems().len(), 1, "{:?}", s.problems());
+}

@@ -256,8 +256,12 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     println!("|---|---|---:|---:|---:|---:|");
     let dirty = read("dirty.wasm")?;
     let mem_store = ferry_store::MemStore::new();
-    let stores: [(&str, &dyn Store); 2] =
-        [("memory (no disk)", &mem_store), ("disk, durable", &store)];
+    let cached = FsStore::open(dir.join("store-page-cache"))?.without_durability();
+    let stores: [(&str, &dyn Store); 3] = [
+        ("memory (no disk)", &mem_store),
+        ("disk, page cache (no fsync, as CRIU)", &cached),
+        ("disk, durable (fsync)", &store),
+    ];
     for (label, store) in stores {
         for mib in &a.sizes {
             let prepared = rt.prepare(store, &dirty, &|_| {})?;

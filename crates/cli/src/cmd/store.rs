@@ -32,6 +32,10 @@ pub fn run(settings: &Settings, c: Command) -> Result<ExitCode> {
 fn verify(store: &dyn Store) -> Result<ExitCode> {
     let all = store.list()?;
     let mut bad = 0;
+    for p in store.problems() {
+        bad += 1;
+        eprintln!("ferry: {p}");
+    }
     for k in &all {
         match store.get(k) {
             Ok(_) => {}
