@@ -140,7 +140,14 @@ impl Runtime {
             let (name, entry) = &entries[phase];
             match entry.call(&mut ws, ()) {
                 Ok(()) => {
-                    if h.state.get(&mut ws).unwrap_i32() != abi::STATE_UNWIND {
+                    let state = h.state.get(&mut ws).unwrap_i32();
+                    if state == abi::STATE_REWIND {
+                        return Err(EngineError::refused(
+                            Stage::Restoring,
+                            "corrupt saved stack: the rewind never reached its call site",
+                        ));
+                    }
+                    if state != abi::STATE_UNWIND {
                         phase += 1;
                         if phase < entries.len() {
                             continue;

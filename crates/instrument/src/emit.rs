@@ -24,6 +24,7 @@ use wasmparser::{
 
 use crate::abi;
 use crate::error::InstrumentError;
+use crate::live::{Liveness, Locals};
 use crate::plan::{OpPlan, Plan};
 
 /// Module-wide facts the emitter needs.
@@ -122,6 +123,14 @@ fn dummy(t: ValType) -> I<'static> {
     }
 }
 
+/// Places a value of type `t` in a record of `len` bytes: its naturally aligned offset.
+fn place(len: &mut u32, t: ValType) -> u32 {
+    let sz = size_of(t);
+    let off = len.div_ceil(sz) * sz;
+    *len = off + sz;
+    off
+}
+
 fn load(t: ValType, m: MemArg) -> I<'static> {
     match t {
         ValType::I32 => I::I32Load(m),
@@ -157,11 +166,11 @@ enum Seg {
 #[derive(Debug)]
 struct Frame {
     relevant: bool,
-    /// Whether a skip-wrapper block surrounds this construct (closed after it).
-    wrap: bool,
     /// Output nesting level a branch to this frame targets.
     level: u32,
     seg: Seg,
+    /// The construct's result types (relevant frames only).
+    results: Vec<ValType>,
 }
 
 struct Emitter<'c, 'm, R> {
@@ -176,12 +185,34 @@ struct Emitter<'c, 'm, R> {
     locals: Vec<ValType>,
     rw: u32,
     idx: u32,
+    /// Offset of each local in this function's frame record (`u32::MAX` for `rw` and `idx`).
+    offsets: Vec<u32>,
+    /// Bytes of the record so far (header included).
+    record_len: u32,
+    /// Positions in `out` of padded `i32.const`s to patch with the record size / pages.
+    size_fixups: Vec<usize>,
+    grow_fixups: Vec<usize>,
+    fid: i32,
+    results: Vec<ValType>,
+    /// Number of original locals (parameters and declared locals).
+    n_orig: usize,
+    live: Liveness,
 }
 
 type Validator = FuncValidator<ValidatorResources>;
 
-/// Output nesting level of the `$unwind` block.
-const UNWIND_LEVEL: u32 = 1;
+/// `i32.const` with a 5-byte LEB128 immediate, patched once the value is known.
+fn padded_i32(v: i32) -> [u8; 6] {
+    let v = v as u32;
+    [
+        0x41,
+        (v & 0x7f) as u8 | 0x80,
+        ((v >> 7) & 0x7f) as u8 | 0x80,
+        ((v >> 14) & 0x7f) as u8 | 0x80,
+        ((v >> 21) & 0x7f) as u8 | 0x80,
+        ((v >> 28) & 0x07) as u8,
+    ]
+}
 
 impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     fn ins(&mut self, i: I<'_>) {
@@ -198,11 +229,43 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     }
 
     fn temp(&mut self, t: ValType, pos: u32) -> u32 {
-        let next = self.locals.len() as u32;
-        *self.temps.entry((t, pos)).or_insert_with(|| {
-            self.locals.push(t);
-            next
-        })
+        if let Some(&l) = self.temps.get(&(t, pos)) {
+            return l;
+        }
+        let l = self.locals.len() as u32;
+        self.locals.push(t);
+        self.offsets.push(place(&mut self.record_len, t));
+        self.temps.insert((t, pos), l);
+        l
+    }
+
+    /// What a frame unwinding at this point must save: the original locals live afterwards
+    /// (all of them if unknown) and the spill temporaries of the whole operand stack.
+    fn saved_locals(&mut self, v: &Validator, live: Option<&Locals>) -> Vec<u32> {
+        let mut out: Vec<u32> = match live {
+            Some(l) => l.iter().filter(|&i| (i as usize) < self.n_orig).collect(),
+            None => (0..self.n_orig as u32).collect(),
+        };
+        let height = v.operand_stack_height() as usize;
+        for d in 0..height {
+            if let Some(Some(t)) = v.get_operand_type(d)
+                && let Ok(t) = val_type(t)
+            {
+                out.push(self.temp(t, (height - 1 - d) as u32));
+            }
+        }
+        out
+    }
+
+    /// A padded `i32.const` whose value is patched to the record size (or its page count).
+    fn size_const(&mut self, pages: bool) {
+        let at = self.out.len();
+        self.out.extend_from_slice(&padded_i32(0));
+        if pages {
+            self.grow_fixups.push(at)
+        } else {
+            self.size_fixups.push(at)
+        }
     }
 
     /// The frame's values (bottom first) with their absolute stack positions.
@@ -282,8 +345,11 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         }
         self.ins(I::End);
         if unreachable {
-            // Only a corrupt rewind gets here: the target site was not in this frame.
-            self.ins(I::Unreachable);
+            // Reached only while rewinding to a site outside this construct: fall through
+            // with placeholder results (the code that would read them is skipped too).
+            for r in self.top().results.clone() {
+                self.ins(dummy(r));
+            }
         }
         for l in spilled {
             self.ins(I::LocalGet(l));
@@ -293,7 +359,14 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     }
 
     /// Emits an unwind-capable call: on rewind it is re-entered only if it is the target.
-    fn call_site(&mut self, site: u32, call: I<'_>, params: &[ValType], results: &[ValType]) {
+    fn call_site(
+        &mut self,
+        site: u32,
+        call: I<'_>,
+        params: &[ValType],
+        results: &[ValType],
+        saved: &[u32],
+    ) {
         let bt = self.types.block_type(params, results);
         self.ins(I::LocalGet(self.rw));
         self.ins(I::If(bt));
@@ -318,17 +391,53 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::GlobalGet(self.ctx.state_global));
         self.ins(I::I32Const(abi::STATE_UNWIND));
         self.ins(I::I32Eq);
-        self.unwind_check(site);
+        self.ins(I::If(BlockType::Empty));
+        self.save_and_return(site, saved);
+        self.ins(I::End);
     }
 
-    /// After a call that ran: the state is NORMAL or UNWIND (a rewind always ends inside the
-    /// callee), so any non-zero state means "save this frame and return".
-    fn unwind_check(&mut self, site: u32) {
+    /// The unwind path of one call site: push this frame's record — only what the rest of the
+    /// function can still read — and return.
+    fn save_and_return(&mut self, site: u32, saved: &[u32]) {
+        let (sp, stack) = (self.ctx.sp_global, self.ctx.stack_memory);
+        let m = |offset: u32, align: u32| MemArg {
+            offset: u64::from(offset),
+            align,
+            memory_index: stack,
+        };
+        self.ins(I::GlobalGet(sp));
+        self.size_const(false);
+        self.ins(I::I32Add);
+        self.ins(I::MemorySize(stack));
+        self.ins(I::I32Const(16));
+        self.ins(I::I32Shl);
+        self.ins(I::I32GtU);
         self.ins(I::If(BlockType::Empty));
-        self.ins(I::I32Const(site as i32));
-        self.ins(I::LocalSet(self.idx));
-        self.ins(I::Br(self.rel(UNWIND_LEVEL)));
+        self.size_const(true);
+        self.ins(I::MemoryGrow(stack));
+        self.ins(I::Drop);
         self.ins(I::End);
+        self.ins(I::GlobalGet(sp));
+        self.ins(I::I32Const(self.fid));
+        self.ins(I::I32Store(m(0, 2)));
+        self.ins(I::GlobalGet(sp));
+        self.ins(I::I32Const(site as i32));
+        self.ins(I::I32Store(m(4, 2)));
+        for &l in saved {
+            let t = self.locals[l as usize];
+            let off = self.offsets[l as usize];
+            self.ins(I::GlobalGet(sp));
+            self.ins(I::LocalGet(l));
+            self.ins(store(t, m(off, size_of(t).trailing_zeros())));
+        }
+        self.ins(I::GlobalGet(sp));
+        self.size_const(false);
+        self.ins(I::I32Add);
+        self.ins(I::GlobalSet(sp));
+        for r in self.results.clone() {
+            self.ins(dummy(r));
+        }
+        self.ins(I::Return);
     }
 
     fn flag_check(&mut self) {
@@ -341,9 +450,9 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::If(BlockType::Empty));
     }
 
-    fn poll_site(&mut self, site: u32) {
+    fn poll_site(&mut self, site: u32, saved: &[u32]) {
         self.flag_check();
-        self.call_site(site, I::Call(self.ctx.poll_func), &[], &[]);
+        self.call_site(site, I::Call(self.ctx.poll_func), &[], &[], saved);
         self.ins(I::End);
     }
 
@@ -428,10 +537,20 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         locals.extend(std::iter::repeat_n(t, count as usize));
     }
     let results = val_types(fty.results())?;
+    let n_orig = locals.len();
     let rw = locals.len() as u32;
     let idx = rw + 1;
+    // Record layout: [function index][call site][locals…]; temps get offsets as they appear.
+    let mut record_len = 8u32;
+    let mut offsets: Vec<u32> = locals.iter().map(|t| place(&mut record_len, *t)).collect();
     locals.push(ValType::I32);
     locals.push(ValType::I32);
+    offsets.extend([u32::MAX, u32::MAX]);
+    let ops_list: Vec<Operator<'_>> = body
+        .get_operators_reader()?
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let live = crate::live::analyze(&ops_list, n_orig);
 
     let mut e = Emitter {
         ctx,
@@ -444,22 +563,31 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         locals,
         rw,
         idx,
+        offsets,
+        record_len,
+        size_fixups: Vec::new(),
+        grow_fixups: Vec::new(),
+        fid: defined_index as i32,
+        results: results.clone(),
+        n_orig,
+        live,
     };
     let done_bt = e.types.block_type(&[], &results);
     e.ins(I::Block(done_bt));
-    e.ins(I::Block(BlockType::Empty));
     // One flag test on entry serves both the rewind prologue and the entry poll: the host
     // raises the flag while rewinding, so the normal path is a single load and branch.
     e.flag_check();
     let prologue_at = e.out.len();
     e.frames.push(Frame {
         relevant: true,
-        wrap: false,
         level: 0,
         seg: Seg::Closed,
+        results: results.clone(),
     });
     if plan.entry_poll {
-        e.call_site(0, I::Call(ctx.poll_func), &[], &[]);
+        let entry_live = e.live.entry.clone();
+        let saved = e.saved_locals(&v, Some(&entry_live));
+        e.call_site(0, I::Call(ctx.poll_func), &[], &[], &saved);
     }
     e.ins(I::End);
     e.seg_start(&v)?;
@@ -470,6 +598,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         let offset = ops.original_position();
         let op = ops.read()?;
         let op_plan = plan.ops[i];
+        let at = i;
         i += 1;
         let relevant = e.frames.last().is_some_and(|f| f.relevant);
         match (&op, op_plan) {
@@ -482,10 +611,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
             (Operator::End, _) if relevant => {
                 e.seg_close(&v)?;
                 e.ins(I::End);
-                let f = e.frames.pop().expect("checked above");
-                if f.wrap {
-                    e.ins(I::End);
-                }
+                e.frames.pop();
                 v.op(offset, &op)?;
                 e.seg_start(&v)?;
             }
@@ -497,40 +623,16 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
             }
             (
                 Operator::Block { blockty } | Operator::Loop { blockty } | Operator::If { blockty },
-                OpPlan::Construct {
-                    lo,
-                    hi,
-                    then_hi,
-                    poll,
-                },
+                OpPlan::Construct { then_hi, poll },
             ) => {
                 e.seg_close(&v)?;
-                let (mut params, res) = e.block_sig(*blockty)?;
-                let is_if = matches!(op, Operator::If { .. });
-                if is_if {
-                    params.push(ValType::I32);
-                }
-                let wrap_bt = e.types.block_type(&params, &res);
-                e.ins(I::Block(wrap_bt));
-                let wrap_level = e.depth - 1;
-                // Rewinding to a site outside this construct: skip it.
-                e.ins(I::LocalGet(e.rw));
-                e.ins(I::If(BlockType::Empty));
-                e.ins(I::LocalGet(e.idx));
-                e.ins(I::I32Const(lo as i32));
-                e.ins(I::I32LtU);
-                e.ins(I::LocalGet(e.idx));
-                e.ins(I::I32Const(hi as i32));
-                e.ins(I::I32GeU);
-                e.ins(I::I32Or);
-                e.ins(I::If(BlockType::Empty));
-                for r in &res {
-                    e.ins(dummy(*r));
-                }
-                e.ins(I::Br(e.rel(wrap_level)));
-                e.ins(I::End);
-                e.ins(I::End);
-                if is_if {
+                // No test on the way in: while rewinding to a site outside this construct,
+                // every stretch of code inside is skipped by its guard and the construct falls
+                // through to its end with its results taken from the spill temporaries. (A test
+                // per construct would cost a branch per nested block on every entry — hundreds
+                // per bytecode in CPython's dispatch.)
+                let (_, res) = e.block_sig(*blockty)?;
+                if matches!(op, Operator::If { .. }) {
                     // Rewinding into this `if`: take the arm that holds the target site.
                     let bt = e.types.block_type(&[ValType::I32], &[ValType::I32]);
                     e.ins(I::LocalGet(e.rw));
@@ -545,15 +647,17 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 let level = e.depth - 1;
                 e.frames.push(Frame {
                     relevant: true,
-                    wrap: true,
                     level,
                     seg: Seg::Closed,
+                    results: res,
                 });
                 v.op(offset, &op)?;
                 if let Some(site) = poll {
                     e.seg_start(&v)?;
                     e.seg_close(&v)?;
-                    e.poll_site(site);
+                    let header = e.live.loop_header.get(&at).cloned();
+                    let saved = e.saved_locals(&v, header.as_ref());
+                    e.poll_site(site, &saved);
                 }
                 e.seg_start(&v)?;
             }
@@ -562,7 +666,9 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 let ty = e.func_type(ctx.func_type_of[*function_index as usize])?;
                 let (params, res) = (val_types(ty.params())?, val_types(ty.results())?);
                 let callee = e.shifted(*function_index);
-                e.call_site(site, I::Call(callee), &params, &res);
+                let after = e.live.after_call.get(&at).cloned();
+                let saved = e.saved_locals(&v, after.as_ref());
+                e.call_site(site, I::Call(callee), &params, &res, &saved);
                 v.op(offset, &op)?;
                 e.seg_start(&v)?;
             }
@@ -581,7 +687,9 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     type_index: *type_index,
                     table_index: *table_index,
                 };
-                e.call_site(site, call, &params, &res);
+                let after = e.live.after_call.get(&at).cloned();
+                let saved = e.saved_locals(&v, after.as_ref());
+                e.call_site(site, call, &params, &res, &saved);
                 v.op(offset, &op)?;
                 e.seg_start(&v)?;
             }
@@ -595,9 +703,9 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                         let level = e.depth - 1;
                         e.frames.push(Frame {
                             relevant: false,
-                            wrap: false,
                             level,
                             seg: Seg::Closed,
+                            results: Vec::new(),
                         });
                     }
                     Operator::End => {
@@ -610,66 +718,31 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         }
     }
 
-    // Epilogue, reached by `br $unwind`: push this frame's record.
+    e.ins(I::End); // $done
+    e.ins(I::End); // function
+
+    // Every record of this function has the same size; patch it into the unwind paths.
+    let size = e.record_len.div_ceil(16) * 16;
+    for at in std::mem::take(&mut e.size_fixups) {
+        e.out[at..at + 6].copy_from_slice(&padded_i32(size as i32));
+    }
+    for at in std::mem::take(&mut e.grow_fixups) {
+        e.out[at..at + 6].copy_from_slice(&padded_i32((size / 65536 + 1) as i32));
+    }
     let stack = |offset: u32, align: u32| MemArg {
         offset: u64::from(offset),
         align,
         memory_index: ctx.stack_memory,
     };
-    let saved: Vec<(u32, ValType, u32)> = {
-        let mut off = 8u32;
-        let mut v = Vec::new();
-        for (l, t) in e.locals.iter().enumerate() {
-            let l = l as u32;
-            if l == rw || l == idx {
-                continue;
-            }
-            let sz = size_of(*t);
-            off = off.div_ceil(sz) * sz;
-            v.push((l, *t, off));
-            off += sz;
-        }
-        v.push((u32::MAX, ValType::I32, off.div_ceil(16) * 16));
-        v
-    };
-    let (_, _, size) = *saved.last().expect("sentinel pushed above");
-    let saved = &saved[..saved.len() - 1];
-    let (sp, state) = (ctx.sp_global, ctx.state_global);
-    let fid = defined_index as i32;
-
-    e.ins(I::End); // $unwind
-    e.ins(I::GlobalGet(sp));
-    e.ins(I::I32Const(size as i32));
-    e.ins(I::I32Add);
-    e.ins(I::MemorySize(ctx.stack_memory));
-    e.ins(I::I32Const(16));
-    e.ins(I::I32Shl);
-    e.ins(I::I32GtU);
-    e.ins(I::If(BlockType::Empty));
-    e.ins(I::I32Const((size / 65536 + 1) as i32));
-    e.ins(I::MemoryGrow(ctx.stack_memory));
-    e.ins(I::Drop);
-    e.ins(I::End);
-    e.ins(I::GlobalGet(sp));
-    e.ins(I::I32Const(fid));
-    e.ins(I::I32Store(stack(0, 2)));
-    e.ins(I::GlobalGet(sp));
-    e.ins(I::LocalGet(idx));
-    e.ins(I::I32Store(stack(4, 2)));
-    for &(l, t, off) in saved {
-        e.ins(I::GlobalGet(sp));
-        e.ins(I::LocalGet(l));
-        e.ins(store(t, stack(off, size_of(t).trailing_zeros())));
-    }
-    e.ins(I::GlobalGet(sp));
-    e.ins(I::I32Const(size as i32));
-    e.ins(I::I32Add);
-    e.ins(I::GlobalSet(sp));
-    for r in &results {
-        e.ins(dummy(*r));
-    }
-    e.ins(I::End); // $done
-    e.ins(I::End); // function
+    let (sp, state, fid) = (ctx.sp_global, ctx.state_global, e.fid);
+    let saved: Vec<(u32, ValType, u32)> = e
+        .locals
+        .iter()
+        .zip(&e.offsets)
+        .enumerate()
+        .filter(|(_, (_, off))| **off != u32::MAX)
+        .map(|(l, (t, off))| (l as u32, *t, *off))
+        .collect();
 
     // Prologue: if rewinding, pop this frame's record.
     let mut pro = Vec::new();
@@ -695,7 +768,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         p(I::GlobalGet(sp));
         p(I::I32Load(stack(4, 2)));
         p(I::LocalSet(idx));
-        for &(l, t, off) in saved {
+        for &(l, t, off) in &saved {
             p(I::GlobalGet(sp));
             p(load(t, stack(off, size_of(t).trailing_zeros())));
             p(I::LocalSet(l));

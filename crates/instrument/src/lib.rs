@@ -28,6 +28,7 @@
 pub mod abi;
 mod emit;
 mod error;
+mod live;
 mod module;
 mod plan;
 
@@ -39,4 +40,4 @@ mod tests;
 
 /// Version of this transform. It is part of the κ of every instrumented module: change it
 /// whenever the output for some input changes.
-pub const INSTRUMENT_VERSION: u32 = 2;
+pub const INSTRUMENT_VERSION: u32 = 4;

@@ -3,8 +3,7 @@
 //!
 //! Sites are numbered in the order the emitter meets them: the entry poll (if any) is 0, then
 //! in instruction order each reachable loop's header poll and each reachable unwind-capable
-//! call. A construct is *relevant* when it is reachable at its start and contains sites; a
-//! rewind enters it only when the target site lies in its range `[lo, hi)`.
+//! call. A construct is *relevant* when it is reachable at its start and contains sites.
 
 use wasmparser::{FuncToValidate, FunctionBody, Operator, ValidatorResources};
 
@@ -12,7 +11,7 @@ use crate::emit::ModuleCtx;
 use crate::error::InstrumentError;
 
 /// Deepest control nesting ferry accepts in one function.
-pub(crate) const MAX_NESTING: usize = 100_000;
+pub(crate) const MAX_NESTING: usize = 10_000;
 
 /// What the emitter must do at one instruction.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -22,14 +21,9 @@ pub(crate) enum OpPlan {
     Plain,
     /// An unwind-capable call: call site number.
     Site(u32),
-    /// A relevant block/loop/if: its site range, the end of the `then` arm's range (for `if`),
-    /// and the loop-header poll's site.
-    Construct {
-        lo: u32,
-        hi: u32,
-        then_hi: u32,
-        poll: Option<u32>,
-    },
+    /// A relevant block/loop/if: the end of the `then` arm's site range (for `if`: sites below
+    /// it are in the `then` arm) and the loop-header poll's site.
+    Construct { then_hi: u32, poll: Option<u32> },
 }
 
 /// Phase A's result for one function.
@@ -121,8 +115,6 @@ pub(crate) fn plan(
                     && next > o.lo
                 {
                     ops[o.op] = OpPlan::Construct {
-                        lo: o.lo,
-                        hi: next,
                         then_hi: o.then_hi.unwrap_or(next),
                         poll: o.poll,
                     };

@@ -34,12 +34,12 @@ fn cpython_loop_suspended_mid_loop_resumes_identically() {
         py.to_str().unwrap(),
         "--",
         "/app/loop.py",
-        "8",
+        "16",
     ];
     let plain = env.plain(&args);
     assert_eq!(plain.code, 0, "{}", plain.stderr);
     assert!(String::from_utf8_lossy(&plain.stdout).contains("done "));
-    let churned = env.churn(&args, &["--dir", &mount], 3, 21, (600, 1200));
+    let churned = env.churn(&args, &["--dir", &mount], 4, 21, (300, 700));
     assert!(
         churned.snapshots.len() >= 2,
         "snapshots: {:?}",
