@@ -35,6 +35,14 @@ impl Settings {
                 self.store_dir.display()
             )
         })?;
+        // FERRY_ZSTD=LEVEL compresses new objects (κ is unchanged; reads decompress).
+        let store = match std::env::var("FERRY_ZSTD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            Some(level) => store.with_zstd(level),
+            None => store,
+        };
         // Fault injection (tests, DESIGN §5): the disk "fills up" after N more objects.
         if let Some(n) = std::env::var("FERRY_FAULT_STORE_FULL_AFTER")
             .ok()

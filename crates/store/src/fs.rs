@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +32,8 @@ pub struct FsStore {
     writes_left: AtomicU64,
     /// Whether `sync` makes writes durable (always, except in benchmarks).
     durable: bool,
+    /// zstd level for new objects (`None`: stored raw). Never changes a κ.
+    zstd: Option<i32>,
     /// Objects held in packs, and how many live objects each pack still holds.
     packed: std::sync::RwLock<Packed>,
 }
@@ -41,6 +43,40 @@ struct Packed {
     slots: HashMap<Kappa, Slot>,
     live: HashMap<PathBuf, usize>,
     damaged: Vec<String>,
+}
+
+impl Packed {
+    fn add(&mut self, pack: &Path, entries: Vec<pack::Entry>) {
+        *self.live.entry(pack.to_path_buf()).or_default() += entries.len();
+        for (k, offset, stored, len, zstd) in entries {
+            self.slots.insert(
+                k,
+                Slot {
+                    pack: pack.to_path_buf(),
+                    offset,
+                    stored,
+                    len,
+                    zstd,
+                },
+            );
+        }
+    }
+}
+
+/// Largest loose object ferry decompresses (a zstd bomb stops here and fails verification).
+const MAX_LOOSE: u64 = 1 << 31;
+
+fn zst_path(p: &Path) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push(".zst");
+    PathBuf::from(s)
+}
+
+fn remove_if_present(p: &Path) -> Result<(), StoreError> {
+    match fs::remove_file(p) {
+        Err(e) if e.kind() != ErrorKind::NotFound => Err(StoreError::io("remove", p)(e)),
+        _ => Ok(()),
+    }
 }
 
 /// Up to this many new objects, `sync` fsyncs each one (and its directory); beyond, one
@@ -63,6 +99,7 @@ impl FsStore {
             writes_left: AtomicU64::new(u64::MAX),
             packed: Default::default(),
             durable: true,
+            zstd: None,
         })
         .and_then(|s| {
             s.load_packs()?;
@@ -88,17 +125,7 @@ impl FsStore {
                     continue;
                 }
             };
-            *packed.live.entry(pack_path.clone()).or_default() += entries.len();
-            for (k, offset, len) in entries {
-                packed.slots.insert(
-                    k,
-                    Slot {
-                        pack: pack_path.clone(),
-                        offset,
-                        len,
-                    },
-                );
-            }
+            packed.add(&pack_path, entries);
         }
         Ok(())
     }
@@ -137,6 +164,19 @@ impl FsStore {
             });
         }
         Ok(())
+    }
+
+    /// Compresses new objects with zstd at `level` when that saves at least a tenth of their
+    /// size. κ stays the hash of the uncompressed bytes; reads decompress transparently.
+    pub fn with_zstd(mut self, level: i32) -> Self {
+        self.zstd = Some(level);
+        self
+    }
+
+    fn compress(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        let level = self.zstd?;
+        let z = zstd::bulk::compress(bytes, level).ok()?;
+        (z.len() < bytes.len() - bytes.len() / 10).then_some(z)
     }
 
     /// Turns [`Store::sync`] into a no-op: writes then reach the page cache only, as CRIU's
@@ -236,15 +276,22 @@ impl FsStore {
 impl Store for FsStore {
     fn put(&self, bytes: &[u8]) -> Result<Kappa, StoreError> {
         let k = Kappa::of(bytes);
+        if self.has(&k)? {
+            return Ok(k);
+        }
         let dest = self.object_path(&k);
-        if dest.exists() {
-            return Ok(k);
-        }
-        if self.packed().slots.contains_key(&k) {
-            return Ok(k);
-        }
         self.take_writes(1, &dest)?;
-        self.write_atomic(&dest, bytes, false)?;
+        let dest = match self.compress(bytes) {
+            Some(z) => {
+                let dest = zst_path(&dest);
+                self.write_atomic(&dest, &z, false)?;
+                dest
+            }
+            None => {
+                self.write_atomic(&dest, bytes, false)?;
+                dest
+            }
+        };
         self.unsynced
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -254,24 +301,44 @@ impl Store for FsStore {
 
     fn get(&self, kappa: &Kappa) -> Result<Vec<u8>, StoreError> {
         let p = self.object_path(kappa);
-        let bytes = match fs::read(&p) {
-            Ok(b) => b,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                let slot = self
-                    .packed()
-                    .slots
-                    .get(kappa)
-                    .cloned()
-                    .ok_or(StoreError::NotFound(*kappa))?;
-                let mut b = vec![0; slot.len as usize];
-                pack::read(&slot, &mut b)?;
-                Self::verify(kappa, &b, &slot.pack)?;
-                return Ok(b);
+        match fs::read(&p) {
+            Ok(bytes) => {
+                Self::verify(kappa, &bytes, &p)?;
+                return Ok(bytes);
             }
-            Err(e) => return Err(StoreError::io("read", &p)(e)),
-        };
-        Self::verify(kappa, &bytes, &p)?;
-        Ok(bytes)
+            Err(e) if e.kind() != ErrorKind::NotFound => return Err(StoreError::io("read", &p)(e)),
+            Err(_) => {}
+        }
+        let z = zst_path(&p);
+        match fs::File::open(&z) {
+            Ok(f) => {
+                let mut bytes = Vec::new();
+                let decoder =
+                    zstd::stream::read::Decoder::new(f).map_err(StoreError::io("read", &z))?;
+                let corrupt = |_| StoreError::Corrupt {
+                    kappa: *kappa,
+                    actual: Kappa::of(b""),
+                    where_: format!("{} (not a valid zstd stream)", z.display()),
+                };
+                std::io::Read::take(decoder, MAX_LOOSE + 1)
+                    .read_to_end(&mut bytes)
+                    .map_err(corrupt)?;
+                Self::verify(kappa, &bytes, &z)?;
+                return Ok(bytes);
+            }
+            Err(e) if e.kind() != ErrorKind::NotFound => return Err(StoreError::io("read", &z)(e)),
+            Err(_) => {}
+        }
+        let slot = self
+            .packed()
+            .slots
+            .get(kappa)
+            .cloned()
+            .ok_or(StoreError::NotFound(*kappa))?;
+        let mut b = vec![0; slot.len as usize];
+        pack::read(&slot, &mut b)?;
+        Self::verify(kappa, &b, &slot.pack)?;
+        Ok(b)
     }
 
     fn read_into(&self, kappa: &Kappa, out: &mut [u8]) -> Result<(), StoreError> {
@@ -302,26 +369,54 @@ impl Store for FsStore {
     fn put_many(&self, blobs: &[&[u8]]) -> Result<Vec<Kappa>, StoreError> {
         let ks = hash_all(blobs);
         let mut seen = BTreeSet::new();
-        let new: Vec<(Kappa, &[u8])> = {
-            let packed = self.packed();
-            ks.iter()
-                .zip(blobs)
-                .filter(|(k, _)| !packed.slots.contains_key(k) && !self.object_path(k).exists())
-                .filter(|(k, _)| seen.insert(**k))
-                .map(|(k, b)| (*k, *b))
-                .collect()
-        };
+        let new: Vec<(Kappa, &[u8])> = ks
+            .iter()
+            .zip(blobs)
+            .filter(|(k, _)| !self.has(k).unwrap_or(false))
+            .filter(|(k, _)| seen.insert(**k))
+            .map(|(k, b)| (*k, *b))
+            .collect();
         if new.is_empty() {
             return Ok(ks);
         }
-        let (header, idx_bytes, pack_len) = pack::layout(&new);
+        let compressed: Vec<Option<Vec<u8>>> = match self.zstd {
+            None => vec![None; new.len()],
+            Some(_) => {
+                let per = new.len().div_ceil(2).max(1);
+                std::thread::scope(|s| {
+                    let parts: Vec<_> = new
+                        .chunks(per)
+                        .map(|part| {
+                            s.spawn(move || {
+                                part.iter()
+                                    .map(|(_, b)| self.compress(b))
+                                    .collect::<Vec<_>>()
+                            })
+                        })
+                        .collect();
+                    parts
+                        .into_iter()
+                        .flat_map(|h| h.join().expect("compression thread"))
+                        .collect()
+                })
+            }
+        };
+        let objects: Vec<pack::Packable<'_>> = new
+            .iter()
+            .zip(&compressed)
+            .map(|((k, b), z)| match z {
+                Some(z) => (*k, z.as_slice(), b.len() as u32, true),
+                None => (*k, *b, b.len() as u32, false),
+            })
+            .collect();
+        let (header, idx_bytes, pack_len) = pack::layout(&objects);
         let id = Kappa::of(&idx_bytes).to_hex();
         let dir = self.root.join("packs");
         let pack_path = dir.join(format!("{}.pack", &id[..24]));
         let idx_path = dir.join(format!("{}.idx", &id[..24]));
         self.take_writes(new.len() as u64, &pack_path)?;
         let parts: Vec<&[u8]> = std::iter::once(header.as_slice())
-            .chain(new.iter().map(|(_, b)| *b))
+            .chain(objects.iter().map(|o| o.1))
             .collect();
         self.write_parts_atomic(&pack_path, &parts, false)?;
         self.write_atomic(&idx_path, &idx_bytes, false)?;
@@ -330,23 +425,16 @@ impl Store for FsStore {
             .unwrap_or_else(|p| p.into_inner())
             .extend([pack_path.clone(), idx_path]);
         let entries = pack::decode_index(&dir, &idx_bytes, pack_len)?;
-        let mut packed = self.packed_mut();
-        *packed.live.entry(pack_path.clone()).or_default() += entries.len();
-        for (k, offset, len) in entries {
-            packed.slots.insert(
-                k,
-                Slot {
-                    pack: pack_path.clone(),
-                    offset,
-                    len,
-                },
-            );
-        }
+        self.packed_mut().add(&pack_path, entries);
         Ok(ks)
     }
 
     fn has(&self, kappa: &Kappa) -> Result<bool, StoreError> {
-        Ok(self.packed().slots.contains_key(kappa) || self.object_path(kappa).exists())
+        if self.packed().slots.contains_key(kappa) {
+            return Ok(true);
+        }
+        let p = self.object_path(kappa);
+        Ok(p.exists() || zst_path(&p).exists())
     }
 
     fn list(&self) -> Result<Vec<Kappa>, StoreError> {
@@ -357,12 +445,9 @@ impl Store for FsStore {
             let prefix = dir.file_name().to_string_lossy().into_owned();
             for f in fs::read_dir(dir.path()).map_err(StoreError::io("list", dir.path()))? {
                 let f = f.map_err(StoreError::io("list", dir.path()))?;
-                let name = format!(
-                    "{}{prefix}{}",
-                    Kappa::PREFIX,
-                    f.file_name().to_string_lossy()
-                );
-                if let Ok(k) = name.parse() {
+                let file = f.file_name().to_string_lossy().into_owned();
+                let rest = file.strip_suffix(".zst").unwrap_or(&file);
+                if let Ok(k) = format!("{}{prefix}{rest}", Kappa::PREFIX).parse() {
                     out.push(k);
                 }
             }
@@ -382,22 +467,14 @@ impl Store for FsStore {
             *live = live.saturating_sub(1);
             if *live == 0 {
                 packed.live.remove(&slot.pack);
-                for p in [slot.pack.clone(), slot.pack.with_extension("idx")] {
-                    match fs::remove_file(&p) {
-                        Err(e) if e.kind() != ErrorKind::NotFound => {
-                            return Err(StoreError::io("remove", &p)(e));
-                        }
-                        _ => {}
-                    }
-                }
+                remove_if_present(&slot.pack)?;
+                remove_if_present(&slot.pack.with_extension("idx"))?;
             }
         }
         drop(packed);
         let p = self.object_path(kappa);
-        match fs::remove_file(&p) {
-            Err(e) if e.kind() != ErrorKind::NotFound => Err(StoreError::io("remove", &p)(e)),
-            _ => Ok(()),
-        }
+        remove_if_present(&p)?;
+        remove_if_present(&zst_path(&p))
     }
 
     fn get_ref(&self, name: &str) -> Result<Option<RefValue>, StoreError> {

@@ -4,14 +4,16 @@
 //! metadata work. [`crate::Store::put_many`] on an [`crate::FsStore`] instead appends the new
 //! objects of a batch to one pack and writes an index beside it:
 //!
-//! * `packs/<id>.pack` — `FERRYPCK` + `u32` version (1), then the objects' bytes back to back;
+//! * `packs/<id>.pack` — `FERRYPCK` + `u32` version (1), then the stored bytes back to back;
 //! * `packs/<id>.idx`  — `FERRYIDX` + `u32` version (1) + `u32` count, then `count` entries
-//!   sorted by κ: `[32-byte κ][u64 offset][u32 length]` (little-endian).
+//!   sorted by κ: `[32-byte κ][u64 offset][u32 stored length][u32 length][u8 codec]`
+//!   (little-endian; codec 0 = raw, 1 = zstd — compression never changes κ, which is the hash
+//!   of the uncompressed bytes).
 //!
 //! Both are written to `tmp/` and renamed, the pack before its index, so an index never names
 //! a missing pack. Every object read from a pack is re-hashed like a loose object. Index
 //! files are bounded when read (count must match the file size; offsets must lie within the
-//! pack).
+//! pack; lengths are limited).
 
 use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
@@ -24,7 +26,9 @@ use crate::StoreError;
 const PACK_MAGIC: &[u8; 8] = b"FERRYPCK";
 const IDX_MAGIC: &[u8; 8] = b"FERRYIDX";
 const VERSION: u32 = 1;
-const ENTRY: usize = 32 + 8 + 4;
+const ENTRY: usize = 32 + 8 + 4 + 4 + 1;
+/// Largest object a pack entry may describe (uncompressed).
+const MAX_OBJECT: u32 = 1 << 30;
 /// Header of a pack: magic + version.
 pub(crate) const PACK_HEADER: u64 = 12;
 
@@ -33,20 +37,30 @@ pub(crate) const PACK_HEADER: u64 = 12;
 pub(crate) struct Slot {
     pub pack: PathBuf,
     pub offset: u64,
+    /// Bytes in the pack.
+    pub stored: u32,
+    /// Bytes of the object.
     pub len: u32,
+    pub zstd: bool,
 }
 
-/// Lays out a pack for `objects` (κ, bytes; κ unique): returns the pack's header, its index
-/// bytes and its total length. The pack file is the header followed by the objects' bytes in
-/// the given order, so large batches are written without being copied into one buffer.
-pub(crate) fn layout(objects: &[(Kappa, &[u8])]) -> (Vec<u8>, Vec<u8>, u64) {
+/// An object to pack: κ, the bytes to store, the object's length, whether they are zstd.
+pub(crate) type Packable<'a> = (Kappa, &'a [u8], u32, bool);
+
+/// One entry of an index: κ, offset, stored length, object length, zstd.
+pub(crate) type Entry = (Kappa, u64, u32, u32, bool);
+
+/// Lays out a pack for `objects` (κ unique): returns the pack's header, its index bytes and
+/// its total length. The pack file is the header followed by the stored bytes in the given
+/// order, so large batches are written without being copied into one buffer.
+pub(crate) fn layout(objects: &[Packable<'_>]) -> (Vec<u8>, Vec<u8>, u64) {
     let mut header = Vec::with_capacity(PACK_HEADER as usize);
     header.extend_from_slice(PACK_MAGIC);
     header.extend_from_slice(&VERSION.to_le_bytes());
-    let mut entries = Vec::with_capacity(objects.len());
+    let mut entries: Vec<Entry> = Vec::with_capacity(objects.len());
     let mut at = PACK_HEADER;
-    for (k, b) in objects {
-        entries.push((*k, at, b.len() as u32));
+    for (k, b, len, zstd) in objects {
+        entries.push((*k, at, b.len() as u32, *len, *zstd));
         at += b.len() as u64;
     }
     entries.sort_by_key(|e| e.0);
@@ -54,10 +68,12 @@ pub(crate) fn layout(objects: &[(Kappa, &[u8])]) -> (Vec<u8>, Vec<u8>, u64) {
     idx.extend_from_slice(IDX_MAGIC);
     idx.extend_from_slice(&VERSION.to_le_bytes());
     idx.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    for (k, off, len) in entries {
+    for (k, off, stored, len, zstd) in entries {
         idx.extend_from_slice(k.as_bytes());
         idx.extend_from_slice(&off.to_le_bytes());
+        idx.extend_from_slice(&stored.to_le_bytes());
         idx.extend_from_slice(&len.to_le_bytes());
+        idx.push(u8::from(zstd));
     }
     (header, idx, at)
 }
@@ -67,7 +83,7 @@ pub(crate) fn decode_index(
     idx_path: &Path,
     bytes: &[u8],
     pack_len: u64,
-) -> Result<Vec<(Kappa, u64, u32)>, StoreError> {
+) -> Result<Vec<Entry>, StoreError> {
     let bad = |why: &str| StoreError::BadPack(format!("{}: {why}", idx_path.display()));
     if bytes.len() < 16 || &bytes[..8] != IDX_MAGIC {
         return Err(bad("not a ferry pack index"));
@@ -86,24 +102,48 @@ pub(crate) fn decode_index(
     for e in bytes[16..].chunks_exact(ENTRY) {
         let k = Kappa::from_bytes(e[..32].try_into().expect("32 bytes"));
         let off = u64::from_le_bytes(e[32..40].try_into().expect("8 bytes"));
-        let len = u32::from_le_bytes(e[40..44].try_into().expect("4 bytes"));
+        let stored = u32::from_le_bytes(e[40..44].try_into().expect("4 bytes"));
+        let len = u32::from_le_bytes(e[44..48].try_into().expect("4 bytes"));
+        let zstd = match e[48] {
+            0 => false,
+            1 => true,
+            c => return Err(bad(&format!("unknown codec {c}"))),
+        };
         if off < PACK_HEADER
             || off
-                .checked_add(u64::from(len))
+                .checked_add(u64::from(stored))
                 .is_none_or(|end| end > pack_len)
         {
             return Err(bad("entry outside its pack"));
         }
-        out.push((k, off, len));
+        if len > MAX_OBJECT || (!zstd && stored != len) {
+            return Err(bad("entry length is inconsistent"));
+        }
+        out.push((k, off, stored, len, zstd));
     }
     Ok(out)
 }
 
-/// Reads one slot into `out` (which must be `slot.len` long).
+/// Reads one slot into `out` (which must be `slot.len` long), decompressing if needed.
 pub(crate) fn read(slot: &Slot, out: &mut [u8]) -> Result<(), StoreError> {
     let f = File::open(&slot.pack).map_err(StoreError::io("open", &slot.pack))?;
-    f.read_exact_at(out, slot.offset)
-        .map_err(StoreError::io("read", &slot.pack))
+    if !slot.zstd {
+        return f
+            .read_exact_at(out, slot.offset)
+            .map_err(StoreError::io("read", &slot.pack));
+    }
+    let mut stored = vec![0; slot.stored as usize];
+    f.read_exact_at(&mut stored, slot.offset)
+        .map_err(StoreError::io("read", &slot.pack))?;
+    let damaged = |why: String| StoreError::BadPack(format!("{}: {why}", slot.pack.display()));
+    let n = zstd::bulk::decompress_to_buffer(&stored, out).map_err(|e| damaged(e.to_string()))?;
+    if n != out.len() {
+        return Err(damaged(format!(
+            "object decompressed to {n} bytes, not {}",
+            out.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Every `(index path, pack path)` under `dir`.

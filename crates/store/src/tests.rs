@@ -3,11 +3,20 @@
 use super::*;
 use proptest::prelude::*;
 
+/// Every implementation: the reference, the on-disk store, and the on-disk store with zstd.
 fn stores() -> Vec<(Box<dyn Store>, tempfile::TempDir)> {
     let dir = tempfile::tempdir().expect("temp dir");
     let fs = FsStore::open(dir.path().join("store")).expect("open fs store");
     let dir2 = tempfile::tempdir().expect("temp dir");
-    vec![(Box::new(MemStore::new()), dir2), (Box::new(fs), dir)]
+    let dir3 = tempfile::tempdir().expect("temp dir");
+    let zst = FsStore::open(dir3.path().join("store"))
+        .expect("open fs store")
+        .with_zstd(3);
+    vec![
+        (Box::new(MemStore::new()), dir2),
+        (Box::new(fs), dir),
+        (Box::new(zst), dir3),
+    ]
 }
 
 #[test]
@@ -163,4 +172,46 @@ fn packs_survive_reopening_and_corruption_is_detected() {
     let s = FsStore::open(dir.path()).unwrap();
     assert!(matches!(s.get(&ks[0]), Err(StoreError::NotFound(_))));
     assert_eq!(s.problems().len(), 1, "{:?}", s.problems());
+}
+
+#[test]
+fn zstd_shrinks_files_and_never_changes_kappa() {
+    let compressible: Vec<u8> = b"ferry ".repeat(20_000);
+    let chunks: Vec<Vec<u8>> = (0..100u8).map(|i| vec![i; 65536]).collect();
+    let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+    let size_of_dir = |d: &std::path::Path| -> u64 {
+        let mut total = 0;
+        let mut stack = vec![d.to_path_buf()];
+        while let Some(p) = stack.pop() {
+            for e in std::fs::read_dir(&p).unwrap().flatten() {
+                let m = e.metadata().unwrap();
+                if m.is_dir() {
+                    stack.push(e.path())
+                } else {
+                    total += m.len()
+                }
+            }
+        }
+        total
+    };
+    let (plain_dir, zst_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let plain = FsStore::open(plain_dir.path()).unwrap();
+    let zst = FsStore::open(zst_dir.path()).unwrap().with_zstd(3);
+    assert_eq!(
+        plain.put(&compressible).unwrap(),
+        zst.put(&compressible).unwrap()
+    );
+    assert_eq!(plain.put_many(&refs).unwrap(), zst.put_many(&refs).unwrap());
+    assert!(size_of_dir(zst_dir.path()) * 10 < size_of_dir(plain_dir.path()));
+    let reopened = FsStore::open(zst_dir.path()).unwrap();
+    assert_eq!(
+        reopened.get(&Kappa::of(&compressible)).unwrap(),
+        compressible
+    );
+    let mut out = vec![0; 65536];
+    reopened
+        .read_into(&Kappa::of(&chunks[42]), &mut out)
+        .unwrap();
+    assert_eq!(out, chunks[42]);
+    assert_eq!(reopened.list().unwrap().len(), 101);
 }

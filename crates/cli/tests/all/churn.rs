@@ -48,7 +48,8 @@ fn c_sleeps_stderr_and_exit_code() {
 
 #[test]
 fn c_heap_of_256_mib() {
-    let env = Env::new();
+    // Also the path with zstd-compressed objects: κ and behaviour must not change.
+    let env = Env::new().with_var("FERRY_ZSTD", "1");
     let g = guest("wasm/heap.wasm");
     let args = [g.to_str().unwrap(), "--", "256", "30"];
     let plain = env.plain(&args);

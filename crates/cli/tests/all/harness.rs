@@ -29,6 +29,7 @@ pub fn guest(rel: &str) -> PathBuf {
 /// A private store and scratch directory.
 pub struct Env {
     pub dir: tempfile::TempDir,
+    vars: Vec<(String, String)>,
 }
 
 /// What one (possibly interrupted many times) run showed the user.
@@ -46,7 +47,14 @@ impl Env {
     pub fn new() -> Self {
         Self {
             dir: tempfile::tempdir().expect("temp dir"),
+            vars: Vec::new(),
         }
+    }
+
+    /// Sets an environment variable for every ferry this environment runs.
+    pub fn with_var(mut self, k: &str, v: &str) -> Self {
+        self.vars.push((k.to_owned(), v.to_owned()));
+        self
     }
 
     pub fn store(&self) -> PathBuf {
@@ -62,6 +70,9 @@ impl Env {
         c.env("FERRY_STORE", self.store())
             .env_remove("FERRY_LOG")
             .stdin(Stdio::null());
+        for (k, v) in &self.vars {
+            c.env(k, v);
+        }
         c
     }
 
