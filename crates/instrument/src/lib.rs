@@ -36,6 +36,8 @@ pub use error::InstrumentError;
 pub use module::{Instrumented, Stats, instrument, instrument_any};
 
 #[cfg(test)]
+mod differential;
+#[cfg(test)]
 mod tests;
 
 /// Version of this transform. It is part of the κ of every instrumented module: change it

@@ -1,0 +1,234 @@
+//! Differential test: generated modules behave the same, plain and instrumented, in wasmtime —
+//! also when unwound at every safe point (or every third) and rewound at once. Every exported
+//! function is called with default arguments; results, traps and the final contents of
+//! memories and globals must match. (ferry-engine's tests cover suspension with a full host;
+//! this covers code nobody here wrote.)
+
+use wasmtime::{Caller, Config, Engine, Extern, Global, Instance, Linker, Module, Store, Val};
+
+use crate::{abi, instrument_any};
+
+fn config() -> wasm_smith::Config {
+    wasm_smith::Config {
+        exceptions_enabled: false,
+        gc_enabled: false,
+        tail_call_enabled: false,
+        threads_enabled: false,
+        relaxed_simd_enabled: false,
+        reference_types_enabled: false,
+        memory64_enabled: false,
+        bulk_memory_enabled: false,
+        max_imports: 0,
+        min_funcs: 1,
+        export_everything: true,
+        canonicalize_nans: true,
+        disallow_traps: true,
+        ..wasm_smith::Config::default()
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Values(Vec<String>),
+    Trap,
+    OutOfFuel,
+}
+
+/// How safe points are treated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    /// The original module.
+    Plain,
+    /// Instrumented, never suspended.
+    Instrumented,
+    /// Instrumented, unwound at every `n`-th safe point and rewound at once (same instance).
+    Churn(u64),
+}
+
+fn global(caller: &mut Caller<'_, u64>, name: &str) -> Global {
+    caller
+        .get_export(name)
+        .and_then(Extern::into_global)
+        .expect("ferry global")
+}
+
+/// The host side of `ferry.poll` for [`Mode::Churn`].
+fn churn_poll(mut caller: Caller<'_, u64>, n: u64) -> wasmtime::Result<()> {
+    let state = global(&mut caller, abi::STATE_GLOBAL);
+    if state.get(&mut caller).unwrap_i32() == abi::STATE_REWIND {
+        let sp = global(&mut caller, abi::SP_GLOBAL)
+            .get(&mut caller)
+            .unwrap_i32();
+        assert_eq!(sp, 0, "rewind ended with frames left over");
+        state.set(&mut caller, Val::I32(abi::STATE_NORMAL))?;
+        return Ok(());
+    }
+    *caller.data_mut() += 1;
+    if *caller.data() % n == 0 {
+        state.set(&mut caller, Val::I32(abi::STATE_UNWIND))?;
+        global(&mut caller, abi::SP_GLOBAL).set(&mut caller, Val::I32(0))?;
+    }
+    Ok(())
+}
+
+/// Calls every exported function; returns each outcome and the final state.
+fn run(engine: &Engine, wasm: &[u8], mode: Mode) -> Option<(Vec<Outcome>, Vec<String>, u64)> {
+    let module = Module::new(engine, wasm).ok()?;
+    let mut store = Store::new(engine, 0u64);
+    let mut linker = Linker::new(engine);
+    match mode {
+        Mode::Plain => {}
+        Mode::Instrumented => {
+            linker.func_wrap(abi::MODULE, abi::POLL, || {}).ok()?;
+        }
+        Mode::Churn(n) => {
+            linker
+                .func_wrap(abi::MODULE, abi::POLL, move |c: Caller<'_, u64>| {
+                    churn_poll(c, n)
+                })
+                .ok()?;
+        }
+    }
+    store.set_fuel(2_000_000).ok()?;
+    let instance: Instance = linker.instantiate(&mut store, &module).ok()?;
+    if let Mode::Churn(_) = mode {
+        // Raise the flag for good: every safe point calls the host.
+        let ctl = instance.get_memory(&mut store, abi::CTL_MEMORY)?;
+        ctl.data_mut(&mut store)[..4].copy_from_slice(&1u32.to_le_bytes());
+    }
+    let exports: Vec<(String, bool)> = module
+        .exports()
+        .map(|e| {
+            (
+                e.name().to_owned(),
+                matches!(e.ty(), wasmtime::ExternType::Func(_)),
+            )
+        })
+        .filter(|(n, _)| !n.starts_with("ferry:"))
+        .collect();
+    let state_global = instance.get_global(&mut store, abi::STATE_GLOBAL);
+    let mut outcomes = Vec::new();
+    for (name, _) in exports.iter().filter(|(_, f)| *f) {
+        let f = instance.get_func(&mut store, name)?;
+        let ty = f.ty(&store);
+        let args: Vec<Val> = ty
+            .params()
+            .map(|t| Val::default_for_ty(&t).unwrap_or(Val::I32(0)))
+            .collect();
+        let mut results: Vec<Val> = ty
+            .results()
+            .map(|t| Val::default_for_ty(&t).unwrap_or(Val::I32(0)))
+            .collect();
+        store.set_fuel(2_000_000).ok()?;
+        let outcome = loop {
+            let r = f.call(&mut store, &args, &mut results);
+            // Unwound: rewind into the same call at once, as a resume would.
+            if let (Ok(()), Some(g)) = (&r, state_global)
+                && g.get(&mut store).unwrap_i32() == abi::STATE_UNWIND
+            {
+                g.set(&mut store, Val::I32(abi::STATE_REWIND)).ok()?;
+                continue;
+            }
+            break match r {
+                Ok(()) => Outcome::Values(results.iter().map(|v| format!("{v:?}")).collect()),
+                Err(e) => match e.downcast_ref::<wasmtime::Trap>() {
+                    Some(wasmtime::Trap::OutOfFuel) => Outcome::OutOfFuel,
+                    _ => Outcome::Trap,
+                },
+            };
+        };
+        if outcome != Outcome::Values(vec![]) && !matches!(outcome, Outcome::Values(_)) {
+            // A trap ends a real guest; here the next export still runs on this instance, so
+            // clear an unwind or rewind the trap interrupted.
+            if let Some(g) = state_global {
+                g.set(&mut store, Val::I32(abi::STATE_NORMAL)).ok()?;
+                instance
+                    .get_global(&mut store, abi::SP_GLOBAL)?
+                    .set(&mut store, Val::I32(0))
+                    .ok()?;
+            }
+        }
+        outcomes.push(outcome);
+    }
+    let mut state = Vec::new();
+    for (name, _) in exports.iter().filter(|(_, f)| !*f) {
+        match instance.get_export(&mut store, name) {
+            Some(Extern::Memory(m)) => state.push(format!("{name}: {}", digest(m.data(&store)))),
+            Some(Extern::Global(g)) => state.push(format!("{name}: {:?}", g.get(&mut store))),
+            _ => {}
+        }
+    }
+    let polls = *store.data();
+    Some((outcomes, state, polls))
+}
+
+/// A small non-cryptographic digest (FNV-1a) so this test needs no extra dependency.
+fn digest(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    format!("{} bytes {h:016x}", bytes.len())
+}
+
+#[test]
+fn generated_modules_behave_the_same_instrumented_and_churned() {
+    let mut cfg = Config::new();
+    cfg.consume_fuel(true).wasm_multi_memory(true);
+    let engine = Engine::new(&cfg).unwrap();
+    let (mut compared, mut total, mut unwinds) = (0, 0, 0);
+    let mut seed_state = 0x1234_5678_9abc_def1u64;
+    for _ in 0..60 {
+        let seed: Vec<u8> = (0..4096)
+            .map(|_| {
+                seed_state ^= seed_state << 13;
+                seed_state ^= seed_state >> 7;
+                seed_state ^= seed_state << 17;
+                seed_state as u8
+            })
+            .collect();
+        let mut u = arbitrary::Unstructured::new(&seed);
+        let Ok(m) = wasm_smith::Module::new(config(), &mut u) else {
+            continue;
+        };
+        let wasm = m.to_bytes();
+        let Ok(out) = instrument_any(&wasm) else {
+            continue;
+        };
+        total += 1;
+        let Some((plain, plain_state, _)) = run(&engine, &wasm, Mode::Plain) else {
+            continue;
+        };
+        let runs = [Mode::Instrumented, Mode::Churn(1), Mode::Churn(3)]
+            .map(|m| (m, run(&engine, &out.wasm, m)));
+        // Instrumented code burns more fuel: compare calls that finished everywhere.
+        let finished = |o: &[Outcome]| o.iter().all(|o| *o != Outcome::OutOfFuel);
+        if !finished(&plain)
+            || runs
+                .iter()
+                .any(|(_, r)| r.as_ref().is_none_or(|(o, _, _)| !finished(o)))
+        {
+            continue;
+        }
+        compared += 1;
+        for (mode, r) in runs {
+            let (outcomes, state, polls) = r.expect("checked above");
+            if mode == Mode::Churn(1) {
+                unwinds += polls;
+            }
+            let wat = || wasmprinter::print_bytes(&wasm).unwrap_or_default();
+            assert_eq!(plain, outcomes, "{mode:?}: results differ\n{}", wat());
+            assert_eq!(plain_state, state, "{mode:?}: state differs\n{}", wat());
+        }
+    }
+    eprintln!("compared {compared} of {total} instrumented modules; {unwinds} unwinds");
+    assert!(
+        unwinds > 15,
+        "the churned runs barely suspended ({unwinds} unwinds)"
+    );
+    assert!(
+        compared * 3 >= total,
+        "only {compared} of {total} modules compared"
+    );
+}
