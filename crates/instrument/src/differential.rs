@@ -64,7 +64,7 @@ fn churn_poll(mut caller: Caller<'_, u64>, n: u64) -> wasmtime::Result<()> {
         return Ok(());
     }
     *caller.data_mut() += 1;
-    if *caller.data() % n == 0 {
+    if caller.data().is_multiple_of(n) {
         state.set(&mut caller, Val::I32(abi::STATE_UNWIND))?;
         global(&mut caller, abi::SP_GLOBAL).set(&mut caller, Val::I32(0))?;
     }
@@ -137,7 +137,7 @@ fn run(engine: &Engine, wasm: &[u8], mode: Mode) -> Option<(Vec<Outcome>, Vec<St
                 },
             };
         };
-        if outcome != Outcome::Values(vec![]) && !matches!(outcome, Outcome::Values(_)) {
+        if !matches!(outcome, Outcome::Values(_)) {
             // A trap ends a real guest; here the next export still runs on this instance, so
             // clear an unwind or rewind the trap interrupted.
             if let Some(g) = state_global {
