@@ -50,6 +50,7 @@ fn main() -> ExitCode {
     let filter = if cli.verbose { "info" } else { "warn" };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .without_time()
         .with_env_filter(

@@ -100,6 +100,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let mut loaded = snapshot::load(&store, k)?;
 
     // Admitting: every mount granted and unchanged; the module re-derives to the same κ.
+    tracing::info!(snapshot = %k, "admitting");
     for m in &loaded.wasi.mounts {
         let grant = grants.iter().find(|g| g.guest_path == m.guest_path).ok_or_else(|| {
             refused(
