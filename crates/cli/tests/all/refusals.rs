@@ -166,3 +166,46 @@ fn unusable_store_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot use the store at"), "{err}");
 }
+
+#[test]
+fn module_mismatch_is_refused_while_admitting() {
+    let (env, k) = suspended_counter();
+    let store = ferry_store::FsStore::open(env.store()).unwrap();
+    use ferry_store::Store;
+    let kk: ferry_kappa::Kappa = k.parse().unwrap();
+    let mut snap: ferry_object::Snapshot = ferry_object::decode(&store.get(&kk).unwrap()).unwrap();
+    // Claim the stack blob is the instrumented module: it cannot be what the module derives to.
+    snap.instrumented = snap.stack;
+    let bad = store.put(&ferry_kappa::encode(&snap).unwrap()).unwrap();
+    let (_, err, code) = env.output(&["resume", &bad.to_string()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("refused while admitting") && err.contains("module mismatch"),
+        "{err}"
+    );
+}
+
+#[test]
+fn gc_deletes_only_what_no_session_reaches() {
+    let (env, k) = suspended_counter();
+    let orphan = {
+        use ferry_store::Store;
+        let store = ferry_store::FsStore::open(env.store()).unwrap();
+        store.put(b"nobody refers to me").unwrap()
+    };
+    let (out, _, code) = env.output(&["store", "gc", "--dry-run"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("would delete 1 objects"), "{out}");
+    let (out, _, code) = env.output(&["store", "gc"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("deleted 1 objects"), "{out}");
+    {
+        use ferry_store::Store;
+        let store = ferry_store::FsStore::open(env.store()).unwrap();
+        assert!(!store.has(&orphan).unwrap());
+    }
+    let (o, e, code) = env.output(&["store", "verify"]);
+    assert_eq!(code, 0, "{o}{e}");
+    let (_, err, code) = env.output(&["resume", &k]);
+    assert_eq!(code, 0, "the snapshot still resumes after gc: {err}");
+}
