@@ -19,6 +19,31 @@ pub const EXIT_SUSPENDED: u8 = 75;
 /// Stack of the thread the guest runs on: Wasm frames live on it.
 const GUEST_THREAD_STACK: usize = 256 << 20;
 
+/// What `run` and `resume` both take: mounts, environment, periodic checkpoints.
+#[derive(Debug, clap::Args)]
+pub struct GuestArgs {
+    /// Mount a host directory: HOST::GUEST (or DIR, same path in the guest). On resume: grant
+    /// a directory for one of the snapshot's mounts.
+    #[arg(long = "dir", value_name = "HOST::GUEST")]
+    dirs: Vec<String>,
+    /// Set an environment variable for the guest (on resume: from now on).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    envs: Vec<String>,
+    /// Write a snapshot this often while running (e.g. 500ms, 10s, 5m).
+    #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
+    pub checkpoint_every: Option<std::time::Duration>,
+}
+
+impl GuestArgs {
+    pub fn mounts(&self) -> Result<Vec<MountSpec>> {
+        self.dirs.iter().map(|d| parse_dir(d)).collect()
+    }
+
+    pub fn env(&self) -> Result<Vec<(String, String)>> {
+        self.envs.iter().map(|e| parse_env(e)).collect()
+    }
+}
+
 /// Parses `HOST::GUEST` (or `DIR`, mounted at the same path).
 pub fn parse_dir(s: &str) -> Result<MountSpec> {
     let (host, guest) = match s.split_once("::") {

@@ -8,22 +8,14 @@ use wasmtime::{Caller, Config, Engine, Extern, Global, Instance, Linker, Module,
 
 use crate::{abi, instrument_any};
 
+/// The generator settings of `tests.rs`, plus exports of everything, canonical NaNs and no
+/// traps (so generated functions run long enough to reach safe points).
 fn config() -> wasm_smith::Config {
     wasm_smith::Config {
-        exceptions_enabled: false,
-        gc_enabled: false,
-        tail_call_enabled: false,
-        threads_enabled: false,
-        relaxed_simd_enabled: false,
-        reference_types_enabled: false,
-        memory64_enabled: false,
-        bulk_memory_enabled: false,
-        max_imports: 0,
-        min_funcs: 1,
         export_everything: true,
         canonicalize_nans: true,
         disallow_traps: true,
-        ..wasm_smith::Config::default()
+        ..crate::tests::config()
     }
 }
 
@@ -178,16 +170,7 @@ fn generated_modules_behave_the_same_instrumented_and_churned() {
     cfg.consume_fuel(true).wasm_multi_memory(true);
     let engine = Engine::new(&cfg).unwrap();
     let (mut compared, mut total, mut unwinds) = (0, 0, 0);
-    let mut seed_state = 0x1234_5678_9abc_def1u64;
-    for _ in 0..60 {
-        let seed: Vec<u8> = (0..4096)
-            .map(|_| {
-                seed_state ^= seed_state << 13;
-                seed_state ^= seed_state >> 7;
-                seed_state ^= seed_state << 17;
-                seed_state as u8
-            })
-            .collect();
+    for seed in crate::tests::seeds(0x1234_5678_9abc_def1, 60, 4096) {
         let mut u = arbitrary::Unstructured::new(&seed);
         let Ok(m) = wasm_smith::Module::new(config(), &mut u) else {
             continue;

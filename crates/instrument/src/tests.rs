@@ -5,7 +5,7 @@ use proptest::prelude::*;
 
 use crate::{InstrumentError, instrument, instrument_any};
 
-fn config() -> wasm_smith::Config {
+pub(crate) fn config() -> wasm_smith::Config {
     wasm_smith::Config {
         exceptions_enabled: false,
         gc_enabled: false,
@@ -92,20 +92,25 @@ fn leaf_functions_are_left_alone_and_loops_are_polled() {
     );
 }
 
-/// Guards against the property test above passing vacuously (every module refused).
-#[test]
-fn most_generated_modules_are_actually_instrumented() {
-    let (mut ok, mut total) = (0, 0);
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    for _ in 0..300 {
-        let seed: Vec<u8> = (0..2048)
+/// Deterministic pseudo-random seeds for wasm-smith (xorshift; no RNG dependency).
+pub(crate) fn seeds(mut state: u64, count: usize, len: usize) -> impl Iterator<Item = Vec<u8>> {
+    (0..count).map(move |_| {
+        (0..len)
             .map(|_| {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
                 state as u8
             })
-            .collect();
+            .collect()
+    })
+}
+
+/// Guards against the property test above passing vacuously (every module refused).
+#[test]
+fn most_generated_modules_are_actually_instrumented() {
+    let (mut ok, mut total) = (0, 0);
+    for seed in seeds(0x9e37_79b9_7f4a_7c15, 300, 2048) {
         let mut u = arbitrary::Unstructured::new(&seed);
         let Ok(module) = wasm_smith::Module::new(config(), &mut u) else {
             continue;

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ferry_kappa::Kappa;
 
 use crate::pack::{self, Slot};
-use crate::{RefValue, Store, StoreError, check_ref_name, hash_all};
+use crate::{RefValue, Store, StoreError, check_cas, check_ref_name, copy_exact, hash_all};
 
 /// On-disk store rooted at a directory.
 #[derive(Debug)]
@@ -344,16 +344,7 @@ impl Store for FsStore {
     fn read_into(&self, kappa: &Kappa, out: &mut [u8]) -> Result<(), StoreError> {
         let slot = self.packed().slots.get(kappa).cloned();
         let Some(slot) = slot else {
-            let bytes = self.get(kappa)?;
-            if bytes.len() != out.len() {
-                return Err(StoreError::WrongLength {
-                    kappa: *kappa,
-                    expected: out.len(),
-                    actual: bytes.len(),
-                });
-            }
-            out.copy_from_slice(&bytes);
-            return Ok(());
+            return copy_exact(kappa, &self.get(kappa)?, out);
         };
         if slot.len as usize != out.len() {
             return Err(StoreError::WrongLength {
@@ -491,13 +482,7 @@ impl Store for FsStore {
         check_ref_name(name)?;
         let _lock = self.lock_refs()?;
         let current = self.read_ref(name)?;
-        if current != expected {
-            return Err(StoreError::CasMismatch {
-                name: name.to_owned(),
-                expected: format!("{expected:?}"),
-                found: format!("{current:?}"),
-            });
-        }
+        check_cas(name, expected, current)?;
         let p = self.ref_path(name);
         match new {
             Some(v) => {

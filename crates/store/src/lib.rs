@@ -58,16 +58,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     }
     /// Reads κ into `out`, verified; `out` must have the object's exact length.
     fn read_into(&self, kappa: &Kappa, out: &mut [u8]) -> Result<(), StoreError> {
-        let bytes = self.get(kappa)?;
-        if bytes.len() != out.len() {
-            return Err(StoreError::WrongLength {
-                kappa: *kappa,
-                expected: out.len(),
-                actual: bytes.len(),
-            });
-        }
-        out.copy_from_slice(&bytes);
-        Ok(())
+        copy_exact(kappa, &self.get(kappa)?, out)
     }
     /// Damage found while opening the store (unreadable pack files), for `verify`.
     fn problems(&self) -> Vec<String> {
@@ -120,6 +111,35 @@ pub fn hash_all(blobs: &[&[u8]]) -> Vec<Kappa> {
             .flat_map(|h| h.join().expect("hashing thread"))
             .collect()
     })
+}
+
+/// Copies an object's bytes into `out`, which must have exactly their length.
+pub(crate) fn copy_exact(kappa: &Kappa, bytes: &[u8], out: &mut [u8]) -> Result<(), StoreError> {
+    if bytes.len() != out.len() {
+        return Err(StoreError::WrongLength {
+            kappa: *kappa,
+            expected: out.len(),
+            actual: bytes.len(),
+        });
+    }
+    out.copy_from_slice(bytes);
+    Ok(())
+}
+
+/// The compare of compare-and-swap, shared by every store.
+pub(crate) fn check_cas(
+    name: &str,
+    expected: Option<RefValue>,
+    current: Option<RefValue>,
+) -> Result<(), StoreError> {
+    if current != expected {
+        return Err(StoreError::CasMismatch {
+            name: name.to_owned(),
+            expected: format!("{expected:?}"),
+            found: format!("{current:?}"),
+        });
+    }
+    Ok(())
 }
 
 /// Checks a ref name: `[A-Za-z0-9._-]` segments separated by `/`, no `..`.

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use ferry_kappa::Kappa;
 
-use crate::{RefValue, Store, StoreError, check_ref_name};
+use crate::{RefValue, Store, StoreError, check_cas, check_ref_name};
 
 /// In-memory store; the simplest correct implementation of the [`Store`] contract.
 #[derive(Debug, Default)]
@@ -89,13 +89,7 @@ impl Store for MemStore {
         check_ref_name(name)?;
         let mut inner = self.lock();
         let current = inner.refs.get(name).copied();
-        if current != expected {
-            return Err(StoreError::CasMismatch {
-                name: name.to_owned(),
-                expected: format!("{expected:?}"),
-                found: format!("{current:?}"),
-            });
-        }
+        check_cas(name, expected, current)?;
         match new {
             Some(v) => inner.refs.insert(name.to_owned(), v),
             None => inner.refs.remove(name),

@@ -3,32 +3,23 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use ferry_engine::{Control, EngineError, Runtime, SnapshotMeta, Stage, Start, snapshot};
 use ferry_store::{MemStore, Store};
 use ferry_wasi::{MountSpec, WasiCtx};
 
-use crate::cmd::run::parse_duration;
 use crate::guest::{self, Execution};
 use crate::session::{self, Session};
 use crate::settings::Settings;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Grant a host directory for one of the snapshot's mounts: HOST::GUEST.
-    #[arg(long = "dir", value_name = "HOST::GUEST")]
-    dirs: Vec<String>,
-    /// Set or override an environment variable the guest sees from now on.
-    #[arg(long = "env", value_name = "KEY=VALUE")]
-    envs: Vec<String>,
+    #[command(flatten)]
+    guest: guest::GuestArgs,
     /// Resume even if a mounted host directory changed since the snapshot.
     #[arg(long)]
     allow_changed_dirs: bool,
-    /// Write a snapshot this often while running.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    checkpoint_every: Option<Duration>,
     /// The snapshot: `blake3:<hex>` or a unique prefix of it.
     snapshot: String,
 }
@@ -83,16 +74,8 @@ fn admit_mount(
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
     guest::install_signals(&control)?;
-    let grants = a
-        .dirs
-        .iter()
-        .map(|d| guest::parse_dir(d))
-        .collect::<Result<Vec<_>>>()?;
-    let env = a
-        .envs
-        .iter()
-        .map(|e| guest::parse_env(e))
-        .collect::<Result<Vec<_>>>()?;
+    let grants = a.guest.mounts()?;
+    let env = a.guest.env()?;
     let store = settings.open_store()?;
     let k = store
         .resolve(&a.snapshot)
@@ -163,7 +146,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         control,
         session: sess,
         meta,
-        checkpoint_every: a.checkpoint_every,
+        checkpoint_every: a.guest.checkpoint_every,
     }
     .execute(wasi, Start::Restore(Box::new(loaded)))
 }

@@ -15,15 +15,8 @@ use crate::settings::Settings;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Mount a host directory: HOST::GUEST (or DIR, same path in the guest).
-    #[arg(long = "dir", value_name = "HOST::GUEST")]
-    dirs: Vec<String>,
-    /// Set an environment variable for the guest.
-    #[arg(long = "env", value_name = "KEY=VALUE")]
-    envs: Vec<String>,
-    /// Write a snapshot this often while running (e.g. 500ms, 10s, 5m).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    checkpoint_every: Option<Duration>,
+    #[command(flatten)]
+    guest: guest::GuestArgs,
     /// Session id (default: random).
     #[arg(long)]
     session: Option<String>,
@@ -57,16 +50,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
     guest::install_signals(&control)?;
-    let mounts = a
-        .dirs
-        .iter()
-        .map(|d| guest::parse_dir(d))
-        .collect::<Result<Vec<_>>>()?;
-    let env = a
-        .envs
-        .iter()
-        .map(|e| guest::parse_env(e))
-        .collect::<Result<Vec<_>>>()?;
+    let mounts = a.guest.mounts()?;
+    let env = a.guest.env()?;
     let mut wasm = std::fs::read(&a.program)
         .with_context(|| format!("cannot read {}", a.program.display()))?;
     if a.program.extension().is_some_and(|e| e == "wat") {
@@ -116,7 +101,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             parent: None,
             generation: 0,
         },
-        checkpoint_every: a.checkpoint_every,
+        checkpoint_every: a.guest.checkpoint_every,
     }
     .execute(wasi, Start::Fresh)
 }
