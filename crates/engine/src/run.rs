@@ -105,15 +105,20 @@ impl Runtime {
         let mut entries = Vec::new();
         for name in [abi::START_EXPORT, "_start"] {
             if let Ok(f) = instance.get_typed_func::<(), ()>(&mut ws, name) {
-                entries.push((name, f));
+                // After an unwind the entry is re-entered through its rewind copy.
+                let rewind = instance
+                    .get_typed_func::<(), ()>(&mut ws, &abi::rewind_export(name))
+                    .ok();
+                entries.push((name, f, rewind));
             }
         }
-        if entries.last().is_none_or(|(n, _)| *n != "_start") {
+        if entries.last().is_none_or(|(n, _, _)| *n != "_start") {
             return Err(EngineError::Instantiate(
                 "module has no `_start` function".into(),
             ));
         }
         let mut phase = 0;
+        let mut rewinding = false;
 
         control.attach(h.ctl.data_ptr(&ws) as usize);
         let _attached = Attached(&control);
@@ -121,7 +126,7 @@ impl Runtime {
         if let Start::Restore(loaded) = start {
             phase = entries
                 .iter()
-                .position(|(n, _)| *n == loaded.snapshot.entry)
+                .position(|(n, _, _)| *n == loaded.snapshot.entry)
                 .ok_or_else(|| {
                     EngineError::refused(
                         Stage::Restoring,
@@ -133,12 +138,20 @@ impl Runtime {
                 })?;
             snapshot::restore_into(&mut ws, &instance, &loaded, store)?;
             begin_rewind(&mut ws, h)?;
+            rewinding = true;
             info!(snapshot = %meta.parent.map(|k| k.to_string()).unwrap_or_default(), "running");
         }
 
         loop {
-            let (name, entry) = &entries[phase];
-            match entry.call(&mut ws, ()) {
+            let (name, entry, rewind) = &entries[phase];
+            let call = if std::mem::take(&mut rewinding) {
+                rewind.as_ref().ok_or_else(|| {
+                    EngineError::refused(Stage::Restoring, format!("`{name}` has no rewind copy"))
+                })?
+            } else {
+                entry
+            };
+            match call.call(&mut ws, ()) {
                 Ok(()) => {
                     let state = h.state.get(&mut ws).unwrap_i32();
                     if state == abi::STATE_REWIND {
@@ -168,6 +181,7 @@ impl Runtime {
                         }
                     }
                     begin_rewind(&mut ws, h)?;
+                    rewinding = true;
                 }
                 Err(e) => {
                     ws.data_mut().wasi.flush();

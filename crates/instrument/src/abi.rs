@@ -32,6 +32,9 @@ pub const SP_GLOBAL: &str = "ferry:sp";
 /// The module's start function, if it had one: no longer run at instantiation (a resume
 /// instantiates again); the host calls it before `_start` on a fresh run.
 pub const START_EXPORT: &str = "ferry:start";
+/// Prefix of the rewind copy of each exported instrumented function (`_start` included):
+/// after an unwind, the host calls `ferry:rewind:<name>` instead of `<name>`.
+pub const REWIND_PREFIX: &str = "ferry:rewind:";
 /// Prefix of the exports of the original memories.
 pub const MEMORY_PREFIX: &str = "ferry:memory:";
 /// Prefix of the exports of the original mutable globals.
@@ -58,4 +61,9 @@ pub fn memory_export(index: u32) -> String {
 /// Name of the export of original mutable global `index`.
 pub fn global_export(index: u32) -> String {
     format!("{GLOBAL_PREFIX}{index}")
+}
+
+/// Name of the rewind copy's export of export `name`.
+pub fn rewind_export(name: &str) -> String {
+    format!("{REWIND_PREFIX}{name}")
 }

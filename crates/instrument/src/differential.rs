@@ -112,13 +112,15 @@ fn run(engine: &Engine, wasm: &[u8], mode: Mode) -> Option<(Vec<Outcome>, Vec<St
             .map(|t| Val::default_for_ty(&t).unwrap_or(Val::I32(0)))
             .collect();
         store.set_fuel(2_000_000).ok()?;
+        let mut call = f;
         let outcome = loop {
-            let r = f.call(&mut store, &args, &mut results);
-            // Unwound: rewind into the same call at once, as a resume would.
+            let r = call.call(&mut store, &args, &mut results);
+            // Unwound: rewind at once through the rewind copy, as a resume would.
             if let (Ok(()), Some(g)) = (&r, state_global)
                 && g.get(&mut store).unwrap_i32() == abi::STATE_UNWIND
             {
                 g.set(&mut store, Val::I32(abi::STATE_REWIND)).ok()?;
+                call = instance.get_func(&mut store, &abi::rewind_export(name))?;
                 continue;
             }
             break match r {

@@ -39,6 +39,11 @@ pub(crate) struct ModuleCtx<'a> {
     pub sp_global: u32,
     pub ctl_memory: u32,
     pub stack_memory: u32,
+    /// Index (in the output) of the rewind copy of each instrumented function, by original
+    /// function index.
+    pub rewind_func: &'a [Option<u32>],
+    /// The rewind table of each table (same elements, rewind copies in place of functions).
+    pub rewind_table: &'a [u32],
 }
 
 /// Function types the transform needs for its own blocks, appended after the module's types.
@@ -173,7 +178,33 @@ struct Frame {
     results: Vec<ValType>,
 }
 
+/// Which copy of a function is being written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Copy {
+    /// The copy that runs normally: polls, spills at call sites, unwind paths — no rewind code.
+    Lean,
+    /// The copy a rewind enters: restores its frame, skips to the saved call site, then runs
+    /// on as normal (calling lean copies).
+    Rewind,
+}
+
+/// A function's frame-record layout, shared by its two copies.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    temps: HashMap<(ValType, u32), u32>,
+    locals: Vec<ValType>,
+    offsets: Vec<u32>,
+    record_len: u32,
+}
+
+impl Layout {
+    pub(crate) fn record_len(&self) -> u32 {
+        self.record_len
+    }
+}
+
 struct Emitter<'c, 'm, R> {
+    copy: Copy,
     ctx: &'c ModuleCtx<'m>,
     types: &'c mut TypeInterner,
     shift: &'c mut R,
@@ -294,6 +325,10 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     }
 
     fn seg_start(&mut self, v: &Validator) -> Result<(), InstrumentError> {
+        if self.copy == Copy::Lean {
+            self.top().seg = Seg::Closed;
+            return Ok(());
+        }
         let (_, vals) = Self::frame_values(v)?;
         if vals.is_empty() {
             self.top().seg = Seg::Pending;
@@ -308,7 +343,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     }
 
     fn ensure_open(&mut self) {
-        if self.top().seg == Seg::Pending {
+        if self.copy == Copy::Rewind && self.top().seg == Seg::Pending {
             self.ins(I::LocalGet(self.rw));
             self.ins(I::I32Eqz);
             self.ins(I::If(BlockType::Empty));
@@ -319,6 +354,9 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     /// Ends the current guard: spills the frame's values to temps inside it and re-pushes them
     /// after it, so they are in locals (saved on unwind, restored on rewind).
     fn seg_close(&mut self, v: &Validator) -> Result<(), InstrumentError> {
+        if self.copy == Copy::Lean {
+            return Ok(());
+        }
         let Seg::Open(n_params) = self.top().seg else {
             self.top().seg = Seg::Closed;
             return Ok(());
@@ -358,15 +396,47 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         Ok(())
     }
 
-    /// Emits an unwind-capable call: on rewind it is re-entered only if it is the target.
+    /// Before a call site or a construct holding one, in the lean copy: puts the frame's values
+    /// into their spill temporaries (and back), so an unwind can save them.
+    fn spill(&mut self, v: &Validator) -> Result<(), InstrumentError> {
+        if self.copy == Copy::Rewind {
+            return self.seg_close(v);
+        }
+        let (h, vals) = Self::frame_values(v)?;
+        let spilled: Vec<u32> = vals
+            .iter()
+            .enumerate()
+            .map(|(j, t)| self.temp(*t, h + j as u32))
+            .collect();
+        for &l in spilled.iter().rev() {
+            self.ins(I::LocalSet(l));
+        }
+        for l in spilled {
+            self.ins(I::LocalGet(l));
+        }
+        Ok(())
+    }
+
+    /// Emits an unwind-capable call. The lean copy just calls and checks for an unwind; the
+    /// rewind copy re-enters the call (through the callee's rewind copy) only if it is the
+    /// target, and calls lean copies once the rewind is over.
     fn call_site(
         &mut self,
         site: u32,
-        call: I<'_>,
+        (call, call_rewind): (I<'_>, I<'_>),
         params: &[ValType],
         results: &[ValType],
         saved: &[u32],
     ) {
+        if self.copy == Copy::Lean {
+            self.ins(call);
+            self.ins(I::GlobalGet(self.ctx.state_global));
+            self.ins(I::If(BlockType::Empty));
+            self.save_and_return(site, saved);
+            self.ins(I::End);
+            return;
+        }
+        let call_rewind = call_rewind;
         let bt = self.types.block_type(params, results);
         self.ins(I::LocalGet(self.rw));
         self.ins(I::If(bt));
@@ -374,7 +444,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::I32Const(site as i32));
         self.ins(I::I32Eq);
         self.ins(I::If(bt));
-        self.ins(call.clone());
+        self.ins(call_rewind);
         self.ins(I::I32Const(0));
         self.ins(I::LocalSet(self.rw));
         self.ins(I::Else);
@@ -452,7 +522,8 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
 
     fn poll_site(&mut self, site: u32, saved: &[u32]) {
         self.flag_check();
-        self.call_site(site, I::Call(self.ctx.poll_func), &[], &[], saved);
+        let poll = self.ctx.poll_func;
+        self.call_site(site, (I::Call(poll), I::Call(poll)), &[], &[], saved);
         self.ins(I::End);
     }
 
@@ -518,7 +589,9 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     body: &FunctionBody<'_>,
     plan: &Plan,
     defined_index: u32,
-) -> Result<Function, InstrumentError> {
+    copy: Copy,
+    layout: Option<&Layout>,
+) -> Result<(Function, Layout), InstrumentError> {
     let fty = ctx
         .func_types
         .get(fv.ty as usize)
@@ -552,14 +625,24 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         .collect::<Result<_, _>>()?;
     let live = crate::live::analyze(&ops_list, n_orig);
 
+    let (temps, locals, offsets, record_len) = match layout {
+        Some(l) => (
+            l.temps.clone(),
+            l.locals.clone(),
+            l.offsets.clone(),
+            l.record_len,
+        ),
+        None => (HashMap::new(), locals, offsets, record_len),
+    };
     let mut e = Emitter {
+        copy,
         ctx,
         types,
         shift,
         out: Vec::new(),
         depth: 0,
         frames: Vec::new(),
-        temps: HashMap::new(),
+        temps,
         locals,
         rw,
         idx,
@@ -574,9 +657,12 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     };
     let done_bt = e.types.block_type(&[], &results);
     e.ins(I::Block(done_bt));
-    // One flag test on entry serves both the rewind prologue and the entry poll: the host
-    // raises the flag while rewinding, so the normal path is a single load and branch.
-    e.flag_check();
+    // The rewind copy restores its frame here (the prologue is spliced in once the layout is
+    // final); in both copies the flag test also gates the entry poll.
+    let gated = copy == Copy::Rewind || plan.entry_poll;
+    if gated {
+        e.flag_check();
+    }
     let prologue_at = e.out.len();
     e.frames.push(Frame {
         relevant: true,
@@ -587,9 +673,12 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     if plan.entry_poll {
         let entry_live = e.live.entry.clone();
         let saved = e.saved_locals(&v, Some(&entry_live));
-        e.call_site(0, I::Call(ctx.poll_func), &[], &[], &saved);
+        let poll = ctx.poll_func;
+        e.call_site(0, (I::Call(poll), I::Call(poll)), &[], &[], &saved);
     }
-    e.ins(I::End);
+    if gated {
+        e.ins(I::End);
+    }
     e.seg_start(&v)?;
 
     let mut ops = body.get_operators_reader()?;
@@ -625,14 +714,14 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 Operator::Block { blockty } | Operator::Loop { blockty } | Operator::If { blockty },
                 OpPlan::Construct { then_hi, poll },
             ) => {
-                e.seg_close(&v)?;
+                e.spill(&v)?;
                 // No test on the way in: while rewinding to a site outside this construct,
                 // every stretch of code inside is skipped by its guard and the construct falls
                 // through to its end with its results taken from the spill temporaries. (A test
                 // per construct would cost a branch per nested block on every entry — hundreds
                 // per bytecode in CPython's dispatch.)
                 let (_, res) = e.block_sig(*blockty)?;
-                if matches!(op, Operator::If { .. }) {
+                if copy == Copy::Rewind && matches!(op, Operator::If { .. }) {
                     // Rewinding into this `if`: take the arm that holds the target site.
                     let bt = e.types.block_type(&[ValType::I32], &[ValType::I32]);
                     e.ins(I::LocalGet(e.rw));
@@ -654,7 +743,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 v.op(offset, &op)?;
                 if let Some(site) = poll {
                     e.seg_start(&v)?;
-                    e.seg_close(&v)?;
+                    e.spill(&v)?;
                     let header = e.live.loop_header.get(&at).cloned();
                     let saved = e.saved_locals(&v, header.as_ref());
                     e.poll_site(site, &saved);
@@ -662,13 +751,22 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 e.seg_start(&v)?;
             }
             (Operator::Call { function_index }, OpPlan::Site(site)) => {
-                e.seg_close(&v)?;
+                e.spill(&v)?;
                 let ty = e.func_type(ctx.func_type_of[*function_index as usize])?;
                 let (params, res) = (val_types(ty.params())?, val_types(ty.results())?);
                 let callee = e.shifted(*function_index);
+                // Imports (blocking WASI calls) have no rewind copy: the host finishes the
+                // rewind inside them.
+                let rewind_callee = ctx
+                    .rewind_func
+                    .get(*function_index as usize)
+                    .copied()
+                    .flatten()
+                    .unwrap_or(callee);
                 let after = e.live.after_call.get(&at).cloned();
                 let saved = e.saved_locals(&v, after.as_ref());
-                e.call_site(site, I::Call(callee), &params, &res, &saved);
+                let calls = (I::Call(callee), I::Call(rewind_callee));
+                e.call_site(site, calls, &params, &res, &saved);
                 v.op(offset, &op)?;
                 e.seg_start(&v)?;
             }
@@ -679,7 +777,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 },
                 OpPlan::Site(site),
             ) => {
-                e.seg_close(&v)?;
+                e.spill(&v)?;
                 let ty = e.func_type(*type_index)?;
                 let (mut params, res) = (val_types(ty.params())?, val_types(ty.results())?);
                 params.push(ValType::I32);
@@ -687,9 +785,13 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     type_index: *type_index,
                     table_index: *table_index,
                 };
+                let call_rewind = I::CallIndirect {
+                    type_index: *type_index,
+                    table_index: ctx.rewind_table[*table_index as usize],
+                };
                 let after = e.live.after_call.get(&at).cloned();
                 let saved = e.saved_locals(&v, after.as_ref());
-                e.call_site(site, call, &params, &res, &saved);
+                e.call_site(site, (call, call_rewind), &params, &res, &saved);
                 v.op(offset, &op)?;
                 e.seg_start(&v)?;
             }
@@ -775,8 +877,10 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         }
         p(I::End);
     }
-    let mut body_bytes = e.out;
-    body_bytes.splice(prologue_at..prologue_at, pro);
+    let mut body_bytes = std::mem::take(&mut e.out);
+    if copy == Copy::Rewind {
+        body_bytes.splice(prologue_at..prologue_at, pro);
+    }
 
     let declared = &e.locals[n_params..];
     let mut groups: Vec<(u32, ValType)> = Vec::new();
@@ -788,5 +892,11 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     }
     let mut f = Function::new(groups);
     f.raw(body_bytes);
-    Ok(f)
+    let layout = Layout {
+        temps: e.temps,
+        locals: e.locals,
+        offsets: e.offsets,
+        record_len: e.record_len,
+    };
+    Ok((f, layout))
 }

@@ -117,6 +117,7 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
     let mut mutable_globals: Vec<u32> = Vec::new();
     let mut n_globals = 0u32;
     let mut n_memories = 0u32;
+    let mut n_tables = 0u32;
     let mut has_start_export = false;
 
     for payload in Parser::new(0).parse_all(wasm) {
@@ -161,6 +162,7 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
                 }
             }
             Payload::MemorySection(r) => n_memories += r.count(),
+            Payload::TableSection(r) => n_tables += r.count(),
             Payload::GlobalSection(r) => {
                 for g in r.clone() {
                     if g?.ty.mutable {
@@ -205,9 +207,25 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
     let mut is_site_callee: Vec<bool> = unwinding_import.clone();
     is_site_callee.extend(facts.iter().map(FuncFacts::instrumented));
 
+    // Rewind copies are appended after every defined function (output numbering: imports,
+    // ferry.poll, defined functions, rewind copies), rewind tables after every table.
+    let n_defined = bodies.len() as u32;
+    let mut rewind_func: Vec<Option<u32>> = vec![None; (n_imported + n_defined) as usize];
+    let mut rewind_order = Vec::new();
+    for (i, f) in facts.iter().enumerate() {
+        if f.instrumented() {
+            rewind_func[n_imported as usize + i] =
+                Some(n_imported + 1 + n_defined + rewind_order.len() as u32);
+            rewind_order.push(i);
+        }
+    }
+    let rewind_table: Vec<u32> = (0..n_tables).map(|t| n_tables + t).collect();
+
     let mut interner = TypeInterner::new(func_types.len() as u32);
     let poll_type = interner.intern(&[], &[]);
     let ctx = ModuleCtx {
+        rewind_func: &rewind_func,
+        rewind_table: &rewind_table,
         func_types: &func_types,
         func_type_of: &func_type_of,
         is_site_callee: &is_site_callee,
@@ -227,6 +245,7 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
     let mut shift = Shift {
         imported_funcs: n_imported,
     };
+    let mut rewind_code = Vec::new();
     for (i, ((fv, body), facts)) in bodies.into_iter().zip(&facts).enumerate() {
         let defined_index = i as u32;
         if !facts.instrumented() {
@@ -239,7 +258,12 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
         stats.instrumented += 1;
         stats.call_sites += plan.n_sites;
         stats.polls += plan.n_polls;
-        let f = emit::emit(
+        // The rewind copy first: it fixes the frame-record layout both copies share.
+        let fv2 = FuncToValidate {
+            resources: fv.resources.clone(),
+            ..fv
+        };
+        let (rewind, layout) = emit::emit(
             &ctx,
             &mut interner,
             &mut shift,
@@ -247,13 +271,40 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
             &body,
             &plan,
             defined_index,
+            emit::Copy::Rewind,
+            None,
         )?;
-        code.function(&f);
+        let (lean, lean_layout) = emit::emit(
+            &ctx,
+            &mut interner,
+            &mut shift,
+            fv2,
+            &body,
+            &plan,
+            defined_index,
+            emit::Copy::Lean,
+            Some(&layout),
+        )?;
+        if lean_layout.record_len() != layout.record_len() {
+            return Err(InstrumentError::Internal(format!(
+                "function {defined_index}: the two copies disagree on the frame layout"
+            )));
+        }
+        code.function(&lean);
+        rewind_code.push(rewind);
     }
+    for f in &rewind_code {
+        code.function(f);
+    }
+    let rewind_types: Vec<u32> = rewind_order
+        .iter()
+        .map(|&i| func_type_of[n_imported as usize + i])
+        .collect();
 
     let out = assemble(
         sections,
         &ctx,
+        &rewind_types,
         interner,
         poll_type,
         code,
@@ -319,9 +370,11 @@ fn scan(
     Ok(facts)
 }
 
+#[allow(clippy::too_many_arguments)] // one caller; the pieces are all distinct
 fn assemble(
     sections: Vec<Payload<'_>>,
     ctx: &ModuleCtx<'_>,
+    rewind_types: &[u32],
     interner: TypeInterner,
     poll_type: u32,
     code: wasm_encoder::CodeSection,
@@ -357,11 +410,19 @@ fn assemble(
             Payload::FunctionSection(r) => {
                 let mut s = wasm_encoder::FunctionSection::new();
                 shift.parse_function_section(&mut s, r).map_err(err)?;
+                for &t in rewind_types {
+                    s.function(t);
+                }
                 functions = Some(s);
             }
             Payload::TableSection(r) => {
                 let mut s = wasm_encoder::TableSection::new();
-                shift.parse_table_section(&mut s, r).map_err(err)?;
+                shift.parse_table_section(&mut s, r.clone()).map_err(err)?;
+                // The rewind tables: same types, filled below with the rewind copies.
+                for t in r {
+                    let t = t?;
+                    s.table(shift.table_type(t.ty).map_err(err)?);
+                }
                 tables = Some(s);
             }
             Payload::MemorySection(r) => {
@@ -371,16 +432,31 @@ fn assemble(
                 shift.parse_global_section(&mut globals, r).map_err(err)?
             }
             Payload::ExportSection(r) => {
-                shift.parse_export_section(&mut exports, r).map_err(err)?
+                shift
+                    .parse_export_section(&mut exports, r.clone())
+                    .map_err(err)?;
+                for e in r {
+                    let e = e?;
+                    let rewind = ctx.rewind_func.get(e.index as usize).copied().flatten();
+                    if let (ExternalKind::Func, Some(f)) = (e.kind, rewind) {
+                        exports.export(&abi::rewind_export(e.name), ExportKind::Func, f);
+                    }
+                }
             }
             // The start function becomes an export the host calls itself, so that a resume
             // (which instantiates the module again) does not run it a second time.
             Payload::StartSection { func, .. } => {
-                start = Some(shift.function_index(func).map_err(err)?)
+                start = Some((
+                    shift.function_index(func).map_err(err)?,
+                    ctx.rewind_func.get(func as usize).copied().flatten(),
+                ))
             }
             Payload::ElementSection(r) => {
                 let mut s = wasm_encoder::ElementSection::new();
-                shift.parse_element_section(&mut s, r).map_err(err)?;
+                shift
+                    .parse_element_section(&mut s, r.clone())
+                    .map_err(err)?;
+                rewind_elements(&mut s, r, ctx, &mut shift)?;
                 elements = Some(s);
             }
             Payload::DataCountSection { count, .. } => {
@@ -421,8 +497,11 @@ fn assemble(
     exports.export(abi::STACK_MEMORY, ExportKind::Memory, ctx.stack_memory);
     exports.export(abi::STATE_GLOBAL, ExportKind::Global, ctx.state_global);
     exports.export(abi::SP_GLOBAL, ExportKind::Global, ctx.sp_global);
-    if let Some(f) = start {
+    if let Some((f, rewind)) = start {
         exports.export(abi::START_EXPORT, ExportKind::Func, f);
+        if let Some(r) = rewind {
+            exports.export(&abi::rewind_export(abi::START_EXPORT), ExportKind::Func, r);
+        }
     }
     for m in 0..n_memories {
         exports.export(&abi::memory_export(m), ExportKind::Memory, m);
@@ -463,4 +542,80 @@ fn assemble(
         }
     }
     Ok(module.finish())
+}
+
+/// Copies every active element segment into the matching rewind table, with each
+/// instrumented function replaced by its rewind copy, so an indirect call made while
+/// rewinding reaches the rewind copy of the function the table holds.
+fn rewind_elements(
+    out: &mut wasm_encoder::ElementSection,
+    reader: wasmparser::ElementSectionReader<'_>,
+    ctx: &ModuleCtx<'_>,
+    shift: &mut Shift,
+) -> Result<(), InstrumentError> {
+    let map = |f: u32| -> u32 {
+        ctx.rewind_func
+            .get(f as usize)
+            .copied()
+            .flatten()
+            .unwrap_or(if f >= ctx.n_imported { f + 1 } else { f })
+    };
+    for e in reader {
+        let e = e?;
+        let wasmparser::ElementKind::Active {
+            table_index,
+            offset_expr,
+        } = e.kind
+        else {
+            continue;
+        };
+        let table = ctx.rewind_table[table_index.unwrap_or(0) as usize];
+        let offset = shift
+            .const_expr(offset_expr)
+            .map_err(|e| InstrumentError::Invalid(e.to_string()))?;
+        match e.items {
+            wasmparser::ElementItems::Functions(r) => {
+                let fs = r
+                    .into_iter()
+                    .map(|f| f.map(map))
+                    .collect::<Result<Vec<_>, _>>()?;
+                out.active(
+                    Some(table),
+                    &offset,
+                    wasm_encoder::Elements::Functions(fs.into()),
+                );
+            }
+            wasmparser::ElementItems::Expressions(ty, r) => {
+                let mut exprs = Vec::new();
+                for expr in r {
+                    let mut ops = expr?.get_operators_reader();
+                    let c = match ops.read()? {
+                        wasmparser::Operator::RefFunc { function_index } => {
+                            ConstExpr::ref_func(map(function_index))
+                        }
+                        wasmparser::Operator::RefNull { hty } => ConstExpr::ref_null(
+                            shift
+                                .heap_type(hty)
+                                .map_err(|e| InstrumentError::Invalid(e.to_string()))?,
+                        ),
+                        other => {
+                            return Err(InstrumentError::Unsupported(format!(
+                                "element expression {other:?}"
+                            )));
+                        }
+                    };
+                    exprs.push(c);
+                }
+                let ty = shift
+                    .ref_type(ty)
+                    .map_err(|e| InstrumentError::Invalid(e.to_string()))?;
+                out.active(
+                    Some(table),
+                    &offset,
+                    wasm_encoder::Elements::Expressions(ty, exprs.into()),
+                );
+            }
+        }
+    }
+    Ok(())
 }
