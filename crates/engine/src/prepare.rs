@@ -117,7 +117,7 @@ impl Runtime {
     fn cache_path(&self, k: &Kappa) -> Option<PathBuf> {
         self.cache_dir.as_ref().map(|d| {
             d.join(format!(
-                "{}-wasmtime{}.cwasm",
+                "{}-ferry{}.cwasm",
                 k.to_hex(),
                 env!("CARGO_PKG_VERSION")
             ))

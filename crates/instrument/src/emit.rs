@@ -436,7 +436,6 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             self.ins(I::End);
             return;
         }
-        let call_rewind = call_rewind;
         let bt = self.types.block_type(params, results);
         self.ins(I::LocalGet(self.rw));
         self.ins(I::If(bt));
@@ -580,6 +579,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     }
 }
 
+#[allow(clippy::too_many_arguments)] // one caller, which writes both copies
 /// Rewrites one instrumented function.
 pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     ctx: &ModuleCtx<'_>,
