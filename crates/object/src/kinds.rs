@@ -181,10 +181,6 @@ pub struct FdState {
     pub write: bool,
 }
 
-impl Snapshot {
-    pub const KIND_NAME: &'static str = "ferry.snapshot";
-}
-
 /// Builds the `kind`/`v` pair for a new object of kind `T`.
 pub fn header<T: ObjectKind>() -> (String, u32) {
     (T::KIND.to_owned(), T::VERSION)

@@ -18,6 +18,9 @@ mod mem;
 mod path;
 pub mod tree;
 
+#[cfg(test)]
+mod tests;
+
 pub use calls::{FUNCTIONS, Signature};
 pub use ctx::{Clock, HostClock, MountSpec, Stdio, WasiCtx};
 pub use errno::Errno;

@@ -1,0 +1,185 @@
+//! WASI calls against a byte-slice memory: what a guest would observe.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::{Clock, Errno, HostError, MountSpec, Stdio, WasiCtx};
+
+/// A clock the test moves by hand.
+#[derive(Clone, Default)]
+struct FakeClock(Arc<AtomicU64>);
+
+impl Clock for FakeClock {
+    fn monotonic_ns(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+    fn realtime_ns(&self) -> u64 {
+        1_700_000_000_000_000_000
+    }
+}
+
+#[derive(Clone, Default)]
+struct Buf(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn ctx(mounts: Vec<MountSpec>, clock: FakeClock, out: Buf, interrupt: Arc<AtomicBool>) -> WasiCtx {
+    let stdio = Stdio {
+        stdin: Box::new(std::io::empty()),
+        stdin_fd: None,
+        stdout: Box::new(out),
+        stderr: Box::new(std::io::sink()),
+    };
+    WasiCtx::new(
+        vec!["prog".into(), "arg".into()],
+        vec![("K".into(), "V".into())],
+        mounts,
+        stdio,
+        Box::new(clock),
+        Arc::new(move || interrupt.load(Ordering::SeqCst)),
+    )
+    .unwrap()
+}
+
+fn put_str(mem: &mut [u8], at: usize, s: &str) -> (i64, i64) {
+    mem[at..at + s.len()].copy_from_slice(s.as_bytes());
+    (at as i64, s.len() as i64)
+}
+
+#[test]
+fn stdout_bytes_are_written_and_counted() {
+    let out = Buf::default();
+    let mut c = ctx(vec![], FakeClock::default(), out.clone(), Arc::default());
+    let mut mem = vec![0u8; 1024];
+    let (p, n) = put_str(&mut mem, 100, "hello\n");
+    mem[0..4].copy_from_slice(&(p as u32).to_le_bytes());
+    mem[4..8].copy_from_slice(&(n as u32).to_le_bytes());
+    assert_eq!(c.call("fd_write", &mut mem, &[1, 0, 1, 200]).unwrap(), 0);
+    assert_eq!(&out.0.lock().unwrap()[..], b"hello\n");
+    assert_eq!(u32::from_le_bytes(mem[200..204].try_into().unwrap()), 6);
+    assert_eq!(c.stdout_bytes, 6);
+    // An iovec pointing outside memory is EFAULT, not a crash.
+    mem[0..4].copy_from_slice(&5000u32.to_le_bytes());
+    assert_eq!(
+        c.call("fd_write", &mut mem, &[1, 0, 1, 200]).unwrap(),
+        Errno::Fault as i32
+    );
+}
+
+#[test]
+fn monotonic_clock_continues_across_capture_and_restore() {
+    let clock = FakeClock::default();
+    clock.0.store(5_000_000_000, Ordering::SeqCst);
+    let mut c = ctx(vec![], clock.clone(), Buf::default(), Arc::default());
+    clock.0.store(9_000_000_000, Ordering::SeqCst);
+    let state = c.capture(&[]).unwrap();
+    assert_eq!(state.monotonic_ns, 9_000_000_000, "captured virtual time");
+    // The new host's monotonic clock is far behind: the guest's must not go back.
+    let fresh = FakeClock::default();
+    let stdio = Stdio {
+        stdin: Box::new(std::io::empty()),
+        stdin_fd: None,
+        stdout: Box::new(std::io::sink()),
+        stderr: Box::new(std::io::sink()),
+    };
+    let mut r = WasiCtx::restore(
+        &state,
+        vec![],
+        stdio,
+        Box::new(fresh.clone()),
+        Arc::new(|| false),
+    )
+    .unwrap();
+    let mut mem = vec![0u8; 64];
+    assert_eq!(r.call("clock_time_get", &mut mem, &[1, 0, 8]).unwrap(), 0);
+    assert_eq!(
+        u64::from_le_bytes(mem[8..16].try_into().unwrap()),
+        9_000_000_000
+    );
+    fresh.0.store(10, Ordering::SeqCst);
+    assert_eq!(r.call("clock_time_get", &mut mem, &[1, 0, 8]).unwrap(), 0);
+    assert_eq!(
+        u64::from_le_bytes(mem[8..16].try_into().unwrap()),
+        9_000_000_010
+    );
+}
+
+#[test]
+fn a_sleep_interrupted_by_a_suspend_keeps_its_deadline() {
+    let clock = FakeClock::default();
+    let interrupt = Arc::new(AtomicBool::new(true));
+    let mut c = ctx(vec![], clock.clone(), Buf::default(), interrupt.clone());
+    let mut mem = vec![0u8; 512];
+    // One relative clock subscription of 1 s at address 0.
+    mem[8] = 0;
+    mem[16..20].copy_from_slice(&1u32.to_le_bytes());
+    mem[24..32].copy_from_slice(&1_000_000_000u64.to_le_bytes());
+    let r = c.call("poll_oneoff", &mut mem, &[0, 100, 1, 300]);
+    assert!(matches!(r, Err(HostError::Unwind)));
+    assert_eq!(c.sleep_deadline, Some(1_000_000_000));
+    // Rewound into the same call 0.9 s later (virtual): it sleeps only what is left.
+    interrupt.store(false, Ordering::SeqCst);
+    clock.0.store(1_000_000_000, Ordering::SeqCst);
+    c.rewinding = true;
+    assert_eq!(
+        c.call("poll_oneoff", &mut mem, &[0, 100, 1, 300]).unwrap(),
+        0
+    );
+    assert_eq!(u32::from_le_bytes(mem[300..304].try_into().unwrap()), 1);
+    assert_eq!(c.sleep_deadline, None);
+}
+
+#[test]
+fn files_in_a_mount_and_no_way_out() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("in.txt"), "contents").unwrap();
+    let m = MountSpec {
+        guest_path: "/data".into(),
+        host_dir: d.path().into(),
+        read_only: false,
+    };
+    let mut c = ctx(
+        vec![m],
+        FakeClock::default(),
+        Buf::default(),
+        Arc::default(),
+    );
+    let mut mem = vec![0u8; 4096];
+    let (p, n) = put_str(&mut mem, 100, "in.txt");
+    // path_open(fd 3, follow, path, oflags 0, rights read, 0, fdflags 0, out)
+    assert_eq!(
+        c.call("path_open", &mut mem, &[3, 1, p, n, 0, 2, 0, 0, 200])
+            .unwrap(),
+        0
+    );
+    let fd = u32::from_le_bytes(mem[200..204].try_into().unwrap()) as i64;
+    mem[0..4].copy_from_slice(&1000u32.to_le_bytes());
+    mem[4..8].copy_from_slice(&100u32.to_le_bytes());
+    assert_eq!(c.call("fd_read", &mut mem, &[fd, 0, 1, 300]).unwrap(), 0);
+    assert_eq!(&mem[1000..1008], b"contents");
+    for escape in ["../outside", "/etc/passwd", "a/../../x"] {
+        let (p, n) = put_str(&mut mem, 2000, escape);
+        let r = c
+            .call("path_open", &mut mem, &[3, 1, p, n, 0, 2, 0, 0, 200])
+            .unwrap();
+        assert_eq!(r, Errno::Notcapable as i32, "{escape}");
+    }
+    // Sockets are never granted.
+    assert_eq!(
+        c.call("sock_accept", &mut mem, &[3, 0, 0]).unwrap(),
+        Errno::Notsup as i32
+    );
+    // The capture names the file's offset; a restore reopens it there.
+    let state = c.capture(&[ferry_kappa::Kappa::of(b"tree")]).unwrap();
+    let f = state.fds.iter().find(|(n, _)| i64::from(*n) == fd).unwrap();
+    assert_eq!((f.1.path.as_str(), f.1.offset), ("in.txt", 8));
+}
