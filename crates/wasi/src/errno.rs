@@ -22,6 +22,7 @@ pub enum Errno {
     Notempty = 55,
     Notsup = 58,
     Perm = 63,
+    Pipe = 64,
     Rofs = 69,
     Spipe = 70,
     Notcapable = 76,
@@ -43,6 +44,7 @@ impl From<std::io::Error> for Errno {
             Some(libc::ENOTEMPTY) => Errno::Notempty,
             Some(libc::EPERM) => Errno::Perm,
             Some(libc::EROFS) => Errno::Rofs,
+            Some(libc::EPIPE) => Errno::Pipe,
             Some(libc::ESPIPE) => Errno::Spipe,
             _ => match e.kind() {
                 std::io::ErrorKind::NotFound => Errno::Noent,
