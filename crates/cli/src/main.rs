@@ -38,6 +38,9 @@ enum Command {
     Ps(cmd::ps::Args),
     /// Describe a snapshot: profile, capability request, sizes, chunks, parent.
     Inspect(cmd::inspect::Args),
+    /// Manage CPython WASI runtimes (for `ferry run script.py`).
+    #[command(subcommand)]
+    Python(cmd::python::Command),
     /// Measure overhead, time to safe point, snapshot and resume times (docs/benchmarks.md).
     Bench(cmd::bench::Args),
     /// Maintain the object store.
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd::inspect::run(&settings, a),
         Command::Store(c) => cmd::store::run(&settings, c),
         Command::Bench(a) => cmd::bench::run(&settings, a),
+        Command::Python(c) => cmd::python::run(&settings, c),
     };
     match result {
         Ok(code) => code,

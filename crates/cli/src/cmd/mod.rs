@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod inspect;
 pub mod ps;
+pub mod python;
 pub mod resume;
 pub mod run;
 pub mod signal;

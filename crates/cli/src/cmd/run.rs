@@ -20,11 +20,86 @@ pub struct Args {
     /// Session id (default: random).
     #[arg(long)]
     session: Option<String>,
-    /// The WebAssembly (wasm32-wasip1) command module (`.wasm`, or `.wat` text).
-    program: PathBuf,
+    /// Python: the runtime version to use (see `ferry python list`) [default: the default one].
+    #[arg(long, value_name = "X.Y")]
+    python: Option<String>,
+    /// Python: run this code (`python -c CODE`).
+    #[arg(short = 'c', value_name = "CODE", conflicts_with_all = ["module", "program"])]
+    code: Option<String>,
+    /// Python: run this module (`python -m MODULE`).
+    #[arg(short = 'm', value_name = "MODULE", conflicts_with = "program")]
+    module: Option<String>,
+    /// The WebAssembly (wasm32-wasip1) command module (`.wasm`, or `.wat` text), or a Python
+    /// script (`.py`: runs under the Python runtime, its directory mounted at the same path).
+    #[arg(required_unless_present_any = ["code", "module"])]
+    program: Option<PathBuf>,
     /// Arguments for the program (after `--`).
     #[arg(last = true)]
     args: Vec<String>,
+}
+
+/// What to run: module bytes, the program's name, arguments after it, extra mounts.
+struct Target {
+    wasm: Vec<u8>,
+    name: String,
+    args: Vec<String>,
+    mounts: Vec<ferry_wasi::MountSpec>,
+}
+
+fn target(store: &dyn ferry_store::Store, a: &Args) -> Result<Target> {
+    let python = |lead: Vec<String>, mounts| -> Result<Target> {
+        let (wasm, name) = crate::cmd::python::resolve(store, a.python.as_deref())?;
+        Ok(Target {
+            wasm,
+            name,
+            args: lead,
+            mounts,
+        })
+    };
+    if let Some(code) = &a.code {
+        return python(vec!["-c".into(), code.clone()], vec![]);
+    }
+    if let Some(module) = &a.module {
+        return python(vec!["-m".into(), module.clone()], vec![]);
+    }
+    let program = a
+        .program
+        .as_ref()
+        .expect("clap requires a program without -c/-m");
+    if program.extension().is_some_and(|e| e == "py") {
+        let script = program
+            .canonicalize()
+            .with_context(|| format!("cannot read {}", program.display()))?;
+        let dir = script
+            .parent()
+            .expect("a file has a directory")
+            .to_path_buf();
+        // At its own path (so the script sees where it lives) and as `.` (so relative paths
+        // work, as they would from that directory).
+        let mount = |guest_path: String| ferry_wasi::MountSpec {
+            guest_path,
+            host_dir: dir.clone(),
+            read_only: false,
+        };
+        let mounts = vec![mount(dir.display().to_string()), mount(".".into())];
+        return python(vec![script.display().to_string()], mounts);
+    }
+    let mut wasm =
+        std::fs::read(program).with_context(|| format!("cannot read {}", program.display()))?;
+    if program.extension().is_some_and(|e| e == "wat") {
+        wasm = wat::parse_bytes(&wasm)
+            .with_context(|| format!("{} is not valid WebAssembly text", program.display()))?
+            .into_owned();
+    }
+    let name = program
+        .file_name()
+        .map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned());
+    Ok(Target {
+        wasm,
+        name,
+        args: vec![],
+        mounts: vec![],
+    })
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -50,26 +125,23 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
     guest::install_signals(&control)?;
-    let mounts = a.guest.mounts()?;
+    let mut mounts = a.guest.mounts()?;
     let env = a.guest.env()?;
-    let mut wasm = std::fs::read(&a.program)
-        .with_context(|| format!("cannot read {}", a.program.display()))?;
-    if a.program.extension().is_some_and(|e| e == "wat") {
-        wasm = wat::parse_bytes(&wasm)
-            .with_context(|| format!("{} is not valid WebAssembly text", a.program.display()))?
-            .into_owned();
-    }
     let store = settings.open_store()?;
+    let t = target(&store, &a)?;
+    for m in t.mounts {
+        if !mounts.iter().any(|g| g.guest_path == m.guest_path) {
+            mounts.push(m);
+        }
+    }
     let runtime = Runtime::new(Some(settings.compiled_cache()))?;
-    let name = a
-        .program
-        .file_name()
-        .map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned());
+    let name = t.name;
     let prepared = runtime
-        .prepare(&store, &wasm, &|msg| eprintln!("ferry: {msg}"))
-        .with_context(|| format!("cannot run {}", a.program.display()))?;
+        .prepare(&store, &t.wasm, &|msg| eprintln!("ferry: {msg}"))
+        .with_context(|| format!("cannot run {name}"))?;
 
     let mut args = vec![name.clone()];
+    args.extend(t.args);
     args.extend(a.args);
     let wasi = WasiCtx::new(
         args,

@@ -51,3 +51,64 @@ fn cpython_loop_suspended_mid_loop_resumes_identically() {
     );
     assert_eq!(churned.code, 0);
 }
+
+#[test]
+fn run_a_script_with_an_installed_runtime_and_move_it() {
+    let env = Env::new();
+    let py = python312();
+    // Install: refused with a wrong digest, accepted with the pinned one.
+    let (_, err, code) = env.output(&[
+        "python",
+        "install",
+        "--from",
+        py.to_str().unwrap(),
+        "--sha256",
+        "00",
+    ]);
+    assert_eq!(code, 1);
+    assert!(err.contains("refusing it"), "{err}");
+    let pinned = "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763";
+    let (out, err, code) = env.output(&[
+        "python",
+        "install",
+        "--from",
+        py.to_str().unwrap(),
+        "--sha256",
+        pinned,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("installed Python 3.12"), "{out}");
+    let (out, _, _) = env.output(&["python", "list"]);
+    assert!(out.contains("3.12") && out.contains("(default)"), "{out}");
+
+    // A script: its directory is mounted (relative paths work), arguments pass through.
+    let app = env.path("app");
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::copy(repo().join("guests/python/loop.py"), app.join("loop.py")).unwrap();
+    std::fs::write(
+        app.join("hello.py"),
+        "import sys\nopen('note.txt', 'w').write(' '.join(sys.argv[1:]))\nprint('ok')\n",
+    )
+    .unwrap();
+    let script = app.join("hello.py");
+    let (out, err, code) = env.output(&["run", script.to_str().unwrap(), "--", "a", "b"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "ok\n");
+    assert_eq!(
+        std::fs::read_to_string(app.join("note.txt")).unwrap(),
+        "a b"
+    );
+    let (out, _, code) = env.output(&["run", "-c", "print(6 * 7)"]);
+    assert_eq!((out.as_str(), code), ("42\n", 0));
+
+    // Suspended and resumed like any program (the mounts are granted again).
+    let looped = app.join("loop.py");
+    let args = [looped.to_str().unwrap(), "--", "16"];
+    let plain = env.plain(&args);
+    let here = format!("{}::{}", app.display(), app.display());
+    let dot = format!("{}::.", app.display());
+    let churned = env.churn(&args, &["--dir", &here, "--dir", &dot], 3, 5, (300, 700));
+    assert!(churned.snapshots.len() >= 2, "{:?}", churned.snapshots);
+    assert_eq!(churned.stdout, plain.stdout);
+    assert_eq!(churned.code, 0);
+}
