@@ -58,13 +58,44 @@ impl std::fmt::Debug for Stdio {
 }
 
 impl Stdio {
-    /// The process's own stdin, stdout and stderr.
+    /// Like [`Stdio::inherit`], for a resumed guest that had read `consumed` bytes of stdin:
+    /// if stdin is a regular file, reading continues right after them (a pipe or terminal
+    /// simply goes on).
+    pub fn inherit_resumed(consumed: u64) -> Self {
+        // SAFETY: fstat/lseek on fd 0 with a zeroed stat buffer we own.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(0, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFREG {
+                libc::lseek(0, consumed as libc::off_t, libc::SEEK_SET);
+            }
+        }
+        Self::inherit()
+    }
+
+    /// The process's own stdin, stdout and stderr. Stdin is read unbuffered: bytes the guest
+    /// has not asked for stay in the pipe, so a suspend never strands them in a host buffer.
     pub fn inherit() -> Self {
         Self {
-            stdin: Box::new(std::io::stdin()),
+            stdin: Box::new(RawStdin),
             stdin_fd: Some(0),
             stdout: Box::new(std::io::stdout()),
             stderr: Box::new(std::io::stderr()),
+        }
+    }
+}
+
+/// File descriptor 0, read with no buffering of our own.
+#[derive(Debug)]
+struct RawStdin;
+
+impl Read for RawStdin {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // SAFETY: reads into a buffer we own, at most its length, from fd 0.
+        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
         }
     }
 }

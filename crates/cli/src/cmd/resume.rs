@@ -118,7 +118,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let wasi = WasiCtx::restore(
         &loaded.wasi,
         grants,
-        guest::stdio(),
+        ferry_wasi::Stdio::inherit_resumed(loaded.wasi.stdin_bytes),
         guest::host_clock(),
         guest::interrupt_of(&control),
     )

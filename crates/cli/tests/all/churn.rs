@@ -190,3 +190,23 @@ fn disk_full_during_snapshots_keeps_the_guest_running() {
     let (o, e, code) = env.output(&["store", "verify"]);
     assert_eq!(code, 0, "{o}{e}");
 }
+
+#[test]
+fn stdin_from_a_file_is_read_once_across_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("input.txt");
+    let text: String = (0..60)
+        .map(|i| format!("input line number {i} {}\n", "x".repeat(i % 17)))
+        .collect();
+    std::fs::write(&input, text).unwrap();
+    let env = Env::new().with_stdin(input);
+    let g = guest("wasm/lines.wasm");
+    let plain = env.plain(&[g.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&plain.stdout).contains("done 60 lines"));
+    let churned = env.churn(&[g.to_str().unwrap()], &[], 5, 8, (60, 200));
+    assert!(churned.snapshots.len() >= 2, "{:?}", churned.snapshots);
+    assert_eq!(
+        String::from_utf8_lossy(&churned.stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+}

@@ -30,6 +30,7 @@ pub fn guest(rel: &str) -> PathBuf {
 pub struct Env {
     pub dir: tempfile::TempDir,
     vars: Vec<(String, String)>,
+    stdin: Option<PathBuf>,
 }
 
 /// What one (possibly interrupted many times) run showed the user.
@@ -48,12 +49,19 @@ impl Env {
         Self {
             dir: tempfile::tempdir().expect("temp dir"),
             vars: Vec::new(),
+            stdin: None,
         }
     }
 
     /// Sets an environment variable for every ferry this environment runs.
     pub fn with_var(mut self, k: &str, v: &str) -> Self {
         self.vars.push((k.to_owned(), v.to_owned()));
+        self
+    }
+
+    /// Feeds this file as stdin to every ferry this environment runs (opened afresh each time).
+    pub fn with_stdin(mut self, path: PathBuf) -> Self {
+        self.stdin = Some(path);
         self
     }
 
@@ -72,6 +80,9 @@ impl Env {
             .stdin(Stdio::null());
         for (k, v) in &self.vars {
             c.env(k, v);
+        }
+        if let Some(p) = &self.stdin {
+            c.stdin(File::open(p).expect("stdin file"));
         }
         c
     }
