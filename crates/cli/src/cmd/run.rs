@@ -177,3 +177,21 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     }
     .execute(wasi, Start::Fresh)
 }
+
+/// `python -m MODULE` under a Python runtime, with no mounts (the interactive session).
+pub fn python_module(
+    settings: &Settings,
+    python: Option<String>,
+    module: &str,
+) -> Result<ExitCode> {
+    let a = Args {
+        guest: guest::GuestArgs::default(),
+        session: None,
+        python,
+        code: None,
+        module: Some(module.to_owned()),
+        program: None,
+        args: Vec::new(),
+    };
+    run(settings, a)
+}

@@ -112,3 +112,66 @@ fn run_a_script_with_an_installed_runtime_and_move_it() {
     assert_eq!(churned.stdout, plain.stdout);
     assert_eq!(churned.code, 0);
 }
+
+#[test]
+fn an_interactive_session_keeps_its_names_across_a_move() {
+    use std::io::Write;
+    let env = Env::new();
+    let py = python312();
+    let (_, err, code) = env.output(&["python", "install", "--from", py.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let mut child = env
+        .ferry()
+        .arg("python")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.as_mut().unwrap().write_all(b"x = 6\n").unwrap();
+    // Wait until the line has been read (the prompt after it appears): input still in the
+    // pipe would go with the pipe, as it would with any program.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let started = std::time::Instant::now();
+    while seen.windows(4).filter(|w| w == b">>> ").count() < 2 {
+        let mut b = [0u8; 256];
+        let n = std::io::Read::read(&mut stdout, &mut b).unwrap();
+        assert!(
+            n > 0 && started.elapsed().as_secs() < 60,
+            "session ended early: {seen:?}"
+        );
+        seen.extend_from_slice(&b[..n]);
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let first = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(75), "{err}");
+    let k = err
+        .lines()
+        .find_map(|l| l.strip_prefix("suspended "))
+        .unwrap()
+        .to_owned();
+    let mut resumed = env
+        .ferry()
+        .args(["resume", &k])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    resumed
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(b"print(x * 7)\n")
+        .unwrap();
+    drop(resumed.stdin.take());
+    let out = resumed.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("42"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
