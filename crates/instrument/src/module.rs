@@ -56,6 +56,12 @@ pub(crate) struct FuncFacts {
     pub calls_defined: bool,
     pub calls_indirect: bool,
     pub calls_unwinding_import: bool,
+    /// Defined functions called directly (original indices).
+    pub callees: Vec<u32>,
+    /// Functions whose reference the body takes (`ref.func`).
+    pub refs: Vec<u32>,
+    /// On a cycle of the call graph: the only way to run unboundedly without a loop.
+    pub recursive: bool,
 }
 
 impl FuncFacts {
@@ -63,9 +69,10 @@ impl FuncFacts {
     pub fn instrumented(&self) -> bool {
         self.has_loop || self.calls_defined || self.calls_indirect || self.calls_unwinding_import
     }
-    /// Does it poll on entry? Only functions that call can recurse without a loop.
+    /// Does it poll on entry? Only functions on a call-graph cycle can run unboundedly
+    /// without passing a loop header.
     pub fn entry_poll(&self) -> bool {
-        self.calls_defined || self.calls_indirect
+        self.recursive
     }
 }
 
@@ -118,6 +125,8 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
     let mut n_globals = 0u32;
     let mut n_memories = 0u32;
     let mut n_tables = 0u32;
+    // Functions reachable through tables (targets of indirect calls).
+    let mut address_taken: Vec<u32> = Vec::new();
     let mut has_start_export = false;
 
     for payload in Parser::new(0).parse_all(wasm) {
@@ -163,6 +172,27 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
             }
             Payload::MemorySection(r) => n_memories += r.count(),
             Payload::TableSection(r) => n_tables += r.count(),
+            Payload::ElementSection(r) => {
+                for e in r.clone() {
+                    match e?.items {
+                        wasmparser::ElementItems::Functions(fs) => {
+                            for f in fs {
+                                address_taken.push(f?);
+                            }
+                        }
+                        wasmparser::ElementItems::Expressions(_, es) => {
+                            for expr in es {
+                                let mut ops = expr?.get_operators_reader();
+                                while !ops.eof() {
+                                    if let Operator::RefFunc { function_index } = ops.read()? {
+                                        address_taken.push(function_index);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
             Payload::GlobalSection(r) => {
                 for g in r.clone() {
                     if g?.ty.mutable {
@@ -204,6 +234,8 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
     for (_, body) in &bodies {
         facts.push(scan(body, n_imported, &unwinding_import)?);
     }
+    address_taken.extend(facts.iter().flat_map(|f| f.refs.iter().copied()));
+    mark_recursive(&mut facts, n_imported, &address_taken);
     let mut is_site_callee: Vec<bool> = unwinding_import.clone();
     is_site_callee.extend(facts.iter().map(FuncFacts::instrumented));
 
@@ -348,11 +380,13 @@ fn scan(
             Operator::Call { function_index } => {
                 if function_index >= n_imported {
                     facts.calls_defined = true;
+                    facts.callees.push(function_index);
                 } else if unwinding_import[function_index as usize] {
                     facts.calls_unwinding_import = true;
                 }
             }
             Operator::CallIndirect { .. } => facts.calls_indirect = true,
+            Operator::RefFunc { function_index } => facts.refs.push(function_index),
             Operator::TableSet { .. }
             | Operator::TableGrow { .. }
             | Operator::TableFill { .. }
@@ -618,4 +652,72 @@ fn rewind_elements(
         }
     }
     Ok(())
+}
+
+/// Marks the defined functions on a cycle of the call graph (Tarjan's algorithm, iterative).
+/// An indirect call may reach any function whose address is taken.
+fn mark_recursive(facts: &mut [FuncFacts], n_imported: u32, address_taken: &[u32]) {
+    let n = facts.len();
+    let defined = |f: u32| {
+        (f >= n_imported)
+            .then(|| (f - n_imported) as usize)
+            .filter(|&i| i < n)
+    };
+    let mut indirect: Vec<usize> = address_taken.iter().filter_map(|&f| defined(f)).collect();
+    indirect.sort_unstable();
+    indirect.dedup();
+    let edges: Vec<Vec<usize>> = facts
+        .iter()
+        .map(|f| {
+            let mut e: Vec<usize> = f.callees.iter().filter_map(|&c| defined(c)).collect();
+            if f.calls_indirect {
+                e.extend(&indirect);
+            }
+            e
+        })
+        .collect();
+    let (mut index, mut low, mut on_stack) = (vec![usize::MAX; n], vec![0; n], vec![false; n]);
+    let (mut stack, mut next) = (Vec::new(), 0usize);
+    for root in 0..n {
+        if index[root] != usize::MAX {
+            continue;
+        }
+        let mut work = vec![(root, 0usize)];
+        while let Some(&mut (v, ref mut i)) = work.last_mut() {
+            if *i == 0 && index[v] == usize::MAX {
+                index[v] = next;
+                low[v] = next;
+                next += 1;
+                stack.push(v);
+                on_stack[v] = true;
+            }
+            if let Some(&w) = edges[v].get(*i) {
+                *i += 1;
+                if index[w] == usize::MAX {
+                    work.push((w, 0));
+                } else if on_stack[w] {
+                    low[v] = low[v].min(index[w]);
+                }
+                continue;
+            }
+            work.pop();
+            if let Some(&(parent, _)) = work.last() {
+                low[parent] = low[parent].min(low[v]);
+            }
+            if low[v] == index[v] {
+                let mut members = Vec::new();
+                while let Some(w) = stack.pop() {
+                    on_stack[w] = false;
+                    members.push(w);
+                    if w == v {
+                        break;
+                    }
+                }
+                let cyclic = members.len() > 1 || edges[v].contains(&v);
+                for m in members {
+                    facts[m].recursive = cyclic;
+                }
+            }
+        }
+    }
 }

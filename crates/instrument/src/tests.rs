@@ -85,11 +85,37 @@ fn leaf_functions_are_left_alone_and_loops_are_polled() {
         out.stats.instrumented, 1,
         "only _start can be on the stack at a safe point"
     );
-    assert_eq!(out.stats.polls, 2, "one loop header, one entry (it calls)");
     assert_eq!(
-        out.stats.call_sites, 2,
+        out.stats.polls, 1,
+        "the loop header; _start is on no call cycle"
+    );
+    assert_eq!(
+        out.stats.call_sites, 1,
         "the call to a leaf is not a call site"
     );
+}
+
+#[test]
+fn functions_on_call_cycles_poll_on_entry() {
+    let m = wat::parse_str(
+        r#"(module
+             (type $t (func (param i32) (result i32)))
+             (table 1 funcref)
+             (elem (i32.const 0) $via_table)
+             (func $self (param i32) (result i32)
+               (if (result i32) (local.get 0)
+                 (then (call $self (i32.sub (local.get 0) (i32.const 1))))
+                 (else (i32.const 0))))
+             (func $via_table (param i32) (result i32)
+               (call_indirect (type $t) (local.get 0) (i32.const 0)))
+             (func $once (param i32) (result i32) (call $self (local.get 0)))
+             (func (export "_start") (drop (call $once (i32.const 3))) (drop (call $via_table (i32.const 0)))))"#,
+    )
+    .unwrap();
+    let out = instrument(&m).unwrap();
+    // $self (direct recursion) and $via_table (reaches itself through the table) poll on
+    // entry; $once and _start call but lie on no cycle.
+    assert_eq!(out.stats.polls, 2);
 }
 
 /// Deterministic pseudo-random seeds for wasm-smith (xorshift; no RNG dependency).

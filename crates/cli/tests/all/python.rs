@@ -128,7 +128,9 @@ fn an_interactive_session_keeps_its_names_across_a_move() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.as_mut().unwrap().write_all(b"x = 6\n").unwrap();
+    // Keep stdin open until the session has stopped: an EOF would end it first.
+    let mut first_stdin = child.stdin.take().unwrap();
+    first_stdin.write_all(b"x = 6\n").unwrap();
     // Wait until the line has been read (the prompt after it appears): input still in the
     // pipe would go with the pipe, as it would with any program.
     let mut stdout = child.stdout.take().unwrap();
@@ -146,6 +148,7 @@ fn an_interactive_session_keeps_its_names_across_a_move() {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let first = child.wait_with_output().unwrap();
+    drop(first_stdin);
     let err = String::from_utf8_lossy(&first.stderr);
     assert_eq!(first.status.code(), Some(75), "{err}");
     let k = err
