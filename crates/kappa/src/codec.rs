@@ -8,6 +8,10 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+/// Deepest nesting of arrays, maps and tags ferry will decode. Ferry's objects nest a few
+/// levels; the limit keeps a hostile object from exhausting the stack of the decoder.
+pub const MAX_DEPTH: usize = 32;
+
 /// Largest encoded object ferry will decode (64 MiB). Memory chunks are far smaller; this only
 /// bounds what an untrusted peer can make us allocate.
 pub const MAX_OBJECT_BYTES: usize = 64 << 20;
@@ -23,6 +27,8 @@ pub enum CodecError {
     TooLarge(usize),
     #[error("object bytes are valid but not canonical (re-encoding differs)")]
     NotCanonical,
+    #[error("object nests deeper than {MAX_DEPTH} levels, or is not well-formed CBOR")]
+    TooDeep,
 }
 
 /// Encodes `value` to its canonical bytes.
@@ -35,12 +41,61 @@ pub fn decode<T: Serialize + DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecE
     if bytes.len() > MAX_OBJECT_BYTES {
         return Err(CodecError::TooLarge(bytes.len()));
     }
+    check_depth(bytes)?;
     let value: T =
         serde_ipld_dagcbor::from_slice(bytes).map_err(|e| CodecError::Decode(e.to_string()))?;
     if encode(&value)? != bytes {
         return Err(CodecError::NotCanonical);
     }
     Ok(value)
+}
+
+/// Walks the CBOR item structure without recursion and refuses nesting deeper than
+/// [`MAX_DEPTH`] (and indefinite lengths, which canonical encodings never use).
+pub fn check_depth(bytes: &[u8]) -> Result<(), CodecError> {
+    // Items still to read at each open level (the outermost level holds the one top item).
+    let mut pending: Vec<u64> = vec![1];
+    let mut at = 0usize;
+    while let Some(left) = pending.last_mut() {
+        if *left == 0 {
+            pending.pop();
+            continue;
+        }
+        *left -= 1;
+        let b = *bytes.get(at).ok_or(CodecError::TooDeep)?;
+        at += 1;
+        let (major, info) = (b >> 5, b & 0x1f);
+        let arg: u64 = match info {
+            0..=23 => u64::from(info),
+            24..=27 => {
+                let n = 1usize << (info - 24);
+                let raw = bytes.get(at..at + n).ok_or(CodecError::TooDeep)?;
+                at += n;
+                raw.iter().fold(0u64, |a, &x| (a << 8) | u64::from(x))
+            }
+            _ => return Err(CodecError::TooDeep),
+        };
+        match major {
+            2 | 3 => {
+                at = at
+                    .checked_add(usize::try_from(arg).map_err(|_| CodecError::TooDeep)?)
+                    .ok_or(CodecError::TooDeep)?;
+            }
+            4..=6 => {
+                let items = match major {
+                    4 => arg,
+                    5 => arg.checked_mul(2).ok_or(CodecError::TooDeep)?,
+                    _ => 1,
+                };
+                if items > bytes.len() as u64 || pending.len() > MAX_DEPTH {
+                    return Err(CodecError::TooDeep);
+                }
+                pending.push(items);
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -74,6 +129,21 @@ mod tests {
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = decode::<Sample>(&bytes);
         }
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_before_decoding() {
+        let mut deep = vec![0x81u8; 100_000];
+        deep.push(0x01);
+        assert!(matches!(
+            decode::<Vec<u64>>(&deep),
+            Err(CodecError::TooDeep)
+        ));
+        let ok = encode(&vec![vec![vec![1u64]]]).unwrap();
+        assert_eq!(
+            decode::<Vec<Vec<Vec<u64>>>>(&ok).unwrap(),
+            vec![vec![vec![1u64]]]
+        );
     }
 
     #[test]

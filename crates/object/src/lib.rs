@@ -61,6 +61,7 @@ pub fn decode<T: ObjectKind>(bytes: &[u8]) -> Result<T, ObjectError> {
     if bytes.len() > ferry_kappa::MAX_OBJECT_BYTES {
         return Err(CodecError::TooLarge(bytes.len()).into());
     }
+    ferry_kappa::codec::check_depth(bytes)?;
     let header: Header = serde_ipld_dagcbor::from_slice(bytes)
         .map_err(|e| CodecError::Decode(format!("no kind/version header: {e}")))?;
     if header.kind != T::KIND {
