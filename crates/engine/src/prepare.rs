@@ -93,7 +93,16 @@ impl Runtime {
                         wasm.len() >> 20
                     ));
                 }
+                let started = std::time::Instant::now();
                 let out = ferry_instrument::instrument(&wasm)?;
+                if wasm.len() > 4 << 20 {
+                    progress(&format!(
+                        "made suspendable in {:.1} s ({} of {} functions instrumented)",
+                        started.elapsed().as_secs_f64(),
+                        out.stats.instrumented,
+                        out.stats.functions
+                    ));
+                }
                 let k = store.put(&out.wasm)?;
                 let _ = store.cas_ref(
                     &name,
@@ -146,8 +155,15 @@ impl Runtime {
                 bytes.len() >> 20
             ));
         }
+        let started = std::time::Instant::now();
         let m = wasmtime::Module::new(&self.engine, bytes)
             .map_err(|e| EngineError::Compile(format!("{e:#}")))?;
+        if bytes.len() > 1 << 20 {
+            progress(&format!(
+                "compiled in {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
+        }
         // A cache write that fails only costs a compile next time.
         if let (Some(p), Ok(ser)) = (path, m.serialize()) {
             let _ = write_atomic(&p, &ser);
