@@ -227,7 +227,7 @@ struct Emitter<'c, 'm, R> {
     results: Vec<ValType>,
     /// Number of original locals (parameters and declared locals).
     n_orig: usize,
-    live: Liveness,
+    live: &'c Liveness,
 }
 
 type Validator = FuncValidator<ValidatorResources>;
@@ -619,11 +619,6 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     locals.push(ValType::I32);
     locals.push(ValType::I32);
     offsets.extend([u32::MAX, u32::MAX]);
-    let ops_list: Vec<Operator<'_>> = body
-        .get_operators_reader()?
-        .into_iter()
-        .collect::<Result<_, _>>()?;
-    let live = crate::live::analyze(&ops_list, n_orig);
 
     let (temps, locals, offsets, record_len) = match layout {
         Some(l) => (
@@ -653,7 +648,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         fid: defined_index as i32,
         results: results.clone(),
         n_orig,
-        live,
+        live: &plan.live,
     };
     let done_bt = e.types.block_type(&[], &results);
     e.ins(I::Block(done_bt));
@@ -846,9 +841,10 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         .map(|(l, (t, off))| (l as u32, *t, *off))
         .collect();
 
-    // Prologue: if rewinding, pop this frame's record.
-    let mut pro = Vec::new();
-    {
+    let mut body_bytes = std::mem::take(&mut e.out);
+    if copy == Copy::Rewind {
+        // Prologue of the rewind copy: pop this frame's record.
+        let mut pro = Vec::new();
         let mut p = |i: I<'_>| i.encode(&mut pro);
         p(I::GlobalGet(state));
         p(I::I32Const(abi::STATE_REWIND));
@@ -876,9 +872,6 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
             p(I::LocalSet(l));
         }
         p(I::End);
-    }
-    let mut body_bytes = std::mem::take(&mut e.out);
-    if copy == Copy::Rewind {
         body_bytes.splice(prologue_at..prologue_at, pro);
     }
 

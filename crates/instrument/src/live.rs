@@ -163,12 +163,14 @@ impl Analysis<'_> {
                 Operator::LocalSet { local_index } | Operator::LocalTee { local_index } => {
                     live.remove(*local_index)
                 }
-                Operator::Br { relative_depth } => live = label(labels, *relative_depth),
-                Operator::BrIf { relative_depth } => live.union(&label(labels, *relative_depth)),
+                Operator::Br { relative_depth } => live = self.label(labels, *relative_depth),
+                Operator::BrIf { relative_depth } => {
+                    live.union(&self.label(labels, *relative_depth))
+                }
                 Operator::BrTable { targets } => {
-                    let mut l = label(labels, targets.default());
+                    let mut l = self.label(labels, targets.default());
                     for t in targets.targets().flatten() {
-                        l.union(&label(labels, t));
+                        l.union(&self.label(labels, t));
                     }
                     live = l;
                 }
@@ -232,9 +234,13 @@ impl Analysis<'_> {
     }
 }
 
-fn label(labels: &[Locals], depth: u32) -> Locals {
-    labels
-        .get(labels.len().wrapping_sub(1 + depth as usize))
-        .cloned()
-        .unwrap_or_default()
+impl Analysis<'_> {
+    /// The live set at a branch target; every local when the depth names no label (never for
+    /// validated code, and "all live" is the safe answer).
+    fn label(&self, labels: &[Locals], depth: u32) -> Locals {
+        labels
+            .get(labels.len().wrapping_sub(1 + depth as usize))
+            .cloned()
+            .unwrap_or_else(|| Locals::all(self.n))
+    }
 }

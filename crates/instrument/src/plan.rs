@@ -9,6 +9,7 @@ use wasmparser::{FuncToValidate, FunctionBody, Operator, ValidatorResources};
 
 use crate::emit::ModuleCtx;
 use crate::error::InstrumentError;
+use crate::live::Liveness;
 
 /// Deepest control nesting ferry accepts in one function.
 pub(crate) const MAX_NESTING: usize = 10_000;
@@ -33,6 +34,8 @@ pub(crate) struct Plan {
     pub ops: Vec<OpPlan>,
     pub n_sites: u32,
     pub n_polls: u32,
+    /// Live original locals at each unwind point (shared by both copies of the function).
+    pub live: Liveness,
 }
 
 struct Open {
@@ -69,6 +72,7 @@ pub(crate) fn plan(
     }
     let mut ops = Vec::new();
     let mut open: Vec<Open> = Vec::new();
+    let mut body_ops = Vec::new();
     let mut reader = body.get_operators_reader()?;
     while !reader.eof() {
         let offset = reader.original_position();
@@ -134,11 +138,14 @@ pub(crate) fn plan(
         }
         ops.push(this);
         validator.op(offset, &op)?;
+        body_ops.push(op);
     }
+    let live = crate::live::analyze(&body_ops, validator.len_locals() as usize);
     Ok(Plan {
         entry_poll,
         ops,
         n_sites: next,
         n_polls,
+        live,
     })
 }
