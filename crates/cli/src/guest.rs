@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use ferry_engine::{Control, Outcome, Prepared, Request, Runtime, SnapshotMeta, Start};
+use ferry_engine::{Control, EngineKind, Outcome, Prepared, Request, Runtime, SnapshotMeta, Start};
 use ferry_kappa::Kappa;
 use ferry_store::{FsStore, RefValue, Store};
 use ferry_wasi::{HostClock, MountSpec, Stdio, WasiCtx};
@@ -20,7 +20,7 @@ pub const EXIT_SUSPENDED: u8 = 75;
 const GUEST_THREAD_STACK: usize = 256 << 20;
 
 /// What `run` and `resume` both take: mounts, environment, periodic checkpoints.
-#[derive(Debug, Default, clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct GuestArgs {
     /// Mount a host directory: HOST::GUEST (or DIR, same path in the guest). On resume: grant
     /// a directory for one of the snapshot's mounts.
@@ -32,6 +32,26 @@ pub struct GuestArgs {
     /// Write a snapshot this often while running (e.g. 500ms, 10s, 5m).
     #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
     pub checkpoint_every: Option<std::time::Duration>,
+    /// Engine to run the guest on: `jit` (wasmtime) or `interp` (wasmi, a pure-Rust
+    /// interpreter). A snapshot taken on one resumes on the other.
+    #[arg(
+        long,
+        value_name = "ENGINE",
+        env = "FERRY_ENGINE",
+        default_value = "jit"
+    )]
+    pub engine: EngineKind,
+}
+
+impl Default for GuestArgs {
+    fn default() -> Self {
+        Self {
+            dirs: Vec::new(),
+            envs: Vec::new(),
+            checkpoint_every: None,
+            engine: EngineKind::Jit,
+        }
+    }
 }
 
 impl GuestArgs {

@@ -1,4 +1,4 @@
-//! Runs suspendable modules on wasmtime, and turns their state into snapshot objects and back.
+//! Runs suspendable modules on wasmtime or wasmi, and turns their state into snapshot objects and back.
 //!
 //! * [`Runtime::prepare`] — original module → instrumented module (an object derived from the
 //!   original's κ, cached through a ref) → compiled code (a machine cache, never the contract).
@@ -11,14 +11,18 @@ pub mod closure;
 mod control;
 mod error;
 mod host;
+mod interp;
+mod jit;
 mod prepare;
 mod run;
+mod seam;
 pub mod snapshot;
 
 pub use control::{Control, Request};
 pub use error::{EngineError, Stage};
 pub use prepare::{Prepared, Runtime};
 pub use run::{Outcome, PlainModule, SnapshotMeta, Start};
+pub use seam::{EngineKind, Stop, Value};
 
 /// Host contract version recorded in every snapshot's profile.
 pub const HOST_CONTRACT: &str = "ferry-host/1";

@@ -7,12 +7,12 @@ use ferry_kappa::Kappa;
 use ferry_store::Store;
 use ferry_wasi::WasiCtx;
 use tracing::info;
-use wasmtime::Val;
 
 use crate::control::{Control, Request};
 use crate::error::{EngineError, Stage};
-use crate::host::{GuestExit, Handles, HostState, linker};
+use crate::host::HostState;
 use crate::prepare::{Prepared, Runtime};
+use crate::seam::{Compiled, Instance, Stop, Value};
 use crate::snapshot::{self, Loaded};
 
 /// Where a run begins.
@@ -34,8 +34,14 @@ pub enum Outcome {
 }
 
 /// A module compiled without instrumentation.
-#[derive(Debug, Clone)]
-pub struct PlainModule(wasmtime::Module);
+#[derive(Clone)]
+pub struct PlainModule(Arc<dyn Compiled>);
+
+impl std::fmt::Debug for PlainModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PlainModule")
+    }
+}
 
 /// Facts recorded in each snapshot the run writes.
 #[derive(Debug, Clone)]
@@ -70,49 +76,16 @@ impl Runtime {
         mut meta: SnapshotMeta,
         on_snapshot: &mut dyn FnMut(Result<Kappa, EngineError>, Request),
     ) -> Result<Outcome, EngineError> {
-        let state = HostState {
-            wasi,
-            memory: None,
-            handles: None,
-            control: control.clone(),
-            unwind_reason: Request::None,
-        };
-        let mut ws = wasmtime::Store::new(&self.engine, state);
-        let linker = linker(&self.engine).map_err(|e| EngineError::Instantiate(e.to_string()))?;
-        let instance = linker
-            .instantiate(&mut ws, &prepared.compiled)
-            .map_err(|e| EngineError::Instantiate(format!("{e:#}")))?;
-        let mem = |ws: &mut wasmtime::Store<HostState>, name: &str| {
-            instance.get_memory(&mut *ws, name).ok_or_else(|| {
-                EngineError::Instantiate(format!("instrumented module lacks `{name}`"))
-            })
-        };
-        let glob = |ws: &mut wasmtime::Store<HostState>, name: &str| {
-            instance.get_global(&mut *ws, name).ok_or_else(|| {
-                EngineError::Instantiate(format!("instrumented module lacks `{name}`"))
-            })
-        };
-        ws.data_mut().memory = instance.get_memory(&mut ws, "memory");
-        let h = Handles {
-            ctl: mem(&mut ws, abi::CTL_MEMORY)?,
-            stack: mem(&mut ws, abi::STACK_MEMORY)?,
-            state: glob(&mut ws, abi::STATE_GLOBAL)?,
-            sp: glob(&mut ws, abi::SP_GLOBAL)?,
-        };
-        ws.data_mut().handles = Some(h);
+        let host = HostState::new(wasi, control.clone());
+        let mut inst = prepared.compiled.instantiate(host, true)?;
+        let inst = inst.as_mut();
         // A fresh run calls the former start function, then `_start`; a restored run re-enters
-        // the one it was suspended in.
-        let mut entries = Vec::new();
-        for name in [abi::START_EXPORT, "_start"] {
-            if let Ok(f) = instance.get_typed_func::<(), ()>(&mut ws, name) {
-                // After an unwind the entry is re-entered through its rewind copy.
-                let rewind = instance
-                    .get_typed_func::<(), ()>(&mut ws, &abi::rewind_export(name))
-                    .ok();
-                entries.push((name, f, rewind));
-            }
-        }
-        if entries.last().is_none_or(|(n, _, _)| *n != "_start") {
+        // the one it was suspended in (through its rewind copy).
+        let entries: Vec<&str> = [abi::START_EXPORT, "_start"]
+            .into_iter()
+            .filter(|n| inst.has_func(n))
+            .collect();
+        if entries.last() != Some(&"_start") {
             return Err(EngineError::Instantiate(
                 "module has no `_start` function".into(),
             ));
@@ -120,13 +93,16 @@ impl Runtime {
         let mut phase = 0;
         let mut rewinding = false;
 
-        control.attach(h.ctl.data_ptr(&ws) as usize);
+        let ctl = inst.memory_mut(abi::CTL_MEMORY).ok_or_else(|| {
+            EngineError::Instantiate("instrumented module lacks `ferry:ctl`".into())
+        })?;
+        control.attach(ctl.as_mut_ptr() as usize);
         let _attached = Attached(&control);
 
         if let Start::Restore(loaded) = start {
             phase = entries
                 .iter()
-                .position(|(n, _, _)| *n == loaded.snapshot.entry)
+                .position(|n| *n == loaded.snapshot.entry)
                 .ok_or_else(|| {
                     EngineError::refused(
                         Stage::Restoring,
@@ -136,24 +112,29 @@ impl Runtime {
                         ),
                     )
                 })?;
-            snapshot::restore_into(&mut ws, &instance, &loaded, store)?;
-            begin_rewind(&mut ws, h)?;
+            snapshot::restore_into(inst, &loaded, store)?;
+            begin_rewind(inst)?;
             rewinding = true;
-            info!(snapshot = %meta.parent.map(|k| k.to_string()).unwrap_or_default(), "running");
+            info!(snapshot = %meta.parent.map(|k| k.to_string()).unwrap_or_default(), engine = %self.kind(), "running");
         }
 
         loop {
-            let (name, entry, rewind) = &entries[phase];
+            let name = entries[phase];
             let call = if std::mem::take(&mut rewinding) {
-                rewind.as_ref().ok_or_else(|| {
-                    EngineError::refused(Stage::Restoring, format!("`{name}` has no rewind copy"))
-                })?
+                let rewind = abi::rewind_export(name);
+                if !inst.has_func(&rewind) {
+                    return Err(EngineError::refused(
+                        Stage::Restoring,
+                        format!("`{name}` has no rewind copy"),
+                    ));
+                }
+                rewind
             } else {
-                entry
+                name.to_owned()
             };
-            match call.call(&mut ws, ()) {
+            match inst.call(&call) {
                 Ok(()) => {
-                    let state = h.state.get(&mut ws).unwrap_i32();
+                    let state = global_i32(inst, abi::STATE_GLOBAL)?;
                     if state == abi::STATE_REWIND {
                         return Err(EngineError::refused(
                             Stage::Restoring,
@@ -165,12 +146,11 @@ impl Runtime {
                         if phase < entries.len() {
                             continue;
                         }
-                        ws.data_mut().wasi.flush();
+                        inst.host().wasi.flush();
                         return Ok(Outcome::Exited(0));
                     }
-                    let reason = ws.data().unwind_reason;
-                    let written =
-                        snapshot::write(&mut ws, &instance, h, store, &meta, prepared, name);
+                    let reason = inst.host().unwind_reason;
+                    let written = snapshot::write(inst, store, &meta, prepared, name);
                     let ok = written.as_ref().ok().copied();
                     on_snapshot(written, reason);
                     if let Some(k) = ok {
@@ -180,85 +160,60 @@ impl Runtime {
                             return Ok(Outcome::Suspended(k));
                         }
                     }
-                    begin_rewind(&mut ws, h)?;
+                    begin_rewind(inst)?;
                     rewinding = true;
                 }
-                Err(e) => {
-                    ws.data_mut().wasi.flush();
-                    if let Some(GuestExit(code)) = e.downcast_ref::<GuestExit>() {
-                        return Ok(Outcome::Exited(*code));
-                    }
-                    return Err(EngineError::Trap(trap_message(&e)));
+                Err(stop) => {
+                    inst.host().wasi.flush();
+                    return match stop {
+                        Stop::Exit(code) => Ok(Outcome::Exited(code)),
+                        Stop::Trap(m) => Err(EngineError::Trap(m)),
+                    };
                 }
             }
         }
     }
-}
 
-impl Runtime {
     /// Compiles a module as it is, without instrumentation (the benchmark baseline).
     pub fn compile_plain(&self, wasm: &[u8]) -> Result<PlainModule, EngineError> {
-        wasmtime::Module::new(&self.engine, wasm)
-            .map(PlainModule)
-            .map_err(|e| EngineError::Compile(format!("{e:#}")))
+        self.backend.compile(None, wasm, &|_| {}).map(PlainModule)
     }
 
     /// Runs an uninstrumented module to completion with the same WASI. Returns its exit code.
     pub fn run_plain(&self, module: &PlainModule, wasi: WasiCtx) -> Result<i32, EngineError> {
-        let module = &module.0;
-        let state = HostState {
-            wasi,
-            memory: None,
-            handles: None,
-            control: Arc::new(Control::new()),
-            unwind_reason: Request::None,
-        };
-        let mut ws = wasmtime::Store::new(&self.engine, state);
-        let linker = linker(&self.engine).map_err(|e| EngineError::Instantiate(e.to_string()))?;
-        let instance = linker
-            .instantiate(&mut ws, module)
-            .map_err(|e| EngineError::Instantiate(format!("{e:#}")))?;
-        ws.data_mut().memory = instance.get_memory(&mut ws, "memory");
-        let entry = instance
-            .get_typed_func::<(), ()>(&mut ws, "_start")
-            .map_err(|e| EngineError::Instantiate(format!("`_start`: {e}")))?;
-        let r = entry.call(&mut ws, ());
-        ws.data_mut().wasi.flush();
+        let host = HostState::new(wasi, Arc::new(Control::new()));
+        let mut inst = module.0.instantiate(host, false)?;
+        if !inst.has_func("_start") {
+            return Err(EngineError::Instantiate(
+                "module has no `_start` function".into(),
+            ));
+        }
+        let r = inst.call("_start");
+        inst.host().wasi.flush();
         match r {
             Ok(()) => Ok(0),
-            Err(e) => match e.downcast_ref::<GuestExit>() {
-                Some(GuestExit(code)) => Ok(*code),
-                None => Err(EngineError::Trap(trap_message(&e))),
-            },
+            Err(Stop::Exit(code)) => Ok(code),
+            Err(Stop::Trap(m)) => Err(EngineError::Trap(m)),
         }
     }
 }
 
-/// Arms a rewind of the frames saved in `ferry:stack`: the next `_start` call re-enters them.
-fn begin_rewind(ws: &mut wasmtime::Store<HostState>, h: Handles) -> Result<(), EngineError> {
-    let err = |e: wasmtime::Error| EngineError::Trap(e.to_string());
-    h.state
-        .set(&mut *ws, Val::I32(abi::STATE_REWIND))
-        .map_err(err)?;
-    h.ctl.data_mut(&mut *ws)[..4].copy_from_slice(&1u32.to_le_bytes());
-    Ok(())
+pub(crate) fn global_i32(inst: &mut dyn Instance, name: &str) -> Result<i32, EngineError> {
+    match inst.global(name) {
+        Some(Value::I32(v)) => Ok(v),
+        _ => Err(EngineError::Instantiate(format!(
+            "instrumented module lacks the i32 global `{name}`"
+        ))),
+    }
 }
 
-/// The trap's cause and the innermost frames of its backtrace (a deep recursion would print
-/// thousands of identical lines).
-fn trap_message(e: &wasmtime::Error) -> String {
-    let full = format!("{e:?}");
-    let lines: Vec<&str> = full.lines().collect();
-    if lines.len() <= 16 {
-        return full;
-    }
-    let causes: Vec<&str> = lines
-        .iter()
-        .skip_while(|l| !l.starts_with("Caused by"))
-        .copied()
-        .collect();
-    let mut out: Vec<&str> = lines[..9].to_vec();
-    out.push("    ...");
-    out.extend(causes);
-    out.join("\n")
+/// Arms a rewind of the frames saved in `ferry:stack`: the next entry call re-enters them.
+fn begin_rewind(inst: &mut dyn Instance) -> Result<(), EngineError> {
+    inst.set_global(abi::STATE_GLOBAL, Value::I32(abi::STATE_REWIND))
+        .map_err(EngineError::Trap)?;
+    let ctl = inst
+        .memory_mut(abi::CTL_MEMORY)
+        .ok_or_else(|| EngineError::Trap("no `ferry:ctl` memory".into()))?;
+    ctl[..4].copy_from_slice(&1u32.to_le_bytes());
+    Ok(())
 }

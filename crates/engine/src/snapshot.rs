@@ -13,12 +13,11 @@ use ferry_object::{
 };
 use ferry_store::{Store, StoreError};
 use tracing::info;
-use wasmtime::{Instance, Val};
 
 use crate::error::{EngineError, Stage};
-use crate::host::{Handles, HostState};
 use crate::prepare::Prepared;
-use crate::run::SnapshotMeta;
+use crate::run::{SnapshotMeta, global_i32};
+use crate::seam::{Instance, Value};
 use crate::{ENGINE_CLASS, HOST_CONTRACT};
 
 /// Largest memory ferry restores (4 GiB, the wasm32 limit).
@@ -52,39 +51,36 @@ pub fn write_memory(store: &dyn Store, data: &[u8]) -> Result<Kappa, StoreError>
     store.put(&ferry_object::encode(&image))
 }
 
-fn global_value(index: u32, v: &Val) -> Option<GlobalValue> {
+fn global_value(index: u32, v: Value) -> GlobalValue {
     let (ty, bits) = match v {
-        Val::I32(x) => ("i32", x.to_le_bytes().to_vec()),
-        Val::I64(x) => ("i64", x.to_le_bytes().to_vec()),
-        Val::F32(x) => ("f32", x.to_le_bytes().to_vec()),
-        Val::F64(x) => ("f64", x.to_le_bytes().to_vec()),
-        Val::V128(x) => ("v128", x.as_u128().to_le_bytes().to_vec()),
-        _ => return None,
+        Value::I32(x) => ("i32", x.to_le_bytes().to_vec()),
+        Value::I64(x) => ("i64", x.to_le_bytes().to_vec()),
+        Value::F32(x) => ("f32", x.to_le_bytes().to_vec()),
+        Value::F64(x) => ("f64", x.to_le_bytes().to_vec()),
+        Value::V128(x) => ("v128", x.to_le_bytes().to_vec()),
     };
-    Some(GlobalValue {
+    GlobalValue {
         index,
         ty: ty.into(),
         bits,
-    })
+    }
 }
 
-fn to_val(g: &GlobalValue) -> Option<Val> {
+fn to_value(g: &GlobalValue) -> Option<Value> {
     let b = &g.bits;
     Some(match (g.ty.as_str(), b.len()) {
-        ("i32", 4) => Val::I32(i32::from_le_bytes(b[..].try_into().ok()?)),
-        ("i64", 8) => Val::I64(i64::from_le_bytes(b[..].try_into().ok()?)),
-        ("f32", 4) => Val::F32(u32::from_le_bytes(b[..].try_into().ok()?)),
-        ("f64", 8) => Val::F64(u64::from_le_bytes(b[..].try_into().ok()?)),
-        ("v128", 16) => Val::V128(u128::from_le_bytes(b[..].try_into().ok()?).into()),
+        ("i32", 4) => Value::I32(i32::from_le_bytes(b[..].try_into().ok()?)),
+        ("i64", 8) => Value::I64(i64::from_le_bytes(b[..].try_into().ok()?)),
+        ("f32", 4) => Value::F32(u32::from_le_bytes(b[..].try_into().ok()?)),
+        ("f64", 8) => Value::F64(u64::from_le_bytes(b[..].try_into().ok()?)),
+        ("v128", 16) => Value::V128(u128::from_le_bytes(b[..].try_into().ok()?)),
         _ => return None,
     })
 }
 
 /// Writes the snapshot of a guest that has just unwound.
 pub(crate) fn write(
-    ws: &mut wasmtime::Store<HostState>,
-    instance: &Instance,
-    h: Handles,
+    inst: &mut dyn Instance,
     store: &dyn Store,
     meta: &SnapshotMeta,
     prepared: &Prepared,
@@ -92,15 +88,15 @@ pub(crate) fn write(
 ) -> Result<Kappa, EngineError> {
     let fail =
         |step: &str, e: &dyn std::fmt::Display| EngineError::Capture(step.into(), e.to_string());
-    let sp = h.sp.get(&mut *ws).unwrap_i32() as u32 as usize;
-    let stack = h
-        .stack
-        .data(&*ws)
+    let sp = global_i32(inst, abi::SP_GLOBAL)? as u32 as usize;
+    let stack = inst
+        .memory(abi::STACK_MEMORY)
+        .ok_or_else(|| fail("stack", &"no saved-stack memory"))?
         .get(..sp)
         .ok_or_else(|| fail("stack", &"saved stack pointer out of bounds"))?
         .to_vec();
 
-    let host = ws.data_mut();
+    let host = inst.host();
     host.wasi.flush();
     host.wasi.sync_files();
     let mut trees = Vec::new();
@@ -115,22 +111,15 @@ pub(crate) fn write(
     }
 
     let mut globals = Vec::new();
-    let names: Vec<String> = instance
-        .exports(&mut *ws)
-        .map(|e| e.name().to_owned())
-        .collect();
-    for name in names {
+    for name in inst.export_names() {
         if let Some(idx) = name
             .strip_prefix(abi::GLOBAL_PREFIX)
             .and_then(|i| i.parse::<u32>().ok())
         {
-            let g = instance.get_global(&mut *ws, &name).expect("listed export");
-            let v = g.get(&mut *ws);
-            globals.push(
-                global_value(idx, &v).ok_or_else(|| {
-                    fail("globals", &format!("global {idx} has a reference type"))
-                })?,
-            );
+            let v = inst
+                .global(&name)
+                .ok_or_else(|| fail("globals", &format!("global {idx} has a reference type")))?;
+            globals.push(global_value(idx, v));
         }
     }
     globals.sort_by_key(|g| g.index);
@@ -138,10 +127,10 @@ pub(crate) fn write(
     let started = std::time::Instant::now();
     let mut memories = Vec::new();
     for i in 0.. {
-        let Some(m) = instance.get_memory(&mut *ws, &abi::memory_export(i)) else {
+        let Some(m) = inst.memory(&abi::memory_export(i)) else {
             break;
         };
-        memories.push(write_memory(store, m.data(&*ws)).map_err(|e| fail("memory", &e))?);
+        memories.push(write_memory(store, m).map_err(|e| fail("memory", &e))?);
     }
 
     let (kind, v) = ferry_object::header::<Snapshot>();
@@ -349,8 +338,7 @@ fn read_chunks(
 
 /// Restoring: memories, globals and the saved stack into a fresh instance.
 pub(crate) fn restore_into(
-    ws: &mut wasmtime::Store<HostState>,
-    instance: &Instance,
+    inst: &mut dyn Instance,
     loaded: &Loaded,
     store: &dyn Store,
 ) -> Result<(), EngineError> {
@@ -358,19 +346,19 @@ pub(crate) fn restore_into(
     info!(snapshot = %loaded.kappa, "restoring");
     for (i, image) in loaded.memories.iter().enumerate() {
         let name = abi::memory_export(i as u32);
-        let m = instance
-            .get_memory(&mut *ws, &name)
-            .ok_or_else(|| refuse(format!("module has no memory {i}")))?;
-        let cur = m.data_size(&*ws) as u64;
+        let cur = inst
+            .memory(&name)
+            .ok_or_else(|| refuse(format!("module has no memory {i}")))?
+            .len() as u64;
         if image.len < cur {
             return Err(refuse(format!(
                 "memory {i} is smaller ({}) than the module's minimum ({cur})",
                 image.len
             )));
         }
-        m.grow(&mut *ws, (image.len - cur) / 65536)
+        inst.grow(&name, (image.len - cur) / 65536)
             .map_err(|e| refuse(format!("memory {i}: {e}")))?;
-        let data = m.data_mut(&mut *ws);
+        let data = inst.memory_mut(&name).expect("present above");
         // Data segments were applied at instantiation: clear what the snapshot says is zero.
         let mut listed = image.chunks.iter().map(|(i, _)| *i).peekable();
         for idx in 0..(cur / u64::from(CHUNK_SIZE)) as u32 {
@@ -386,25 +374,23 @@ pub(crate) fn restore_into(
     }
     for g in &loaded.snapshot.globals {
         let name = abi::global_export(g.index);
-        let global = instance
-            .get_global(&mut *ws, &name)
-            .ok_or_else(|| refuse(format!("module has no mutable global {}", g.index)))?;
-        let v =
-            to_val(g).ok_or_else(|| refuse(format!("global {} has a malformed value", g.index)))?;
-        global
-            .set(&mut *ws, v)
+        let v = to_value(g)
+            .ok_or_else(|| refuse(format!("global {} has a malformed value", g.index)))?;
+        inst.set_global(&name, v)
             .map_err(|e| refuse(format!("global {}: {e}", g.index)))?;
     }
-    let h = ws.data().handles.expect("set before restore");
     let need = loaded.stack.len() as u64;
-    let have = h.stack.data_size(&*ws) as u64;
+    let have = inst
+        .memory(abi::STACK_MEMORY)
+        .ok_or_else(|| refuse("module has no saved-stack memory".into()))?
+        .len() as u64;
     if need > have {
-        h.stack
-            .grow(&mut *ws, (need - have).div_ceil(65536))
+        inst.grow(abi::STACK_MEMORY, (need - have).div_ceil(65536))
             .map_err(|e| refuse(format!("saved stack: {e}")))?;
     }
-    h.stack.data_mut(&mut *ws)[..loaded.stack.len()].copy_from_slice(&loaded.stack);
-    h.sp.set(&mut *ws, Val::I32(loaded.stack.len() as i32))
-        .map_err(|e| refuse(e.to_string()))?;
+    inst.memory_mut(abi::STACK_MEMORY).expect("present above")[..loaded.stack.len()]
+        .copy_from_slice(&loaded.stack);
+    inst.set_global(abi::SP_GLOBAL, Value::I32(loaded.stack.len() as i32))
+        .map_err(refuse)?;
     Ok(())
 }

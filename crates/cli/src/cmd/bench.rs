@@ -14,7 +14,7 @@ use std::sync::mpsc::{Sender, channel};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use ferry_engine::{Control, Outcome, Request, Runtime, SnapshotMeta, Start, snapshot};
+use ferry_engine::{Control, EngineKind, Outcome, Request, Runtime, SnapshotMeta, Start, snapshot};
 use ferry_store::{FsStore, Store};
 use ferry_wasi::{HostClock, MountSpec, Stdio, WasiCtx};
 
@@ -103,7 +103,7 @@ struct Workload {
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let dir = tempfile_dir()?;
     let store = FsStore::open(dir.join("store"))?;
-    let rt = Runtime::new(Some(settings.compiled_cache()))?;
+    let rt = Runtime::new(EngineKind::Jit, Some(settings.compiled_cache()))?;
     let read = |n: &str| {
         std::fs::read(a.guests.join(n))
             .with_context(|| format!("{} (run guests/build.sh)", a.guests.join(n).display()))

@@ -97,7 +97,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         })?;
         admit_mount(&store, m, grant, a.allow_changed_dirs)?;
     }
-    let runtime = Runtime::new(Some(settings.compiled_cache()))?;
+    let runtime = Runtime::new(a.guest.engine, Some(settings.compiled_cache()))?;
     let prepared = runtime.prepare_kappa(&store, loaded.snapshot.module, &|msg| {
         eprintln!("ferry: {msg}")
     })?;

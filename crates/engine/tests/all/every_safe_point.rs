@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use ferry_engine::{Control, Outcome, Request, Runtime, SnapshotMeta, Start, snapshot};
+use ferry_engine::{Control, EngineKind, Outcome, Request, Runtime, SnapshotMeta, Start, snapshot};
 use ferry_store::MemStore;
 use ferry_wasi::{HostClock, Stdio, WasiCtx};
 
@@ -63,27 +63,32 @@ fn module(body: &str) -> Vec<u8> {
     wat::parse_str(format!("(module {PRELUDE} {body})")).unwrap()
 }
 
+/// Both engines; each check alternates between them, so every snapshot is also resumed by the
+/// engine that did not take it.
 struct Harness {
-    rt: Runtime,
+    engines: [Runtime; 2],
     store: MemStore,
 }
 
 impl Harness {
     fn new() -> Self {
         Self {
-            rt: Runtime::new(None).unwrap(),
+            engines: EngineKind::ALL.map(|k| Runtime::new(k, None).unwrap()),
             store: MemStore::new(),
         }
     }
 
-    /// Runs (fresh, or from κ) with an optional countdown; returns the outcome and output.
+    /// Runs (fresh, or from κ) on engine `e` with an optional countdown; returns the outcome
+    /// and output.
     fn run(
         &self,
+        e: usize,
         wasm: &[u8],
         from: Option<ferry_kappa::Kappa>,
         countdown: Option<u64>,
     ) -> (Outcome, Vec<u8>) {
-        let prepared = self.rt.prepare(&self.store, wasm, &|_| {}).unwrap();
+        let rt = &self.engines[e % 2];
+        let prepared = rt.prepare(&self.store, wasm, &|_| {}).unwrap();
         let out = Buf::default();
         let c = Arc::new(Control::new());
         if let Some(n) = countdown {
@@ -126,10 +131,9 @@ impl Harness {
             std::thread::Builder::new()
                 .stack_size(64 << 20)
                 .spawn_scoped(s, || {
-                    self.rt
-                        .run(&prepared, ctx, c, start, &self.store, meta, &mut |r, _| {
-                            r.unwrap();
-                        })
+                    rt.run(&prepared, ctx, c, start, &self.store, meta, &mut |r, _| {
+                        r.unwrap();
+                    })
                 })
                 .unwrap()
                 .join()
@@ -142,12 +146,17 @@ impl Harness {
 
     /// The check described in the module doc, for every safe point (or every `step`-th).
     fn check_every_point(&self, wasm: &[u8], step: u64) -> u64 {
-        let (outcome, expected) = self.run(wasm, None, None);
+        let (outcome, expected) = self.run(0, wasm, None, None);
         assert_eq!(outcome, Outcome::Exited(0));
         assert!(!expected.is_empty());
+        let (outcome, interpreted) = self.run(1, wasm, None, None);
+        assert_eq!(outcome, Outcome::Exited(0));
+        assert_eq!(interpreted, expected, "jit and interp disagree");
         let mut k = 1;
         loop {
-            let (first, mut seen) = self.run(wasm, None, Some(k));
+            // Start on either engine, resume on the other, finish on the first.
+            let e = k as usize;
+            let (first, mut seen) = self.run(e, wasm, None, Some(k));
             let Outcome::Suspended(snap) = first else {
                 assert_eq!(
                     seen, expected,
@@ -155,11 +164,11 @@ impl Harness {
                 );
                 return k - 1;
             };
-            let (second, more) = self.run(wasm, Some(snap), Some(k % 5 + 1));
+            let (second, more) = self.run(e + 1, wasm, Some(snap), Some(k % 5 + 1));
             seen.extend(more);
             let last = match second {
                 Outcome::Suspended(s2) => {
-                    let (third, rest) = self.run(wasm, Some(s2), None);
+                    let (third, rest) = self.run(e, wasm, Some(s2), None);
                     seen.extend(rest);
                     third
                 }

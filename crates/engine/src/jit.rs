@@ -1,0 +1,375 @@
+//! The `jit` engine: wasmtime with Cranelift. Compiled code is cached per machine (a cache,
+//! never the contract: the instrumented module object is).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ferry_instrument::abi;
+use ferry_wasi::FUNCTIONS;
+use wasmtime::{Caller, FuncType, Global, Linker, Memory, TypedFunc, Val, ValType};
+
+use crate::error::EngineError;
+use crate::host::{self, HostCx, HostState, HostStop};
+use crate::seam::{Backend, Compiled, EngineKind, Instance, Stop, Value};
+
+/// Largest Wasm stack a guest may use (deep recursion, CPython).
+pub(crate) const MAX_WASM_STACK: usize = 64 << 20;
+
+#[derive(Clone)]
+pub(crate) struct Jit {
+    engine: wasmtime::Engine,
+    cache_dir: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Jit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Jit")
+            .field("cache_dir", &self.cache_dir)
+            .finish()
+    }
+}
+
+impl Jit {
+    pub(crate) fn new(cache_dir: Option<PathBuf>) -> Result<Self, EngineError> {
+        let mut config = wasmtime::Config::new();
+        config.wasm_multi_memory(true);
+        config.wasm_multi_value(true);
+        config.async_stack_size(MAX_WASM_STACK + (1 << 20));
+        config.max_wasm_stack(MAX_WASM_STACK);
+        config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+        let engine =
+            wasmtime::Engine::new(&config).map_err(|e| EngineError::Compile(e.to_string()))?;
+        Ok(Self { engine, cache_dir })
+    }
+
+    fn cache_path(&self, key: &str) -> Option<PathBuf> {
+        self.cache_dir
+            .as_ref()
+            .map(|d| d.join(format!("{key}-ferry{}.cwasm", env!("CARGO_PKG_VERSION"))))
+    }
+}
+
+struct JitModule {
+    engine: wasmtime::Engine,
+    module: wasmtime::Module,
+}
+
+impl Backend for Jit {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Jit
+    }
+
+    fn compile(
+        &self,
+        cache_key: Option<&str>,
+        bytes: &[u8],
+        progress: &dyn Fn(&str),
+    ) -> Result<Arc<dyn Compiled>, EngineError> {
+        let done = |module| -> Result<Arc<dyn Compiled>, EngineError> {
+            Ok(Arc::new(JitModule {
+                engine: self.engine.clone(),
+                module,
+            }))
+        };
+        let path = cache_key.and_then(|k| self.cache_path(k));
+        if let Some(p) = path.as_ref().filter(|p| p.exists()) {
+            // SAFETY: the file was written by `Module::serialize` of this same build into the
+            // user's own cache directory; wasmtime checks engine compatibility when loading
+            // and an incompatible or damaged file falls through to a fresh compile.
+            if let Ok(m) = unsafe { wasmtime::Module::deserialize_file(&self.engine, p) } {
+                return done(m);
+            }
+        }
+        let big = bytes.len() > 1 << 20;
+        if big {
+            progress(&format!(
+                "compiling {} MB of wasm (cached afterwards)",
+                bytes.len() >> 20
+            ));
+        }
+        let started = std::time::Instant::now();
+        let m = wasmtime::Module::new(&self.engine, bytes)
+            .map_err(|e| EngineError::Compile(format!("{e:#}")))?;
+        if big {
+            progress(&format!(
+                "compiled in {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+        // A cache write that fails only costs a compile next time.
+        if let (Some(p), Ok(ser)) = (path, m.serialize()) {
+            let _ = write_atomic(&p, &ser);
+        }
+        done(m)
+    }
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Store data: the host state plus the exports host functions use on every call.
+struct Data {
+    host: HostState,
+    memory: Option<Memory>,
+    handles: Option<Handles>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Handles {
+    ctl: Memory,
+    state: Global,
+    sp: Global,
+}
+
+/// The guest has called `proc_exit`.
+#[derive(Debug)]
+struct GuestExit(i32);
+
+impl std::fmt::Display for GuestExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "guest exited with code {}", self.0)
+    }
+}
+
+impl std::error::Error for GuestExit {}
+
+fn stop_error(s: HostStop) -> wasmtime::Error {
+    match s {
+        HostStop::Exit(code) => wasmtime::Error::new(GuestExit(code)),
+        HostStop::Fatal(m) => wasmtime::Error::msg(m),
+    }
+}
+
+impl HostCx for Caller<'_, Data> {
+    fn host(&mut self) -> &mut HostState {
+        &mut self.data_mut().host
+    }
+    fn instrumented(&self) -> bool {
+        self.data().handles.is_some()
+    }
+    fn state(&mut self) -> i32 {
+        let h = self.data().handles.expect("instrumented");
+        h.state.get(&mut *self).unwrap_i32()
+    }
+    fn set_state(&mut self, v: i32) {
+        let h = self.data().handles.expect("instrumented");
+        h.state
+            .set(&mut *self, Val::I32(v))
+            .expect("ferry:state is a mutable i32");
+    }
+    fn sp(&mut self) -> i32 {
+        let h = self.data().handles.expect("instrumented");
+        h.sp.get(&mut *self).unwrap_i32()
+    }
+    fn set_sp(&mut self, v: i32) {
+        let h = self.data().handles.expect("instrumented");
+        h.sp.set(&mut *self, Val::I32(v))
+            .expect("ferry:sp is a mutable i32");
+    }
+    fn set_flag(&mut self, on: bool) {
+        let h = self.data().handles.expect("instrumented");
+        h.ctl.data_mut(&mut *self)[..4].copy_from_slice(&u32::from(on).to_le_bytes());
+    }
+    fn memory_and_host(&mut self) -> Option<(&mut [u8], &mut HostState)> {
+        let m = self.data().memory?;
+        let (mem, data) = m.data_and_store_mut(self);
+        Some((mem, &mut data.host))
+    }
+}
+
+fn linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<Data>> {
+    let mut linker = Linker::new(engine);
+    linker.func_wrap(abi::MODULE, abi::POLL, |mut caller: Caller<'_, Data>| {
+        host::poll(&mut caller).map_err(stop_error)
+    })?;
+    for (name, sig) in FUNCTIONS {
+        let params = sig
+            .params
+            .iter()
+            .map(|&wide| if wide { ValType::I64 } else { ValType::I32 });
+        let results: &[ValType] = if sig.returns { &[ValType::I32] } else { &[] };
+        let ty = FuncType::new(engine, params, results.iter().cloned());
+        let returns = sig.returns;
+        linker.func_new(
+            "wasi_snapshot_preview1",
+            name,
+            ty,
+            move |mut caller, args, results| {
+                let ints: Vec<i64> = args
+                    .iter()
+                    .map(|v| match v {
+                        Val::I32(x) => i64::from(*x),
+                        Val::I64(x) => *x,
+                        _ => 0,
+                    })
+                    .collect();
+                let v = host::wasi_call(&mut caller, name, &ints).map_err(stop_error)?;
+                if returns {
+                    results[0] = Val::I32(v);
+                }
+                Ok(())
+            },
+        )?;
+    }
+    Ok(linker)
+}
+
+impl Compiled for JitModule {
+    fn instantiate(
+        &self,
+        host: HostState,
+        instrumented: bool,
+    ) -> Result<Box<dyn Instance>, EngineError> {
+        let data = Data {
+            host,
+            memory: None,
+            handles: None,
+        };
+        let mut store = wasmtime::Store::new(&self.engine, data);
+        let linker = linker(&self.engine).map_err(|e| EngineError::Instantiate(e.to_string()))?;
+        let instance = linker
+            .instantiate(&mut store, &self.module)
+            .map_err(|e| EngineError::Instantiate(format!("{e:#}")))?;
+        let lacks =
+            |name: &str| EngineError::Instantiate(format!("instrumented module lacks `{name}`"));
+        store.data_mut().memory = instance.get_memory(&mut store, "memory");
+        if instrumented {
+            let ctl = instance
+                .get_memory(&mut store, abi::CTL_MEMORY)
+                .ok_or_else(|| lacks(abi::CTL_MEMORY))?;
+            let state = instance
+                .get_global(&mut store, abi::STATE_GLOBAL)
+                .ok_or_else(|| lacks(abi::STATE_GLOBAL))?;
+            let sp = instance
+                .get_global(&mut store, abi::SP_GLOBAL)
+                .ok_or_else(|| lacks(abi::SP_GLOBAL))?;
+            store.data_mut().handles = Some(Handles { ctl, state, sp });
+        }
+        Ok(Box::new(JitInstance {
+            store,
+            instance,
+            funcs: HashMap::new(),
+        }))
+    }
+}
+
+struct JitInstance {
+    store: wasmtime::Store<Data>,
+    instance: wasmtime::Instance,
+    funcs: HashMap<String, TypedFunc<(), ()>>,
+}
+
+impl JitInstance {
+    fn func(&mut self, name: &str) -> Option<TypedFunc<(), ()>> {
+        if let Some(f) = self.funcs.get(name) {
+            return Some(f.clone());
+        }
+        let f = self
+            .instance
+            .get_typed_func::<(), ()>(&mut self.store, name)
+            .ok()?;
+        self.funcs.insert(name.to_owned(), f.clone());
+        Some(f)
+    }
+}
+
+impl Instance for JitInstance {
+    fn host(&mut self) -> &mut HostState {
+        &mut self.store.data_mut().host
+    }
+
+    fn export_names(&mut self) -> Vec<String> {
+        self.instance
+            .exports(&mut self.store)
+            .map(|e| e.name().to_owned())
+            .collect()
+    }
+
+    fn has_func(&mut self, name: &str) -> bool {
+        self.func(name).is_some()
+    }
+
+    fn call(&mut self, name: &str) -> Result<(), Stop> {
+        let f = self
+            .func(name)
+            .ok_or_else(|| Stop::Trap(format!("no function `{name}`")))?;
+        f.call(&mut self.store, ())
+            .map_err(|e| match e.downcast_ref::<GuestExit>() {
+                Some(GuestExit(code)) => Stop::Exit(*code),
+                None => Stop::Trap(trap_message(&e)),
+            })
+    }
+
+    fn memory(&mut self, name: &str) -> Option<&[u8]> {
+        let m = self.instance.get_memory(&mut self.store, name)?;
+        Some(m.data(&self.store))
+    }
+
+    fn memory_mut(&mut self, name: &str) -> Option<&mut [u8]> {
+        let m = self.instance.get_memory(&mut self.store, name)?;
+        Some(m.data_mut(&mut self.store))
+    }
+
+    fn grow(&mut self, name: &str, pages: u64) -> Result<(), String> {
+        let m = self
+            .instance
+            .get_memory(&mut self.store, name)
+            .ok_or_else(|| format!("no memory `{name}`"))?;
+        m.grow(&mut self.store, pages)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn global(&mut self, name: &str) -> Option<Value> {
+        let g = self.instance.get_global(&mut self.store, name)?;
+        Some(match g.get(&mut self.store) {
+            Val::I32(x) => Value::I32(x),
+            Val::I64(x) => Value::I64(x),
+            Val::F32(x) => Value::F32(x),
+            Val::F64(x) => Value::F64(x),
+            Val::V128(x) => Value::V128(x.as_u128()),
+            _ => return None,
+        })
+    }
+
+    fn set_global(&mut self, name: &str, v: Value) -> Result<(), String> {
+        let g = self
+            .instance
+            .get_global(&mut self.store, name)
+            .ok_or_else(|| format!("no global `{name}`"))?;
+        let v = match v {
+            Value::I32(x) => Val::I32(x),
+            Value::I64(x) => Val::I64(x),
+            Value::F32(x) => Val::F32(x),
+            Value::F64(x) => Val::F64(x),
+            Value::V128(x) => Val::V128(x.into()),
+        };
+        g.set(&mut self.store, v).map_err(|e| e.to_string())
+    }
+}
+
+/// The trap's cause and the innermost frames of its backtrace (a deep recursion would print
+/// thousands of identical lines).
+fn trap_message(e: &wasmtime::Error) -> String {
+    let full = format!("{e:?}");
+    let lines: Vec<&str> = full.lines().collect();
+    if lines.len() <= 16 {
+        return full;
+    }
+    let causes: Vec<&str> = lines
+        .iter()
+        .skip_while(|l| !l.starts_with("Caused by"))
+        .copied()
+        .collect();
+    let mut out: Vec<&str> = lines[..9].to_vec();
+    out.push("    ...");
+    out.extend(causes);
+    out.join("\n")
+}

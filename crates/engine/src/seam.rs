@@ -1,0 +1,109 @@
+//! The engine seam: what ferry needs from a WebAssembly engine. Both engines — wasmtime
+//! ([`crate::jit`]) and wasmi ([`crate::interp`]) — implement these traits; the run loop,
+//! capture and restore above them never know which engine runs.
+
+use std::sync::Arc;
+
+use crate::error::EngineError;
+use crate::host::HostState;
+
+/// Which engine runs guests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    /// wasmtime (Cranelift JIT), the default.
+    Jit,
+    /// wasmi, a pure-Rust interpreter: for hosts that forbid JIT, and the proof that
+    /// snapshots are engine-neutral.
+    Interp,
+}
+
+impl EngineKind {
+    pub const ALL: [EngineKind; 2] = [EngineKind::Jit, EngineKind::Interp];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Jit => "jit",
+            EngineKind::Interp => "interp",
+        }
+    }
+}
+
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "jit" | "wasmtime" => Ok(EngineKind::Jit),
+            "interp" | "wasmi" => Ok(EngineKind::Interp),
+            _ => Err(format!("unknown engine `{s}` (expected `jit` or `interp`)")),
+        }
+    }
+}
+
+/// The value of a global, engine-neutral (floats and vectors as their bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Value {
+    I32(i32),
+    I64(i64),
+    F32(u32),
+    F64(u64),
+    V128(u128),
+}
+
+/// Why a call into the guest did not return normally.
+#[derive(Debug)]
+pub enum Stop {
+    /// The guest called `proc_exit` with this code.
+    Exit(i32),
+    /// The guest trapped or a host function failed; the message says why.
+    Trap(String),
+}
+
+/// An engine: turns module bytes into something it can instantiate.
+pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
+    fn kind(&self) -> EngineKind;
+    /// Compiles (or, for an interpreter, decodes) `bytes`. `cache_key` names the module for a
+    /// machine-local compiled-code cache; `None` means do not cache.
+    fn compile(
+        &self,
+        cache_key: Option<&str>,
+        bytes: &[u8],
+        progress: &dyn Fn(&str),
+    ) -> Result<Arc<dyn Compiled>, EngineError>;
+}
+
+/// A module an engine has compiled.
+pub(crate) trait Compiled: Send + Sync {
+    /// A fresh instance with ferry's host functions linked in. `instrumented` says whether the
+    /// module carries the unwind machinery (`ferry:ctl`, `ferry:stack`, `ferry:state`,
+    /// `ferry:sp`), which the host functions then use.
+    fn instantiate(
+        &self,
+        host: HostState,
+        instrumented: bool,
+    ) -> Result<Box<dyn Instance>, EngineError>;
+}
+
+/// A live instance: exports by name, and the host state it owns.
+pub(crate) trait Instance {
+    fn host(&mut self) -> &mut HostState;
+    /// Names of all exports.
+    fn export_names(&mut self) -> Vec<String>;
+    /// Whether a `() -> ()` function with this name is exported.
+    fn has_func(&mut self, name: &str) -> bool;
+    /// Calls the exported `() -> ()` function `name`.
+    fn call(&mut self, name: &str) -> Result<(), Stop>;
+    fn memory(&mut self, name: &str) -> Option<&[u8]>;
+    fn memory_mut(&mut self, name: &str) -> Option<&mut [u8]>;
+    /// Grows memory `name` by `pages` 64 KiB pages.
+    fn grow(&mut self, name: &str, pages: u64) -> Result<(), String>;
+    /// The value of global `name` (`None`: no such global, or it holds a reference).
+    fn global(&mut self, name: &str) -> Option<Value>;
+    fn set_global(&mut self, name: &str, v: Value) -> Result<(), String>;
+}
