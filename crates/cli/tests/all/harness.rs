@@ -135,6 +135,19 @@ impl Env {
         seed: u64,
         delay_ms: (u64, u64),
     ) -> Seen {
+        self.churn_on(&[], run_args, resume_args, suspends, seed, delay_ms)
+    }
+
+    /// [`Env::churn`] with step i (the run, then each resume) on `engines[i % len]`.
+    pub fn churn_on(
+        &self,
+        engines: &[&str],
+        run_args: &[&str],
+        resume_args: &[&str],
+        suspends: usize,
+        seed: u64,
+        delay_ms: (u64, u64),
+    ) -> Seen {
         let out_path = self.path(&format!("stdout-{seed}-{suspends}"));
         let _ = std::fs::remove_file(&out_path);
         let mut rng = seed
@@ -165,8 +178,14 @@ impl Env {
                 .expect("stdout file");
             let err_path = self.path("stderr-step");
             let stderr = File::create(&err_path).expect("stderr file");
-            let mut child = self
-                .ferry()
+            let mut cmd = self.ferry();
+            if !engines.is_empty() {
+                cmd.env(
+                    "FERRY_ENGINE",
+                    engines[seen.snapshots.len() % engines.len()],
+                );
+            }
+            let mut child = cmd
                 .args(&args)
                 .stdout(stdout)
                 .stderr(stderr)

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::harness::{Env, repo};
 
-fn python312() -> PathBuf {
+pub fn python312() -> PathBuf {
     let cache = std::env::var_os("FERRY_GUEST_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {

@@ -1,0 +1,132 @@
+//! Snapshots are engine-neutral: guests moved between the JIT (wasmtime) and the interpreter
+//! (wasmi) on every resume, each resume a new process, print exactly what an uninterrupted run
+//! prints.
+
+use crate::harness::{Env, dir_contents, guest, repo};
+use crate::python::python312;
+
+const ALTERNATE: [&str; 2] = ["jit", "interp"];
+const ALTERNATE_FROM_INTERP: [&str; 2] = ["interp", "jit"];
+
+fn check(engines: &[&str], run_args: &[&str], suspends: usize, delay_ms: (u64, u64), seed: u64) {
+    let env = Env::new();
+    let plain = env.plain(run_args);
+    let churned = env.churn_on(engines, run_args, &[], suspends, seed, delay_ms);
+    assert!(
+        churned.snapshots.len() >= suspends.min(2),
+        "expected at least {} suspends, got {:?}",
+        suspends.min(2),
+        churned.snapshots
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&churned.stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    assert_eq!(churned.stderr, plain.stderr, "guest stderr differs");
+    assert_eq!(churned.code, plain.code, "exit code differs");
+}
+
+#[test]
+fn the_interpreter_runs_a_guest_like_the_jit() {
+    let env = Env::new();
+    let g = guest("wasm/sleepy.wasm");
+    let args = [g.to_str().unwrap(), "--", "5", "3"];
+    let jit = env.plain(&args);
+    let interp = Env::new().with_var("FERRY_ENGINE", "interp").plain(&args);
+    assert_eq!(jit.code, 3);
+    assert_eq!(interp.stdout, jit.stdout);
+    assert_eq!(interp.stderr, jit.stderr);
+    assert_eq!(interp.code, jit.code);
+}
+
+#[test]
+fn c_cpu_loop_alternating_engines() {
+    let g = guest("wasm/cpu.wasm");
+    check(
+        &ALTERNATE,
+        &[g.to_str().unwrap(), "--", "200"],
+        6,
+        (40, 300),
+        31,
+    );
+}
+
+#[test]
+fn c_deep_recursion_alternating_engines() {
+    let g = guest("wasm/recurse.wasm");
+    check(
+        &ALTERNATE_FROM_INTERP,
+        &[g.to_str().unwrap(), "--", "20000", "20"],
+        5,
+        (100, 400),
+        32,
+    );
+}
+
+#[test]
+fn c_sleeps_stderr_and_exit_code_alternating_engines() {
+    let g = guest("wasm/sleepy.wasm");
+    check(
+        &ALTERNATE,
+        &[g.to_str().unwrap(), "--", "25", "3"],
+        5,
+        (50, 150),
+        33,
+    );
+}
+
+#[test]
+fn c_file_io_in_a_mount_alternating_engines() {
+    let env = Env::new();
+    let g = guest("wasm/files.wasm");
+    let plain_dir = env.path("plain-data");
+    let churn_dir = env.path("churn-data");
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    std::fs::create_dir_all(&churn_dir).unwrap();
+    let pd = format!("{}::/data", plain_dir.display());
+    let cd = format!("{}::/data", churn_dir.display());
+    let plain = env.plain(&["--dir", &pd, g.to_str().unwrap(), "--", "/data", "500"]);
+    let churned = env.churn_on(
+        &ALTERNATE_FROM_INTERP,
+        &["--dir", &cd, g.to_str().unwrap(), "--", "/data", "500"],
+        &["--dir", &cd],
+        5,
+        34,
+        (40, 300),
+    );
+    assert!(churned.snapshots.len() >= 2);
+    assert_eq!(churned.stdout, plain.stdout);
+    assert_eq!(churned.code, 0);
+    assert_eq!(dir_contents(&churn_dir), dir_contents(&plain_dir));
+}
+
+#[test]
+fn cpython_alternating_engines() {
+    let env = Env::new();
+    let py = python312();
+    let app = env.path("app");
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::copy(repo().join("guests/python/loop.py"), app.join("loop.py")).unwrap();
+    let mount = format!("{}::/app", app.display());
+    let args = [
+        "--dir",
+        mount.as_str(),
+        py.to_str().unwrap(),
+        "--",
+        "/app/loop.py",
+        "6",
+    ];
+    let plain = env.plain(&args);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    let churned = env.churn_on(&ALTERNATE, &args, &["--dir", &mount], 4, 35, (150, 1200));
+    assert!(
+        churned.snapshots.len() >= 2,
+        "snapshots: {:?}",
+        churned.snapshots
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&churned.stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    assert_eq!(churned.code, 0);
+}
