@@ -17,7 +17,7 @@ use crate::settings::Settings;
 pub const EXIT_SUSPENDED: u8 = 75;
 
 /// Stack of the thread the guest runs on: Wasm frames live on it.
-const GUEST_THREAD_STACK: usize = 256 << 20;
+pub const GUEST_THREAD_STACK: usize = 256 << 20;
 
 /// What `run` and `resume` both take: mounts, environment, periodic checkpoints.
 #[derive(Debug, clap::Args)]

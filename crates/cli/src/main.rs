@@ -43,6 +43,8 @@ enum Command {
     Python(cmd::python::Args),
     /// Measure overhead, time to safe point, snapshot and resume times (docs/benchmarks.md).
     Bench(cmd::bench::Args),
+    /// Run the conformance kit (docs/conformance.md) against the engines; prints a table.
+    Conformance(cmd::conformance::Args),
     /// Maintain the object store.
     #[command(subcommand)]
     Store(cmd::store::Command),
@@ -75,6 +77,7 @@ fn main() -> ExitCode {
         Command::Store(c) => cmd::store::run(&settings, c),
         Command::Bench(a) => cmd::bench::run(&settings, a),
         Command::Python(a) => cmd::python::run(&settings, a),
+        Command::Conformance(a) => cmd::conformance::run(&settings, a),
     };
     match result {
         Ok(code) => code,

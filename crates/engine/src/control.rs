@@ -38,6 +38,9 @@ pub struct Control {
     timing: Mutex<Timing>,
     /// Suspend at exactly the n-th safe point from now (0 = off): deterministic churn tests.
     countdown: AtomicU64,
+    /// Request a suspend as the guest makes its n-th call to this WASI function (0 = off).
+    call_countdown: AtomicU64,
+    call_name: Mutex<&'static str>,
 }
 
 #[derive(Debug, Default)]
@@ -108,6 +111,30 @@ impl Control {
         }
         self.countdown.store(n - 1, Ordering::SeqCst);
         n == 1
+    }
+
+    /// Requests a suspend just as the guest makes its `n`-th call (`n` ≥ 1) to the WASI
+    /// function `name`: a blocking call (a sleep, a read) unwinds inside the call, any other
+    /// suspends at the next safe point. Deterministic, for the conformance kit.
+    pub fn suspend_in_call(&self, name: &str, n: u64) {
+        let known = ferry_wasi::FUNCTIONS
+            .iter()
+            .find(|(f, _)| *f == name)
+            .map(|(f, _)| *f);
+        *self.call_name.lock().unwrap_or_else(|p| p.into_inner()) = known.unwrap_or("");
+        self.call_countdown.store(n, Ordering::SeqCst);
+    }
+
+    /// Counts a call to `name` against [`Control::suspend_in_call`].
+    pub(crate) fn count_call(&self, name: &str) {
+        let n = self.call_countdown.load(Ordering::Relaxed);
+        if n == 0 || *self.call_name.lock().unwrap_or_else(|p| p.into_inner()) != name {
+            return;
+        }
+        self.call_countdown.store(n - 1, Ordering::SeqCst);
+        if n == 1 {
+            self.request(Request::Suspend);
+        }
     }
 
     pub(crate) fn counting(&self) -> bool {

@@ -103,6 +103,7 @@ pub(crate) fn wasi_call(
     name: &'static str,
     args: &[i64],
 ) -> Result<i32, HostStop> {
+    cx.host().control.count_call(name);
     let unwinding = abi::UNWINDING_IMPORTS.contains(&("wasi_snapshot_preview1", name));
     let mut rewinding = false;
     if unwinding && cx.instrumented() && cx.state() == abi::STATE_REWIND {

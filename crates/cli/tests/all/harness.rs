@@ -77,6 +77,7 @@ impl Env {
         let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
         c.env("FERRY_STORE", self.store())
             .env_remove("FERRY_LOG")
+            .env_remove("FERRY_ENGINE")
             .stdin(Stdio::null());
         for (k, v) in &self.vars {
             c.env(k, v);

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
 mod churn;
+mod conformance;
 mod engines;
 mod harness;
 mod python;
