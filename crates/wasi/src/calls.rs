@@ -95,8 +95,52 @@ const OFLAG_DIRECTORY: u16 = 2;
 const OFLAG_EXCL: u16 = 4;
 const OFLAG_TRUNC: u16 = 8;
 const LOOKUP_FOLLOW: u32 = 1;
+const RIGHT_FD_DATASYNC: u64 = 1 << 0;
 const RIGHT_FD_READ: u64 = 1 << 1;
+const RIGHT_FD_SEEK: u64 = 1 << 2;
+const RIGHT_FD_FDSTAT_SET_FLAGS: u64 = 1 << 3;
+const RIGHT_FD_SYNC: u64 = 1 << 4;
+const RIGHT_FD_TELL: u64 = 1 << 5;
 const RIGHT_FD_WRITE: u64 = 1 << 6;
+const RIGHT_FD_ADVISE: u64 = 1 << 7;
+const RIGHT_FD_ALLOCATE: u64 = 1 << 8;
+const RIGHT_FD_FILESTAT_GET: u64 = 1 << 21;
+const RIGHT_FD_FILESTAT_SET_SIZE: u64 = 1 << 22;
+const RIGHT_FD_FILESTAT_SET_TIMES: u64 = 1 << 23;
+const RIGHT_POLL_FD_READWRITE: u64 = 1 << 27;
+/// What a regular file descriptor may do.
+const FILE_RIGHTS: u64 = RIGHT_FD_DATASYNC
+    | RIGHT_FD_READ
+    | RIGHT_FD_SEEK
+    | RIGHT_FD_FDSTAT_SET_FLAGS
+    | RIGHT_FD_SYNC
+    | RIGHT_FD_TELL
+    | RIGHT_FD_WRITE
+    | RIGHT_FD_ADVISE
+    | RIGHT_FD_ALLOCATE
+    | RIGHT_FD_FILESTAT_GET
+    | RIGHT_FD_FILESTAT_SET_SIZE
+    | RIGHT_FD_FILESTAT_SET_TIMES
+    | RIGHT_POLL_FD_READWRITE;
+/// What a directory descriptor may do: the path operations and readdir (rights 9-20 and
+/// 24-26) and its own metadata; not read, write, seek or truncate.
+const DIR_RIGHTS: u64 = (0xFFF << 9)
+    | (0x7 << 24)
+    | RIGHT_FD_FDSTAT_SET_FLAGS
+    | RIGHT_FD_SYNC
+    | RIGHT_FD_DATASYNC
+    | RIGHT_FD_FILESTAT_GET
+    | RIGHT_FD_FILESTAT_SET_TIMES;
+/// What stdin, stdout and stderr may do.
+const STDIO_RIGHTS: u64 = RIGHT_FD_READ
+    | RIGHT_FD_WRITE
+    | RIGHT_FD_FDSTAT_SET_FLAGS
+    | RIGHT_FD_FILESTAT_GET
+    | RIGHT_POLL_FD_READWRITE;
+const FSTFLAG_ATIM: u16 = 1;
+const FSTFLAG_ATIM_NOW: u16 = 2;
+const FSTFLAG_MTIM: u16 = 4;
+const FSTFLAG_MTIM_NOW: u16 = 8;
 
 type R = Result<Errno, HostError>;
 
@@ -155,9 +199,8 @@ impl WasiCtx {
                 .map(|_| Errno::Success)
                 .unwrap_or_else(|e| e)),
             "clock_time_get" => self.clock_time_get(&mut m, a(0), a(2)),
-            "fd_advise" | "fd_allocate" => {
-                Ok(self.fd(a(0)).map(|_| Errno::Success).unwrap_or_else(|e| e))
-            }
+            "fd_advise" => self.fd_advise(a(0), a(3)),
+            "fd_allocate" => self.fd_allocate(a(0), l(1), l(2)),
             "fd_close" => self.fd_close(a(0)),
             "fd_datasync" | "fd_sync" => self.fd_sync(a(0)),
             "fd_fdstat_get" => self.fd_fdstat_get(&mut m, a(0), a(1)),
@@ -167,9 +210,7 @@ impl WasiCtx {
             }
             "fd_filestat_get" => self.fd_filestat_get(&mut m, a(0), a(1)),
             "fd_filestat_set_size" => self.fd_set_size(a(0), l(1)),
-            "fd_filestat_set_times" => {
-                Ok(self.fd(a(0)).map(|_| Errno::Success).unwrap_or_else(|e| e))
-            }
+            "fd_filestat_set_times" => self.fd_set_times(a(0), l(1), l(2), a(3) as u16),
             "fd_pread" => self.fd_rw(&mut m, a(0), a(1), a(2), Some(l(3)), a(4), false),
             "fd_pwrite" => self.fd_rw(&mut m, a(0), a(1), a(2), Some(l(3)), a(4), true),
             "fd_read" => self.fd_rw(&mut m, a(0), a(1), a(2), None, a(3), false),
@@ -184,7 +225,9 @@ impl WasiCtx {
             "path_remove_directory" => self.path_op(&mut m, a(0), a(1), a(2), PathOp::Rmdir),
             "path_unlink_file" => self.path_op(&mut m, a(0), a(1), a(2), PathOp::Unlink),
             "path_filestat_get" => self.path_filestat_get(&mut m, a(0), a(1), a(2), a(3), a(4)),
-            "path_filestat_set_times" => Ok(Errno::Success),
+            "path_filestat_set_times" => {
+                self.path_set_times(&mut m, a(0), a(1), (a(2), a(3)), l(4), l(5), a(6) as u16)
+            }
             "path_open" => self.path_open(
                 &mut m,
                 a(0),
@@ -198,7 +241,8 @@ impl WasiCtx {
             ),
             "path_readlink" => self.path_readlink(&mut m, a(0), a(1), a(2), a(3), a(4), a(5)),
             "path_rename" => self.path_rename(&mut m, a(0), a(1), a(2), a(3), a(4), a(5)),
-            "path_link" | "path_symlink" => Ok(Errno::Notsup),
+            "path_link" => self.path_link(&mut m, a(0), a(1), (a(2), a(3)), a(4), (a(5), a(6))),
+            "path_symlink" => self.path_symlink(&mut m, (a(0), a(1)), a(2), (a(3), a(4))),
             "poll_oneoff" => self.poll_oneoff(&mut m, a(0), a(1), a(2), a(3)),
             "proc_exit" => return Err(HostError::Exit(a(0) as i32)),
             "proc_raise" => Ok(Errno::Notsup),
@@ -210,7 +254,10 @@ impl WasiCtx {
                 }
                 Err(e) => Ok(e),
             },
-            "sock_accept" | "sock_recv" | "sock_send" | "sock_shutdown" => Ok(Errno::Notsup),
+            // No sockets are ever handed to a guest (DESIGN §1.5: live resources are refused).
+            "sock_accept" | "sock_recv" | "sock_send" | "sock_shutdown" => {
+                Ok(self.fd(a(0)).map(|_| Errno::Notsock).unwrap_or_else(|e| e))
+            }
             other => return Err(HostError::Fatal(format!("unknown WASI function `{other}`"))),
         }?;
         Ok(r as u16 as i32)
@@ -260,7 +307,6 @@ impl WasiCtx {
     fn fd_close(&mut self, fd: u32) -> R {
         match self.fds.get(&fd).map(|f| f.kind) {
             None => Ok(Errno::Badf),
-            Some(FdKind::Preopen) => Ok(Errno::Notsup),
             Some(_) => {
                 self.fds.remove(&fd);
                 Ok(Errno::Success)
@@ -298,24 +344,40 @@ impl WasiCtx {
     }
 
     fn fd_fdstat_get(&mut self, m: &mut Mem<'_>, fd: u32, out: u32) -> R {
+        let terminals = self.stdio.terminals;
         let f = tri!(self.fd(fd));
+        let terminal = match f.kind {
+            FdKind::Stdin => terminals[0],
+            FdKind::Stdout => terminals[1],
+            FdKind::Stderr => terminals[2],
+            _ => false,
+        };
         let ft = match f.kind {
             FdKind::Stdin | FdKind::Stdout | FdKind::Stderr => FILETYPE_CHAR,
             FdKind::Preopen | FdKind::Dir => FILETYPE_DIR,
             FdKind::File => FILETYPE_FILE,
         };
-        let mut rights = Self::rights();
-        if !f.read {
+        let (mut rights, inheriting) = match f.kind {
+            // A stream that is not a terminal may be a file or a pipe; wasi-libc's isatty is
+            // true only without the seek and tell rights.
+            FdKind::Stdin | FdKind::Stdout | FdKind::Stderr if !terminal => {
+                (STDIO_RIGHTS | RIGHT_FD_SEEK | RIGHT_FD_TELL, 0)
+            }
+            FdKind::Stdin | FdKind::Stdout | FdKind::Stderr => (STDIO_RIGHTS, 0),
+            FdKind::Preopen | FdKind::Dir => (DIR_RIGHTS, DIR_RIGHTS | FILE_RIGHTS),
+            FdKind::File => (FILE_RIGHTS, 0),
+        };
+        if !f.read || f.kind == FdKind::Stdout || f.kind == FdKind::Stderr {
             rights &= !RIGHT_FD_READ;
         }
-        if !f.write {
+        if !f.write || f.kind == FdKind::Stdin {
             rights &= !RIGHT_FD_WRITE;
         }
         let mut b = [0u8; 24];
         b[0] = ft;
         b[2..4].copy_from_slice(&f.fdflags.to_le_bytes());
         b[8..16].copy_from_slice(&rights.to_le_bytes());
-        b[16..24].copy_from_slice(&Self::rights().to_le_bytes());
+        b[16..24].copy_from_slice(&inheriting.to_le_bytes());
         tri!(m.put(out, &b));
         Ok(Errno::Success)
     }
@@ -353,6 +415,92 @@ impl WasiCtx {
                 tri!(m.put(out, &b));
             }
         }
+        Ok(Errno::Success)
+    }
+
+    fn fd_advise(&mut self, fd: u32, advice: u32) -> R {
+        match tri!(self.fd(fd)).kind {
+            FdKind::File if advice <= 5 => Ok(Errno::Success),
+            FdKind::File => Ok(Errno::Inval),
+            FdKind::Dir | FdKind::Preopen => Ok(Errno::Isdir),
+            _ => Ok(Errno::Badf),
+        }
+    }
+
+    /// Makes sure `offset + len` bytes are allocated: the file grows to that size if shorter.
+    fn fd_allocate(&mut self, fd: u32, offset: u64, len: u64) -> R {
+        let f = tri!(self.fd(fd));
+        match f.kind {
+            FdKind::File if f.write => {}
+            FdKind::Dir | FdKind::Preopen => return Ok(Errno::Isdir),
+            _ => return Ok(Errno::Badf),
+        }
+        let Some(end) = offset.checked_add(len) else {
+            return Ok(Errno::Fbig);
+        };
+        let file = tri!(self.file(fd)).expect("file fd");
+        if tri!(file.metadata()).len() < end {
+            tri!(file.set_len(end));
+        }
+        Ok(Errno::Success)
+    }
+
+    /// Host path of any file or directory fd.
+    fn fd_host_path_any(&mut self, fd: u32) -> Result<std::path::PathBuf, Errno> {
+        let roots: Vec<_> = self.mounts.iter().map(|m| m.root.clone()).collect();
+        let f = self.fd(fd)?;
+        let root = roots.get(f.mount as usize).ok_or(Errno::Badf)?;
+        path::host_path(root, &f.path.clone(), true)
+    }
+
+    fn fd_set_times(&mut self, fd: u32, atim: u64, mtim: u64, flags: u16) -> R {
+        match tri!(self.fd(fd)).kind {
+            FdKind::File | FdKind::Dir | FdKind::Preopen => {}
+            _ => return Ok(Errno::Badf),
+        }
+        let host = tri!(self.fd_host_path_any(fd));
+        self.set_times(&host, atim, mtim, flags)
+    }
+
+    #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
+    fn path_set_times(
+        &mut self,
+        m: &mut Mem<'_>,
+        fd: u32,
+        lookup: u32,
+        (ptr, len): (u32, u32),
+        atim: u64,
+        mtim: u64,
+        flags: u16,
+    ) -> R {
+        let follow = lookup & LOOKUP_FOLLOW != 0;
+        let (_, _, host) = tri!(self.guest_path(m, fd, ptr, len, follow));
+        self.set_times(&host, atim, mtim, flags)
+    }
+
+    /// `fd_filestat_set_times` / `path_filestat_set_times` on `host`.
+    fn set_times(&mut self, host: &std::path::Path, atim: u64, mtim: u64, flags: u16) -> R {
+        if flags & (FSTFLAG_ATIM | FSTFLAG_ATIM_NOW) == FSTFLAG_ATIM | FSTFLAG_ATIM_NOW
+            || flags & (FSTFLAG_MTIM | FSTFLAG_MTIM_NOW) == FSTFLAG_MTIM | FSTFLAG_MTIM_NOW
+            || flags & !0xF != 0
+        {
+            return Ok(Errno::Inval);
+        }
+        let at = |ns: u64| std::time::UNIX_EPOCH + Duration::from_nanos(ns);
+        let now = at(self.clock.realtime_ns());
+        let mut times = fs::FileTimes::new();
+        if flags & FSTFLAG_ATIM != 0 {
+            times = times.set_accessed(at(atim));
+        } else if flags & FSTFLAG_ATIM_NOW != 0 {
+            times = times.set_accessed(now);
+        }
+        if flags & FSTFLAG_MTIM != 0 {
+            times = times.set_modified(at(mtim));
+        } else if flags & FSTFLAG_MTIM_NOW != 0 {
+            times = times.set_modified(now);
+        }
+        let f = tri!(File::open(host));
+        tri!(f.set_times(times));
         Ok(Errno::Success)
     }
 
@@ -573,6 +721,13 @@ impl WasiCtx {
         let rel = m.str(ptr, len)?.to_owned();
         let (mount, joined) = self.resolve(fd, &rel)?;
         let host = path::host_path(&self.mounts[mount as usize].root, &joined, follow)?;
+        // `name/` names a directory: a file (or a link to one) there is not one.
+        if rel.ends_with('/')
+            && let Ok(md) = fs::metadata(&host)
+            && !md.is_dir()
+        {
+            return Err(Errno::Notdir);
+        }
         Ok((mount, joined, host))
     }
 
@@ -654,6 +809,9 @@ impl WasiCtx {
             if oflags & (OFLAG_CREAT | OFLAG_EXCL) == OFLAG_CREAT | OFLAG_EXCL {
                 return Ok(Errno::Exist);
             }
+            if wants_write {
+                return Ok(Errno::Isdir);
+            }
             let n = self.next_fd();
             self.fds.insert(n, Fd::new(FdKind::Dir, mount, rel));
             tri!(m.put_u32(out, n));
@@ -668,11 +826,16 @@ impl WasiCtx {
             .write(wants_write && fdflags & FDFLAG_APPEND == 0)
             .append(fdflags & FDFLAG_APPEND != 0)
             .create(oflags & OFLAG_CREAT != 0 && oflags & OFLAG_EXCL == 0)
-            .create_new(oflags & (OFLAG_CREAT | OFLAG_EXCL) == OFLAG_CREAT | OFLAG_EXCL)
-            .truncate(oflags & OFLAG_TRUNC != 0);
-        if !follow {
-            oo.custom_flags(libc::O_NOFOLLOW);
+            .create_new(oflags & (OFLAG_CREAT | OFLAG_EXCL) == OFLAG_CREAT | OFLAG_EXCL);
+        let mut custom = 0;
+        if oflags & OFLAG_TRUNC != 0 {
+            // std refuses truncate together with append; the kernel does not.
+            custom |= libc::O_TRUNC;
         }
+        if !follow {
+            custom |= libc::O_NOFOLLOW;
+        }
+        oo.custom_flags(custom);
         let file = tri!(oo.open(&host));
         let n = self.next_fd();
         let mut f = Fd::new(FdKind::File, mount, rel);
@@ -689,6 +852,71 @@ impl WasiCtx {
         (3..)
             .find(|n| !self.fds.contains_key(n))
             .expect("fd space is not exhausted")
+    }
+
+    /// A symlink at `new` pointing to `target`. The target must be relative and stay inside
+    /// the mount when resolved from the link's directory (links are carried in snapshots as
+    /// they are; one pointing outside could never be followed anyway).
+    fn path_symlink(
+        &mut self,
+        m: &mut Mem<'_>,
+        (tp, tl): (u32, u32),
+        fd: u32,
+        (np, nl): (u32, u32),
+    ) -> R {
+        let target = tri!(m.str(tp, tl)).to_owned();
+        let (mount, rel, host) = tri!(self.guest_path(m, fd, np, nl, false));
+        if self.read_only(mount) {
+            return Ok(Errno::Rofs);
+        }
+        if target.is_empty() || target.contains('\0') {
+            return Ok(Errno::Noent);
+        }
+        if target.starts_with('/') {
+            return Ok(Errno::Perm);
+        }
+        let parent = rel.rsplit_once('/').map_or("", |(p, _)| p);
+        tri!(path::join("", &format!("{parent}/{target}")));
+        if tri!(m.str(np, nl)).ends_with('/') {
+            // `link/` would name a directory; the new link is not one.
+            return Ok(if fs::symlink_metadata(&host).is_ok() {
+                Errno::Exist
+            } else {
+                Errno::Noent
+            });
+        }
+        tri!(std::os::unix::fs::symlink(&target, &host));
+        Ok(Errno::Success)
+    }
+
+    /// A hard link at `new` to the file at `old` (within ferry's mounts).
+    fn path_link(
+        &mut self,
+        m: &mut Mem<'_>,
+        old_fd: u32,
+        old_flags: u32,
+        (op, ol): (u32, u32),
+        new_fd: u32,
+        (np, nl): (u32, u32),
+    ) -> R {
+        let follow = old_flags & LOOKUP_FOLLOW != 0;
+        let (m1, _, from) = tri!(self.guest_path(m, old_fd, op, ol, follow));
+        let (m2, _, to) = tri!(self.guest_path(m, new_fd, np, nl, false));
+        if self.read_only(m1) || self.read_only(m2) {
+            return Ok(Errno::Rofs);
+        }
+        if tri!(fs::symlink_metadata(&from)).is_dir() {
+            return Ok(Errno::Perm);
+        }
+        if tri!(m.str(np, nl)).ends_with('/') {
+            return Ok(if fs::symlink_metadata(&to).is_ok() {
+                Errno::Exist
+            } else {
+                Errno::Noent
+            });
+        }
+        tri!(fs::hard_link(&from, &to));
+        Ok(Errno::Success)
     }
 
     #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
@@ -741,9 +969,11 @@ impl WasiCtx {
         out: u32,
     ) -> R {
         let host = tri!(self.fd_host_path(fd, ""));
+        let ino = |p: &std::path::Path| fs::metadata(p).map(|md| md.ino()).unwrap_or(0);
+        let parent = host.parent().map(&ino).unwrap_or(0);
         let mut names: Vec<(String, u8, u64)> = vec![
-            (".".into(), FILETYPE_DIR, 0),
-            ("..".into(), FILETYPE_DIR, 0),
+            (".".into(), FILETYPE_DIR, ino(&host)),
+            ("..".into(), FILETYPE_DIR, parent),
         ];
         let mut rest = Vec::new();
         for e in tri!(fs::read_dir(&host)) {

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::io::IsTerminal;
 use std::io::{Read, Seek, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,6 +50,9 @@ pub struct Stdio {
     pub stdin_fd: Option<i32>,
     pub stdout: Box<dyn Write + Send>,
     pub stderr: Box<dyn Write + Send>,
+    /// Which of stdin, stdout, stderr are terminals: the guest sees those as ttys
+    /// (`isatty`), the others as streams.
+    pub terminals: [bool; 3],
 }
 
 impl std::fmt::Debug for Stdio {
@@ -80,6 +84,11 @@ impl Stdio {
             stdin_fd: Some(0),
             stdout: Box::new(std::io::stdout()),
             stderr: Box::new(std::io::stderr()),
+            terminals: [
+                std::io::stdin().is_terminal(),
+                std::io::stdout().is_terminal(),
+                std::io::stderr().is_terminal(),
+            ],
         }
     }
 }
@@ -194,8 +203,6 @@ impl std::fmt::Debug for WasiCtx {
             .finish()
     }
 }
-
-const ALL_RIGHTS: u64 = 0x1FFF_FFFF;
 
 impl WasiCtx {
     /// A fresh context: stdio on fds 0–2, one preopen per mount from fd 3.
@@ -381,10 +388,6 @@ impl WasiCtx {
 
     pub(crate) fn fd(&mut self, n: u32) -> Result<&mut Fd, Errno> {
         self.fds.get_mut(&n).ok_or(Errno::Badf)
-    }
-
-    pub(crate) fn rights() -> u64 {
-        ALL_RIGHTS
     }
 }
 

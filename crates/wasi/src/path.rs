@@ -2,7 +2,8 @@
 //!
 //! A guest path is resolved lexically against the directory fd's path inside its mount:
 //! absolute paths are refused, `.` is dropped, `..` pops a component and is refused when it
-//! would climb out of the mount. The host path is then checked again after symlinks are
+//! would climb above the directory fd the path is resolved against (so never out of the
+//! mount). The host path is then checked again after symlinks are
 //! followed (canonicalized), so a symlink inside the mount pointing outside is refused too.
 
 use std::path::{Path, PathBuf};
@@ -18,13 +19,17 @@ pub(crate) fn join(base: &str, rel: &str) -> Result<String, Errno> {
         return Err(Errno::Inval);
     }
     let mut parts: Vec<&str> = base.split('/').filter(|s| !s.is_empty()).collect();
+    // A path may not climb above the directory it is resolved against (as in WASI's
+    // capability model): `..` only pops what `rel` itself pushed.
+    let floor = parts.len();
     for seg in rel.split('/') {
         match seg {
             "" | "." => {}
             ".." => {
-                if parts.pop().is_none() {
+                if parts.len() == floor {
                     return Err(Errno::Notcapable);
                 }
+                parts.pop();
             }
             s => parts.push(s),
         }
@@ -80,7 +85,12 @@ mod tests {
     #[test]
     fn lexical_escapes_are_refused() {
         assert_eq!(join("", "a/b/../c"), Ok("a/c".into()));
-        assert_eq!(join("a", "../b"), Ok("b".into()));
+        assert_eq!(join("a", "b/../c"), Ok("a/c".into()));
+        assert_eq!(
+            join("a", "../b"),
+            Err(Errno::Notcapable),
+            "above the directory fd"
+        );
         assert_eq!(join("a", "../../b"), Err(Errno::Notcapable));
         assert_eq!(join("", "/etc/passwd"), Err(Errno::Notcapable));
         assert_eq!(join("", "./x/."), Ok("x".into()));

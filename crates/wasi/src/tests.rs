@@ -36,6 +36,7 @@ fn ctx(mounts: Vec<MountSpec>, clock: FakeClock, out: Buf, interrupt: Arc<Atomic
     let stdio = Stdio {
         stdin: Box::new(std::io::empty()),
         stdin_fd: None,
+        terminals: [false; 3],
         stdout: Box::new(out),
         stderr: Box::new(std::io::sink()),
     };
@@ -88,6 +89,7 @@ fn monotonic_clock_continues_across_capture_and_restore() {
     let stdio = Stdio {
         stdin: Box::new(std::io::empty()),
         stdin_fd: None,
+        terminals: [false; 3],
         stdout: Box::new(std::io::sink()),
         stderr: Box::new(std::io::sink()),
     };
@@ -173,10 +175,14 @@ fn files_in_a_mount_and_no_way_out() {
             .unwrap();
         assert_eq!(r, Errno::Notcapable as i32, "{escape}");
     }
-    // Sockets are never granted.
+    // Sockets are never granted: no descriptor is one.
     assert_eq!(
         c.call("sock_accept", &mut mem, &[3, 0, 0]).unwrap(),
-        Errno::Notsup as i32
+        Errno::Notsock as i32
+    );
+    assert_eq!(
+        c.call("sock_shutdown", &mut mem, &[99, 0]).unwrap(),
+        Errno::Badf as i32
     );
     // The capture names the file's offset; a restore reopens it there.
     let state = c.capture(&[ferry_kappa::Kappa::of(b"tree")]).unwrap();

@@ -63,6 +63,7 @@ fn quiet_stdio(stdout: Box<dyn Write + Send>) -> Stdio {
         stdin_fd: None,
         stdout,
         stderr: Box::new(std::io::sink()),
+        terminals: [false; 3],
     }
 }
 

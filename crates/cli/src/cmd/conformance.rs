@@ -194,6 +194,7 @@ impl Runner<'_> {
         let stdio = Stdio {
             stdin: Box::new(std::io::empty()),
             stdin_fd: None,
+            terminals: [false; 3],
             stdout: Box::new(out.clone()),
             stderr: Box::new(err.clone()),
         };

@@ -9,3 +9,4 @@ mod engines;
 mod harness;
 mod python;
 mod refusals;
+mod wasi_testsuite;

@@ -26,6 +26,7 @@ fn stdio(out: &Buf) -> Stdio {
     Stdio {
         stdin: Box::new(std::io::empty()),
         stdin_fd: None,
+        terminals: [false; 3],
         stdout: Box::new(out.clone()),
         stderr: Box::new(std::io::sink()),
     }
