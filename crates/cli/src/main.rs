@@ -17,7 +17,8 @@ struct Cli {
     /// Object store directory [default: $XDG_DATA_HOME/ferry or ~/.local/share/ferry]
     #[arg(long, global = true, env = "FERRY_STORE", value_name = "DIR")]
     store: Option<std::path::PathBuf>,
-    /// Show each step (resume transitions, snapshot writes) on stderr.
+    /// Show each step (resume transitions, snapshot writes) on stderr, with the seconds since
+    /// ferry started.
     #[arg(long, short, global = true)]
     verbose: bool,
     #[command(subcommand)]
@@ -53,16 +54,21 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = if cli.verbose { "info" } else { "warn" };
-    tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
-        .without_time()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
-        )
-        .init();
+        );
+    // With --verbose each step shows the seconds since ferry started.
+    if cli.verbose {
+        log.with_timer(tracing_subscriber::fmt::time::uptime())
+            .init();
+    } else {
+        log.without_time().init();
+    }
     let settings = match settings::Settings::new(cli.store) {
         Ok(s) => s,
         Err(e) => return report(&e),

@@ -34,6 +34,13 @@ pub struct Args {
     /// Alternating plain/instrumented pairs per steady-state workload.
     #[arg(long, default_value_t = 3)]
     pairs: usize,
+    /// Sections to run: steady, safepoint, snapshot, engines.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "steady,safepoint,snapshot,engines"
+    )]
+    only: Vec<String>,
 }
 
 struct LineSignal {
@@ -102,6 +109,7 @@ struct Workload {
 }
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
+    anyhow::ensure!(a.pairs >= 1, "--pairs must be at least 1");
     let dir = tempfile_dir()?;
     let store = FsStore::open(dir.join("store"))?;
     let rt = Runtime::new(EngineKind::Jit, Some(settings.compiled_cache()))?;
@@ -157,216 +165,424 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         );
     }
 
-    println!(
-        "## Steady state: instrumented vs plain, same engine (wasmtime), median of {} alternating pairs\n",
-        a.pairs
-    );
-    println!("| workload | plain (ms) | instrumented (ms) | ratio |");
-    println!("|---|---:|---:|---:|");
-    for w in &work {
-        let plain = rt.compile_plain(&w.wasm)?;
-        let prepared = rt.prepare(&store, &w.wasm, &|m| eprintln!("ferry bench: {m}"))?;
-        let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
-        let (mut p, mut i) = (vec![], vec![]);
-        for _ in 0..a.pairs {
-            let c = Arc::new(Control::new());
-            let t = Instant::now();
-            rt.run_plain(
-                &plain,
-                wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?,
-            )?;
-            p.push(ms(t.elapsed()));
-            let t = Instant::now();
-            let meta = SnapshotMeta {
-                program: w.name.into(),
-                parent: None,
-                generation: 0,
-            };
-            let out = rt.run(
-                &prepared,
-                wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?,
-                c.clone(),
-                Start::Fresh,
-                &store,
-                meta,
-                &mut |_, _| {},
-            )?;
-            i.push(ms(t.elapsed()));
-            if out != Outcome::Exited(0) {
-                bail!("{}: unexpected outcome {out:?}", w.name);
-            }
-        }
-        let (pm, im) = (median(p), median(i));
-        println!("| {} | {pm:.0} | {im:.0} | {:.2}x |", w.name, im / pm);
-    }
-
-    println!("\n## Time to safe point (request at random moments → poll reached)\n");
-    println!("| workload | requests | p50 (µs) | p99 (µs) | max (µs) |");
-    println!("|---|---:|---:|---:|---:|");
-    for w in &work {
-        let prepared = rt.prepare(&store, &w.wasm, &|_| {})?;
-        let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
-        let c = Arc::new(Control::new());
-        let ctx = wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?;
-        let delays = std::thread::scope(|s| -> Result<Vec<Duration>> {
-            let c2 = c.clone();
-            let (store, rt, prepared) = (&store, &rt, &prepared);
-            let h = std::thread::Builder::new()
-                .stack_size(256 << 20)
-                .spawn_scoped(s, move || {
-                    let meta = SnapshotMeta {
-                        program: "bench".into(),
-                        parent: None,
-                        generation: 0,
-                    };
-                    rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {})
-                })?;
-            let mut seed = 0x2545_f491_4f6c_dd1du64;
-            while !h.is_finished() {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                std::thread::sleep(Duration::from_micros(1000 + seed % 9000));
-                c.request(Request::Probe);
-            }
-            h.join().expect("guest thread")?;
-            Ok(c.safe_point_delays())
-        })?;
-        let mut us: Vec<f64> = delays.iter().map(|d| d.as_secs_f64() * 1e6).collect();
-        us.sort_by(|a, b| a.total_cmp(b));
-        if us.is_empty() {
-            continue;
-        }
-        let pct = |p: f64| us[((us.len() - 1) as f64 * p) as usize];
+    let on = |section: &str| a.only.iter().any(|s| s == section);
+    if on("steady") {
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} |",
-            w.name,
-            us.len(),
-            pct(0.5),
-            pct(0.99),
-            us[us.len() - 1]
+            "## Steady state: instrumented vs plain, same engine (wasmtime), median of {} alternating pairs\n",
+            a.pairs
         );
+        println!("| workload | plain (ms) | instrumented (ms) | ratio |");
+        println!("|---|---:|---:|---:|");
+        for w in &work {
+            let plain = rt.compile_plain(&w.wasm)?;
+            let prepared = rt.prepare(&store, &w.wasm, &|m| eprintln!("ferry bench: {m}"))?;
+            let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
+            let (mut p, mut i) = (vec![], vec![]);
+            for _ in 0..a.pairs {
+                let c = Arc::new(Control::new());
+                let t = Instant::now();
+                rt.run_plain(
+                    &plain,
+                    wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?,
+                )?;
+                p.push(ms(t.elapsed()));
+                let t = Instant::now();
+                let meta = SnapshotMeta {
+                    program: w.name.into(),
+                    parent: None,
+                    generation: 0,
+                };
+                let out = rt.run(
+                    &prepared,
+                    wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?,
+                    c.clone(),
+                    Start::Fresh,
+                    &store,
+                    meta,
+                    &mut |_, _| {},
+                )?;
+                i.push(ms(t.elapsed()));
+                if out != Outcome::Exited(0) {
+                    bail!("{}: unexpected outcome {out:?}", w.name);
+                }
+            }
+            let (pm, im) = (median(p), median(i));
+            println!("| {} | {pm:.0} | {im:.0} | {:.2}x |", w.name, im / pm);
+        }
     }
-
-    println!(
-        "\n## Snapshot and resume (guest `dirty`: random memory, ~1% of pages rewritten per 100 ms tick)\n"
-    );
-    println!(
-        "| store | memory | full snapshot (ms) | incremental after ~1% (ms) | new bytes stored incr. | resume to running (ms) |"
-    );
-    println!("|---|---|---:|---:|---:|---:|");
-    let dirty = read("dirty.wasm")?;
-    let mem_store = ferry_store::MemStore::new();
-    let cached = FsStore::open(dir.join("store-page-cache"))?.without_durability();
-    let stores: [(&str, &dyn Store); 3] = [
-        ("memory (no disk)", &mem_store),
-        ("disk, page cache (no fsync, as CRIU)", &cached),
-        ("disk, durable (fsync)", &store),
-    ];
-    for (label, store) in stores {
-        for mib in &a.sizes {
-            let prepared = rt.prepare(store, &dirty, &|_| {})?;
+    if on("safepoint") {
+        println!("\n## Time to safe point (request at random moments → poll reached)\n");
+        println!("| workload | requests | p50 (µs) | p99 (µs) | max (µs) |");
+        println!("|---|---:|---:|---:|---:|");
+        for w in &work {
+            let prepared = rt.prepare(&store, &w.wasm, &|_| {})?;
+            let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
             let c = Arc::new(Control::new());
-            let (tx, rx) = channel();
-            let size = mib.to_string();
-            let ctx = wasi(
-                &["dirty", &size, "100", "10"],
-                vec![],
-                Box::new(LineSignal { tx, buf: vec![] }),
-                &c,
-            )?;
-            let (snap_tx, snap_rx) = channel::<(Instant, Result<ferry_kappa::Kappa, String>)>();
-            let (full, incr, new_bytes, k) = std::thread::scope(|s| -> Result<_> {
+            let ctx = wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?;
+            let delays = std::thread::scope(|s| -> Result<Vec<Duration>> {
                 let c2 = c.clone();
-                let (rt, prepared) = (&rt, &prepared);
+                let (store, rt, prepared) = (&store, &rt, &prepared);
                 let h = std::thread::Builder::new()
                     .stack_size(256 << 20)
                     .spawn_scoped(s, move || {
                         let meta = SnapshotMeta {
-                            program: "dirty".into(),
+                            program: "bench".into(),
                             parent: None,
                             generation: 0,
                         };
-                        rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |r, _| {
-                            let _ = snap_tx.send((Instant::now(), r.map_err(|e| e.to_string())));
-                        })
+                        rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {})
                     })?;
-                rx.recv_timeout(Duration::from_secs(120))
-                    .context("guest never got ready")?;
-                let t = Instant::now();
-                c.request(Request::Checkpoint);
-                let (done, r) = snap_rx.recv()?;
-                r.map_err(anyhow::Error::msg)?;
-                let full = done - t;
-                std::thread::sleep(Duration::from_millis(150));
-                let before = store.list()?.len();
-                let t = Instant::now();
-                c.request(Request::Checkpoint);
-                let (done, r) = snap_rx.recv()?;
-                r.map_err(anyhow::Error::msg)?;
-                let incr = done - t;
-                let new_objects = store.list()?.len() - before;
-                c.request(Request::Suspend);
-                let out = h.join().expect("guest thread")?;
-                let Outcome::Suspended(k) = out else {
-                    bail!("dirty guest was not suspended: {out:?}")
-                };
-                Ok((full, incr, new_objects as u64 * 65536, k))
+                let mut seed = 0x2545_f491_4f6c_dd1du64;
+                while !h.is_finished() {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    std::thread::sleep(Duration::from_micros(1000 + seed % 9000));
+                    c.request(Request::Probe);
+                }
+                h.join().expect("guest thread")?;
+                Ok(c.safe_point_delays())
             })?;
-            // Resume: Resolving → Verifying → Admitting → Restoring → running again.
-            let c = Arc::new(Control::new());
-            let t = Instant::now();
-            let loaded = snapshot::load(store, k)?;
-            let prepared = rt.prepare_kappa(store, loaded.snapshot.module, &|_| {})?;
-            let ctx = WasiCtx::restore(
-                &loaded.wasi,
-                vec![],
-                quiet_stdio(Box::new(std::io::sink())),
-                Box::new(HostClock::default()),
-                {
-                    let c = c.clone();
-                    Arc::new(move || c.pending() != Request::None)
-                },
-            )
-            .map_err(anyhow::Error::msg)?;
-            c.request(Request::Suspend);
-            let c2 = c.clone();
-            std::thread::scope(|s| -> Result<()> {
-                let (rt, prepared) = (&rt, &prepared);
-                std::thread::Builder::new()
-                    .stack_size(256 << 20)
-                    .spawn_scoped(s, move || {
-                        let meta = SnapshotMeta {
-                            program: "dirty".into(),
-                            parent: Some(k),
-                            generation: 1,
-                        };
-                        rt.run(
-                            prepared,
-                            ctx,
-                            c2,
-                            Start::Restore(Box::new(loaded)),
-                            store,
-                            meta,
-                            &mut |_, _| {},
-                        )
-                    })?
-                    .join()
-                    .expect("guest thread")?;
-                Ok(())
-            })?;
-            let resumed = c.running_at().context("guest never ran after restore")? - t;
+            let mut us: Vec<f64> = delays.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+            us.sort_by(|a, b| a.total_cmp(b));
+            if us.is_empty() {
+                continue;
+            }
+            let pct = |p: f64| us[((us.len() - 1) as f64 * p) as usize];
             println!(
-                "| {label} | {mib} MiB | {:.0} | {:.0} | {:.1} MiB | {:.0} |",
-                ms(full),
-                ms(incr),
-                new_bytes as f64 / (1 << 20) as f64,
-                ms(resumed)
+                "| {} | {} | {:.0} | {:.0} | {:.0} |",
+                w.name,
+                us.len(),
+                pct(0.5),
+                pct(0.99),
+                us[us.len() - 1]
             );
         }
     }
+    let dirty = read("dirty.wasm")?;
+    if on("snapshot") {
+        println!(
+            "\n## Snapshot and resume (guest `dirty`: random memory, ~1% of pages rewritten per 100 ms tick)\n"
+        );
+        println!(
+            "| store | memory | full snapshot (ms) | incremental after ~1% (ms) | new bytes stored incr. | resume to running (ms) |"
+        );
+        println!("|---|---|---:|---:|---:|---:|");
+        let mem_store = ferry_store::MemStore::new();
+        let cached = FsStore::open(dir.join("store-page-cache"))?.without_durability();
+        let stores: [(&str, &dyn Store); 3] = [
+            ("memory (no disk)", &mem_store),
+            ("disk, page cache (no fsync, as CRIU)", &cached),
+            ("disk, durable (fsync)", &store),
+        ];
+        for (label, store) in stores {
+            for mib in &a.sizes {
+                let prepared = rt.prepare(store, &dirty, &|_| {})?;
+                let c = Arc::new(Control::new());
+                let (tx, rx) = channel();
+                let size = mib.to_string();
+                let ctx = wasi(
+                    &["dirty", &size, "100", "10"],
+                    vec![],
+                    Box::new(LineSignal { tx, buf: vec![] }),
+                    &c,
+                )?;
+                let (snap_tx, snap_rx) = channel::<(Instant, Result<ferry_kappa::Kappa, String>)>();
+                let (full, incr, new_bytes, k) = std::thread::scope(|s| -> Result<_> {
+                    let c2 = c.clone();
+                    let (rt, prepared) = (&rt, &prepared);
+                    let h = std::thread::Builder::new()
+                        .stack_size(256 << 20)
+                        .spawn_scoped(s, move || {
+                            let meta = SnapshotMeta {
+                                program: "dirty".into(),
+                                parent: None,
+                                generation: 0,
+                            };
+                            rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |r, _| {
+                                let _ =
+                                    snap_tx.send((Instant::now(), r.map_err(|e| e.to_string())));
+                            })
+                        })?;
+                    rx.recv_timeout(Duration::from_secs(120))
+                        .context("guest never got ready")?;
+                    let t = Instant::now();
+                    c.request(Request::Checkpoint);
+                    let (done, r) = snap_rx.recv()?;
+                    r.map_err(anyhow::Error::msg)?;
+                    let full = done - t;
+                    std::thread::sleep(Duration::from_millis(150));
+                    let before = store.list()?.len();
+                    let t = Instant::now();
+                    c.request(Request::Checkpoint);
+                    let (done, r) = snap_rx.recv()?;
+                    r.map_err(anyhow::Error::msg)?;
+                    let incr = done - t;
+                    let new_objects = store.list()?.len() - before;
+                    c.request(Request::Suspend);
+                    let out = h.join().expect("guest thread")?;
+                    let Outcome::Suspended(k) = out else {
+                        bail!("dirty guest was not suspended: {out:?}")
+                    };
+                    Ok((full, incr, new_objects as u64 * 65536, k))
+                })?;
+                let resumed = resume_to_running(&rt, store, k)?;
+                println!(
+                    "| {label} | {mib} MiB | {:.0} | {:.0} | {:.1} MiB | {:.0} |",
+                    ms(full),
+                    ms(incr),
+                    new_bytes as f64 / (1 << 20) as f64,
+                    ms(resumed)
+                );
+            }
+        }
+    }
+    if on("engines") {
+        let interp = Runtime::new(EngineKind::Interp, None)?;
+        engines_section(
+            &rt,
+            &interp,
+            &store,
+            &dir.join("store"),
+            &work,
+            &dirty,
+            a.pairs,
+            &a.sizes,
+        )?;
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Resume: Resolving → Verifying → Admitting → Restoring → running again (then suspended
+/// at once). Returns the time until the guest ran.
+fn resume_to_running(rt: &Runtime, store: &dyn Store, k: ferry_kappa::Kappa) -> Result<Duration> {
+    let c = Arc::new(Control::new());
+    let t = Instant::now();
+    let loaded = snapshot::load(store, k)?;
+    let prepared = rt.prepare_kappa(store, loaded.snapshot.module, &|_| {})?;
+    let ctx = WasiCtx::restore(
+        &loaded.wasi,
+        vec![],
+        quiet_stdio(Box::new(std::io::sink())),
+        Box::new(HostClock::default()),
+        {
+            let c = c.clone();
+            Arc::new(move || c.pending() != Request::None)
+        },
+    )
+    .map_err(anyhow::Error::msg)?;
+    c.request(Request::Suspend);
+    let c2 = c.clone();
+    std::thread::scope(|s| -> Result<()> {
+        let prepared = &prepared;
+        std::thread::Builder::new()
+            .stack_size(256 << 20)
+            .spawn_scoped(s, move || {
+                let meta = SnapshotMeta {
+                    program: "dirty".into(),
+                    parent: Some(k),
+                    generation: 1,
+                };
+                rt.run(
+                    prepared,
+                    ctx,
+                    c2,
+                    Start::Restore(Box::new(loaded)),
+                    store,
+                    meta,
+                    &mut |_, _| {},
+                )
+            })?
+            .join()
+            .expect("guest thread")?;
+        Ok(())
+    })?;
+    Ok(c.running_at().context("guest never ran after restore")? - t)
+}
+
+/// Runs `w` instrumented from the start to its exit on `rt`; returns the time taken.
+fn run_instrumented(rt: &Runtime, store: &dyn Store, w: &Workload) -> Result<Duration> {
+    let prepared = rt.prepare(store, &w.wasm, &|m| eprintln!("ferry bench: {m}"))?;
+    let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
+    let c = Arc::new(Control::new());
+    let ctx = wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?;
+    let t = Instant::now();
+    let out = std::thread::scope(|s| {
+        let prepared = &prepared;
+        std::thread::Builder::new()
+            .stack_size(256 << 20)
+            .spawn_scoped(s, move || {
+                let meta = SnapshotMeta {
+                    program: w.name.into(),
+                    parent: None,
+                    generation: 0,
+                };
+                rt.run(prepared, ctx, c, Start::Fresh, store, meta, &mut |_, _| {})
+            })
+            .expect("guest thread")
+            .join()
+            .expect("guest thread")
+    })?;
+    if out != Outcome::Exited(0) {
+        bail!("{}: unexpected outcome {out:?}", w.name);
+    }
+    Ok(t.elapsed())
+}
+
+/// Takes a snapshot of the `dirty` guest holding `mib` MiB on `from`.
+fn dirty_snapshot(
+    rt: &Runtime,
+    store: &dyn Store,
+    dirty: &[u8],
+    mib: u64,
+) -> Result<ferry_kappa::Kappa> {
+    let prepared = rt.prepare(store, dirty, &|_| {})?;
+    let c = Arc::new(Control::new());
+    let (tx, rx) = channel();
+    let size = mib.to_string();
+    let ctx = wasi(
+        &["dirty", &size, "100", "10"],
+        vec![],
+        Box::new(LineSignal { tx, buf: vec![] }),
+        &c,
+    )?;
+    std::thread::scope(|s| -> Result<_> {
+        let c2 = c.clone();
+        let prepared = &prepared;
+        let h = std::thread::Builder::new()
+            .stack_size(256 << 20)
+            .spawn_scoped(s, move || {
+                let meta = SnapshotMeta {
+                    program: "dirty".into(),
+                    parent: None,
+                    generation: 0,
+                };
+                rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {})
+            })?;
+        rx.recv_timeout(Duration::from_secs(600))
+            .context("guest never got ready")?;
+        c.request(Request::Suspend);
+        match h.join().expect("guest thread")? {
+            Outcome::Suspended(k) => Ok(k),
+            out => bail!("dirty guest was not suspended: {out:?}"),
+        }
+    })
+}
+
+/// The interpreter against the JIT on the same instrumented module, and resumes across them.
+#[allow(clippy::too_many_arguments)] // one call site
+fn engines_section(
+    rt: &Runtime,
+    interp: &Runtime,
+    store: &dyn Store,
+    store_dir: &std::path::Path,
+    work: &[Workload],
+    dirty: &[u8],
+    pairs: usize,
+    sizes: &[u64],
+) -> Result<()> {
+    println!(
+        "\n## Engines: interp (wasmi) vs jit (wasmtime), same instrumented module, median of {pairs} alternating pairs\n"
+    );
+    println!(
+        "| workload | jit plain (ms) | jit (ms) | interp plain (ms) | interp (ms) | interp / jit | instrumented / plain on interp |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for w in work {
+        let (mut jp, mut j, mut ip, mut i) = (vec![], vec![], vec![], vec![]);
+        let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
+        let (jit_plain, interp_plain) =
+            (rt.compile_plain(&w.wasm)?, interp.compile_plain(&w.wasm)?);
+        for _ in 0..pairs {
+            for (rt, plain, times) in [(rt, &jit_plain, &mut jp), (interp, &interp_plain, &mut ip)]
+            {
+                let c = Arc::new(Control::new());
+                let ctx = wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?;
+                let t = Instant::now();
+                let code = std::thread::scope(|s| {
+                    std::thread::Builder::new()
+                        .stack_size(256 << 20)
+                        .spawn_scoped(s, move || rt.run_plain(plain, ctx))
+                        .expect("guest thread")
+                        .join()
+                        .expect("guest thread")
+                })?;
+                anyhow::ensure!(code == 0, "{}: plain run exited {code}", w.name);
+                times.push(ms(t.elapsed()));
+            }
+            j.push(ms(run_instrumented(rt, store, w)?));
+            i.push(ms(run_instrumented(interp, store, w)?));
+        }
+        let (jpm, jm, ipm, im) = (median(jp), median(j), median(ip), median(i));
+        println!(
+            "| {} | {jpm:.0} | {jm:.0} | {ipm:.0} | {im:.0} | {:.1}x | {:.2}x |",
+            w.name,
+            im / jm,
+            im / ipm
+        );
+    }
+    println!(
+        "\n## Cross-engine resume (guest `dirty`, durable disk store): `ferry -v resume --engine E` in a new process, from its start until the restored guest runs\n"
+    );
+    println!("| memory | taken on | resumed on | resume to running (ms) |");
+    println!("|---|---|---|---:|");
+    for mib in sizes {
+        for (from, fname, tname) in [
+            (rt, "jit", "interp"),
+            (interp, "interp", "jit"),
+            (rt, "jit", "jit"),
+            (interp, "interp", "interp"),
+        ] {
+            let k = dirty_snapshot(from, store, dirty, *mib)?;
+            let d = resume_in_new_process(store_dir, tname, k)?;
+            println!("| {mib} MiB | {fname} | {tname} | {:.0} |", ms(d));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `ferry -v resume --engine ENGINE κ` as a user would, in a new process, and returns
+/// the time from its start until it logged that the restored guest runs; then suspends it.
+fn resume_in_new_process(
+    store_dir: &std::path::Path,
+    engine: &str,
+    k: ferry_kappa::Kappa,
+) -> Result<Duration> {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .arg("--store")
+        .arg(store_dir)
+        .args(["-v", "resume", "--engine", engine, &k.to_string()])
+        .env("FERRY_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take().context("child stderr")?;
+    let mut at = None;
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line?;
+        if at.is_none() && line.contains(" running") {
+            // `   0.123456789s  INFO running ...`: seconds since that ferry started.
+            let secs = line
+                .split_whitespace()
+                .next()
+                .and_then(|t| t.strip_suffix('s'))
+                .and_then(|t| t.parse::<f64>().ok())
+                .with_context(|| format!("no uptime in `{line}`"))?;
+            at = Some(Duration::from_secs_f64(secs));
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        }
+    }
+    let status = child.wait()?;
+    anyhow::ensure!(
+        status.code() == Some(75),
+        "resume on {engine} ended with {status}"
+    );
+    at.context("the resumed guest never logged that it runs")
 }
 
 fn tempfile_dir() -> Result<PathBuf> {
