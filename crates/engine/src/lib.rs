@@ -26,6 +26,8 @@ pub use seam::{EngineKind, Stop, Value};
 
 /// Host contract version recorded in every snapshot's profile.
 pub const HOST_CONTRACT: &str = "ferry-host/1";
-/// Engine class every ferry snapshot needs: core Wasm 2.0 plus multi-memory (the saved stack
-/// and the control word live in memories of their own).
+/// Engine class every ferry snapshot needs: core Wasm 2.0 (SIMD included) plus multi-memory
+/// (the saved stack and the control word live in memories of their own). Both engines provide
+/// it; an engine that lacks part of it (say, a browser without SIMD) declares a narrower class
+/// and refuses such snapshots at Admitting, naming what it lacks.
 pub const ENGINE_CLASS: &str = "wasm-core-2+multi-memory";

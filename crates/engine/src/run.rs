@@ -100,6 +100,17 @@ impl Runtime {
         let _attached = Attached(&control);
 
         if let Start::Restore(loaded) = start {
+            let class = &loaded.snapshot.profile.engine_class;
+            if !self.backend.engine_classes().contains(&class.as_str()) {
+                return Err(EngineError::refused(
+                    Stage::Admitting,
+                    format!(
+                        "the snapshot needs engine class `{class}`; the {} engine provides {}",
+                        self.kind(),
+                        self.backend.engine_classes().join(", ")
+                    ),
+                ));
+            }
             phase = entries
                 .iter()
                 .position(|n| *n == loaded.snapshot.entry)

@@ -68,6 +68,10 @@ pub enum Stop {
 /// An engine: turns module bytes into something it can instantiate.
 pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     fn kind(&self) -> EngineKind;
+    /// The engine classes (see [`crate::ENGINE_CLASS`]) whose snapshots this engine can run.
+    fn engine_classes(&self) -> &'static [&'static str] {
+        &[crate::ENGINE_CLASS]
+    }
     /// Compiles (or, for an interpreter, decodes) `bytes`. `cache_key` names the module for a
     /// machine-local compiled-code cache; `None` means do not cache.
     fn compile(

@@ -236,12 +236,13 @@ pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
             ),
         ));
     }
-    if snapshot.profile.runtime != HOST_CONTRACT || snapshot.profile.engine_class != ENGINE_CLASS {
+    // The engine class is admitted by the engine that will run it (`Runtime::run`).
+    if snapshot.profile.runtime != HOST_CONTRACT {
         return Err(EngineError::refused(
             Stage::Admitting,
             format!(
-                "snapshot needs {} / {}; this host provides {HOST_CONTRACT} / {ENGINE_CLASS}",
-                snapshot.profile.runtime, snapshot.profile.engine_class
+                "snapshot needs host contract {}; this host provides {HOST_CONTRACT}",
+                snapshot.profile.runtime
             ),
         ));
     }

@@ -315,3 +315,61 @@ fn indirect_calls_recursion_globals_memory_growth_and_v128() {
     );
     Harness::new().check_every_point(&wasm, 3);
 }
+
+#[test]
+fn a_snapshot_needing_an_engine_class_no_engine_has_is_refused_by_each() {
+    use ferry_store::Store;
+    let wasm = module(
+        r#"
+      (func (export "_start") (local $i i32)
+        (loop $l
+          (call $print (i64.extend_i32_u (local.get $i)))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br_if $l (i32.lt_u (local.get $i) (i32.const 5)))))
+    "#,
+    );
+    let h = Harness::new();
+    let (Outcome::Suspended(k), _) = h.run(0, &wasm, None, Some(2)) else {
+        panic!("not suspended")
+    };
+    // The same snapshot, asking for a class no engine provides.
+    let mut snap: ferry_object::Snapshot = ferry_object::decode(&h.store.get(&k).unwrap()).unwrap();
+    snap.profile.engine_class = "wasm-core-3+gc".into();
+    let k2 = h.store.put(&ferry_object::encode(&snap)).unwrap();
+    for rt in &h.engines {
+        let loaded = snapshot::load(&h.store, k2).unwrap();
+        let prepared = rt.prepare(&h.store, &wasm, &|_| {}).unwrap();
+        let c = Arc::new(Control::new());
+        let ctx = WasiCtx::restore(
+            &loaded.wasi,
+            vec![],
+            stdio(&Buf::default()),
+            Box::new(HostClock::default()),
+            interrupt(&c),
+        )
+        .unwrap();
+        let meta = SnapshotMeta {
+            program: "t".into(),
+            parent: Some(k2),
+            generation: 1,
+        };
+        let err = rt
+            .run(
+                &prepared,
+                ctx,
+                c,
+                Start::Restore(Box::new(loaded)),
+                &h.store,
+                meta,
+                &mut |_, _| {},
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "resume refused while admitting: the snapshot needs engine class `wasm-core-3+gc`"
+            ),
+            "{err}"
+        );
+    }
+}
