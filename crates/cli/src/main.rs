@@ -44,6 +44,10 @@ enum Command {
     Python(cmd::python::Args),
     /// Measure overhead, time to safe point, snapshot and resume times (docs/benchmarks.md).
     Bench(cmd::bench::Args),
+    /// Write a snapshot and everything it needs into one file (a capsule), to move it offline.
+    Export(cmd::capsule::ExportArgs),
+    /// Read a capsule written by `ferry export`, verifying every object; prints the snapshot.
+    Import(cmd::capsule::ImportArgs),
     /// Run the conformance kit (docs/conformance.md) against the engines; prints a table.
     Conformance(cmd::conformance::Args),
     /// Maintain the object store.
@@ -83,6 +87,8 @@ fn main() -> ExitCode {
         Command::Store(c) => cmd::store::run(&settings, c),
         Command::Bench(a) => cmd::bench::run(&settings, a),
         Command::Python(a) => cmd::python::run(&settings, a),
+        Command::Export(a) => cmd::capsule::export(&settings, a),
+        Command::Import(a) => cmd::capsule::import(&settings, a),
         Command::Conformance(a) => cmd::conformance::run(&settings, a),
     };
     match result {

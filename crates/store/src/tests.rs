@@ -215,3 +215,117 @@ fn zstd_shrinks_files_and_never_changes_kappa() {
     assert_eq!(out, chunks[42]);
     assert_eq!(reopened.list().unwrap().len(), 101);
 }
+
+mod capsules {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::capsule::{self, CapsuleError};
+
+    /// A store with a "root" and some objects, one compressible, one not.
+    fn source() -> (MemStore, Kappa, BTreeSet<Kappa>) {
+        let s = MemStore::new();
+        let mut all = BTreeSet::new();
+        let root = s.put(b"root object").unwrap();
+        all.insert(root);
+        all.insert(s.put(&vec![7u8; 65536]).unwrap());
+        let noise: Vec<u8> = (0..65536u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        all.insert(s.put(&noise).unwrap());
+        all.insert(s.put(b"").unwrap());
+        (s, root, all)
+    }
+
+    fn capsule_bytes() -> (Vec<u8>, Kappa, BTreeSet<Kappa>) {
+        let (s, root, all) = source();
+        let mut out = Vec::new();
+        let stats = capsule::export(&s, root, &all, &mut out, &mut |_| {}).unwrap();
+        assert_eq!(stats.objects, 4);
+        assert_eq!(stats.stored_bytes, out.len() as u64);
+        assert!(
+            out.len() < 2 * 65536 + 1000,
+            "the repetitive object was not compressed"
+        );
+        (out, root, all)
+    }
+
+    #[test]
+    fn round_trip_into_every_store() {
+        let (bytes, root, all) = capsule_bytes();
+        for (dest, _d) in stores() {
+            let (got, stats) = capsule::import(&bytes[..], dest.as_ref(), &mut |_| {}).unwrap();
+            assert_eq!(got, root);
+            assert_eq!(stats.new_objects, 4);
+            let have: BTreeSet<Kappa> = dest.list().unwrap().into_iter().collect();
+            assert_eq!(have, all);
+            // Again: nothing new.
+            let (_, again) = capsule::import(&bytes[..], dest.as_ref(), &mut |_| {}).unwrap();
+            assert_eq!(again.new_objects, 0);
+        }
+    }
+
+    #[test]
+    fn every_single_byte_flip_is_refused() {
+        let (bytes, _, _) = capsule_bytes();
+        // Flip each byte of the header, a sample of the body, and the trailer.
+        let positions: Vec<usize> = (0..60)
+            .chain((60..bytes.len()).step_by(997))
+            .chain(bytes.len() - 40..bytes.len())
+            .collect();
+        for i in positions {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x20;
+            let r = capsule::import(&bad[..], &MemStore::new(), &mut |_| {});
+            assert!(r.is_err(), "flipping byte {i} was not noticed");
+        }
+    }
+
+    #[test]
+    fn truncation_trailing_bytes_and_versions_are_refused_with_reasons() {
+        let (bytes, _, _) = capsule_bytes();
+        for cut in [0, 7, 20, 60, bytes.len() / 2, bytes.len() - 1] {
+            let r = capsule::import(&bytes[..cut], &MemStore::new(), &mut |_| {});
+            assert!(r.is_err(), "a capsule cut at {cut} was accepted");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        let e = capsule::import(&longer[..], &MemStore::new(), &mut |_| {}).unwrap_err();
+        assert!(e.to_string().contains("bytes after the end marker"), "{e}");
+        let mut v2 = bytes.clone();
+        v2[8] = 2;
+        let e = capsule::import(&v2[..], &MemStore::new(), &mut |_| {}).unwrap_err();
+        assert!(matches!(e, CapsuleError::Version(2)), "{e}");
+        let e = capsule::import(&b"GIF89a......"[..], &MemStore::new(), &mut |_| {}).unwrap_err();
+        assert!(matches!(e, CapsuleError::NotACapsule), "{e}");
+    }
+
+    #[test]
+    fn huge_claimed_sizes_are_refused_before_allocating() {
+        let mut b = Vec::new();
+        b.extend_from_slice(b"FERRYCAP");
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&[0u8; 32]);
+        b.extend_from_slice(&u64::MAX.to_le_bytes());
+        let e = capsule::import(&b[..], &MemStore::new(), &mut |_| {}).unwrap_err();
+        assert!(e.to_string().contains("objects (at most"), "{e}");
+        let mut b2 = b[..44].to_vec();
+        b2.extend_from_slice(&1u64.to_le_bytes());
+        b2.extend_from_slice(&[0u8; 32]);
+        b2.push(0);
+        b2.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        b2.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        let e = capsule::import(&b2[..], &MemStore::new(), &mut |_| {}).unwrap_err();
+        assert!(e.to_string().contains("claims"), "{e}");
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..300)) {
+            capsule::fuzz_import(&data);
+            let mut framed = b"FERRYCAP\x01\x00\x00\x00".to_vec();
+            framed.extend_from_slice(&data);
+            capsule::fuzz_import(&framed);
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod capsule;
 pub mod conformance;
 pub mod inspect;
 pub mod ps;

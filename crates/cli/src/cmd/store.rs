@@ -13,7 +13,8 @@ use crate::settings::Settings;
 pub enum Command {
     /// Re-hash every object; report corrupt or missing ones (exit 1 if any).
     Verify,
-    /// Delete objects no ref reaches (sessions' snapshots and their history, prepared modules).
+    /// Delete objects no ref reaches (sessions' snapshots and their history, imported
+    /// snapshots, prepared modules).
     Gc {
         /// Only report what would be deleted.
         #[arg(long)]
@@ -50,7 +51,7 @@ fn verify(store: &dyn Store) -> Result<ExitCode> {
         if !store.has(&r.target)? {
             bad += 1;
             eprintln!("ferry: ref `{name}` points at missing object {}", r.target);
-        } else if name.starts_with("session/") {
+        } else if name.starts_with("session/") || name.starts_with("snapshot/") {
             let mut c = BTreeSet::new();
             if let Err(e) = snapshot_closure(store, &r.target, false, &mut c) {
                 bad += 1;
@@ -69,7 +70,7 @@ fn verify(store: &dyn Store) -> Result<ExitCode> {
 fn gc(store: &dyn Store, dry_run: bool) -> Result<ExitCode> {
     let mut live = BTreeSet::new();
     for (name, r) in store.list_refs()? {
-        if name.starts_with("session/") {
+        if name.starts_with("session/") || name.starts_with("snapshot/") {
             snapshot_closure(store, &r.target, true, &mut live)?;
         } else {
             live.insert(r.target);

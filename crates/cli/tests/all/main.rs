@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
+mod capsule;
 mod churn;
 mod conformance;
 mod engines;
