@@ -16,3 +16,4 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 "$root/guests/build.sh"
 "$root/scripts/fetch-python.sh"
+"$root/scripts/fetch-sqlite.sh"

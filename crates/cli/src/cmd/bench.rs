@@ -132,6 +132,39 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             mounts: vec![],
         },
     ];
+    let guest_cache = std::env::var_os("FERRY_GUEST_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferry/guests")
+        });
+    let sqlite = guest_cache.join("sqlite3-3.52.0.wasm");
+    let sql = dir.join("sql");
+    std::fs::create_dir_all(&sql)?;
+    std::fs::write(
+        sql.join("work.sql"),
+        include_str!("../../../../guests/sqlite/work.sql"),
+    )?;
+    if sqlite.exists() {
+        work.push(Workload {
+            name: "SQLite shell, SQL workload",
+            wasm: std::fs::read(&sqlite)?,
+            args: vec![
+                "sqlite3".into(),
+                ":memory:".into(),
+                ".read /w/work.sql".into(),
+            ],
+            mounts: vec![MountSpec {
+                guest_path: "/w".into(),
+                host_dir: sql.clone(),
+                read_only: false,
+            }],
+        });
+    } else {
+        eprintln!(
+            "ferry bench: {} not found, skipping SQLite (run scripts/fetch-sqlite.sh)",
+            sqlite.display()
+        );
+    }
     let python = a.python.clone().unwrap_or_else(|| {
         std::env::var_os("FERRY_GUEST_CACHE")
             .map(PathBuf::from)

@@ -210,3 +210,58 @@ fn stdin_from_a_file_is_read_once_across_resumes() {
         String::from_utf8_lossy(&plain.stdout)
     );
 }
+
+/// The SQLite shell (built by scripts/fetch-sqlite.sh, which scripts/setup.sh runs) running a
+/// SQL workload on an in-memory database: a real program nobody here wrote.
+#[test]
+fn sqlite_shell_running_a_sql_workload() {
+    let cache = std::env::var_os("FERRY_GUEST_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ferry/guests")
+        });
+    let sqlite = cache.join("sqlite3-3.52.0.wasm");
+    assert!(
+        sqlite.exists(),
+        "{} is missing: run scripts/fetch-sqlite.sh (scripts/setup.sh does)",
+        sqlite.display()
+    );
+    let env = Env::new();
+    let w = env.path("w");
+    std::fs::create_dir_all(&w).unwrap();
+    std::fs::copy(
+        crate::harness::repo().join("guests/sqlite/work.sql"),
+        w.join("work.sql"),
+    )
+    .unwrap();
+    let mount = format!("{}::/w", w.display());
+    let args = [
+        "--dir",
+        &mount,
+        "--env",
+        "HOME=/w",
+        sqlite.to_str().unwrap(),
+        "--",
+        ":memory:",
+        ".read /w/work.sql",
+    ];
+    let plain = env.plain(&args);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    assert!(
+        String::from_utf8_lossy(&plain.stdout).starts_with("300000|1500910795|19\n"),
+        "{}",
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    let churned = env.churn(&args, &["--dir", &mount], 4, 41, (60, 300));
+    assert!(
+        churned.snapshots.len() >= 2,
+        "snapshots: {:?}",
+        churned.snapshots
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&churned.stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    assert_eq!(churned.stderr, plain.stderr);
+    assert_eq!(churned.code, 0);
+}
