@@ -38,6 +38,8 @@ impl Jit {
         config.async_stack_size(MAX_WASM_STACK + (1 << 20));
         config.max_wasm_stack(MAX_WASM_STACK);
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+        // The transform marks its unwind paths unlikely; Cranelift then lays them out cold.
+        config.wasm_branch_hinting(true);
         let engine =
             wasmtime::Engine::new(&config).map_err(|e| EngineError::Compile(e.to_string()))?;
         Ok(Self { engine, cache_dir })

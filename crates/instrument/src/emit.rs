@@ -228,6 +228,9 @@ struct Emitter<'c, 'm, R> {
     /// Number of original locals (parameters and declared locals).
     n_orig: usize,
     live: &'c Liveness,
+    /// Positions in `out` of the lean copy's `if`s that are almost never taken (a pending
+    /// unwind after a call, a raised poll flag): branch hints for the compiler.
+    unlikely: Vec<u32>,
 }
 
 type Validator = FuncValidator<ValidatorResources>;
@@ -431,6 +434,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         if self.copy == Copy::Lean {
             self.ins(call);
             self.ins(I::GlobalGet(self.ctx.state_global));
+            self.unlikely.push(self.out.len() as u32);
             self.ins(I::If(BlockType::Empty));
             self.save_and_return(site, saved);
             self.ins(I::End);
@@ -516,6 +520,9 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             align: 2,
             memory_index: self.ctx.ctl_memory,
         }));
+        if self.copy == Copy::Lean {
+            self.unlikely.push(self.out.len() as u32);
+        }
         self.ins(I::If(BlockType::Empty));
     }
 
@@ -591,7 +598,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     defined_index: u32,
     copy: Copy,
     layout: Option<&Layout>,
-) -> Result<(Function, Layout), InstrumentError> {
+) -> Result<(Function, Layout, Vec<u32>), InstrumentError> {
     let fty = ctx
         .func_types
         .get(fv.ty as usize)
@@ -649,6 +656,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         results: results.clone(),
         n_orig,
         live: &plan.live,
+        unlikely: Vec::new(),
     };
     let done_bt = e.types.block_type(&[], &results);
     e.ins(I::Block(done_bt));
@@ -884,6 +892,13 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         }
     }
     let mut f = Function::new(groups);
+    // Hint offsets count from the start of the body (its locals declaration). The rewind copy's
+    // prologue shifts its code, and it runs only while rewinding: it gets no hints.
+    let base = f.byte_len() as u32;
+    let unlikely = match copy {
+        Copy::Lean => e.unlikely.iter().map(|p| base + p).collect(),
+        Copy::Rewind => Vec::new(),
+    };
     f.raw(body_bytes);
     let layout = Layout {
         temps: e.temps,
@@ -891,5 +906,5 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         offsets: e.offsets,
         record_len: e.record_len,
     };
-    Ok((f, layout))
+    Ok((f, layout, unlikely))
 }

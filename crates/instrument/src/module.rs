@@ -278,6 +278,7 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
         imported_funcs: n_imported,
     };
     let mut rewind_code = Vec::new();
+    let mut hints = wasm_encoder::BranchHints::new();
     for (i, ((fv, body), facts)) in bodies.into_iter().zip(&facts).enumerate() {
         let defined_index = i as u32;
         if !facts.instrumented() {
@@ -295,7 +296,7 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
             resources: fv.resources.clone(),
             ..fv
         };
-        let (rewind, layout) = emit::emit(
+        let (rewind, layout, _) = emit::emit(
             &ctx,
             &mut interner,
             &mut shift,
@@ -306,7 +307,7 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
             emit::Copy::Rewind,
             None,
         )?;
-        let (lean, lean_layout) = emit::emit(
+        let (lean, lean_layout, unlikely) = emit::emit(
             &ctx,
             &mut interner,
             &mut shift,
@@ -323,6 +324,16 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
             )));
         }
         code.function(&lean);
+        if !unlikely.is_empty() {
+            // The lean copy keeps the function's index (after the one added import).
+            hints.function_hints(
+                n_imported + 1 + defined_index,
+                unlikely.into_iter().map(|at| wasm_encoder::BranchHint {
+                    branch_func_offset: at,
+                    branch_hint_value: 0,
+                }),
+            );
+        }
         rewind_code.push(rewind);
     }
     for f in &rewind_code {
@@ -339,7 +350,7 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
         &rewind_types,
         interner,
         poll_type,
-        code,
+        (code, hints),
         n_memories,
         &mutable_globals,
     )?;
@@ -411,7 +422,7 @@ fn assemble(
     rewind_types: &[u32],
     interner: TypeInterner,
     poll_type: u32,
-    code: wasm_encoder::CodeSection,
+    (code, hints): (wasm_encoder::CodeSection, wasm_encoder::BranchHints),
     n_memories: u32,
     mutable_globals: &[u32],
 ) -> Result<Vec<u8>, InstrumentError> {
@@ -561,6 +572,10 @@ fn assemble(
     if let Some(s) = &datacount {
         module.section(s);
     }
+    // Branch hints must precede the code section they describe.
+    if !hints.is_empty() {
+        module.section(&hints);
+    }
     module.section(&code);
     if let Some(s) = &data {
         module.section(s);
@@ -570,6 +585,8 @@ fn assemble(
             wasmparser::KnownCustom::Name(name) => {
                 module.section(&shift.custom_name_section(name).map_err(err)?);
             }
+            // The input's hints name offsets in code that no longer exists as it was.
+            wasmparser::KnownCustom::BranchHints(_) => {}
             _ => {
                 module.section(&RoundtripReencoder.custom_section(c).map_err(err)?);
             }

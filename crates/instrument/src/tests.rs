@@ -153,3 +153,57 @@ fn most_generated_modules_are_actually_instrumented() {
         "only {ok} of {total} generated modules were instrumented"
     );
 }
+
+#[test]
+fn unwind_paths_are_hinted_unlikely_in_the_lean_copies() {
+    let m = wat::parse_str(
+        r#"(module
+             (func $rec (param i32) (result i32)
+               (if (result i32) (local.get 0)
+                 (then (i32.add (call $rec (i32.sub (local.get 0) (i32.const 1))) (i32.const 1)))
+                 (else (i32.const 0))))
+             (func (export "_start") (local i32)
+               (loop (local.set 0 (call $rec (local.get 0))) (br_if 0 (i32.lt_u (local.get 0) (i32.const 9))))))"#,
+    )
+    .unwrap();
+    let out = instrument(&m).unwrap();
+    let mut hints = Vec::new();
+    let mut bodies = Vec::new();
+    let mut imported = 0;
+    for p in wasmparser::Parser::new(0).parse_all(&out.wasm) {
+        match p.unwrap() {
+            wasmparser::Payload::ImportSection(r) => imported = r.into_imports().count() as u32,
+            wasmparser::Payload::CustomSection(c) => {
+                if let wasmparser::KnownCustom::BranchHints(r) = c.as_known() {
+                    for f in r {
+                        let f = f.unwrap();
+                        let offsets: Vec<(u32, bool)> = f
+                            .hints
+                            .into_iter()
+                            .map(|h| {
+                                let h = h.unwrap();
+                                (h.func_offset, h.taken)
+                            })
+                            .collect();
+                        hints.push((f.func, offsets));
+                    }
+                }
+            }
+            wasmparser::Payload::CodeSectionEntry(b) => bodies.push(b.range()),
+            _ => {}
+        }
+    }
+    // Both functions' lean copies: the post-call checks and the polls (loop header, entry of
+    // the recursive function), each an `if` whose then-arm is the unwind.
+    assert_eq!(hints.len(), 2, "{hints:?}");
+    let mut total = 0;
+    for (func, offsets) in &hints {
+        let body = &bodies[(func - imported) as usize];
+        for &(at, taken) in offsets {
+            assert!(!taken);
+            assert_eq!(out.wasm[body.start + at as usize], 0x04, "not an `if` at {at}");
+            total += 1;
+        }
+    }
+    assert_eq!(total, out.stats.call_sites + out.stats.polls, "{hints:?}");
+}

@@ -171,6 +171,7 @@ impl Env {
             .chain(run_args.iter().map(|s| s.to_string()))
             .collect();
         let started = Instant::now();
+        let mut early_kills = 0;
         loop {
             let stdout = OpenOptions::new()
                 .create(true)
@@ -179,6 +180,7 @@ impl Env {
                 .expect("stdout file");
             let err_path = self.path("stderr-step");
             let stderr = File::create(&err_path).expect("stderr file");
+            let out_len = std::fs::metadata(&out_path).map_or(0, |m| m.len());
             let mut cmd = self.ferry();
             if !engines.is_empty() {
                 cmd.env(
@@ -201,6 +203,19 @@ impl Env {
                 unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
             }
             let status = child.wait().expect("wait ferry");
+            // A SIGINT that lands before ferry has installed its handlers (a loaded machine can
+            // take that long to start a process) ends it the default way: nothing has run yet,
+            // nothing was written, and the same step is simply tried again.
+            if std::os::unix::process::ExitStatusExt::signal(&status) == Some(libc::SIGINT) {
+                assert_eq!(
+                    std::fs::metadata(&out_path).map_or(0, |m| m.len()),
+                    out_len,
+                    "ferry died of SIGINT after the guest had written output"
+                );
+                early_kills += 1;
+                assert!(early_kills < 20, "ferry keeps dying before it starts");
+                continue;
+            }
             let mut err = String::new();
             File::open(&err_path)
                 .and_then(|mut f| f.read_to_string(&mut err))
