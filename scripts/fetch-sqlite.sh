@@ -14,11 +14,10 @@ flags=(--target=wasm32-wasi -O2
     -D_WASI_EMULATED_SIGNAL -D_WASI_EMULATED_MMAN -D_WASI_EMULATED_PROCESS_CLOCKS
     -D_WASI_EMULATED_GETPID -DSQLITE_OMIT_LOAD_EXTENSION -DSQLITE_THREADSAFE=0
     -DSQLITE_OMIT_WAL -DSQLITE_NOHAVE_SYSTEM -DSQLITE_TEMP_STORE=3
-    -include "$root/guests/sqlite/wasi_shim.h"
     -Wl,-z,stack-size=8388608 -Wl,--strip-debug)
 libs=(-lwasi-emulated-signal -lwasi-emulated-mman -lwasi-emulated-process-clocks -lwasi-emulated-getpid)
 # The build is keyed by the source, the stubs and the flags.
-key="$( (echo "$tgz_sha ${flags[*]} ${libs[*]}"; cat "$root/guests/sqlite/wasi_stubs.c" "$root/guests/sqlite/wasi_shim.h") | sha256sum | cut -c1-16)"
+key="$( (echo "$tgz_sha ${flags[*]} ${libs[*]}"; cat "$root/guests/sqlite/wasi_stubs.c" "$root/guests/sqlite/wasi_shim.h" "$root/scripts/fetch-sqlite.sh") | sha256sum | cut -c1-16)"
 if [ -f "$dest" ] && [ "$(cat "$dest.key" 2>/dev/null)" = "$key" ]; then
     echo "sqlite3-3.52.0.wasm: cached ($dest)"
     exit 0
@@ -39,7 +38,7 @@ tar -xzf "$tmp/sqlite3.tgz" -C "$tmp" package/deps/sqlite-autoconf-3520000.tar.g
 tar -xzf "$tmp/package/deps/sqlite-autoconf-3520000.tar.gz" -C "$tmp"
 src="$tmp/sqlite-autoconf-3520000"
 echo "sqlite3-3.52.0.wasm: building the SQLite shell for WASI (about 20 s)"
-clang "${flags[@]}" "$src/shell.c" "$src/sqlite3.c" "$root/guests/sqlite/wasi_stubs.c" \
+clang "${flags[@]}" -include "$root/guests/sqlite/wasi_shim.h" "$src/shell.c" "$src/sqlite3.c" "$root/guests/sqlite/wasi_stubs.c" \
     "${libs[@]}" -o "$dest.tmp"
 mv "$dest.tmp" "$dest"
 echo "$key" > "$dest.key"

@@ -17,3 +17,4 @@ fi
 "$root/guests/build.sh"
 "$root/scripts/fetch-python.sh"
 "$root/scripts/fetch-sqlite.sh"
+"$root/scripts/fetch-zstd.sh"

@@ -201,7 +201,11 @@ fn unwind_paths_are_hinted_unlikely_in_the_lean_copies() {
         let body = &bodies[(func - imported) as usize];
         for &(at, taken) in offsets {
             assert!(!taken);
-            assert_eq!(out.wasm[body.start + at as usize], 0x04, "not an `if` at {at}");
+            assert_eq!(
+                out.wasm[body.start + at as usize],
+                0x04,
+                "not an `if` at {at}"
+            );
             total += 1;
         }
     }

@@ -165,6 +165,20 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             sqlite.display()
         );
     }
+    let zstd = guest_cache.join("zstd-bench.wasm");
+    if zstd.exists() {
+        work.push(Workload {
+            name: "zstd library, compress + decompress",
+            wasm: std::fs::read(&zstd)?,
+            args: vec!["zstd-bench".into(), "8".into(), "2".into()],
+            mounts: vec![],
+        });
+    } else {
+        eprintln!(
+            "ferry bench: {} not found, skipping zstd (run scripts/fetch-zstd.sh)",
+            zstd.display()
+        );
+    }
     let python = a.python.clone().unwrap_or_else(|| {
         std::env::var_os("FERRY_GUEST_CACHE")
             .map(PathBuf::from)

@@ -211,21 +211,35 @@ fn stdin_from_a_file_is_read_once_across_resumes() {
     );
 }
 
-/// The SQLite shell (built by scripts/fetch-sqlite.sh, which scripts/setup.sh runs) running a
-/// SQL workload on an in-memory database: a real program nobody here wrote.
+/// The zstd library (built by scripts/fetch-zstd.sh, which scripts/setup.sh runs) compressing
+/// and decompressing at three levels: a real library nobody here wrote.
 #[test]
-fn sqlite_shell_running_a_sql_workload() {
+fn zstd_compression_workload() {
+    let g = cached_guest("zstd-bench.wasm", "scripts/fetch-zstd.sh");
+    check(&[g.to_str().unwrap(), "--", "4", "2"], 5, (60, 300), 42);
+}
+
+/// A guest that `scripts/setup.sh` builds into the guest cache (not committed).
+fn cached_guest(file: &str, script: &str) -> std::path::PathBuf {
     let cache = std::env::var_os("FERRY_GUEST_CACHE")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
             std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ferry/guests")
         });
-    let sqlite = cache.join("sqlite3-3.52.0.wasm");
+    let p = cache.join(file);
     assert!(
-        sqlite.exists(),
-        "{} is missing: run scripts/fetch-sqlite.sh (scripts/setup.sh does)",
-        sqlite.display()
+        p.exists(),
+        "{} is missing: run {script} (scripts/setup.sh does)",
+        p.display()
     );
+    p
+}
+
+/// The SQLite shell (built by scripts/fetch-sqlite.sh, which scripts/setup.sh runs) running a
+/// SQL workload on an in-memory database: a real program nobody here wrote.
+#[test]
+fn sqlite_shell_running_a_sql_workload() {
+    let sqlite = cached_guest("sqlite3-3.52.0.wasm", "scripts/fetch-sqlite.sh");
     let env = Env::new();
     let w = env.path("w");
     std::fs::create_dir_all(&w).unwrap();
