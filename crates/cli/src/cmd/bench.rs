@@ -137,79 +137,67 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferry/guests")
         });
-    let sqlite = guest_cache.join("sqlite3-3.52.0.wasm");
-    let sql = dir.join("sql");
-    std::fs::create_dir_all(&sql)?;
-    std::fs::write(
-        sql.join("work.sql"),
-        include_str!("../../../../guests/sqlite/work.sql"),
-    )?;
-    if sqlite.exists() {
-        work.push(Workload {
-            name: "SQLite shell, SQL workload",
-            wasm: std::fs::read(&sqlite)?,
-            args: vec![
-                "sqlite3".into(),
-                ":memory:".into(),
-                ".read /w/work.sql".into(),
-            ],
-            mounts: vec![MountSpec {
-                guest_path: "/w".into(),
-                host_dir: sql.clone(),
-                read_only: false,
-            }],
-        });
-    } else {
-        eprintln!(
-            "ferry bench: {} not found, skipping SQLite (run scripts/fetch-sqlite.sh)",
-            sqlite.display()
-        );
-    }
-    let zstd = guest_cache.join("zstd-bench.wasm");
-    if zstd.exists() {
-        work.push(Workload {
-            name: "zstd library, compress + decompress",
-            wasm: std::fs::read(&zstd)?,
-            args: vec!["zstd-bench".into(), "8".into(), "2".into()],
-            mounts: vec![],
-        });
-    } else {
-        eprintln!(
-            "ferry bench: {} not found, skipping zstd (run scripts/fetch-zstd.sh)",
-            zstd.display()
-        );
-    }
-    let python = a.python.clone().unwrap_or_else(|| {
-        std::env::var_os("FERRY_GUEST_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                    .join(".cache/ferry/guests")
-            })
-            .join("python-3.12.0.wasm")
-    });
-    let app = dir.join("app");
-    std::fs::create_dir_all(&app)?;
-    std::fs::write(
-        app.join("loop.py"),
-        include_str!("../../../../guests/python/loop.py"),
-    )?;
-    if python.exists() {
-        work.push(Workload {
-            name: "CPython 3.12 loop.py",
-            wasm: std::fs::read(&python)?,
-            args: vec!["python".into(), "/app/loop.py".into(), "8".into()],
-            mounts: vec![MountSpec {
-                guest_path: "/app".into(),
-                host_dir: app.clone(),
-                read_only: false,
-            }],
-        });
-    } else {
-        eprintln!(
-            "ferry bench: {} not found, skipping CPython (run scripts/fetch-python.sh)",
-            python.display()
-        );
+    // Guests fetched or built by scripts/setup.sh into the guest cache; each is skipped (with
+    // a word on stderr) when absent. A mounted directory holds the workload's input.
+    let mount = |guest: &str, sub: &str, file: &str, text: &str| -> Result<Vec<MountSpec>> {
+        let host = dir.join(sub);
+        std::fs::create_dir_all(&host)?;
+        std::fs::write(host.join(file), text)?;
+        Ok(vec![MountSpec {
+            guest_path: guest.into(),
+            host_dir: host,
+            read_only: false,
+        }])
+    };
+    let optional = [
+        (
+            "SQLite shell, SQL workload",
+            guest_cache.join("sqlite3-3.52.0.wasm"),
+            "scripts/fetch-sqlite.sh",
+            vec!["sqlite3", ":memory:", ".read /w/work.sql"],
+            mount(
+                "/w",
+                "sql",
+                "work.sql",
+                include_str!("../../../../guests/sqlite/work.sql"),
+            )?,
+        ),
+        (
+            "zstd library, compress + decompress",
+            guest_cache.join("zstd-bench.wasm"),
+            "scripts/fetch-zstd.sh",
+            vec!["zstd-bench", "8", "2"],
+            vec![],
+        ),
+        (
+            "CPython 3.12 loop.py",
+            a.python
+                .clone()
+                .unwrap_or_else(|| guest_cache.join("python-3.12.0.wasm")),
+            "scripts/fetch-python.sh",
+            vec!["python", "/app/loop.py", "8"],
+            mount(
+                "/app",
+                "app",
+                "loop.py",
+                include_str!("../../../../guests/python/loop.py"),
+            )?,
+        ),
+    ];
+    for (name, path, script, args, mounts) in optional {
+        if path.exists() {
+            work.push(Workload {
+                name,
+                wasm: std::fs::read(&path)?,
+                args: args.into_iter().map(String::from).collect(),
+                mounts,
+            });
+        } else {
+            eprintln!(
+                "ferry bench: {} not found, skipping `{name}` (run {script})",
+                path.display()
+            );
+        }
     }
 
     let on = |section: &str| a.only.iter().any(|s| s == section);

@@ -1,25 +1,10 @@
 //! Churn tests: suspend and resume guests at random points, each resume in a new process, and
 //! require exactly what an uninterrupted run shows: stdout bytes, stderr, exit code, files.
 
-use crate::harness::{Env, dir_contents, guest};
+use crate::harness::{Env, check_churn, dir_contents, guest};
 
 fn check(run_args: &[&str], suspends: usize, delay_ms: (u64, u64), seed: u64) {
-    let env = Env::new();
-    let plain = env.plain(run_args);
-    let churned = env.churn(run_args, &[], suspends, seed, delay_ms);
-    assert!(
-        churned.snapshots.len() >= suspends.min(2),
-        "expected at least {} suspends, got {:?}",
-        suspends.min(2),
-        churned.snapshots
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&churned.stdout),
-        String::from_utf8_lossy(&plain.stdout)
-    );
-    assert_eq!(churned.stdout, plain.stdout, "stdout bytes differ");
-    assert_eq!(churned.stderr, plain.stderr, "guest stderr differs");
-    assert_eq!(churned.code, plain.code, "exit code differs");
+    check_churn(&[], run_args, suspends, delay_ms, seed);
 }
 
 #[test]

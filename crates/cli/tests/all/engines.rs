@@ -2,28 +2,14 @@
 //! (wasmi) on every resume, each resume a new process, print exactly what an uninterrupted run
 //! prints.
 
-use crate::harness::{Env, dir_contents, guest, repo};
+use crate::harness::{Env, check_churn, dir_contents, guest, loop_py_app};
 use crate::python::python312;
 
 const ALTERNATE: [&str; 2] = ["jit", "interp"];
 const ALTERNATE_FROM_INTERP: [&str; 2] = ["interp", "jit"];
 
 fn check(engines: &[&str], run_args: &[&str], suspends: usize, delay_ms: (u64, u64), seed: u64) {
-    let env = Env::new();
-    let plain = env.plain(run_args);
-    let churned = env.churn_on(engines, run_args, &[], suspends, seed, delay_ms);
-    assert!(
-        churned.snapshots.len() >= suspends.min(2),
-        "expected at least {} suspends, got {:?}",
-        suspends.min(2),
-        churned.snapshots
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&churned.stdout),
-        String::from_utf8_lossy(&plain.stdout)
-    );
-    assert_eq!(churned.stderr, plain.stderr, "guest stderr differs");
-    assert_eq!(churned.code, plain.code, "exit code differs");
+    check_churn(engines, run_args, suspends, delay_ms, seed);
 }
 
 #[test]
@@ -104,10 +90,7 @@ fn c_file_io_in_a_mount_alternating_engines() {
 fn cpython_alternating_engines() {
     let env = Env::new();
     let py = python312();
-    let app = env.path("app");
-    std::fs::create_dir_all(&app).unwrap();
-    std::fs::copy(repo().join("guests/python/loop.py"), app.join("loop.py")).unwrap();
-    let mount = format!("{}::/app", app.display());
+    let mount = loop_py_app(&env);
     let args = [
         "--dir",
         mount.as_str(),

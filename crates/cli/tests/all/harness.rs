@@ -255,6 +255,43 @@ impl Env {
     }
 }
 
+/// Runs `run_args` uninterrupted, then churned (step i on `engines[i % len]`, or the default
+/// engine when `engines` is empty), in a fresh environment, and requires the same stdout
+/// bytes, guest stderr and exit code, with at least `min(suspends, 2)` suspends on the way.
+pub fn check_churn(
+    engines: &[&str],
+    run_args: &[&str],
+    suspends: usize,
+    delay_ms: (u64, u64),
+    seed: u64,
+) {
+    let env = Env::new();
+    let plain = env.plain(run_args);
+    let churned = env.churn_on(engines, run_args, &[], suspends, seed, delay_ms);
+    assert!(
+        churned.snapshots.len() >= suspends.min(2),
+        "expected at least {} suspends, got {:?}",
+        suspends.min(2),
+        churned.snapshots
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&churned.stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    assert_eq!(churned.stdout, plain.stdout, "stdout bytes differ");
+    assert_eq!(churned.stderr, plain.stderr, "guest stderr differs");
+    assert_eq!(churned.code, plain.code, "exit code differs");
+}
+
+/// `guests/python/loop.py` copied into `env`'s directory `app`: the `--dir` grant mounting it
+/// at `/app`.
+pub fn loop_py_app(env: &Env) -> String {
+    let app = env.path("app");
+    std::fs::create_dir_all(&app).expect("app dir");
+    std::fs::copy(repo().join("guests/python/loop.py"), app.join("loop.py")).expect("loop.py");
+    format!("{}::/app", app.display())
+}
+
 /// Every file under `dir`, with contents, sorted (to compare directories).
 pub fn dir_contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();

@@ -24,10 +24,7 @@ pub fn python312() -> PathBuf {
 fn cpython_loop_suspended_mid_loop_resumes_identically() {
     let env = Env::new();
     let py = python312();
-    let app = env.path("app");
-    std::fs::create_dir_all(&app).unwrap();
-    std::fs::copy(repo().join("guests/python/loop.py"), app.join("loop.py")).unwrap();
-    let mount = format!("{}::/app", app.display());
+    let mount = crate::harness::loop_py_app(&env);
     let args = [
         "--dir",
         mount.as_str(),
