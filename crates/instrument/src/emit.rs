@@ -33,6 +33,8 @@ pub(crate) struct ModuleCtx<'a> {
     pub func_types: &'a [Option<FuncType>],
     pub func_type_of: &'a [u32],
     pub is_site_callee: &'a [bool],
+    /// By type index: whether a `call_indirect` of that type can unwind.
+    pub is_site_indirect: &'a [bool],
     pub n_imported: u32,
     pub poll_func: u32,
     pub state_global: u32,

@@ -1,6 +1,7 @@
 //! Module-level driver: validates the input, decides which functions need instrumenting, runs
 //! the per-function transform and assembles the output module.
 
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 
 use wasm_encoder::reencode::{Reencode, RoundtripReencoder};
@@ -62,12 +63,17 @@ pub(crate) struct FuncFacts {
     pub refs: Vec<u32>,
     /// On a cycle of the call graph: the only way to run unboundedly without a loop.
     pub recursive: bool,
+    /// Type indices of the body's `call_indirect`s.
+    pub indirect_types: Vec<u32>,
+    /// Can reach a safe point (a poll, or a blocking import) while it is on the stack:
+    /// computed over the call graph by [`mark_unwinding`].
+    pub can_unwind: bool,
 }
 
 impl FuncFacts {
     /// Can this function be on the stack at a safe point?
     pub fn instrumented(&self) -> bool {
-        self.has_loop || self.calls_defined || self.calls_indirect || self.calls_unwinding_import
+        self.can_unwind
     }
     /// Does it poll on entry? Only functions on a call-graph cycle can run unboundedly
     /// without passing a loop header.
@@ -236,8 +242,20 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
     }
     address_taken.extend(facts.iter().flat_map(|f| f.refs.iter().copied()));
     mark_recursive(&mut facts, n_imported, &address_taken);
+    let unwinding_sigs = mark_unwinding(
+        &mut facts,
+        &unwinding_import,
+        &address_taken,
+        &func_type_of,
+        &func_types,
+    );
     let mut is_site_callee: Vec<bool> = unwinding_import.clone();
     is_site_callee.extend(facts.iter().map(FuncFacts::instrumented));
+    // A `call_indirect` can unwind only if some function its type admits can.
+    let is_site_indirect: Vec<bool> = func_types
+        .iter()
+        .map(|t| t.as_ref().is_some_and(|t| unwinding_sigs.contains(t)))
+        .collect();
 
     // Rewind copies are appended after every defined function (output numbering: imports,
     // ferry.poll, defined functions, rewind copies), rewind tables after every table.
@@ -261,6 +279,7 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
         func_types: &func_types,
         func_type_of: &func_type_of,
         is_site_callee: &is_site_callee,
+        is_site_indirect: &is_site_indirect,
         n_imported,
         poll_func: n_imported,
         state_global: n_globals,
@@ -396,7 +415,10 @@ fn scan(
                     facts.calls_unwinding_import = true;
                 }
             }
-            Operator::CallIndirect { .. } => facts.calls_indirect = true,
+            Operator::CallIndirect { type_index, .. } => {
+                facts.calls_indirect = true;
+                facts.indirect_types.push(type_index);
+            }
             Operator::RefFunc { function_index } => facts.refs.push(function_index),
             Operator::TableSet { .. }
             | Operator::TableGrow { .. }
@@ -673,6 +695,89 @@ fn rewind_elements(
 
 /// Marks the defined functions on a cycle of the call graph (Tarjan's algorithm, iterative).
 /// An indirect call may reach any function whose address is taken.
+/// Which functions can reach a safe point while on the stack: those with a loop, a blocking
+/// import call or recursion (they poll), and, transitively, their direct callers and the
+/// callers through `call_indirect` of any type an address-taken unwinding function has.
+/// Returns those function types (an indirect call of another type cannot unwind: its target
+/// must have exactly its type).
+fn mark_unwinding(
+    facts: &mut [FuncFacts],
+    unwinding_import: &[bool],
+    address_taken: &[u32],
+    func_type_of: &[u32],
+    func_types: &[Option<FuncType>],
+) -> HashSet<FuncType> {
+    let n_imported = unwinding_import.len();
+    let sig = |f: usize| -> Option<FuncType> {
+        func_type_of
+            .get(f)
+            .and_then(|&t| func_types.get(t as usize))
+            .cloned()
+            .flatten()
+    };
+    let mut callers: Vec<Vec<usize>> = vec![Vec::new(); facts.len()];
+    let mut callers_by_sig: HashMap<FuncType, Vec<usize>> = HashMap::new();
+    for (i, f) in facts.iter().enumerate() {
+        for &c in &f.callees {
+            if let Some(c) = (c as usize).checked_sub(n_imported)
+                && c < facts.len()
+            {
+                callers[c].push(i);
+            }
+        }
+        for &t in &f.indirect_types {
+            if let Some(Some(ty)) = func_types.get(t as usize) {
+                callers_by_sig.entry(ty.clone()).or_default().push(i);
+            }
+        }
+    }
+    let mut taken = vec![false; n_imported + facts.len()];
+    for &f in address_taken {
+        if let Some(t) = taken.get_mut(f as usize) {
+            *t = true;
+        }
+    }
+    let mut sigs = HashSet::new();
+    let mut work = Vec::new();
+    for (i, f) in facts.iter_mut().enumerate() {
+        f.can_unwind = f.has_loop || f.calls_unwinding_import || f.recursive;
+        if f.can_unwind {
+            work.push(i);
+        }
+    }
+    // Blocking imports placed in a table unwind through indirect calls too.
+    let mut new_sigs: Vec<FuncType> = (0..n_imported)
+        .filter(|&f| unwinding_import[f] && taken[f])
+        .filter_map(sig)
+        .collect();
+    loop {
+        for s in new_sigs.drain(..) {
+            if sigs.insert(s.clone()) {
+                for &g in callers_by_sig.get(&s).into_iter().flatten() {
+                    if !facts[g].can_unwind {
+                        facts[g].can_unwind = true;
+                        work.push(g);
+                    }
+                }
+            }
+        }
+        let Some(f) = work.pop() else { break };
+        for &g in &callers[f] {
+            if !facts[g].can_unwind {
+                facts[g].can_unwind = true;
+                work.push(g);
+            }
+        }
+        if taken[n_imported + f]
+            && let Some(s) = sig(n_imported + f)
+            && !sigs.contains(&s)
+        {
+            new_sigs.push(s);
+        }
+    }
+    sigs
+}
+
 fn mark_recursive(facts: &mut [FuncFacts], n_imported: u32, address_taken: &[u32]) {
     let n = facts.len();
     let defined = |f: u32| {

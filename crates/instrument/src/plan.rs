@@ -130,7 +130,9 @@ pub(crate) fn plan(
                 this = OpPlan::Site(next);
                 next += 1;
             }
-            Operator::CallIndirect { .. } if reachable => {
+            Operator::CallIndirect { type_index, .. }
+                if reachable && ctx.is_site_indirect[*type_index as usize] =>
+            {
                 this = OpPlan::Site(next);
                 next += 1;
             }

@@ -211,3 +211,36 @@ fn unwind_paths_are_hinted_unlikely_in_the_lean_copies() {
     }
     assert_eq!(total, out.stats.call_sites + out.stats.polls, "{hints:?}");
 }
+
+#[test]
+fn only_calls_that_can_reach_a_safe_point_are_call_sites() {
+    // $cmp (a leaf) and $spin (a loop) sit in the table with different types; $mid calls only
+    // leaves. Only the indirect call whose type admits $spin, and the direct call of $spin, are
+    // call sites; $mid and $cmp stay uninstrumented.
+    let m = wat::parse_str(
+        r#"(module
+             (type $cmp_t (func (param i32 i32) (result i32)))
+             (type $spin_t (func (param i32) (result i32)))
+             (table 2 funcref)
+             (elem (i32.const 0) $cmp $spin)
+             (func $cmp (type $cmp_t) (i32.sub (local.get 0) (local.get 1)))
+             (func $spin (type $spin_t)
+               (loop (local.set 0 (i32.sub (local.get 0) (i32.const 1))) (br_if 0 (local.get 0)))
+               (local.get 0))
+             (func $mid (param i32) (result i32)
+               (call_indirect (type $cmp_t) (local.get 0) (i32.const 1) (i32.const 0)))
+             (func (export "_start")
+               (drop (call $mid (i32.const 3)))
+               (drop (call_indirect (type $cmp_t) (i32.const 1) (i32.const 2) (i32.const 0)))
+               (drop (call_indirect (type $spin_t) (i32.const 5) (i32.const 1)))
+               (drop (call $spin (i32.const 5)))))"#,
+    )
+    .unwrap();
+    let out = instrument(&m).unwrap();
+    assert_eq!(out.stats.functions, 4);
+    assert_eq!(out.stats.instrumented, 2, "$spin and _start");
+    assert_eq!(
+        out.stats.call_sites, 3,
+        "$spin's loop poll, the indirect call of $spin's type, the direct call of $spin"
+    );
+}
