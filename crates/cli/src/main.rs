@@ -48,6 +48,12 @@ enum Command {
     Export(cmd::capsule::ExportArgs),
     /// Read a capsule written by `ferry export`, verifying every object; prints the snapshot.
     Import(cmd::capsule::ImportArgs),
+    /// Serve this machine's store to peers over HTTP (bearer token required).
+    Serve(cmd::space::ServeArgs),
+    /// Send a snapshot to a space: only the objects it lacks move; it verifies them all.
+    Push(cmd::space::PushArgs),
+    /// Fetch a snapshot from a space: only the objects this store lacks move, each verified.
+    Pull(cmd::space::PullArgs),
     /// Run the conformance kit (docs/conformance.md) against the engines; prints a table.
     Conformance(cmd::conformance::Args),
     /// Maintain the object store.
@@ -89,6 +95,9 @@ fn main() -> ExitCode {
         Command::Python(a) => cmd::python::run(&settings, a),
         Command::Export(a) => cmd::capsule::export(&settings, a),
         Command::Import(a) => cmd::capsule::import(&settings, a),
+        Command::Serve(a) => cmd::space::serve(&settings, a),
+        Command::Push(a) => cmd::space::push(&settings, a),
+        Command::Pull(a) => cmd::space::pull(&settings, a),
         Command::Conformance(a) => cmd::conformance::run(&settings, a),
     };
     match result {

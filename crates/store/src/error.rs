@@ -47,6 +47,8 @@ pub enum StoreError {
     NoMatch(String),
     #[error("`{0}` matches {1} objects; give more digits")]
     Ambiguous(String, usize),
+    #[error("remote store: {0}")]
+    Remote(String),
 }
 
 impl StoreError {

@@ -9,4 +9,5 @@ pub mod python;
 pub mod resume;
 pub mod run;
 pub mod signal;
+pub mod space;
 pub mod store;

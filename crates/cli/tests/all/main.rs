@@ -10,4 +10,5 @@ mod engines;
 mod harness;
 mod python;
 mod refusals;
+mod space;
 mod wasi_testsuite;

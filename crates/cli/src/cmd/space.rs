@@ -1,0 +1,129 @@
+//! `ferry serve`, `ferry push`, `ferry pull`: a store served to peers, and snapshots moved
+//! between stores by κ (docs/api.md).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use ferry_space::{RemoteStore, Space, SyncStats};
+use ferry_store::Store;
+
+use crate::settings::Settings;
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0: any free port; the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:7070", value_name = "ADDR")]
+    listen: String,
+    /// File holding the bearer token clients must present [default: $FERRY_TOKEN].
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PushArgs {
+    /// The snapshot: blake3:<hex> or a unique prefix.
+    snapshot: String,
+    /// The space to send it to, e.g. http://127.0.0.1:7070
+    #[arg(long, value_name = "URL")]
+    to: String,
+    /// File holding the space's bearer token [default: $FERRY_TOKEN].
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PullArgs {
+    /// The snapshot: blake3:<64 hex>.
+    snapshot: String,
+    /// The space to fetch it from, e.g. http://127.0.0.1:7070
+    #[arg(long, value_name = "URL")]
+    from: String,
+    /// File holding the space's bearer token [default: $FERRY_TOKEN].
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+/// The bearer token: from the file, else `$FERRY_TOKEN`; never empty.
+fn token(file: Option<&PathBuf>) -> Result<String> {
+    let t = match file {
+        Some(f) => std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read the token file {}", f.display()))?,
+        None => std::env::var("FERRY_TOKEN").unwrap_or_default(),
+    };
+    let t = t.trim().to_owned();
+    if t.is_empty() {
+        bail!("no bearer token: pass --token-file FILE or set FERRY_TOKEN");
+    }
+    Ok(t)
+}
+
+pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
+    let token = token(a.token_file.as_ref())?;
+    let store: Arc<dyn Store> = Arc::new(settings.open_store()?);
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&a.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", a.listen))?;
+        let addr = listener.local_addr()?;
+        // The first line on stdout names the address (scripts and tests read it).
+        println!("listening on http://{addr}");
+        eprintln!(
+            "ferry: serving {} (Ctrl-C to stop)",
+            settings.store_dir.display()
+        );
+        ferry_space::serve(listener, Arc::new(Space { store, token })).await?;
+        Ok::<(), anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reports progress on stderr about once a second.
+fn progress(verb: &'static str) -> impl FnMut(usize, usize) {
+    let mut last = Instant::now();
+    move |done, total| {
+        if last.elapsed() >= Duration::from_secs(1) {
+            last = Instant::now();
+            eprintln!("ferry: {verb} {done} of {total} objects");
+        }
+    }
+}
+
+fn report(verb: &str, k: &ferry_kappa::Kappa, s: SyncStats, started: Instant) {
+    eprintln!(
+        "ferry: {verb} {k}: {} of its {} objects moved ({:.1} MiB), {:.1} s",
+        s.moved,
+        s.objects,
+        s.bytes as f64 / (1u64 << 20) as f64,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+pub fn push(settings: &Settings, a: PushArgs) -> Result<ExitCode> {
+    let store = settings.open_store()?;
+    let k = store.resolve(&a.snapshot)?;
+    let space = RemoteStore::new(&a.to, &token(a.token_file.as_ref())?);
+    let started = Instant::now();
+    let stats = ferry_space::push(&store, &space, k, &mut progress("sent"))
+        .with_context(|| format!("cannot push {k} to {}", a.to))?;
+    report("pushed", &k, stats, started);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn pull(settings: &Settings, a: PullArgs) -> Result<ExitCode> {
+    let store = settings.open_store()?;
+    let k: ferry_kappa::Kappa = a
+        .snapshot
+        .parse()
+        .map_err(|e| anyhow::anyhow!("`{}`: {e} (pull needs the whole κ)", a.snapshot))?;
+    let space = RemoteStore::new(&a.from, &token(a.token_file.as_ref())?);
+    let started = Instant::now();
+    let stats = ferry_space::pull(&space, &store, k, &mut progress("fetched"))
+        .with_context(|| format!("cannot pull {k} from {}", a.from))?;
+    report("pulled", &k, stats, started);
+    println!("pulled {k}");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,161 @@
+//! `ferry serve` / `push` / `pull`: a snapshot moved to another machine's store over HTTP by κ
+//! (only missing objects move, each verified), resumed there byte-identically; no token, no
+//! access; a damaged object in transit is refused.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use crate::harness::{Env, guest};
+
+const TOKEN: &str = "s3cret-token-for-tests";
+
+/// A `ferry serve` on a free loopback port, stopped when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(env: &Env) -> Self {
+        let mut child = env
+            .ferry()
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("FERRY_TOKEN", TOKEN)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line `{line}`"))
+            .to_owned();
+        Self { child, url }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn suspended(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String) {
+    let child = env
+        .ferry()
+        .arg("run")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(ms));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    let k = err
+        .lines()
+        .find_map(|l| l.strip_prefix("suspended "))
+        .unwrap()
+        .to_owned();
+    (out.stdout, k)
+}
+
+#[test]
+fn push_to_a_space_resume_there_pull_back_only_what_is_missing() {
+    let here = Env::new().with_var("FERRY_TOKEN", TOKEN);
+    let there = Env::new().with_var("FERRY_TOKEN", TOKEN);
+    let server = Server::start(&there);
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "120"];
+    let plain = here.plain(&args);
+    let (mut seen, k) = suspended(&here, &args, 300);
+
+    let (_, err, code) = here.output(&["push", &k, "--to", &server.url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("pushed "), "{err}");
+    // Again: nothing left to move.
+    let (_, err, code) = here.output(&["push", &k, "--to", &server.url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(": 0 of its "), "{err}");
+
+    // The space's store holds a verified, named snapshot that resumes to the rest.
+    drop(server);
+    let (out, _, code) = there.output(&["store", "verify"]);
+    assert_eq!(code, 0, "{out}");
+    let rest = there.ferry().args(["resume", &k]).output().unwrap();
+    assert_eq!(rest.status.code(), Some(0));
+    seen.extend_from_slice(&rest.stdout);
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+
+    // Pull it into a third store.
+    let server = Server::start(&there);
+    let third = Env::new().with_var("FERRY_TOKEN", TOKEN);
+    let (out, err, code) = third.output(&["pull", &k, "--from", &server.url]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("pulled {k}"));
+    let (_, err, code) = third.output(&["pull", &k, "--from", &server.url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(": 0 of its "), "{err}");
+}
+
+#[test]
+fn no_token_no_access_and_damaged_objects_are_refused() {
+    let there = Env::new();
+    let server = Server::start(&there);
+    let here = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let (_, k) = suspended(&here, &[g.to_str().unwrap(), "--", "120"], 200);
+
+    let (_, err, code) = here.output(&["push", &k, "--to", &server.url]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no bearer token"), "{err}");
+    let wrong = here.path("wrong-token");
+    std::fs::write(&wrong, "not-the-token\n").unwrap();
+    let (_, err, code) = here.output(&[
+        "push",
+        &k,
+        "--to",
+        &server.url,
+        "--token-file",
+        wrong.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1);
+    assert!(err.contains("401"), "{err}");
+
+    // An object whose bytes do not hash to the κ it is sent under.
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    let k0 = ferry_kappa::Kappa::of(b"what it claims to be");
+    let r = agent
+        .put(format!("{}/v1/objects/{k0}", server.url))
+        .header("Authorization", format!("Bearer {TOKEN}"))
+        .send(&b"something else"[..])
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let r = agent
+        .put(format!("{}/v1/objects/{k0}", server.url))
+        .send(&b"what it claims to be"[..])
+        .unwrap();
+    assert_eq!(r.status(), 401, "an unauthenticated write must be refused");
+    // A snapshot whose closure is not there cannot be named.
+    let r = agent
+        .post(format!("{}/v1/snapshots/{k}", server.url))
+        .header("Authorization", format!("Bearer {TOKEN}"))
+        .send_empty()
+        .unwrap();
+    assert_eq!(r.status(), 409);
+}

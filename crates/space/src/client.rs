@@ -1,0 +1,276 @@
+//! The client side: a remote space seen as a [`Store`], and `push` / `pull` of a snapshot's
+//! closure by κ.
+
+use std::collections::BTreeSet;
+
+use ferry_engine::closure::snapshot_closure;
+use ferry_kappa::Kappa;
+use ferry_store::{RefValue, Store, StoreError};
+
+use crate::{MAX_OBJECT, MAX_QUERY};
+
+/// A space at `base` (e.g. `http://127.0.0.1:7070`), authenticated with `token`. Reads are
+/// verified like any store's: an object that does not hash to its κ is an error.
+pub struct RemoteStore {
+    base: String,
+    token: String,
+    agent: ureq::Agent,
+}
+
+impl std::fmt::Debug for RemoteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteStore")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+fn remote(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Remote(e.to_string())
+}
+
+impl RemoteStore {
+    pub fn new(base: &str, token: &str) -> Self {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            agent,
+        }
+    }
+
+    fn auth(&self) -> String {
+        format!("Bearer {}", self.token)
+    }
+
+    /// Turns a non-2xx answer into an error carrying the server's reason.
+    fn check(
+        &self,
+        what: &str,
+        mut r: ureq::http::Response<ureq::Body>,
+    ) -> Result<ureq::http::Response<ureq::Body>, StoreError> {
+        if r.status().is_success() {
+            return Ok(r);
+        }
+        let why = r
+            .body_mut()
+            .with_config()
+            .limit(64 << 10)
+            .read_to_string()
+            .unwrap_or_default();
+        Err(remote(format!(
+            "{what}: {} {}: {}",
+            self.base,
+            r.status(),
+            why.trim()
+        )))
+    }
+
+    /// Which of `ks` the space lacks.
+    pub fn missing(&self, ks: &[Kappa]) -> Result<Vec<Kappa>, StoreError> {
+        let mut out = Vec::new();
+        for part in ks.chunks(MAX_QUERY) {
+            let body: Vec<u8> = part.iter().flat_map(|k| *k.as_bytes()).collect();
+            let r = self
+                .agent
+                .post(format!("{}/v1/objects/missing", self.base))
+                .header("Authorization", self.auth())
+                .send(&body[..])
+                .map_err(remote)?;
+            let mut r = self.check("asking what is missing", r)?;
+            let bytes = r
+                .body_mut()
+                .with_config()
+                .limit((MAX_QUERY * 32) as u64)
+                .read_to_vec()
+                .map_err(remote)?;
+            if !bytes.len().is_multiple_of(32) {
+                return Err(remote("malformed answer to `missing`"));
+            }
+            out.extend(
+                bytes
+                    .chunks_exact(32)
+                    .map(|c| Kappa::from_bytes(c.try_into().expect("32 bytes"))),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Asks the space to verify snapshot κ's closure and name it `snapshot/<hex>`.
+    pub fn name_snapshot(&self, k: &Kappa) -> Result<(), StoreError> {
+        let r = self
+            .agent
+            .post(format!("{}/v1/snapshots/{k}", self.base))
+            .header("Authorization", self.auth())
+            .send_empty()
+            .map_err(remote)?;
+        self.check("naming the snapshot", r).map(drop)
+    }
+}
+
+impl Store for RemoteStore {
+    fn put(&self, bytes: &[u8]) -> Result<Kappa, StoreError> {
+        let k = Kappa::of(bytes);
+        let body = zstd::bulk::compress(bytes, 1).map_err(remote)?;
+        let r = self
+            .agent
+            .put(format!("{}/v1/objects/{k}", self.base))
+            .header("Authorization", self.auth())
+            .header("Content-Encoding", "zstd")
+            .send(&body[..])
+            .map_err(remote)?;
+        self.check(&format!("sending {k}"), r)?;
+        Ok(k)
+    }
+
+    fn get(&self, k: &Kappa) -> Result<Vec<u8>, StoreError> {
+        let r = self
+            .agent
+            .get(format!("{}/v1/objects/{k}", self.base))
+            .header("Authorization", self.auth())
+            .call()
+            .map_err(remote)?;
+        if r.status() == 404 {
+            return Err(StoreError::NotFound(*k));
+        }
+        let mut r = self.check(&format!("fetching {k}"), r)?;
+        let zstd = r
+            .headers()
+            .get("Content-Encoding")
+            .is_some_and(|v| v.as_bytes() == b"zstd");
+        let body = r
+            .body_mut()
+            .with_config()
+            .limit(MAX_OBJECT as u64 + (1 << 20))
+            .read_to_vec()
+            .map_err(remote)?;
+        let bytes = if zstd {
+            zstd::bulk::decompress(&body, MAX_OBJECT).map_err(remote)?
+        } else {
+            body
+        };
+        let actual = Kappa::of(&bytes);
+        if actual != *k {
+            return Err(StoreError::Corrupt {
+                kappa: *k,
+                actual,
+                where_: self.base.clone(),
+            });
+        }
+        Ok(bytes)
+    }
+
+    fn has(&self, k: &Kappa) -> Result<bool, StoreError> {
+        Ok(self.missing(&[*k])?.is_empty())
+    }
+
+    fn list(&self) -> Result<Vec<Kappa>, StoreError> {
+        Err(remote("a space does not list its objects"))
+    }
+
+    fn remove(&self, _: &Kappa) -> Result<(), StoreError> {
+        Err(remote("objects cannot be removed from a space remotely"))
+    }
+
+    fn get_ref(&self, _: &str) -> Result<Option<RefValue>, StoreError> {
+        Err(remote("refs of a space are not readable remotely"))
+    }
+
+    fn cas_ref(&self, _: &str, _: Option<RefValue>, _: Option<RefValue>) -> Result<(), StoreError> {
+        Err(remote("refs of a space are set by the space"))
+    }
+
+    fn list_refs(&self) -> Result<Vec<(String, RefValue)>, StoreError> {
+        Err(remote("refs of a space are not readable remotely"))
+    }
+}
+
+/// What a push or pull moved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    /// Objects in the snapshot's closure.
+    pub objects: usize,
+    /// Of those, how many were sent (the others were there already).
+    pub moved: usize,
+    /// Bytes of the moved objects (before compression).
+    pub bytes: u64,
+}
+
+/// Sends snapshot κ's closure from `local` to `space` (only what it lacks), then has the
+/// space verify it and name it. `progress(done, total)` is called after each object.
+pub fn push(
+    local: &dyn Store,
+    space: &RemoteStore,
+    k: Kappa,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SyncStats, StoreError> {
+    let mut closure = BTreeSet::new();
+    snapshot_closure(local, &k, false, &mut closure).map_err(remote)?;
+    let all: Vec<Kappa> = closure.into_iter().collect();
+    // The snapshot object last: a space never holds a root whose closure is partial.
+    let mut todo = space.missing(&all)?;
+    todo.sort_by_key(|m| *m == k);
+    let mut stats = SyncStats {
+        objects: all.len(),
+        ..SyncStats::default()
+    };
+    for (i, m) in todo.iter().enumerate() {
+        let bytes = local.get(m)?;
+        space.put(&bytes)?;
+        stats.moved += 1;
+        stats.bytes += bytes.len() as u64;
+        progress(i + 1, todo.len());
+    }
+    space.name_snapshot(&k)?;
+    Ok(stats)
+}
+
+/// Fetches snapshot κ's closure from `space` into `local` (only what it lacks), verifies it
+/// (Resolving + Verifying) and names it `snapshot/<hex>`.
+pub fn pull(
+    space: &RemoteStore,
+    local: &dyn Store,
+    k: Kappa,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SyncStats, StoreError> {
+    // The closure walk reads structured objects from the space (each verified); blobs are
+    // only listed, then fetched if this store lacks them.
+    let mut closure = BTreeSet::new();
+    snapshot_closure(space, &k, false, &mut closure).map_err(remote)?;
+    let mut todo = Vec::new();
+    for c in &closure {
+        if !local.has(c)? {
+            todo.push(*c);
+        }
+    }
+    todo.sort_by_key(|m| *m == k);
+    let mut stats = SyncStats {
+        objects: closure.len(),
+        ..SyncStats::default()
+    };
+    for (i, m) in todo.iter().enumerate() {
+        let bytes = space.get(m)?;
+        local.put(&bytes)?;
+        stats.moved += 1;
+        stats.bytes += bytes.len() as u64;
+        progress(i + 1, todo.len());
+    }
+    local.sync()?;
+    ferry_engine::snapshot::load(local, k).map_err(remote)?;
+    let name = format!("snapshot/{}", k.to_hex());
+    let current = local.get_ref(&name)?;
+    if current.map(|r| r.target) != Some(k) {
+        local.cas_ref(
+            &name,
+            current,
+            Some(RefValue {
+                epoch: 0,
+                target: k,
+            }),
+        )?;
+    }
+    Ok(stats)
+}

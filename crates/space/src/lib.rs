@@ -1,0 +1,23 @@
+//! Spaces: a machine's store served over HTTP (`ferry serve`), and the client that moves
+//! snapshots between stores by κ (`ferry push` / `ferry pull`). The protocol (docs/api.md):
+//!
+//! * every request carries `Authorization: Bearer <token>` (no unauthenticated endpoint but
+//!   `GET /v1/health`);
+//! * the sender asks which of a closure's objects the receiver lacks
+//!   (`POST /v1/objects/missing`), then sends only those, each zstd-compressed on the wire
+//!   (`PUT /v1/objects/{κ}`); the receiver re-hashes every object before storing it;
+//! * a transfer that breaks is resumed by running it again: what arrived is kept (content
+//!   addressing), only what is still missing moves;
+//! * the snapshot is named only once its whole closure is present and verifies
+//!   (`POST /v1/snapshots/{κ}`: Resolving + Verifying, then the ref `snapshot/<hex>`).
+
+mod client;
+mod server;
+
+pub use client::{RemoteStore, SyncStats, pull, push};
+pub use server::{Space, router, serve};
+
+/// Largest object the protocol carries (as a capsule: a big instrumented module is ~100 MB).
+pub const MAX_OBJECT: usize = 1 << 30;
+/// Most κ in one `missing` query.
+pub const MAX_QUERY: usize = 1 << 20;

@@ -1,0 +1,233 @@
+//! The space's HTTP API on axum.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use ferry_kappa::Kappa;
+use ferry_store::{RefValue, Store};
+use tracing::{info, warn};
+
+use crate::{MAX_OBJECT, MAX_QUERY};
+
+/// What the server holds: the store it serves and the token clients must present.
+#[derive(Debug)]
+pub struct Space {
+    pub store: Arc<dyn Store>,
+    pub token: String,
+}
+
+type Shared = Arc<Space>;
+
+/// A refusal: a status and its reason in plain text.
+#[derive(Debug)]
+struct Refusal(StatusCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        (self.0, self.1).into_response()
+    }
+}
+
+fn text(status: StatusCode, msg: impl Into<String>) -> Refusal {
+    Refusal(status, msg.into())
+}
+
+/// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn authenticate(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(t) if same(t.as_bytes(), s.token.as_bytes()) => next.run(req).await,
+        _ => {
+            warn!(path = %req.uri().path(), "refused: missing or wrong bearer token");
+            text(StatusCode::UNAUTHORIZED, "missing or wrong bearer token").into_response()
+        }
+    }
+}
+
+fn kappa(s: &str) -> Result<Kappa, Refusal> {
+    s.parse()
+        .map_err(|e| text(StatusCode::BAD_REQUEST, format!("`{s}`: {e}")))
+}
+
+/// Runs store work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
+) -> Result<T, Refusal> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+}
+
+fn internal(e: impl std::fmt::Display) -> Refusal {
+    text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// `POST /v1/objects/missing`: body = κ, 32 bytes each; answer = those the store lacks.
+async fn missing(State(s): State<Shared>, body: Bytes) -> Response {
+    if !body.len().is_multiple_of(32) || body.len() / 32 > MAX_QUERY {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("expected at most {MAX_QUERY} κ of 32 bytes each"),
+        )
+        .into_response();
+    }
+    let r = blocking(move || {
+        let mut out = Vec::new();
+        for c in body.chunks_exact(32) {
+            let k = Kappa::from_bytes(c.try_into().expect("32 bytes"));
+            if !s.store.has(&k).map_err(internal)? {
+                out.extend_from_slice(k.as_bytes());
+            }
+        }
+        Ok(out)
+    })
+    .await;
+    match r {
+        Ok(v) => v.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `PUT /v1/objects/{κ}`: the object, zstd-compressed when `Content-Encoding: zstd`.
+async fn put_object(
+    State(s): State<Shared>,
+    Path(k): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let k = match kappa(&k) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    let zstd = headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes() == b"zstd");
+    let r = blocking(move || {
+        let bytes = if zstd {
+            zstd::bulk::decompress(&body, MAX_OBJECT).map_err(|e| {
+                text(
+                    StatusCode::BAD_REQUEST,
+                    format!("object {k}: bad zstd body: {e}"),
+                )
+            })?
+        } else {
+            body.to_vec()
+        };
+        let actual = Kappa::of(&bytes);
+        if actual != k {
+            warn!(%k, %actual, "refused an object that does not hash to its κ");
+            return Err(text(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("object {k} hashes to {actual}: refused"),
+            ));
+        }
+        s.store.put(&bytes).map_err(internal)?;
+        Ok(())
+    })
+    .await;
+    match r {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /v1/objects/{κ}`: the object, zstd-compressed.
+async fn get_object(State(s): State<Shared>, Path(k): Path<String>) -> Response {
+    let k = match kappa(&k) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    let r = blocking(move || match s.store.get(&k) {
+        Ok(b) => zstd::bulk::compress(&b, 1).map_err(internal),
+        Err(ferry_store::StoreError::NotFound(_)) => Err(text(
+            StatusCode::NOT_FOUND,
+            format!("object {k} is not here"),
+        )),
+        Err(e) => Err(internal(e)),
+    })
+    .await;
+    match r {
+        Ok(b) => ([(header::CONTENT_ENCODING, "zstd")], b).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /v1/snapshots/{κ}`: the snapshot's closure must be complete and verify; then the
+/// ref `snapshot/<hex>` names it.
+async fn name_snapshot(State(s): State<Shared>, Path(k): Path<String>) -> Response {
+    let k = match kappa(&k) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    let r = blocking(move || {
+        ferry_engine::snapshot::load(s.store.as_ref(), k)
+            .map_err(|e| text(StatusCode::CONFLICT, e.to_string()))?;
+        let name = format!("snapshot/{}", k.to_hex());
+        let current = s.store.get_ref(&name).map_err(internal)?;
+        if current.map(|r| r.target) != Some(k) {
+            s.store
+                .cas_ref(
+                    &name,
+                    current,
+                    Some(RefValue {
+                        epoch: 0,
+                        target: k,
+                    }),
+                )
+                .map_err(internal)?;
+        }
+        s.store.sync().map_err(internal)?;
+        info!(snapshot = %k, "snapshot received and verified");
+        Ok(())
+    })
+    .await;
+    match r {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The API: every route but `/v1/health` requires the bearer token.
+pub fn router(space: Arc<Space>) -> Router {
+    let authed = Router::new()
+        .route("/v1/objects/missing", post(missing))
+        .route("/v1/objects/{kappa}", put(put_object).get(get_object))
+        .route("/v1/snapshots/{kappa}", post(name_snapshot))
+        .layer(middleware::from_fn_with_state(space.clone(), authenticate))
+        .layer(DefaultBodyLimit::max(MAX_OBJECT + (1 << 20)));
+    Router::new()
+        .route("/v1/health", get(|| async { "ferry space v1\n" }))
+        .merge(authed)
+        .with_state(space)
+}
+
+/// Serves `space` on `listener` until Ctrl-C / SIGTERM.
+pub async fn serve(listener: tokio::net::TcpListener, space: Arc<Space>) -> std::io::Result<()> {
+    axum::serve(listener, router(space))
+        .with_graceful_shutdown(async {
+            let ctrl_c = tokio::signal::ctrl_c();
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+            info!("shutting down");
+        })
+        .await
+}
