@@ -395,3 +395,21 @@ pub(crate) fn restore_into(
         .map_err(refuse)?;
     Ok(())
 }
+
+/// Names snapshot κ with the ref `snapshot/<hex>` (kept by garbage collection), unless it
+/// already is. For snapshots that arrived from elsewhere, once their closure verified.
+pub fn name(store: &dyn Store, k: Kappa) -> Result<(), StoreError> {
+    let name = format!("snapshot/{}", k.to_hex());
+    let current = store.get_ref(&name)?;
+    if current.map(|r| r.target) == Some(k) {
+        return Ok(());
+    }
+    store.cas_ref(
+        &name,
+        current,
+        Some(ferry_store::RefValue {
+            epoch: 0,
+            target: k,
+        }),
+    )
+}

@@ -260,17 +260,6 @@ pub fn pull(
     }
     local.sync()?;
     ferry_engine::snapshot::load(local, k).map_err(remote)?;
-    let name = format!("snapshot/{}", k.to_hex());
-    let current = local.get_ref(&name)?;
-    if current.map(|r| r.target) != Some(k) {
-        local.cas_ref(
-            &name,
-            current,
-            Some(RefValue {
-                epoch: 0,
-                target: k,
-            }),
-        )?;
-    }
+    ferry_engine::snapshot::name(local, k)?;
     Ok(stats)
 }

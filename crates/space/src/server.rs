@@ -10,7 +10,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use ferry_kappa::Kappa;
-use ferry_store::{RefValue, Store};
+use ferry_store::Store;
 use tracing::{info, warn};
 
 use crate::{MAX_OBJECT, MAX_QUERY};
@@ -176,20 +176,7 @@ async fn name_snapshot(State(s): State<Shared>, Path(k): Path<String>) -> Respon
     let r = blocking(move || {
         ferry_engine::snapshot::load(s.store.as_ref(), k)
             .map_err(|e| text(StatusCode::CONFLICT, e.to_string()))?;
-        let name = format!("snapshot/{}", k.to_hex());
-        let current = s.store.get_ref(&name).map_err(internal)?;
-        if current.map(|r| r.target) != Some(k) {
-            s.store
-                .cas_ref(
-                    &name,
-                    current,
-                    Some(RefValue {
-                        epoch: 0,
-                        target: k,
-                    }),
-                )
-                .map_err(internal)?;
-        }
+        ferry_engine::snapshot::name(s.store.as_ref(), k).map_err(internal)?;
         s.store.sync().map_err(internal)?;
         info!(snapshot = %k, "snapshot received and verified");
         Ok(())

@@ -10,8 +10,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use ferry_engine::closure::snapshot_closure;
 use ferry_engine::snapshot;
+use ferry_store::Store;
 use ferry_store::capsule;
-use ferry_store::{RefValue, Store};
 
 use crate::settings::Settings;
 
@@ -124,18 +124,7 @@ pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
     // The closure must be complete and verify before anything names it.
     snapshot::load(&store, root)
         .with_context(|| format!("{} holds an incomplete snapshot", a.capsule.display()))?;
-    let name = format!("snapshot/{}", root.to_hex());
-    let current = store.get_ref(&name)?;
-    if current.map(|r| r.target) != Some(root) {
-        store.cas_ref(
-            &name,
-            current,
-            Some(RefValue {
-                epoch: 0,
-                target: root,
-            }),
-        )?;
-    }
+    snapshot::name(&store, root)?;
     println!("imported {root}");
     eprintln!(
         "ferry: {} objects ({} new, {:.1} MiB); resume it with `ferry resume {}`",

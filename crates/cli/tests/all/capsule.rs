@@ -1,34 +1,7 @@
 //! `ferry export` / `ferry import`: a suspended guest moved to a store that shares nothing
 //! with the first one continues byte-identically; damaged capsules are refused.
 
-use std::process::Stdio;
-use std::time::Duration;
-
-use crate::harness::{Env, guest};
-
-/// Runs `args` in `env`, interrupts it after `ms`, returns (stdout so far, κ).
-fn run_and_suspend(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String) {
-    let child = env
-        .ferry()
-        .arg("run")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(ms));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(75), "{err}");
-    let k = err
-        .lines()
-        .find_map(|l| l.strip_prefix("suspended "))
-        .unwrap()
-        .to_owned();
-    (out.stdout, k)
-}
+use crate::harness::{Env, guest, run_and_suspend};
 
 #[test]
 fn a_snapshot_moves_to_another_store_through_a_capsule() {

@@ -292,6 +292,30 @@ pub fn loop_py_app(env: &Env) -> String {
     format!("{}::/app", app.display())
 }
 
+/// `ferry run ARGS` in `env`, interrupted after `ms`: (its stdout so far, the snapshot κ).
+pub fn run_and_suspend(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String) {
+    let child = env
+        .ferry()
+        .arg("run")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ferry");
+    std::thread::sleep(Duration::from_millis(ms));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().expect("wait ferry");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "not suspended: {err}");
+    let k = err
+        .lines()
+        .find_map(|l| l.strip_prefix("suspended "))
+        .expect("snapshot line")
+        .to_owned();
+    (out.stdout, k)
+}
+
 /// Every file under `dir`, with contents, sorted (to compare directories).
 pub fn dir_contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();

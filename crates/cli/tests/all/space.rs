@@ -4,9 +4,8 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
-use std::time::Duration;
 
-use crate::harness::{Env, guest};
+use crate::harness::{Env, guest, run_and_suspend};
 
 const TOKEN: &str = "s3cret-token-for-tests";
 
@@ -46,29 +45,6 @@ impl Drop for Server {
     }
 }
 
-fn suspended(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String) {
-    let child = env
-        .ferry()
-        .arg("run")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(ms));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(75), "{err}");
-    let k = err
-        .lines()
-        .find_map(|l| l.strip_prefix("suspended "))
-        .unwrap()
-        .to_owned();
-    (out.stdout, k)
-}
-
 #[test]
 fn push_to_a_space_resume_there_pull_back_only_what_is_missing() {
     let here = Env::new().with_var("FERRY_TOKEN", TOKEN);
@@ -77,7 +53,7 @@ fn push_to_a_space_resume_there_pull_back_only_what_is_missing() {
     let g = guest("wasm/cpu.wasm");
     let args = [g.to_str().unwrap(), "--", "120"];
     let plain = here.plain(&args);
-    let (mut seen, k) = suspended(&here, &args, 300);
+    let (mut seen, k) = run_and_suspend(&here, &args, 300);
 
     let (_, err, code) = here.output(&["push", &k, "--to", &server.url]);
     assert_eq!(code, 0, "{err}");
@@ -116,7 +92,7 @@ fn no_token_no_access_and_damaged_objects_are_refused() {
     let server = Server::start(&there);
     let here = Env::new();
     let g = guest("wasm/cpu.wasm");
-    let (_, k) = suspended(&here, &[g.to_str().unwrap(), "--", "120"], 200);
+    let (_, k) = run_and_suspend(&here, &[g.to_str().unwrap(), "--", "120"], 200);
 
     let (_, err, code) = here.output(&["push", &k, "--to", &server.url]);
     assert_eq!(code, 1);
