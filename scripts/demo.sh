@@ -13,13 +13,13 @@ mkdir -p "$work/app"
 cp "$root/guests/python/loop.py" "$work/app/"
 
 echo "== uninterrupted run"
-"$ferry" run --dir "$work/app::/app" "$python" -- /app/loop.py > "$work/plain.txt"
+"$ferry" run --dir "$work/app::/app" "$python" -- /app/loop.py 40 > "$work/plain.txt"
 tail -n 2 "$work/plain.txt"
 
 echo "== the same program, suspended and resumed in a new process"
-"$ferry" run --dir "$work/app::/app" "$python" -- /app/loop.py > "$work/moved.txt" 2> "$work/err.txt" &
+"$ferry" run --dir "$work/app::/app" "$python" -- /app/loop.py 40 > "$work/moved.txt" 2> "$work/err.txt" &
 pid=$!
-sleep 1.5
+sleep 1
 kill -INT "$pid"
 wait "$pid" || code=$?
 cat "$work/err.txt"
