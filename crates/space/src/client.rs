@@ -7,7 +7,7 @@ use ferry_engine::closure::snapshot_closure;
 use ferry_kappa::Kappa;
 use ferry_store::{RefValue, Store, StoreError};
 
-use crate::{MAX_OBJECT, MAX_QUERY};
+use crate::{BATCH_BYTES, MAX_OBJECT, MAX_QUERY};
 
 /// A space at `base` (e.g. `http://127.0.0.1:7070`), authenticated with `token`. Reads are
 /// verified like any store's: an object that does not hash to its κ is an error.
@@ -97,6 +97,17 @@ impl RemoteStore {
             );
         }
         Ok(out)
+    }
+
+    /// Sends a batch built by `batch::push` (`POST /v1/objects`).
+    fn put_batch(&self, body: &[u8]) -> Result<(), StoreError> {
+        let r = self
+            .agent
+            .post(format!("{}/v1/objects", self.base))
+            .header("Authorization", self.auth())
+            .send(body)
+            .map_err(remote)?;
+        self.check("sending objects", r).map(drop)
     }
 
     /// Asks the space to verify snapshot κ's closure and name it `snapshot/<hex>`.
@@ -217,12 +228,21 @@ pub fn push(
         objects: all.len(),
         ..SyncStats::default()
     };
+    // In batches of about BATCH_BYTES, each stored together on the other side.
+    let mut batch = Vec::new();
+    let mut raw = 0;
     for (i, m) in todo.iter().enumerate() {
         let bytes = local.get(m)?;
-        space.put(&bytes)?;
+        raw += bytes.len();
+        crate::batch::push(&mut batch, &bytes);
         stats.moved += 1;
         stats.bytes += bytes.len() as u64;
-        progress(i + 1, todo.len());
+        if raw >= BATCH_BYTES || i + 1 == todo.len() {
+            space.put_batch(&batch)?;
+            batch.clear();
+            raw = 0;
+            progress(i + 1, todo.len());
+        }
     }
     space.name_snapshot(&k)?;
     Ok(stats)

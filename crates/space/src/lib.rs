@@ -11,6 +11,7 @@
 //! * the snapshot is named only once its whole closure is present and verifies
 //!   (`POST /v1/snapshots/{κ}`: Resolving + Verifying, then the ref `snapshot/<hex>`).
 
+mod batch;
 mod client;
 mod server;
 
@@ -21,3 +22,5 @@ pub use server::{Space, router, serve};
 pub const MAX_OBJECT: usize = 1 << 30;
 /// Most κ in one `missing` query.
 pub const MAX_QUERY: usize = 1 << 20;
+/// Objects are sent in batches of about this many bytes (before compression).
+pub const BATCH_BYTES: usize = 16 << 20;

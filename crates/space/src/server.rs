@@ -145,6 +145,24 @@ async fn put_object(
     }
 }
 
+/// `POST /v1/objects`: many objects in one body, each `[32] κ, u8 codec (0 raw, 1 zstd),
+/// u64 length, u64 stored length, stored bytes` (little-endian); every one is verified
+/// before any is stored, and they are stored together (one pack on disk).
+async fn put_objects(State(s): State<Shared>, body: Bytes) -> Response {
+    let r = blocking(move || {
+        let objects =
+            crate::batch::decode(&body).map_err(|e| text(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+        let refs: Vec<&[u8]> = objects.iter().map(Vec::as_slice).collect();
+        s.store.put_many(&refs).map_err(internal)?;
+        Ok(())
+    })
+    .await;
+    match r {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 /// `GET /v1/objects/{κ}`: the object, zstd-compressed.
 async fn get_object(State(s): State<Shared>, Path(k): Path<String>) -> Response {
     let k = match kappa(&k) {
@@ -192,6 +210,7 @@ async fn name_snapshot(State(s): State<Shared>, Path(k): Path<String>) -> Respon
 pub fn router(space: Arc<Space>) -> Router {
     let authed = Router::new()
         .route("/v1/objects/missing", post(missing))
+        .route("/v1/objects", post(put_objects))
         .route("/v1/objects/{kappa}", put(put_object).get(get_object))
         .route("/v1/snapshots/{kappa}", post(name_snapshot))
         .layer(middleware::from_fn_with_state(space.clone(), authenticate))
