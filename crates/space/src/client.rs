@@ -99,6 +99,30 @@ impl RemoteStore {
         Ok(out)
     }
 
+    /// Fetches `ks` (at most `MAX_FETCH`) in one request, each verified against its κ.
+    fn fetch_batch(&self, ks: &[Kappa]) -> Result<Vec<Vec<u8>>, StoreError> {
+        let body: Vec<u8> = ks.iter().flat_map(|k| *k.as_bytes()).collect();
+        let r = self
+            .agent
+            .post(format!("{}/v1/objects/fetch", self.base))
+            .header("Authorization", self.auth())
+            .send(&body[..])
+            .map_err(remote)?;
+        let mut r = self.check("fetching objects", r)?;
+        let bytes = r
+            .body_mut()
+            .with_config()
+            .limit((MAX_OBJECT + (1 << 20)) as u64)
+            .read_to_vec()
+            .map_err(remote)?;
+        let objects = crate::batch::decode(&bytes).map_err(remote)?;
+        // The batch is self-verifying; it must also be exactly what was asked, in order.
+        if objects.len() != ks.len() || objects.iter().zip(ks).any(|(o, k)| Kappa::of(o) != *k) {
+            return Err(remote("the space answered with other objects than asked"));
+        }
+        Ok(objects)
+    }
+
     /// Sends a batch built by `batch::push` (`POST /v1/objects`).
     fn put_batch(&self, body: &[u8]) -> Result<(), StoreError> {
         let r = self
@@ -271,12 +295,15 @@ pub fn pull(
         objects: closure.len(),
         ..SyncStats::default()
     };
-    for (i, m) in todo.iter().enumerate() {
-        let bytes = space.get(m)?;
-        local.put(&bytes)?;
-        stats.moved += 1;
-        stats.bytes += bytes.len() as u64;
-        progress(i + 1, todo.len());
+    let mut done = 0;
+    for part in todo.chunks(crate::MAX_FETCH) {
+        let objects = space.fetch_batch(part)?;
+        let refs: Vec<&[u8]> = objects.iter().map(Vec::as_slice).collect();
+        local.put_many(&refs)?;
+        done += part.len();
+        stats.moved += part.len();
+        stats.bytes += objects.iter().map(|o| o.len() as u64).sum::<u64>();
+        progress(done, todo.len());
     }
     local.sync()?;
     ferry_engine::snapshot::load(local, k).map_err(remote)?;

@@ -24,3 +24,5 @@ pub const MAX_OBJECT: usize = 1 << 30;
 pub const MAX_QUERY: usize = 1 << 20;
 /// Objects are sent in batches of about this many bytes (before compression).
 pub const BATCH_BYTES: usize = 16 << 20;
+/// Most objects fetched in one request (256 memory chunks: 16 MiB).
+pub const MAX_FETCH: usize = 256;

@@ -163,6 +163,40 @@ async fn put_objects(State(s): State<Shared>, body: Bytes) -> Response {
     }
 }
 
+/// `POST /v1/objects/fetch`: body = κ, 32 bytes each (at most `MAX_FETCH`); answer = those
+/// objects as a batch (the `POST /v1/objects` encoding), in the order asked.
+async fn fetch_objects(State(s): State<Shared>, body: Bytes) -> Response {
+    if !body.len().is_multiple_of(32) || body.len() / 32 > crate::MAX_FETCH {
+        return text(
+            StatusCode::BAD_REQUEST,
+            format!("expected at most {} κ of 32 bytes each", crate::MAX_FETCH),
+        )
+        .into_response();
+    }
+    let r = blocking(move || {
+        let mut out = Vec::new();
+        for c in body.chunks_exact(32) {
+            let k = Kappa::from_bytes(c.try_into().expect("32 bytes"));
+            match s.store.get(&k) {
+                Ok(b) => crate::batch::push(&mut out, &b),
+                Err(ferry_store::StoreError::NotFound(_)) => {
+                    return Err(text(
+                        StatusCode::NOT_FOUND,
+                        format!("object {k} is not here"),
+                    ));
+                }
+                Err(e) => return Err(internal(e)),
+            }
+        }
+        Ok(out)
+    })
+    .await;
+    match r {
+        Ok(b) => b.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 /// `GET /v1/objects/{κ}`: the object, zstd-compressed.
 async fn get_object(State(s): State<Shared>, Path(k): Path<String>) -> Response {
     let k = match kappa(&k) {
@@ -211,6 +245,7 @@ pub fn router(space: Arc<Space>) -> Router {
     let authed = Router::new()
         .route("/v1/objects/missing", post(missing))
         .route("/v1/objects", post(put_objects))
+        .route("/v1/objects/fetch", post(fetch_objects))
         .route("/v1/objects/{kappa}", put(put_object).get(get_object))
         .route("/v1/snapshots/{kappa}", post(name_snapshot))
         .layer(middleware::from_fn_with_state(space.clone(), authenticate))
