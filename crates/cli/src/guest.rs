@@ -109,6 +109,24 @@ pub fn stdio() -> Stdio {
     Stdio::inherit()
 }
 
+/// Spawns `f` on a scoped thread whose stack is deep enough for guests (Wasm frames live on
+/// it).
+pub fn spawn_guest<'scope, T: Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    f: impl FnOnce() -> T + Send + 'scope,
+) -> std::thread::ScopedJoinHandle<'scope, T> {
+    std::thread::Builder::new()
+        .name("guest".into())
+        .stack_size(GUEST_THREAD_STACK)
+        .spawn_scoped(scope, f)
+        .expect("spawning the guest thread")
+}
+
+/// Runs `f` on a guest thread (see [`spawn_guest`]) and waits for it.
+pub fn on_guest_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| spawn_guest(s, f).join().expect("guest thread panicked"))
+}
+
 /// Everything about one guest execution.
 pub struct Execution<'a> {
     pub settings: &'a Settings,
@@ -146,29 +164,31 @@ impl Execution<'_> {
         let settings = self.settings;
         let meta = self.meta.clone();
         let mut sess = self.session.clone();
-        let outcome = std::thread::scope(|scope| {
-            std::thread::Builder::new()
-                .name("guest".into())
-                .stack_size(GUEST_THREAD_STACK)
-                .spawn_scoped(scope, move || {
-                    let mut on_snapshot = |r: Result<Kappa, ferry_engine::EngineError>, why: Request| match r {
-                        Ok(k) => {
-                            if let Err(e) = record(settings, store, &mut sess, k, why) {
-                                eprintln!("ferry: snapshot {k} written but not recorded: {e:#}");
-                            }
-                            if why == Request::Checkpoint {
-                                eprintln!("ferry: checkpoint {k}");
-                            }
+        let outcome = on_guest_thread(move || {
+            let mut on_snapshot = |r: Result<Kappa, ferry_engine::EngineError>, why: Request| {
+                match r {
+                    Ok(k) => {
+                        if let Err(e) = record(settings, store, &mut sess, k, why) {
+                            eprintln!("ferry: snapshot {k} written but not recorded: {e:#}");
                         }
-                        Err(e) => eprintln!(
-                            "ferry: snapshot failed, the program keeps running (earlier snapshots are intact): {e}"
-                        ),
-                    };
-                    runtime.run(prepared, wasi, control, start, store, meta, &mut on_snapshot)
-                })
-                .expect("spawning the guest thread")
-                .join()
-                .expect("guest thread panicked")
+                        if why == Request::Checkpoint {
+                            eprintln!("ferry: checkpoint {k}");
+                        }
+                    }
+                    Err(e) => eprintln!(
+                        "ferry: snapshot failed, the program keeps running (earlier snapshots are intact): {e}"
+                    ),
+                }
+            };
+            runtime.run(
+                prepared,
+                wasi,
+                control,
+                start,
+                store,
+                meta,
+                &mut on_snapshot,
+            )
         });
         self.session = session::load(self.settings, &self.session.id).unwrap_or(self.session);
         match outcome {

@@ -51,6 +51,17 @@ pub struct SnapshotMeta {
     pub generation: u64,
 }
 
+impl SnapshotMeta {
+    /// For a run from the start: no parent, generation 0.
+    pub fn fresh(program: impl Into<String>) -> Self {
+        Self {
+            program: program.into(),
+            parent: None,
+            generation: 0,
+        }
+    }
+}
+
 /// Detaches the control word before the memory it points into is freed.
 struct Attached<'a>(&'a Control);
 

@@ -14,10 +14,14 @@ use std::sync::mpsc::{Sender, channel};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use ferry_engine::{Control, EngineKind, Outcome, Request, Runtime, SnapshotMeta, Start, snapshot};
+use ferry_engine::{
+    Control, EngineKind, Outcome, PlainModule, Prepared, Request, Runtime, SnapshotMeta, Start,
+    snapshot,
+};
 use ferry_store::{FsStore, Store};
 use ferry_wasi::{HostClock, MountSpec, Stdio, WasiCtx};
 
+use crate::guest::{on_guest_thread, spawn_guest};
 use crate::settings::Settings;
 
 #[derive(Debug, clap::Args)]
@@ -211,35 +215,10 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         for w in &work {
             let plain = rt.compile_plain(&w.wasm)?;
             let prepared = rt.prepare(&store, &w.wasm, &|m| eprintln!("ferry bench: {m}"))?;
-            let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
             let (mut p, mut i) = (vec![], vec![]);
             for _ in 0..a.pairs {
-                let c = Arc::new(Control::new());
-                let t = Instant::now();
-                rt.run_plain(
-                    &plain,
-                    wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?,
-                )?;
-                p.push(ms(t.elapsed()));
-                let t = Instant::now();
-                let meta = SnapshotMeta {
-                    program: w.name.into(),
-                    parent: None,
-                    generation: 0,
-                };
-                let out = rt.run(
-                    &prepared,
-                    wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?,
-                    c.clone(),
-                    Start::Fresh,
-                    &store,
-                    meta,
-                    &mut |_, _| {},
-                )?;
-                i.push(ms(t.elapsed()));
-                if out != Outcome::Exited(0) {
-                    bail!("{}: unexpected outcome {out:?}", w.name);
-                }
+                p.push(ms(time_plain(&rt, &plain, w)?));
+                i.push(ms(time_instrumented(&rt, &store, &prepared, w)?));
             }
             let (pm, im) = (median(p), median(i));
             println!("| {} | {pm:.0} | {im:.0} | {:.2}x |", w.name, im / pm);
@@ -257,16 +236,10 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             let delays = std::thread::scope(|s| -> Result<Vec<Duration>> {
                 let c2 = c.clone();
                 let (store, rt, prepared) = (&store, &rt, &prepared);
-                let h = std::thread::Builder::new()
-                    .stack_size(256 << 20)
-                    .spawn_scoped(s, move || {
-                        let meta = SnapshotMeta {
-                            program: "bench".into(),
-                            parent: None,
-                            generation: 0,
-                        };
-                        rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {})
-                    })?;
+                let h = spawn_guest(s, move || {
+                    let meta = SnapshotMeta::fresh("bench");
+                    rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {})
+                });
                 let mut seed = 0x2545_f491_4f6c_dd1du64;
                 while !h.is_finished() {
                     seed ^= seed << 13;
@@ -326,19 +299,12 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 let (full, incr, new_bytes, k) = std::thread::scope(|s| -> Result<_> {
                     let c2 = c.clone();
                     let (rt, prepared) = (&rt, &prepared);
-                    let h = std::thread::Builder::new()
-                        .stack_size(256 << 20)
-                        .spawn_scoped(s, move || {
-                            let meta = SnapshotMeta {
-                                program: "dirty".into(),
-                                parent: None,
-                                generation: 0,
-                            };
-                            rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |r, _| {
-                                let _ =
-                                    snap_tx.send((Instant::now(), r.map_err(|e| e.to_string())));
-                            })
-                        })?;
+                    let h = spawn_guest(s, move || {
+                        let meta = SnapshotMeta::fresh("dirty");
+                        rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |r, _| {
+                            let _ = snap_tx.send((Instant::now(), r.map_err(|e| e.to_string())));
+                        })
+                    });
                     rx.recv_timeout(Duration::from_secs(120))
                         .context("guest never got ready")?;
                     let t = Instant::now();
@@ -409,59 +375,48 @@ fn resume_to_running(rt: &Runtime, store: &dyn Store, k: ferry_kappa::Kappa) -> 
     .map_err(anyhow::Error::msg)?;
     c.request(Request::Suspend);
     let c2 = c.clone();
-    std::thread::scope(|s| -> Result<()> {
-        let prepared = &prepared;
-        std::thread::Builder::new()
-            .stack_size(256 << 20)
-            .spawn_scoped(s, move || {
-                let meta = SnapshotMeta {
-                    program: "dirty".into(),
-                    parent: Some(k),
-                    generation: 1,
-                };
-                rt.run(
-                    prepared,
-                    ctx,
-                    c2,
-                    Start::Restore(Box::new(loaded)),
-                    store,
-                    meta,
-                    &mut |_, _| {},
-                )
-            })?
-            .join()
-            .expect("guest thread")?;
-        Ok(())
+    on_guest_thread(|| {
+        let meta = SnapshotMeta {
+            program: "dirty".into(),
+            parent: Some(k),
+            generation: 1,
+        };
+        let start = Start::Restore(Box::new(loaded));
+        rt.run(&prepared, ctx, c2, start, store, meta, &mut |_, _| {})
     })?;
     Ok(c.running_at().context("guest never ran after restore")? - t)
 }
 
-/// Runs `w` instrumented from the start to its exit on `rt`; returns the time taken.
-fn run_instrumented(rt: &Runtime, store: &dyn Store, w: &Workload) -> Result<Duration> {
-    let prepared = rt.prepare(store, &w.wasm, &|m| eprintln!("ferry bench: {m}"))?;
+/// Runs `w` instrumented (`prepared` on `rt`) from the start to its exit on a guest thread;
+/// returns the time taken.
+fn time_instrumented(
+    rt: &Runtime,
+    store: &dyn Store,
+    prepared: &Prepared,
+    w: &Workload,
+) -> Result<Duration> {
     let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
     let c = Arc::new(Control::new());
     let ctx = wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?;
     let t = Instant::now();
-    let out = std::thread::scope(|s| {
-        let prepared = &prepared;
-        std::thread::Builder::new()
-            .stack_size(256 << 20)
-            .spawn_scoped(s, move || {
-                let meta = SnapshotMeta {
-                    program: w.name.into(),
-                    parent: None,
-                    generation: 0,
-                };
-                rt.run(prepared, ctx, c, Start::Fresh, store, meta, &mut |_, _| {})
-            })
-            .expect("guest thread")
-            .join()
-            .expect("guest thread")
+    let out = on_guest_thread(|| {
+        let meta = SnapshotMeta::fresh(w.name);
+        rt.run(prepared, ctx, c, Start::Fresh, store, meta, &mut |_, _| {})
     })?;
     if out != Outcome::Exited(0) {
         bail!("{}: unexpected outcome {out:?}", w.name);
     }
+    Ok(t.elapsed())
+}
+
+/// Runs `w`'s uninstrumented module on `rt` to its exit on a guest thread; the time taken.
+fn time_plain(rt: &Runtime, plain: &PlainModule, w: &Workload) -> Result<Duration> {
+    let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
+    let c = Arc::new(Control::new());
+    let ctx = wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?;
+    let t = Instant::now();
+    let code = on_guest_thread(|| rt.run_plain(plain, ctx))?;
+    anyhow::ensure!(code == 0, "{}: plain run exited {code}", w.name);
     Ok(t.elapsed())
 }
 
@@ -485,16 +440,10 @@ fn dirty_snapshot(
     std::thread::scope(|s| -> Result<_> {
         let c2 = c.clone();
         let prepared = &prepared;
-        let h = std::thread::Builder::new()
-            .stack_size(256 << 20)
-            .spawn_scoped(s, move || {
-                let meta = SnapshotMeta {
-                    program: "dirty".into(),
-                    parent: None,
-                    generation: 0,
-                };
-                rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {})
-            })?;
+        let h = spawn_guest(s, move || {
+            let meta = SnapshotMeta::fresh("dirty");
+            rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {})
+        });
         rx.recv_timeout(Duration::from_secs(600))
             .context("guest never got ready")?;
         c.request(Request::Suspend);
@@ -526,28 +475,18 @@ fn engines_section(
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for w in work {
         let (mut jp, mut j, mut ip, mut i) = (vec![], vec![], vec![], vec![]);
-        let args: Vec<&str> = w.args.iter().map(String::as_str).collect();
         let (jit_plain, interp_plain) =
             (rt.compile_plain(&w.wasm)?, interp.compile_plain(&w.wasm)?);
+        let progress = |m: &str| eprintln!("ferry bench: {m}");
+        let (jit_prepared, interp_prepared) = (
+            rt.prepare(store, &w.wasm, &progress)?,
+            interp.prepare(store, &w.wasm, &progress)?,
+        );
         for _ in 0..pairs {
-            for (rt, plain, times) in [(rt, &jit_plain, &mut jp), (interp, &interp_plain, &mut ip)]
-            {
-                let c = Arc::new(Control::new());
-                let ctx = wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?;
-                let t = Instant::now();
-                let code = std::thread::scope(|s| {
-                    std::thread::Builder::new()
-                        .stack_size(256 << 20)
-                        .spawn_scoped(s, move || rt.run_plain(plain, ctx))
-                        .expect("guest thread")
-                        .join()
-                        .expect("guest thread")
-                })?;
-                anyhow::ensure!(code == 0, "{}: plain run exited {code}", w.name);
-                times.push(ms(t.elapsed()));
-            }
-            j.push(ms(run_instrumented(rt, store, w)?));
-            i.push(ms(run_instrumented(interp, store, w)?));
+            jp.push(ms(time_plain(rt, &jit_plain, w)?));
+            ip.push(ms(time_plain(interp, &interp_plain, w)?));
+            j.push(ms(time_instrumented(rt, store, &jit_prepared, w)?));
+            i.push(ms(time_instrumented(interp, store, &interp_prepared, w)?));
         }
         let (jpm, jm, ipm, im) = (median(jp), median(j), median(ip), median(i));
         println!(

@@ -247,25 +247,17 @@ impl Runner<'_> {
             generation,
         };
         let store = self.store;
-        let outcome = std::thread::scope(|s| {
-            std::thread::Builder::new()
-                .name("guest".into())
-                .stack_size(crate::guest::GUEST_THREAD_STACK)
-                .spawn_scoped(s, move || {
-                    let mut failed = None;
-                    let r = rt.run(&prepared, wasi, control, start, store, meta, &mut |r, _| {
-                        if let Err(e) = r {
-                            failed = Some(e);
-                        }
-                    });
-                    match failed {
-                        Some(e) => Err(e),
-                        None => r,
-                    }
-                })
-                .expect("spawning the guest thread")
-                .join()
-                .expect("guest thread panicked")
+        let outcome = crate::guest::on_guest_thread(move || {
+            let mut failed = None;
+            let r = rt.run(&prepared, wasi, control, start, store, meta, &mut |r, _| {
+                if let Err(e) = r {
+                    failed = Some(e);
+                }
+            });
+            match failed {
+                Some(e) => Err(e),
+                None => r,
+            }
         })?;
         Ok(Seen {
             outcome,

@@ -168,11 +168,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         prepared: &prepared,
         control,
         session: sess,
-        meta: SnapshotMeta {
-            program: name,
-            parent: None,
-            generation: 0,
-        },
+        meta: SnapshotMeta::fresh(name),
         checkpoint_every: a.guest.checkpoint_every,
     }
     .execute(wasi, Start::Fresh)
