@@ -1,7 +1,7 @@
 //! `ferry export` / `ferry import`: a suspended guest moved to a store that shares nothing
 //! with the first one continues byte-identically; damaged capsules are refused.
 
-use crate::harness::{Env, guest, run_and_suspend};
+use crate::harness::{Env, guest, resume_to_end, run_and_suspend};
 
 #[test]
 fn a_snapshot_moves_to_another_store_through_a_capsule() {
@@ -27,9 +27,7 @@ fn a_snapshot_moves_to_another_store_through_a_capsule() {
     assert_eq!(code, 0, "{err}");
     let (out, _, code) = there.output(&["store", "verify"]);
     assert_eq!(code, 0, "{out}");
-    let rest = there.ferry().args(["resume", &k]).output().unwrap();
-    assert_eq!(rest.status.code(), Some(0));
-    seen.extend_from_slice(&rest.stdout);
+    seen.extend(resume_to_end(&there, &k));
     assert_eq!(
         String::from_utf8_lossy(&seen),
         String::from_utf8_lossy(&plain.stdout)

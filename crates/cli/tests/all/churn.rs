@@ -1,7 +1,7 @@
 //! Churn tests: suspend and resume guests at random points, each resume in a new process, and
 //! require exactly what an uninterrupted run shows: stdout bytes, stderr, exit code, files.
 
-use crate::harness::{Env, check_churn, dir_contents, guest};
+use crate::harness::{Env, assert_same_run, check_churn, dir_contents, guest};
 
 fn check(run_args: &[&str], suspends: usize, delay_ms: (u64, u64), seed: u64) {
     check_churn(&[], run_args, suspends, delay_ms, seed);
@@ -252,15 +252,5 @@ fn sqlite_shell_running_a_sql_workload() {
         String::from_utf8_lossy(&plain.stdout)
     );
     let churned = env.churn(&args, &["--dir", &mount], 4, 41, (60, 300));
-    assert!(
-        churned.snapshots.len() >= 2,
-        "snapshots: {:?}",
-        churned.snapshots
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&churned.stdout),
-        String::from_utf8_lossy(&plain.stdout)
-    );
-    assert_eq!(churned.stderr, plain.stderr);
-    assert_eq!(churned.code, 0);
+    assert_same_run(&churned, &plain, 2);
 }

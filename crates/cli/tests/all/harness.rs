@@ -268,10 +268,15 @@ pub fn check_churn(
     let env = Env::new();
     let plain = env.plain(run_args);
     let churned = env.churn_on(engines, run_args, &[], suspends, seed, delay_ms);
+    assert_same_run(&churned, &plain, suspends.min(2));
+}
+
+/// A churned run showed exactly what the uninterrupted `plain` one did — stdout bytes, guest
+/// stderr, exit code — after at least `min_suspends` suspends.
+pub fn assert_same_run(churned: &Seen, plain: &Seen, min_suspends: usize) {
     assert!(
-        churned.snapshots.len() >= suspends.min(2),
-        "expected at least {} suspends, got {:?}",
-        suspends.min(2),
+        churned.snapshots.len() >= min_suspends,
+        "expected at least {min_suspends} suspends, got {:?}",
         churned.snapshots
     );
     assert_eq!(
@@ -281,6 +286,22 @@ pub fn check_churn(
     assert_eq!(churned.stdout, plain.stdout, "stdout bytes differ");
     assert_eq!(churned.stderr, plain.stderr, "guest stderr differs");
     assert_eq!(churned.code, plain.code, "exit code differs");
+}
+
+/// `ferry resume κ` in `env` to the guest's exit (code 0): its stdout.
+pub fn resume_to_end(env: &Env, k: &str) -> Vec<u8> {
+    let out = env
+        .ferry()
+        .args(["resume", k])
+        .output()
+        .expect("spawn ferry");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
 }
 
 /// `guests/python/loop.py` copied into `env`'s directory `app`: the `--dir` grant mounting it

@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 
-use crate::harness::{Env, guest, run_and_suspend};
+use crate::harness::{Env, guest, resume_to_end, run_and_suspend};
 
 const TOKEN: &str = "s3cret-token-for-tests";
 
@@ -67,9 +67,7 @@ fn push_to_a_space_resume_there_pull_back_only_what_is_missing() {
     drop(server);
     let (out, _, code) = there.output(&["store", "verify"]);
     assert_eq!(code, 0, "{out}");
-    let rest = there.ferry().args(["resume", &k]).output().unwrap();
-    assert_eq!(rest.status.code(), Some(0));
-    seen.extend_from_slice(&rest.stdout);
+    seen.extend(resume_to_end(&there, &k));
     assert_eq!(
         String::from_utf8_lossy(&seen),
         String::from_utf8_lossy(&plain.stdout)
