@@ -66,6 +66,17 @@ impl Settings {
             .unwrap_or_else(|| self.store_dir.join("cache").join("compiled"))
     }
 
+    /// Where `scripts/setup.sh` puts fetched and built guests (CPython, SQLite, zstd):
+    /// `$FERRY_GUEST_CACHE`, else `~/.cache/ferry/guests` (the scripts' rule).
+    pub fn guest_cache() -> PathBuf {
+        std::env::var_os("FERRY_GUEST_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                    .join(".cache/ferry/guests")
+            })
+    }
+
     pub fn sessions_dir(&self) -> PathBuf {
         self.store_dir.join("sessions")
     }

@@ -136,11 +136,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             mounts: vec![],
         },
     ];
-    let guest_cache = std::env::var_os("FERRY_GUEST_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferry/guests")
-        });
+    let guest_cache = Settings::guest_cache();
     // Guests fetched or built by scripts/setup.sh into the guest cache; each is skipped (with
     // a word on stderr) when absent. A mounted directory holds the workload's input.
     let mount = |guest: &str, sub: &str, file: &str, text: &str| -> Result<Vec<MountSpec>> {

@@ -342,18 +342,10 @@ fn dir_contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
-fn guest_cache() -> PathBuf {
-    std::env::var_os("FERRY_GUEST_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferry/guests")
-        })
-}
-
 fn read_guest(kit: &Path, spec: &str) -> Result<Option<Vec<u8>>> {
     let path = match spec.strip_prefix("cache:") {
         Some(f) => {
-            let p = guest_cache().join(f);
+            let p = Settings::guest_cache().join(f);
             if !p.exists() {
                 return Ok(None);
             }
