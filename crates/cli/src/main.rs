@@ -21,6 +21,13 @@ struct Cli {
     /// ferry started.
     #[arg(long, short, global = true)]
     verbose: bool,
+    /// Drive sessions on this space (`ferry serve`) instead of this machine: run, ps, logs,
+    /// wait, suspend, checkpoint, resume, kill, migrate.
+    #[arg(long, global = true, env = "FERRY_SPACE", value_name = "URL")]
+    space: Option<String>,
+    /// File holding the bearer token for spaces [default: $FERRY_TOKEN].
+    #[arg(long, global = true, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -35,8 +42,16 @@ enum Command {
     Checkpoint(cmd::signal::Args),
     /// Ask a running session to write a snapshot and stop.
     Suspend(cmd::signal::Args),
-    /// List local sessions.
+    /// List sessions (local ones, or a space's with --space).
     Ps(cmd::ps::Args),
+    /// Print a space's session output (with --space); --follow keeps streaming, across moves.
+    Logs(cmd::remote::LogsArgs),
+    /// Wait for a space's session to stop wherever it moved; exits with the guest's code.
+    Wait(cmd::remote::SessionArgs),
+    /// Stop a space's session (its last snapshot is kept).
+    Kill(cmd::remote::SessionArgs),
+    /// Move a running session to another space: pre-copy, pause, final delta, commit.
+    Migrate(cmd::remote::MigrateArgs),
     /// Describe a snapshot: profile, capability request, sizes, chunks, parent.
     Inspect(cmd::inspect::Args),
     /// An interactive Python session that can be suspended; `install`/`list` manage the
@@ -79,16 +94,31 @@ fn main() -> ExitCode {
     } else {
         log.without_time().init();
     }
-    let settings = match settings::Settings::new(cli.store) {
+    let settings = match settings::Settings::new(cli.store, cli.space, cli.token_file) {
         Ok(s) => s,
         Err(e) => return report(&e),
     };
     let result = match cli.command {
+        Command::Run(a) if settings.space.is_some() => cmd::remote::run(&settings, a),
         Command::Run(a) => cmd::run::run(&settings, a),
+        Command::Resume(a) if settings.space.is_some() => {
+            cmd::remote::resume(&settings, a.target(), a.engine().name())
+        }
         Command::Resume(a) => cmd::resume::run(&settings, a),
+        Command::Checkpoint(a) if settings.space.is_some() => {
+            cmd::remote::stop(&settings, &a.session, "checkpoint")
+        }
         Command::Checkpoint(a) => cmd::signal::run(&settings, a, cmd::signal::Kind::Checkpoint),
+        Command::Suspend(a) if settings.space.is_some() => {
+            cmd::remote::stop(&settings, &a.session, "suspend")
+        }
         Command::Suspend(a) => cmd::signal::run(&settings, a, cmd::signal::Kind::Suspend),
+        Command::Ps(_) if settings.space.is_some() => cmd::remote::ps(&settings),
         Command::Ps(a) => cmd::ps::run(&settings, a),
+        Command::Logs(a) => cmd::remote::logs(&settings, a),
+        Command::Wait(a) => cmd::remote::wait(&settings, a),
+        Command::Kill(a) => cmd::remote::stop(&settings, &a.session, "kill"),
+        Command::Migrate(a) => cmd::remote::migrate(&settings, a),
         Command::Inspect(a) => cmd::inspect::run(&settings, a),
         Command::Store(c) => cmd::store::run(&settings, c),
         Command::Bench(a) => cmd::bench::run(&settings, a),

@@ -9,10 +9,18 @@ use ferry_store::FsStore;
 #[derive(Debug)]
 pub struct Settings {
     pub store_dir: PathBuf,
+    /// The space to drive (`--space` / `$FERRY_SPACE`), if any.
+    pub space: Option<String>,
+    /// Where the bearer token for spaces is (`--token-file`; else `$FERRY_TOKEN`).
+    pub token_file: Option<PathBuf>,
 }
 
 impl Settings {
-    pub fn new(store: Option<PathBuf>) -> Result<Self> {
+    pub fn new(
+        store: Option<PathBuf>,
+        space: Option<String>,
+        token_file: Option<PathBuf>,
+    ) -> Result<Self> {
         let store_dir = match store {
             Some(s) => s,
             None => {
@@ -25,7 +33,11 @@ impl Settings {
                 base.join("ferry")
             }
         };
-        Ok(Self { store_dir })
+        Ok(Self {
+            store_dir,
+            space,
+            token_file,
+        })
     }
 
     pub fn open_store(&self) -> Result<FsStore> {

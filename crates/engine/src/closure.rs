@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use ferry_kappa::Kappa;
-use ferry_object::{MemoryImage, Snapshot, Tree, WasiState};
+use ferry_object::{MemoryImage, OutputLog, Snapshot, Tree, WasiState};
 use ferry_store::{Store, StoreError};
 
 /// Why a closure walk failed.
@@ -39,6 +39,11 @@ pub fn snapshot_closure(
             let img: MemoryImage = decode(store, m)?;
             out.extend(img.chunks.iter().map(|(_, c)| *c));
         }
+        if let Some(o) = &s.output {
+            out.insert(*o);
+            let log: OutputLog = decode(store, o)?;
+            out.extend(log.chunks.iter().copied());
+        }
         let w: WasiState = decode(store, &s.wasi)?;
         for m in &w.mounts {
             tree_closure(store, &m.tree, out, 0)?;
@@ -50,7 +55,7 @@ pub fn snapshot_closure(
     Ok(())
 }
 
-fn tree_closure(
+pub fn tree_closure(
     store: &dyn Store,
     k: &Kappa,
     out: &mut BTreeSet<Kappa>,

@@ -41,6 +41,23 @@ pub struct Control {
     /// Request a suspend as the guest makes its n-th call to this WASI function (0 = off).
     call_countdown: AtomicU64,
     call_name: Mutex<&'static str>,
+    /// Called once a snapshot is restored, before the guest runs: `false` stops the run there
+    /// (a migration's destination holds a restored guest until the move commits).
+    gate: Mutex<Gate>,
+}
+
+/// See [`Control::hold_after_restore`].
+#[derive(Default)]
+struct Gate(Option<Box<dyn FnOnce() -> bool + Send>>);
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Gate(set)"
+        } else {
+            "Gate"
+        })
+    }
 }
 
 #[derive(Debug, Default)]
@@ -53,6 +70,17 @@ struct Timing {
 impl Control {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Makes the next restoring run call `gate` once the guest's state is restored and
+    /// before it runs: the run goes on if it returns `true` and ends refused otherwise.
+    pub fn hold_after_restore(&self, gate: impl FnOnce() -> bool + Send + 'static) {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner()).0 = Some(Box::new(gate));
+    }
+
+    pub(crate) fn pass_gate(&self) -> bool {
+        let g = self.gate.lock().unwrap_or_else(|p| p.into_inner()).0.take();
+        g.is_none_or(|g| g())
     }
 
     /// Asks for `r`. A suspend is never downgraded to a checkpoint.

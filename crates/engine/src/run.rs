@@ -135,6 +135,13 @@ impl Runtime {
                     )
                 })?;
             snapshot::restore_into(inst, &loaded, store)?;
+            if !control.pass_gate() {
+                return Err(EngineError::refused(
+                    Stage::Restoring,
+                    "held after restoring and then released without running (the move did \
+                     not commit)",
+                ));
+            }
             begin_rewind(inst)?;
             rewinding = true;
             info!(snapshot = %meta.parent.map(|k| k.to_string()).unwrap_or_default(), engine = %self.kind(), "running");

@@ -9,7 +9,8 @@
 use ferry_instrument::{INSTRUMENT_VERSION, abi};
 use ferry_kappa::Kappa;
 use ferry_object::{
-    CHUNK_SIZE, GlobalValue, MemoryImage, ObjectKind, Profile, Snapshot, WasiState,
+    CHUNK_SIZE, GlobalValue, LOG_CHUNK_SIZE, MemoryImage, ObjectKind, OutputLog, Profile, Snapshot,
+    WasiState,
 };
 use ferry_store::{Store, StoreError};
 use tracing::info;
@@ -49,6 +50,61 @@ pub fn write_memory(store: &dyn Store, data: &[u8]) -> Result<Kappa, StoreError>
         chunks: indices.into_iter().zip(kappas).collect(),
     };
     store.put(&ferry_object::encode(&image))
+}
+
+/// Stores an output log (the record encoding of `ferry_wasi::output`) as chunks and returns
+/// the κ of its `ferry.log` object. Every chunk but the last is full, so consecutive
+/// snapshots of one session share all but the tail.
+pub fn write_output(store: &dyn Store, log: &[u8]) -> Result<Kappa, StoreError> {
+    let chunks: Vec<&[u8]> = log.chunks(LOG_CHUNK_SIZE as usize).collect();
+    let kappas = store.put_many(&chunks)?;
+    let (kind, v) = ferry_object::header::<OutputLog>();
+    store.put(&ferry_object::encode(&OutputLog {
+        kind,
+        v,
+        len: log.len() as u64,
+        chunk_size: LOG_CHUNK_SIZE,
+        chunks: kappas,
+    }))
+}
+
+/// Reads the output log `k` back, checking its shape, every chunk's hash and the record
+/// encoding.
+pub fn read_output(store: &dyn Store, k: &Kappa) -> Result<Vec<u8>, EngineError> {
+    let log: OutputLog = get_object(store, k, "output log")?;
+    let refuse =
+        |why: String| EngineError::refused(Stage::Verifying, format!("output log {k}: {why}"));
+    if log.chunk_size != LOG_CHUNK_SIZE
+        || log.len > ferry_wasi::output::MAX_LOG
+        || log.chunks.len() as u64 != log.len.div_ceil(u64::from(LOG_CHUNK_SIZE))
+    {
+        return Err(refuse(format!(
+            "{} bytes in {} chunks of {} is not a well-formed log",
+            log.len,
+            log.chunks.len(),
+            log.chunk_size
+        )));
+    }
+    let mut out = Vec::with_capacity(log.len as usize);
+    for (i, c) in log.chunks.iter().enumerate() {
+        let bytes = match store.get(c) {
+            Ok(b) => b,
+            Err(StoreError::NotFound(_)) => {
+                return Err(EngineError::missing(Stage::Resolving, "output chunk", c));
+            }
+            Err(e) => return Err(EngineError::refused(Stage::Verifying, e)),
+        };
+        let last = i + 1 == log.chunks.len();
+        if (!last && bytes.len() != LOG_CHUNK_SIZE as usize) || bytes.is_empty() {
+            return Err(refuse(format!("chunk {i} has {} bytes", bytes.len())));
+        }
+        out.extend_from_slice(&bytes);
+    }
+    if out.len() as u64 != log.len {
+        return Err(refuse("chunk sizes do not add up to its length".into()));
+    }
+    ferry_wasi::output::Records::check(&out).map_err(refuse)?;
+    Ok(out)
 }
 
 fn global_value(index: u32, v: Value) -> GlobalValue {
@@ -106,6 +162,10 @@ pub(crate) fn write(
         caps.push(format!("mount:{guest}"));
     }
     let wasi: WasiState = host.wasi.capture(&trees).map_err(|e| fail("wasi", &e))?;
+    let output = match host.wasi.output_log() {
+        Some(log) => Some(write_output(store, &log.bytes()).map_err(|e| fail("output", &e))?),
+        None => None,
+    };
     if !wasi.env.is_empty() {
         caps.push("env".into());
     }
@@ -156,6 +216,7 @@ pub(crate) fn write(
         },
         parent: meta.parent,
         generation: meta.generation + 1,
+        output,
     };
     let k = store
         .put(&ferry_object::encode(&snap))
@@ -174,6 +235,8 @@ pub struct Loaded {
     pub wasi: WasiState,
     pub(crate) memories: Vec<MemoryImage>,
     pub(crate) stack: Vec<u8>,
+    /// The output log the snapshot carries (verified), if any.
+    pub output: Option<Vec<u8>>,
 }
 
 fn get_object<T: ObjectKind>(store: &dyn Store, k: &Kappa, what: &str) -> Result<T, EngineError> {
@@ -220,6 +283,26 @@ pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
     for mount in &wasi.mounts {
         check_tree(store, &mount.tree, 0)?;
     }
+    let output = match &snapshot.output {
+        Some(o) => {
+            let log = read_output(store, o)?;
+            let (out, err) = ferry_wasi::output::Records::check(&log).expect("checked on read");
+            // A log can start after the guest's first output (a snapshot taken by a terminal
+            // run, then resumed by a space), never hold more than the guest wrote.
+            if out > wasi.stdout_bytes || err > wasi.stderr_bytes {
+                return Err(EngineError::refused(
+                    Stage::Verifying,
+                    format!(
+                        "output log {o} holds {out}/{err} bytes of stdout/stderr, more than the \
+                         guest wrote ({}/{})",
+                        wasi.stdout_bytes, wasi.stderr_bytes
+                    ),
+                ));
+            }
+            Some(log)
+        }
+        None => None,
+    };
     info!(snapshot = %k, "verifying");
     let stack = store
         .get(&snapshot.stack)
@@ -252,6 +335,7 @@ pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
         wasi,
         memories,
         stack,
+        output,
     })
 }
 

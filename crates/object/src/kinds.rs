@@ -53,13 +53,37 @@ pub struct Snapshot {
     pub parent: Option<Kappa>,
     /// How many times this run has been suspended or checkpointed before, this one included.
     pub generation: u64,
+    /// The guest's whole output so far (a `ferry.log` object), for guests whose output a
+    /// space records (sessions of `ferry serve`); absent when the output went straight to a
+    /// terminal or pipe. Absent fields are not encoded, so snapshots without it keep their κ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Kappa>,
 }
 kind!(Snapshot, "ferry.snapshot", 1, |s| {
     let mut c = vec![s.module, s.instrumented, s.stack, s.wasi];
     c.extend(s.memories.iter().copied());
     c.extend(s.parent);
+    c.extend(s.output);
     c
 });
+
+/// Size of an output-log chunk.
+pub const LOG_CHUNK_SIZE: u32 = 65536;
+
+/// A guest's output event log: stdout and stderr writes in order, as records
+/// `[u8 stream (1 stdout, 2 stderr)][u32 LE length][bytes]`, cut into chunks of
+/// `chunk_size` bytes (every chunk full but the last), so consecutive snapshots of a session
+/// share all but their last chunk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputLog {
+    pub kind: String,
+    pub v: u32,
+    pub len: u64,
+    pub chunk_size: u32,
+    pub chunks: Vec<Kappa>,
+}
+kind!(OutputLog, "ferry.log", 1, |s| s.chunks.clone());
 
 /// `P(S)`: what a host must provide to resume a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

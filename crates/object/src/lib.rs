@@ -87,6 +87,7 @@ pub fn fuzz_decode(bytes: &[u8]) {
     let _ = decode::<MemoryImage>(bytes);
     let _ = decode::<Tree>(bytes);
     let _ = decode::<WasiState>(bytes);
+    let _ = decode::<OutputLog>(bytes);
 }
 
 #[cfg(test)]
@@ -121,6 +122,7 @@ mod tests {
             },
             parent: None,
             generation: 3,
+            output: None,
         }
     }
 

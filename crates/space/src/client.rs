@@ -7,6 +7,10 @@ use ferry_engine::closure::snapshot_closure;
 use ferry_kappa::Kappa;
 use ferry_store::{RefValue, Store, StoreError};
 
+use crate::api::{
+    ApiError, Decision, MigrateRequest, MigrationReport, PrepareRequest, ResumeRequest, RunRequest,
+    SessionInfo,
+};
 use crate::{BATCH_BYTES, MAX_OBJECT, MAX_QUERY};
 
 /// A space at `base` (e.g. `http://127.0.0.1:7070`), authenticated with `token`. Reads are
@@ -308,5 +312,212 @@ pub fn pull(
     local.sync()?;
     ferry_engine::snapshot::load(local, k).map_err(remote)?;
     ferry_engine::snapshot::name(local, k)?;
+    Ok(stats)
+}
+
+/// The sessions and migration API of a space (docs/api.md), as its CLI and its peers call
+/// it. Errors carry the space's status and reason; status 0 means it could not be reached.
+pub struct SpaceClient {
+    base: String,
+    token: String,
+    agent: ureq::Agent,
+}
+
+impl std::fmt::Debug for SpaceClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpaceClient")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What `GET /v1/sessions/{id}/logs` answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogChunk {
+    /// Whole records (`ferry_wasi::output`), starting at the offset asked for.
+    pub records: Vec<u8>,
+    pub state: crate::api::State,
+    pub moved_to: Option<String>,
+    /// Set while the session is being moved there.
+    pub migrating_to: Option<String>,
+}
+
+fn unreachable_err(base: &str, e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(0, format!("cannot reach {base}: {e}"))
+}
+
+impl SpaceClient {
+    pub fn new(base: &str, token: &str) -> Self {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(std::time::Duration::from_secs(5)))
+            .build()
+            .new_agent();
+        Self {
+            base: base.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            agent,
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn answer(
+        &self,
+        r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<Vec<u8>, ApiError> {
+        let mut r = r.map_err(|e| unreachable_err(&self.base, e))?;
+        let body = r
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_vec()
+            .map_err(|e| unreachable_err(&self.base, e))?;
+        if r.status().is_success() {
+            Ok(body)
+        } else {
+            Err(ApiError::new(
+                r.status().as_u16(),
+                String::from_utf8_lossy(&body).trim().to_owned(),
+            ))
+        }
+    }
+
+    fn json<R: serde::de::DeserializeOwned>(&self, body: &[u8]) -> Result<R, ApiError> {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::internal(format!("malformed answer from {}: {e}", self.base)))
+    }
+
+    fn post<B: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<R, ApiError> {
+        let body = serde_json::to_vec(body).expect("request bodies serialize");
+        let r = self
+            .agent
+            .post(format!("{}{path}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .header("Content-Type", "application/json")
+            .send(&body[..]);
+        let b = self.answer(r)?;
+        self.json(&b)
+    }
+
+    fn get_json<R: serde::de::DeserializeOwned>(&self, path: &str) -> Result<R, ApiError> {
+        let r = self
+            .agent
+            .get(format!("{}{path}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .call();
+        let b = self.answer(r)?;
+        self.json(&b)
+    }
+
+    /// `GET /v1/health`.
+    pub fn health(&self) -> Result<(), ApiError> {
+        let r = self.agent.get(format!("{}/v1/health", self.base)).call();
+        self.answer(r).map(drop)
+    }
+
+    pub fn sessions(&self) -> Result<Vec<SessionInfo>, ApiError> {
+        self.get_json("/v1/sessions")
+    }
+
+    pub fn session(&self, id: &str) -> Result<SessionInfo, ApiError> {
+        self.get_json(&format!("/v1/sessions/{id}"))
+    }
+
+    pub fn run(&self, req: &RunRequest) -> Result<SessionInfo, ApiError> {
+        self.post("/v1/sessions", req)
+    }
+
+    pub fn resume(&self, id: &str, req: &ResumeRequest) -> Result<SessionInfo, ApiError> {
+        self.post(&format!("/v1/sessions/{id}/resume"), req)
+    }
+
+    /// `suspend`, `checkpoint` or `kill`.
+    pub fn stop(&self, id: &str, verb: &str) -> Result<SessionInfo, ApiError> {
+        self.post(&format!("/v1/sessions/{id}/{verb}"), &serde_json::json!({}))
+    }
+
+    pub fn migrate(&self, id: &str, req: &MigrateRequest) -> Result<MigrationReport, ApiError> {
+        self.post(&format!("/v1/sessions/{id}/migrate"), req)
+    }
+
+    /// Waits (at most `timeout_ms` on the space's side) until the session is no longer live.
+    pub fn wait(&self, id: &str, timeout_ms: u64) -> Result<SessionInfo, ApiError> {
+        self.get_json(&format!("/v1/sessions/{id}/wait?timeout_ms={timeout_ms}"))
+    }
+
+    /// The output log from byte `from` on; waits up to `wait_ms` for more while it is live.
+    pub fn logs(&self, id: &str, from: u64, wait_ms: u64) -> Result<LogChunk, ApiError> {
+        let r = self
+            .agent
+            .get(format!(
+                "{}/v1/sessions/{id}/logs?from={from}&wait_ms={wait_ms}",
+                self.base
+            ))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .call();
+        let r = r.map_err(|e| unreachable_err(&self.base, e))?;
+        let header = |name: &str| {
+            r.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let state = header("x-ferry-state");
+        let moved_to = header("x-ferry-moved-to");
+        let migrating_to = header("x-ferry-migrating-to");
+        let records = self.answer(Ok(r))?;
+        let state = serde_json::from_value(serde_json::Value::String(state.unwrap_or_default()))
+            .map_err(|e| ApiError::internal(format!("malformed state from {}: {e}", self.base)))?;
+        Ok(LogChunk {
+            records,
+            state,
+            moved_to,
+            migrating_to,
+        })
+    }
+
+    pub fn prepare(&self, req: &PrepareRequest) -> Result<SessionInfo, ApiError> {
+        self.post("/v1/migrations", req)
+    }
+
+    pub fn commit(&self, id: &str, d: Decision) -> Result<SessionInfo, ApiError> {
+        self.post(&format!("/v1/migrations/{id}/commit"), &d)
+    }
+
+    pub fn abort(&self, id: &str, d: Decision) -> Result<(), ApiError> {
+        self.post::<_, serde_json::Value>(&format!("/v1/migrations/{id}/abort"), &d)
+            .map(drop)
+    }
+}
+
+/// Sends objects (and nothing they refer to) that `space` lacks, in verified batches.
+pub fn send_objects(
+    local: &dyn Store,
+    space: &RemoteStore,
+    all: &[Kappa],
+) -> Result<SyncStats, StoreError> {
+    let todo = space.missing(all)?;
+    let mut stats = SyncStats {
+        objects: all.len(),
+        ..SyncStats::default()
+    };
+    let mut batch = Vec::new();
+    for (i, m) in todo.iter().enumerate() {
+        let bytes = local.get(m)?;
+        crate::batch::push(&mut batch, &bytes);
+        stats.moved += 1;
+        stats.bytes += bytes.len() as u64;
+        if batch.len() >= BATCH_BYTES || i + 1 == todo.len() {
+            space.put_batch(&batch)?;
+            batch.clear();
+        }
+    }
     Ok(stats)
 }

@@ -11,12 +11,17 @@
 //! * the snapshot is named only once its whole closure is present and verifies
 //!   (`POST /v1/snapshots/{κ}`: Resolving + Verifying, then the ref `snapshot/<hex>`).
 
+pub mod api;
 mod batch;
 mod client;
+pub mod policy;
 mod server;
+pub mod sessions;
 
-pub use client::{RemoteStore, SyncStats, pull, push};
+pub use client::{LogChunk, RemoteStore, SpaceClient, SyncStats, pull, push, send_objects};
+pub use policy::Policy;
 pub use server::{Space, router, serve};
+pub use sessions::{Config, Sessions};
 
 /// Largest object the protocol carries (as a capsule: a big instrumented module is ~100 MB).
 pub const MAX_OBJECT: usize = 1 << 30;

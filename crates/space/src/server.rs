@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
+use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -13,13 +14,17 @@ use ferry_kappa::Kappa;
 use ferry_store::Store;
 use tracing::{info, warn};
 
+use crate::api::{ApiError, Decision, MigrateRequest, PrepareRequest, ResumeRequest, RunRequest};
+use crate::sessions::Sessions;
 use crate::{MAX_OBJECT, MAX_QUERY};
 
-/// What the server holds: the store it serves and the token clients must present.
+/// What the server holds: the store it serves, the token clients must present, and the
+/// sessions it runs (absent: an object store only; the session routes answer 404).
 #[derive(Debug)]
 pub struct Space {
     pub store: Arc<dyn Store>,
     pub token: String,
+    pub sessions: Option<Arc<Sessions>>,
 }
 
 type Shared = Arc<Space>;
@@ -240,6 +245,169 @@ async fn name_snapshot(State(s): State<Shared>, Path(k): Path<String>) -> Respon
     }
 }
 
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, self.msg).into_response()
+    }
+}
+
+fn sessions(s: &Space) -> Result<Arc<Sessions>, ApiError> {
+    s.sessions
+        .clone()
+        .ok_or_else(|| ApiError::not_found("this space runs no sessions"))
+}
+
+/// Runs session work off the async threads and answers with its JSON (or its refusal).
+async fn session_call<T: serde::Serialize + Send + 'static>(
+    s: Shared,
+    f: impl FnOnce(Arc<Sessions>) -> Result<T, ApiError> + Send + 'static,
+) -> Response {
+    let r = tokio::task::spawn_blocking(move || f(sessions(&s)?))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(e)));
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn list_sessions(State(s): State<Shared>) -> Response {
+    session_call(s, |ss| Ok(ss.list())).await
+}
+
+async fn run_session(State(s): State<Shared>, Json(req): Json<RunRequest>) -> Response {
+    session_call(s, move |ss| ss.run(req)).await
+}
+
+async fn get_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    session_call(s, move |ss| ss.info(&id)).await
+}
+
+async fn resume_session(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<ResumeRequest>,
+) -> Response {
+    session_call(s, move |ss| ss.resume(&id, req)).await
+}
+
+async fn suspend_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    session_call(s, move |ss| {
+        ss.stop(&id, ferry_engine::Request::Suspend, false)
+    })
+    .await
+}
+
+async fn checkpoint_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    session_call(s, move |ss| {
+        ss.stop(&id, ferry_engine::Request::Checkpoint, false)
+    })
+    .await
+}
+
+async fn kill_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    session_call(s, move |ss| {
+        ss.stop(&id, ferry_engine::Request::Suspend, true)
+    })
+    .await
+}
+
+async fn migrate_session(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<MigrateRequest>,
+) -> Response {
+    session_call(s, move |ss| ss.migrate(&id, req)).await
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct WaitQuery {
+    #[serde(default)]
+    timeout_ms: u64,
+}
+
+/// Longest a single wait or log poll holds the connection.
+const MAX_WAIT_MS: u64 = 30_000;
+
+async fn wait_session(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<WaitQuery>,
+) -> Response {
+    let t = std::time::Duration::from_millis(q.timeout_ms.min(MAX_WAIT_MS));
+    session_call(s, move |ss| ss.wait(&id, t)).await
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct LogQuery {
+    #[serde(default)]
+    from: u64,
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+/// `GET /v1/sessions/{id}/logs?from=N&wait_ms=M`: the output log's records from byte `N`
+/// (whole records, at most about 1 MiB); headers `x-ferry-state` and `x-ferry-moved-to` say
+/// where the session is.
+async fn session_logs(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<LogQuery>,
+) -> Response {
+    let t = std::time::Duration::from_millis(q.wait_ms.min(MAX_WAIT_MS));
+    let r = tokio::task::spawn_blocking(move || sessions(&s)?.logs(&id, q.from, t))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(e)));
+    match r {
+        Ok((bytes, info)) => {
+            let mut resp = bytes.into_response();
+            let h = resp.headers_mut();
+            h.insert(
+                "x-ferry-state",
+                header::HeaderValue::from_static(info.state.name()),
+            );
+            if let Some(to) = info
+                .moved_to
+                .and_then(|t| header::HeaderValue::from_str(&t).ok())
+            {
+                h.insert("x-ferry-moved-to", to);
+            }
+            if let Some(to) = info
+                .migrating_to
+                .and_then(|t| header::HeaderValue::from_str(&t).ok())
+            {
+                h.insert("x-ferry-migrating-to", to);
+            }
+            resp
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn prepare_migration(State(s): State<Shared>, Json(req): Json<PrepareRequest>) -> Response {
+    session_call(s, move |ss| ss.prepare(req)).await
+}
+
+async fn commit_migration(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Json(d): Json<Decision>,
+) -> Response {
+    session_call(s, move |ss| ss.commit(&id, d)).await
+}
+
+async fn abort_migration(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Json(d): Json<Decision>,
+) -> Response {
+    session_call(s, move |ss| {
+        ss.abort(&id, d).map(|()| serde_json::json!({}))
+    })
+    .await
+}
+
 /// The API: every route but `/v1/health` requires the bearer token.
 pub fn router(space: Arc<Space>) -> Router {
     let authed = Router::new()
@@ -248,6 +416,18 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/objects/fetch", post(fetch_objects))
         .route("/v1/objects/{kappa}", put(put_object).get(get_object))
         .route("/v1/snapshots/{kappa}", post(name_snapshot))
+        .route("/v1/sessions", get(list_sessions).post(run_session))
+        .route("/v1/sessions/{id}", get(get_session))
+        .route("/v1/sessions/{id}/logs", get(session_logs))
+        .route("/v1/sessions/{id}/wait", get(wait_session))
+        .route("/v1/sessions/{id}/resume", post(resume_session))
+        .route("/v1/sessions/{id}/suspend", post(suspend_session))
+        .route("/v1/sessions/{id}/checkpoint", post(checkpoint_session))
+        .route("/v1/sessions/{id}/kill", post(kill_session))
+        .route("/v1/sessions/{id}/migrate", post(migrate_session))
+        .route("/v1/migrations", post(prepare_migration))
+        .route("/v1/migrations/{id}/commit", post(commit_migration))
+        .route("/v1/migrations/{id}/abort", post(abort_migration))
         .layer(middleware::from_fn_with_state(space.clone(), authenticate))
         .layer(DefaultBodyLimit::max(MAX_OBJECT + (1 << 20)));
     Router::new()

@@ -53,6 +53,9 @@ pub struct Stdio {
     /// Which of stdin, stdout, stderr are terminals: the guest sees those as ttys
     /// (`isatty`), the others as streams.
     pub terminals: [bool; 3],
+    /// When stdout and stderr are recorded in an output log (sessions of a space), that log:
+    /// snapshots then carry it.
+    pub log: Option<crate::OutputBuffer>,
 }
 
 impl std::fmt::Debug for Stdio {
@@ -89,6 +92,19 @@ impl Stdio {
                 std::io::stdout().is_terminal(),
                 std::io::stderr().is_terminal(),
             ],
+            log: None,
+        }
+    }
+
+    /// No stdin (reads see end of file); stdout and stderr appended to `log`.
+    pub fn logged(log: crate::OutputBuffer) -> Self {
+        Self {
+            stdin: Box::new(std::io::empty()),
+            stdin_fd: None,
+            stdout: log.writer(crate::output::STDOUT),
+            stderr: log.writer(crate::output::STDERR),
+            terminals: [false; 3],
+            log: Some(log),
         }
     }
 }
@@ -369,6 +385,11 @@ impl WasiCtx {
     /// Virtual monotonic time in ns: never goes backwards across suspend and resume.
     pub fn monotonic_ns(&self) -> u64 {
         (i128::from(self.clock.monotonic_ns()) + self.mono_offset).max(0) as u64
+    }
+
+    /// The output log stdout and stderr go to, if they are recorded.
+    pub fn output_log(&self) -> Option<&crate::OutputBuffer> {
+        self.stdio.log.as_ref()
     }
 
     /// Flushes stdout and stderr.

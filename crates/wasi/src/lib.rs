@@ -15,6 +15,7 @@ mod calls;
 mod ctx;
 mod errno;
 mod mem;
+pub mod output;
 mod path;
 pub mod tree;
 
@@ -24,6 +25,7 @@ mod tests;
 pub use calls::{FUNCTIONS, Signature};
 pub use ctx::{Clock, HostClock, MountSpec, Stdio, WasiCtx};
 pub use errno::Errno;
+pub use output::OutputBuffer;
 
 /// A host-level outcome of a WASI call (not a guest-visible errno).
 #[derive(Debug, thiserror::Error)]

@@ -37,6 +37,7 @@ fn ctx(mounts: Vec<MountSpec>, clock: FakeClock, out: Buf, interrupt: Arc<Atomic
         stdin: Box::new(std::io::empty()),
         stdin_fd: None,
         terminals: [false; 3],
+        log: None,
         stdout: Box::new(out),
         stderr: Box::new(std::io::sink()),
     };
@@ -90,6 +91,7 @@ fn monotonic_clock_continues_across_capture_and_restore() {
         stdin: Box::new(std::io::empty()),
         stdin_fd: None,
         terminals: [false; 3],
+        log: None,
         stdout: Box::new(std::io::sink()),
         stderr: Box::new(std::io::sink()),
     };

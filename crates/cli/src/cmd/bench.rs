@@ -75,6 +75,7 @@ fn quiet_stdio(stdout: Box<dyn Write + Send>) -> Stdio {
         stdout,
         stderr: Box::new(std::io::sink()),
         terminals: [false; 3],
+        log: None,
     }
 }
 

@@ -195,6 +195,7 @@ impl Runner<'_> {
             stdin: Box::new(std::io::empty()),
             stdin_fd: None,
             terminals: [false; 3],
+            log: None,
             stdout: Box::new(out.clone()),
             stderr: Box::new(err.clone()),
         };

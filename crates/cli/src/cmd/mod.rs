@@ -6,6 +6,7 @@ pub mod conformance;
 pub mod inspect;
 pub mod ps;
 pub mod python;
+pub mod remote;
 pub mod resume;
 pub mod run;
 pub mod signal;

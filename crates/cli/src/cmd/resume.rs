@@ -20,8 +20,19 @@ pub struct Args {
     /// Resume even if a mounted host directory changed since the snapshot.
     #[arg(long)]
     allow_changed_dirs: bool,
-    /// The snapshot: `blake3:<hex>` or a unique prefix of it.
+    /// The snapshot: `blake3:<hex>` or a unique prefix of it (with --space: the session id).
     snapshot: String,
+}
+
+impl Args {
+    /// The snapshot (or, with --space, the session) named on the command line.
+    pub fn target(&self) -> &str {
+        &self.snapshot
+    }
+
+    pub fn engine(&self) -> ferry_engine::EngineKind {
+        self.guest.engine
+    }
 }
 
 fn refused(stage: Stage, why: impl std::fmt::Display) -> anyhow::Error {

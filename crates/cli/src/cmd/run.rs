@@ -16,10 +16,10 @@ use crate::settings::Settings;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    guest: guest::GuestArgs,
+    pub guest: guest::GuestArgs,
     /// Session id (default: random).
     #[arg(long)]
-    session: Option<String>,
+    pub session: Option<String>,
     /// Python: the runtime version to use (see `ferry python list`) [default: the default one].
     #[arg(long, value_name = "X.Y")]
     python: Option<String>,
@@ -35,18 +35,18 @@ pub struct Args {
     program: Option<PathBuf>,
     /// Arguments for the program (after `--`).
     #[arg(last = true)]
-    args: Vec<String>,
+    pub args: Vec<String>,
 }
 
 /// What to run: module bytes, the program's name, arguments after it, extra mounts.
-struct Target {
-    wasm: Vec<u8>,
-    name: String,
-    args: Vec<String>,
-    mounts: Vec<ferry_wasi::MountSpec>,
+pub struct Target {
+    pub wasm: Vec<u8>,
+    pub name: String,
+    pub args: Vec<String>,
+    pub mounts: Vec<ferry_wasi::MountSpec>,
 }
 
-fn target(store: &dyn ferry_store::Store, a: &Args) -> Result<Target> {
+pub fn target(store: &dyn ferry_store::Store, a: &Args) -> Result<Target> {
     let python = |lead: Vec<String>, mounts| -> Result<Target> {
         let (wasm, name) = crate::cmd::python::resolve(store, a.python.as_deref())?;
         Ok(Target {

@@ -12,7 +12,7 @@ use crate::settings::Settings;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Session id (see `ferry ps`).
-    session: String,
+    pub session: String,
     /// How long to wait for the snapshot, in seconds.
     #[arg(long, default_value_t = 60)]
     timeout: u64,

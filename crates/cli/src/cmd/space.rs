@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use ferry_space::{RemoteStore, Space, SyncStats};
+use ferry_space::{Config, Policy, RemoteStore, Sessions, Space, SyncStats};
 use ferry_store::Store;
 
 use crate::settings::Settings;
@@ -17,9 +17,19 @@ pub struct ServeArgs {
     /// Address to listen on (port 0: any free port; the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:7070", value_name = "ADDR")]
     listen: String,
-    /// File holding the bearer token clients must present [default: $FERRY_TOKEN].
+    /// What guests may be granted here (docs/migration.md#policy) [default: every mount,
+    /// backed by fresh directories under the store; every variable; both engines].
     #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
+    policy: Option<PathBuf>,
+    /// This space's URL as peers reach it [default: http://<the listening address>].
+    #[arg(long, value_name = "URL")]
+    advertise: Option<String>,
+    /// File holding the token to present to other spaces [default: this space's own token].
+    #[arg(long, value_name = "FILE")]
+    peer_token_file: Option<PathBuf>,
+    /// Serve objects only: run no sessions.
+    #[arg(long)]
+    objects_only: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -29,9 +39,6 @@ pub struct PushArgs {
     /// The space to send it to, e.g. http://127.0.0.1:7070
     #[arg(long, value_name = "URL")]
     to: String,
-    /// File holding the space's bearer token [default: $FERRY_TOKEN].
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -41,13 +48,10 @@ pub struct PullArgs {
     /// The space to fetch it from, e.g. http://127.0.0.1:7070
     #[arg(long, value_name = "URL")]
     from: String,
-    /// File holding the space's bearer token [default: $FERRY_TOKEN].
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
 }
 
 /// The bearer token: from the file, else `$FERRY_TOKEN`; never empty.
-fn token(file: Option<&PathBuf>) -> Result<String> {
+pub fn token(file: Option<&PathBuf>) -> Result<String> {
     let t = match file {
         Some(f) => std::fs::read_to_string(f)
             .with_context(|| format!("cannot read the token file {}", f.display()))?,
@@ -61,21 +65,58 @@ fn token(file: Option<&PathBuf>) -> Result<String> {
 }
 
 pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
-    let token = token(a.token_file.as_ref())?;
+    let token = token(settings.token_file.as_ref())?;
+    let peer_token = match &a.peer_token_file {
+        Some(f) => self::token(Some(f))?,
+        None => token.clone(),
+    };
     let store: Arc<dyn Store> = Arc::new(settings.open_store()?);
+    let space_dir = settings.store_dir.join("space");
+    let policy = match &a.policy {
+        Some(p) => Policy::load(p, space_dir.join("mounts")).map_err(anyhow::Error::msg)?,
+        None => Policy::permissive(space_dir.join("mounts")),
+    };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&a.listen)
             .await
             .with_context(|| format!("cannot listen on {}", a.listen))?;
         let addr = listener.local_addr()?;
+        let advertise = a
+            .advertise
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"));
+        let sessions = if a.objects_only {
+            None
+        } else {
+            let cfg = Config {
+                dir: space_dir,
+                policy,
+                compiled_cache: Some(settings.compiled_cache()),
+                advertise,
+                peer_token,
+            };
+            let st = store.clone();
+            let s = tokio::task::spawn_blocking(move || Sessions::open(st, cfg))
+                .await?
+                .map_err(anyhow::Error::msg)?;
+            Some(s)
+        };
         // The first line on stdout names the address (scripts and tests read it).
         println!("listening on http://{addr}");
         eprintln!(
             "ferry: serving {} (Ctrl-C to stop)",
             settings.store_dir.display()
         );
-        ferry_space::serve(listener, Arc::new(Space { store, token })).await?;
+        ferry_space::serve(
+            listener,
+            Arc::new(Space {
+                store,
+                token,
+                sessions,
+            }),
+        )
+        .await?;
         Ok::<(), anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
@@ -105,7 +146,7 @@ fn report(verb: &str, k: &ferry_kappa::Kappa, s: SyncStats, started: Instant) {
 pub fn push(settings: &Settings, a: PushArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
     let k = store.resolve(&a.snapshot)?;
-    let space = RemoteStore::new(&a.to, &token(a.token_file.as_ref())?);
+    let space = RemoteStore::new(&a.to, &token(settings.token_file.as_ref())?);
     let started = Instant::now();
     let stats = ferry_space::push(&store, &space, k, &mut progress("sent"))
         .with_context(|| format!("cannot push {k} to {}", a.to))?;
@@ -119,7 +160,7 @@ pub fn pull(settings: &Settings, a: PullArgs) -> Result<ExitCode> {
         .snapshot
         .parse()
         .map_err(|e| anyhow::anyhow!("`{}`: {e} (pull needs the whole κ)", a.snapshot))?;
-    let space = RemoteStore::new(&a.from, &token(a.token_file.as_ref())?);
+    let space = RemoteStore::new(&a.from, &token(settings.token_file.as_ref())?);
     let started = Instant::now();
     let stats = ferry_space::pull(&space, &store, k, &mut progress("fetched"))
         .with_context(|| format!("cannot pull {k} from {}", a.from))?;

@@ -27,6 +27,7 @@ fn stdio(out: &Buf) -> Stdio {
         stdin: Box::new(std::io::empty()),
         stdin_fd: None,
         terminals: [false; 3],
+        log: None,
         stdout: Box::new(out.clone()),
         stderr: Box::new(std::io::sink()),
     }

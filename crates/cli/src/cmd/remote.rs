@@ -1,0 +1,331 @@
+//! `ferry --space URL run|ps|logs|wait|suspend|checkpoint|resume|kill|migrate`: sessions run
+//! by a space (`ferry serve`), driven over its HTTP API (docs/api.md, docs/migration.md).
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use ferry_space::api::{MigrateRequest, MountRequest, ResumeRequest, RunRequest, State};
+use ferry_space::{RemoteStore, SpaceClient};
+use ferry_store::Store;
+
+use crate::cmd::space::token;
+use crate::settings::Settings;
+
+/// The space named by `--space` / `$FERRY_SPACE`.
+pub fn client(settings: &Settings) -> Result<SpaceClient> {
+    let url = settings
+        .space
+        .as_deref()
+        .context("this command needs a space: pass --space URL or set FERRY_SPACE")?;
+    Ok(SpaceClient::new(url, &token(settings.token_file.as_ref())?))
+}
+
+fn api(e: ferry_space::api::ApiError) -> anyhow::Error {
+    anyhow!(e.msg)
+}
+
+/// `ferry --space URL run PROG.wasm ...`: sends the module and the mounted directories (as
+/// trees; only what the space lacks), starts the session, prints its id.
+pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
+    let c = client(settings)?;
+    let store = settings.open_store()?;
+    let t = crate::cmd::run::target(&store, &a)?;
+    let mut mounts = a.guest.mounts()?;
+    for m in t.mounts {
+        if !mounts.iter().any(|g| g.guest_path == m.guest_path) {
+            mounts.push(m);
+        }
+    }
+    let module = store.put(&t.wasm)?;
+    let mut objects = BTreeSet::from([module]);
+    let mut requests = Vec::new();
+    for m in &mounts {
+        let tree = ferry_wasi::tree::import(&store, &m.host_dir)
+            .with_context(|| format!("cannot read {}", m.host_dir.display()))?;
+        ferry_engine::closure::tree_closure(&store, &tree, &mut objects, 0)
+            .map_err(|e| anyhow!("{e}"))?;
+        requests.push(MountRequest {
+            guest: m.guest_path.clone(),
+            tree: tree.to_string(),
+            read_only: m.read_only,
+        });
+    }
+    let remote = RemoteStore::new(c.base(), &token(settings.token_file.as_ref())?);
+    let objects: Vec<_> = objects.into_iter().collect();
+    let sent = ferry_space::send_objects(&store, &remote, &objects)
+        .with_context(|| format!("cannot send the program to {}", c.base()))?;
+    if sent.moved > 0 {
+        eprintln!(
+            "ferry: sent {} objects ({:.1} MiB) to {}",
+            sent.moved,
+            sent.bytes as f64 / (1u64 << 20) as f64,
+            c.base()
+        );
+    }
+    let mut args = vec![t.name.clone()];
+    args.extend(t.args);
+    args.extend(a.args);
+    let info = c
+        .run(&RunRequest {
+            module: module.to_string(),
+            program: t.name,
+            args,
+            env: a.guest.env()?,
+            mounts: requests,
+            engine: Some(a.guest.engine.name().into()),
+            session: a.session,
+        })
+        .map_err(api)?;
+    println!("{}", info.id);
+    eprintln!(
+        "ferry: session {} is {} on {}; `ferry --space {} logs {} --follow` shows its output",
+        info.id,
+        info.state.name(),
+        c.base(),
+        c.base(),
+        info.id
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ferry --space URL ps`.
+pub fn ps(settings: &Settings) -> Result<ExitCode> {
+    let c = client(settings)?;
+    let sessions = c.sessions().map_err(api)?;
+    println!(
+        "{:<10} {:<20} {:<10} {:<7} {:>5}  LAST SNAPSHOT / WHERE",
+        "SESSION", "PROGRAM", "STATE", "ENGINE", "EPOCH"
+    );
+    for s in sessions {
+        let state = match (s.state, s.exit_code) {
+            (State::Exited, Some(c)) => format!("exited({c})"),
+            (st, _) if s.migrating_to.is_some() => format!("{}*", st.name()),
+            (st, _) => st.name().to_owned(),
+        };
+        let whereabouts = match (&s.moved_to, &s.migrating_to, &s.snapshot) {
+            (Some(to), _, _) => format!("moved to {to}"),
+            (_, Some(to), _) => format!("moving to {to}"),
+            (_, _, Some(k)) => k.chars().take(19).collect(),
+            _ => "-".into(),
+        };
+        let mut program = s.program.clone();
+        program.truncate(20);
+        println!(
+            "{:<10} {:<20} {:<10} {:<7} {:>5}  {}",
+            s.id, program, state, s.engine, s.epoch, whereabouts
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LogsArgs {
+    /// Session id (see `ferry --space URL ps`).
+    session: String,
+    /// Keep printing new output until the session stops, following it when it moves.
+    #[arg(long, short)]
+    follow: bool,
+}
+
+/// `ferry --space URL logs SESSION [--follow]`: the session's whole output (stdout records
+/// to stdout, stderr records to stderr), from the space that holds it.
+pub fn logs(settings: &Settings, a: LogsArgs) -> Result<ExitCode> {
+    let token = token(settings.token_file.as_ref())?;
+    let mut c = client(settings)?;
+    let mut from = 0u64;
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr());
+    loop {
+        let chunk = c
+            .logs(&a.session, from, if a.follow { 10_000 } else { 0 })
+            .map_err(api)?;
+        from += chunk.records.len() as u64;
+        for (stream, data) in ferry_wasi::output::Records::new(&chunk.records) {
+            if stream == ferry_wasi::output::STDERR {
+                out.flush()?;
+                err.write_all(data)?;
+            } else {
+                out.write_all(data)?;
+            }
+        }
+        out.flush()?;
+        if !chunk.records.is_empty() {
+            continue;
+        }
+        if !a.follow {
+            return Ok(ExitCode::SUCCESS);
+        }
+        match (chunk.state, chunk.moved_to) {
+            (State::Moved, Some(to)) => {
+                eprintln!(
+                    "ferry: session {} moved to {to}; following it there",
+                    a.session
+                );
+                c = SpaceClient::new(&to, &token);
+            }
+            (st, _) if st.is_live() || chunk.migrating_to.is_some() => {}
+            (st, _) => {
+                eprintln!("ferry: session {} is {}", a.session, st.name());
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SessionArgs {
+    /// Session id (see `ferry --space URL ps`).
+    pub session: String,
+}
+
+/// `ferry --space URL wait SESSION`: waits until the session stops wherever it moved, and
+/// exits with the guest's exit code (75 if it was suspended, 137 if killed).
+pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
+    let token = token(settings.token_file.as_ref())?;
+    let mut c = client(settings)?;
+    loop {
+        let s = c.wait(&a.session, 20_000).map_err(api)?;
+        match s.state {
+            State::Moved => {
+                let to = s
+                    .moved_to
+                    .context("moved, but the space does not say where")?;
+                eprintln!("ferry: session {} moved to {to}; waiting there", a.session);
+                c = SpaceClient::new(&to, &token);
+            }
+            st if st.is_live() || s.migrating_to.is_some() => {}
+            State::Exited => return Ok(ExitCode::from(s.exit_code.unwrap_or(0) as u8)),
+            State::Suspended => {
+                eprintln!(
+                    "ferry: session {} is suspended at {}",
+                    a.session,
+                    s.snapshot.unwrap_or_default()
+                );
+                return Ok(ExitCode::from(crate::guest::EXIT_SUSPENDED));
+            }
+            State::Killed => return Ok(ExitCode::from(137)),
+            _ => bail!(
+                "session {} failed: {}",
+                a.session,
+                s.reason.unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// `suspend`, `checkpoint`, `kill` on a space.
+pub fn stop(settings: &Settings, session: &str, verb: &str) -> Result<ExitCode> {
+    let c = client(settings)?;
+    let s = c.stop(session, verb).map_err(api)?;
+    match &s.snapshot {
+        Some(k) if verb != "kill" => println!("{k}"),
+        _ => {}
+    }
+    eprintln!("ferry: session {} is {}", s.id, s.state.name());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ferry --space URL resume SESSION`.
+pub fn resume(settings: &Settings, session: &str, engine: &str) -> Result<ExitCode> {
+    let c = client(settings)?;
+    let s = c
+        .resume(
+            session,
+            &ResumeRequest {
+                engine: Some(engine.into()),
+            },
+        )
+        .map_err(api)?;
+    eprintln!(
+        "ferry: session {} is {} on {}",
+        s.id,
+        s.state.name(),
+        c.base()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MigrateArgs {
+    /// Session id (see `ferry --space URL ps`).
+    session: String,
+    /// The destination space, e.g. http://127.0.0.1:7071
+    #[arg(long, value_name = "URL")]
+    to: String,
+    /// Show each pre-copy round as it completes.
+    #[arg(long)]
+    progress: bool,
+    /// Engine on the destination (default: the one it runs on).
+    #[arg(long, value_name = "ENGINE")]
+    engine: Option<ferry_engine::EngineKind>,
+    /// Most pre-copy rounds before the guest is paused.
+    #[arg(long, default_value_t = 8)]
+    max_rounds: u32,
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+/// `ferry --space URL migrate SESSION --to URL`.
+pub fn migrate(settings: &Settings, a: MigrateArgs) -> Result<ExitCode> {
+    let c = client(settings)?;
+    let mut req = MigrateRequest::to(&a.to);
+    req.max_rounds = a.max_rounds;
+    req.engine = a.engine.map(|e| e.name().into());
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = a.progress.then(|| {
+        let (c, id, done) = (
+            SpaceClient::new(
+                c.base(),
+                &token(settings.token_file.as_ref()).unwrap_or_default(),
+            ),
+            a.session.clone(),
+            done.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut shown = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(s) = c.session(&id)
+                    && let Some(m) = s.migration
+                {
+                    for (i, r) in m.rounds.iter().enumerate().skip(shown) {
+                        eprintln!(
+                            "ferry: pre-copy round {}: {} objects, {:.1} MiB, {} ms",
+                            i + 1,
+                            r.objects,
+                            mib(r.bytes),
+                            r.ms
+                        );
+                    }
+                    shown = shown.max(m.rounds.len());
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    });
+    let r = c.migrate(&a.session, &req);
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    if let Some(w) = watcher {
+        let _ = w.join();
+    }
+    let report = r.map_err(api)?;
+    eprintln!(
+        "ferry: session {} moved to {}: {} pre-copy round(s) ({:.1} MiB), final delta {} objects ({:.1} MiB), \
+         {:.1} MiB sent for {:.1} MiB of memory; paused {} ms, {} ms in all",
+        a.session,
+        report.to,
+        report.rounds.len(),
+        mib(report.rounds.iter().map(|r| r.bytes).sum()),
+        report.final_objects,
+        mib(report.final_bytes),
+        mib(report.total_bytes),
+        mib(report.memory_bytes),
+        report.downtime_ms,
+        report.total_ms
+    );
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,269 @@
+//! The JSON bodies of the sessions and migration API (docs/api.md), shared by the space and
+//! its clients.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a session is in its life, as a space sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Being prepared (module compiled, snapshot restored) before it runs.
+    Starting,
+    Running,
+    /// Stopped at a snapshot; `resume` continues it.
+    Suspended,
+    /// The guest exited (`exit_code`).
+    Exited,
+    /// The guest trapped or could not continue (`reason`).
+    Failed,
+    /// Stopped by `kill` (its last snapshot is kept).
+    Killed,
+    /// Restored here by a migration and held until the source commits the move.
+    Prepared,
+    /// Moved to another space (`moved_to`): this copy is fenced — it can neither resume nor
+    /// emit output.
+    Moved,
+}
+
+impl State {
+    /// Whether the session may still produce output here.
+    pub fn is_live(self) -> bool {
+        matches!(self, State::Starting | State::Running | State::Prepared)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Running => "running",
+            State::Suspended => "suspended",
+            State::Exited => "exited",
+            State::Failed => "failed",
+            State::Killed => "killed",
+            State::Prepared => "prepared",
+            State::Moved => "moved",
+        }
+    }
+}
+
+/// A session as `GET /v1/sessions/{id}` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub id: String,
+    pub program: String,
+    /// `jit` or `interp`.
+    pub engine: String,
+    pub state: State,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The latest snapshot (`blake3:…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// Fencing epoch: raised by one at every move; a space refuses a move that does not
+    /// raise it.
+    pub epoch: u64,
+    /// Set while a migration of this session is under way (the destination's URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migrating_to: Option<String>,
+    /// Where the session went (state `moved`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<String>,
+    /// For a session that arrived by migration: the space it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Why it failed, or what the space did about it (e.g. restarted from a snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The moved state is committed but the destination has not yet confirmed it heard so.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub commit_pending: bool,
+    /// The last (or current) migration's statistics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationReport>,
+}
+
+/// `POST /v1/sessions`: run a module that is already in the space's store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// The module (a blob in the store).
+    pub module: String,
+    /// Name shown by `ps` (and `argv[0]` unless `args` says otherwise).
+    pub program: String,
+    /// Full argv, program name first.
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Directories the guest wants, each as a tree in the store.
+    #[serde(default)]
+    pub mounts: Vec<MountRequest>,
+    /// `jit` (default) or `interp`.
+    #[serde(default)]
+    pub engine: Option<String>,
+    /// Session id to use (default: a fresh one).
+    #[serde(default)]
+    pub session: Option<String>,
+}
+
+/// A directory requested at `guest`, with the content of tree `tree`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountRequest {
+    pub guest: String,
+    pub tree: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// `POST /v1/sessions/{id}/resume`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeRequest {
+    /// Engine to continue on (default: the one it ran on).
+    #[serde(default)]
+    pub engine: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/migrate`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    /// The destination space, e.g. `http://127.0.0.1:7071`.
+    pub to: String,
+    /// Most pre-copy rounds before the guest is paused.
+    #[serde(default = "default_rounds")]
+    pub max_rounds: u32,
+    /// Pre-copy stops once a round sends at most this many bytes.
+    #[serde(default = "default_stop_bytes")]
+    pub stop_bytes: u64,
+    /// Engine on the destination (default: the same).
+    #[serde(default)]
+    pub engine: Option<String>,
+}
+
+fn default_rounds() -> u32 {
+    8
+}
+
+fn default_stop_bytes() -> u64 {
+    4 << 20
+}
+
+impl MigrateRequest {
+    pub fn to(to: &str) -> Self {
+        Self {
+            to: to.to_owned(),
+            max_rounds: default_rounds(),
+            stop_bytes: default_stop_bytes(),
+            engine: None,
+        }
+    }
+}
+
+/// One pre-copy round: a checkpoint taken while the guest ran, and what of it had to move.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Round {
+    pub snapshot: String,
+    /// Objects sent (the destination had the others).
+    pub objects: usize,
+    /// Bytes sent, before compression.
+    pub bytes: u64,
+    pub ms: u64,
+}
+
+/// What a migration did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrationReport {
+    pub to: String,
+    pub rounds: Vec<Round>,
+    /// The final snapshot (taken with the guest paused) and its delta.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_snapshot: Option<String>,
+    pub final_objects: usize,
+    pub final_bytes: u64,
+    /// Bytes sent over all rounds and the final delta, before compression.
+    pub total_bytes: u64,
+    /// Non-zero guest memory at the final snapshot.
+    pub memory_bytes: u64,
+    /// From the pause request to the destination running (ms).
+    pub downtime_ms: u64,
+    pub total_ms: u64,
+    /// `in progress`, `committed`, or `aborted: <reason>`.
+    pub outcome: String,
+}
+
+/// `POST /v1/migrations`: from the source space to the destination, after the final delta.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrepareRequest {
+    pub session: String,
+    pub snapshot: String,
+    /// The epoch the session takes here; must exceed any epoch this space knows for it.
+    pub epoch: u64,
+    /// The source space's URL (asked for the outcome if the source goes quiet).
+    pub source: String,
+    /// This space's URL as the source knows it.
+    pub to: String,
+    pub program: String,
+    pub engine: String,
+}
+
+/// `POST /v1/migrations/{id}/commit` and `/abort`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Decision {
+    pub epoch: u64,
+}
+
+/// A refusal or failure: an HTTP status and a reason a user can act on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{msg}")]
+pub struct ApiError {
+    pub status: u16,
+    pub msg: String,
+}
+
+impl ApiError {
+    pub fn new(status: u16, msg: impl Into<String>) -> Self {
+        Self {
+            status,
+            msg: msg.into(),
+        }
+    }
+
+    pub fn bad_request(msg: impl Into<String>) -> Self {
+        Self::new(400, msg)
+    }
+
+    pub fn forbidden(msg: impl Into<String>) -> Self {
+        Self::new(403, msg)
+    }
+
+    pub fn not_found(msg: impl Into<String>) -> Self {
+        Self::new(404, msg)
+    }
+
+    pub fn conflict(msg: impl Into<String>) -> Self {
+        Self::new(409, msg)
+    }
+
+    pub fn unprocessable(msg: impl Into<String>) -> Self {
+        Self::new(422, msg)
+    }
+
+    pub fn internal(msg: impl std::fmt::Display) -> Self {
+        Self::new(500, msg.to_string())
+    }
+
+    pub fn unavailable(msg: impl Into<String>) -> Self {
+        Self::new(503, msg)
+    }
+}
+
+/// Whether `id` is a usable session id: 1–64 of `[A-Za-z0-9_-]` (it names files).
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}

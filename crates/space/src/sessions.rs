@@ -1,0 +1,1275 @@
+//! The sessions a space runs, their output logs, and both sides of the migration protocol
+//! (docs/migration.md).
+//!
+//! Every session has a record (`<space dir>/sessions/<id>.json`, written atomically and
+//! synced) and, while its guest runs, a thread of its own. All changes of a running session's
+//! state are made by that thread or under the session's `turn` lock, and every change is
+//! persisted before anyone is told about it — the record of a move (`moved`) is the commit
+//! point of a migration.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
+use std::time::{Duration, Instant};
+
+use ferry_engine::{
+    Control, EngineError, EngineKind, Outcome, Prepared, Request, Runtime, SnapshotMeta, Start,
+    snapshot,
+};
+use ferry_kappa::Kappa;
+use ferry_store::{RefValue, Store};
+use ferry_wasi::{HostClock, MountSpec, OutputBuffer, Stdio, WasiCtx};
+use tracing::{info, warn};
+
+use crate::api::{
+    ApiError, Decision, MigrateRequest, MigrationReport, PrepareRequest, ResumeRequest, Round,
+    RunRequest, SessionInfo, State, valid_id,
+};
+use crate::client::{RemoteStore, SpaceClient, push};
+use crate::policy::Policy;
+
+/// Stack of a guest thread: Wasm frames live on it.
+const GUEST_STACK: usize = 256 << 20;
+/// How long a suspend or checkpoint may take to reach a safe point and be written.
+const STOP_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often a destination holding a prepared session asks its source for the outcome, and
+/// a source retries delivering a commit.
+const RESOLVE_EVERY: Duration = Duration::from_secs(1);
+
+/// How a space is set up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The space's own files: session records, logs, backing directories of mounts.
+    pub dir: PathBuf,
+    pub policy: Policy,
+    /// Compiled-code cache (a machine cache).
+    pub compiled_cache: Option<PathBuf>,
+    /// This space's URL as its peers reach it.
+    pub advertise: String,
+    /// Bearer token this space presents to other spaces.
+    pub peer_token: String,
+}
+
+/// Dies like `kill -9` at `step` when `FERRY_FAULT` names it: the fault-injection tests use
+/// this to stop a space at each step of the migration protocol.
+fn fault(step: &str) {
+    if std::env::var("FERRY_FAULT").is_ok_and(|f| f == step) {
+        warn!(step, "fault injection: dying now");
+        // SAFETY: sending SIGKILL to ourselves; nothing after this runs.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn parse_kappa(s: &str, what: &str) -> Result<Kappa, ApiError> {
+    s.parse()
+        .map_err(|e| ApiError::bad_request(format!("{what} `{s}`: {e}")))
+}
+
+fn parse_engine(s: Option<&str>, default: EngineKind) -> Result<EngineKind, ApiError> {
+    s.map_or(Ok(default), |e| e.parse().map_err(ApiError::bad_request))
+}
+
+/// Maps an engine error to a refusal: what cannot be admitted is 403, a snapshot that does not
+/// verify 422, anything else 500.
+fn engine_refusal(e: &EngineError) -> ApiError {
+    match e {
+        EngineError::Refused {
+            stage: ferry_engine::Stage::Admitting,
+            ..
+        } => ApiError::forbidden(e.to_string()),
+        EngineError::Refused { .. } | EngineError::Store(_) => {
+            ApiError::unprocessable(e.to_string())
+        }
+        EngineError::Instrument(_) | EngineError::Compile(_) => {
+            ApiError::unprocessable(e.to_string())
+        }
+        _ => ApiError::internal(e),
+    }
+}
+
+/// One session as this space holds it.
+struct Live {
+    info: Mutex<SessionInfo>,
+    changed: Condvar,
+    log: Mutex<OutputBuffer>,
+    /// The running guest's control, while one runs.
+    control: Mutex<Option<Arc<Control>>>,
+    /// A prepared guest waits on this for the commit (`true`) or abort (`false`).
+    decision: Mutex<Option<mpsc::Sender<bool>>>,
+    /// The current stop was asked for by `kill`.
+    kill: AtomicBool,
+    /// The session was taken out of this space (an aborted prepare): its thread must not
+    /// write its record again.
+    gone: AtomicBool,
+    /// Serializes resume, migrate, commit and abort of this session.
+    turn: Mutex<()>,
+}
+
+impl Live {
+    fn new(info: SessionInfo, log: OutputBuffer) -> Arc<Self> {
+        Arc::new(Self {
+            info: Mutex::new(info),
+            changed: Condvar::new(),
+            log: Mutex::new(log),
+            control: Mutex::new(None),
+            decision: Mutex::new(None),
+            kill: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
+            turn: Mutex::new(()),
+        })
+    }
+
+    fn info(&self) -> SessionInfo {
+        lock(&self.info).clone()
+    }
+
+    fn log(&self) -> OutputBuffer {
+        lock(&self.log).clone()
+    }
+
+    /// Waits (at most `timeout`) while `pred` holds; returns the info then.
+    fn wait_while(
+        &self,
+        timeout: Duration,
+        mut pred: impl FnMut(&SessionInfo) -> bool,
+    ) -> SessionInfo {
+        let g = lock(&self.info);
+        let (g, _) = self
+            .changed
+            .wait_timeout_while(g, timeout, |i| pred(i))
+            .unwrap_or_else(|p| p.into_inner());
+        g.clone()
+    }
+}
+
+/// Where a guest starts.
+enum Begin {
+    Fresh {
+        wasm: Vec<u8>,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+        mounts: Vec<(String, Kappa, bool)>,
+    },
+    Resume(Kappa),
+}
+
+/// What a guest thread needs to run.
+struct Ready {
+    runtime: Runtime,
+    prepared: Prepared,
+    wasi: WasiCtx,
+    start: Start,
+    meta: SnapshotMeta,
+    log: OutputBuffer,
+}
+
+/// The sessions of one space.
+pub struct Sessions {
+    store: Arc<dyn Store>,
+    cfg: Config,
+    runtimes: Mutex<HashMap<EngineKind, Runtime>>,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions")
+            .field("dir", &self.cfg.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sessions {
+    /// Opens the space's sessions. Sessions that were running when the space stopped are
+    /// suspended at their last snapshot (their output log is cut back to it); a session
+    /// prepared here by a migration asks its source for the outcome; a move whose commit was
+    /// not yet delivered is delivered.
+    pub fn open(store: Arc<dyn Store>, cfg: Config) -> Result<Arc<Self>, String> {
+        let dir = cfg.dir.join("sessions");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let me = Arc::new(Self {
+            store,
+            cfg,
+            runtimes: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
+        });
+        let rd = std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            let info: SessionInfo = match std::fs::read(&p)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            {
+                Ok(i) => i,
+                Err(e) => {
+                    warn!(file = %p.display(), error = %e, "unreadable session record skipped");
+                    continue;
+                }
+            };
+            if !valid_id(&info.id) {
+                continue;
+            }
+            me.recover(info);
+        }
+        Ok(me)
+    }
+
+    fn recover(self: &Arc<Self>, mut info: SessionInfo) {
+        let mut changed = false;
+        if matches!(info.state, State::Starting | State::Running) {
+            changed = true;
+            if info.snapshot.is_some() {
+                info.state = State::Suspended;
+                info.reason = Some(
+                    "the space stopped while this session ran; it is suspended at its last \
+                     snapshot (output after that snapshot was discarded)"
+                        .into(),
+                );
+            } else {
+                info.state = State::Failed;
+                info.reason = Some("the space stopped before this session's first snapshot".into());
+            }
+        }
+        if info.migrating_to.is_some() && info.state != State::Moved {
+            // The space stopped in the middle of a migration that had not committed.
+            info.migrating_to = None;
+            if let Some(m) = &mut info.migration {
+                m.outcome = "aborted: the source space stopped before the move committed".into();
+            }
+            changed = true;
+        }
+        let log = match self.read_log(&info) {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(session = %info.id, error = %e, "output log unreadable; starting empty");
+                OutputBuffer::default()
+            }
+        };
+        log.close();
+        let state = info.state;
+        let pending = info.commit_pending;
+        let id = info.id.clone();
+        let live = Live::new(info, log);
+        if changed && let Err(e) = self.save(&live.info()) {
+            warn!(session = %id, error = %e, "cannot rewrite the session record");
+        }
+        lock(&self.live).insert(id.clone(), live.clone());
+        info!(session = %id, state = state.name(), "session recovered");
+        if state == State::Prepared {
+            self.spawn_resolver(live);
+        } else if state == State::Moved && pending {
+            self.spawn_committer(live);
+        }
+    }
+
+    /// The output log of a stopped session: its final log file, else its last snapshot's.
+    fn read_log(&self, info: &SessionInfo) -> Result<OutputBuffer, String> {
+        let file = self.log_path(&info.id);
+        let final_state = matches!(info.state, State::Exited | State::Failed | State::Killed);
+        if final_state && let Ok(b) = std::fs::read(&file) {
+            ferry_wasi::output::Records::check(&b)?;
+            return Ok(OutputBuffer::from_bytes(b));
+        }
+        let Some(k) = &info.snapshot else {
+            return Ok(OutputBuffer::default());
+        };
+        let k: Kappa = k
+            .parse()
+            .map_err(|e: ferry_kappa::KappaParseError| e.to_string())?;
+        let snap: ferry_object::Snapshot =
+            ferry_object::decode(&self.store.get(&k).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+        match snap.output {
+            Some(o) => snapshot::read_output(self.store.as_ref(), &o)
+                .map(OutputBuffer::from_bytes)
+                .map_err(|e| e.to_string()),
+            None => Ok(OutputBuffer::default()),
+        }
+    }
+
+    fn record_path(&self, id: &str) -> PathBuf {
+        self.cfg.dir.join("sessions").join(format!("{id}.json"))
+    }
+
+    fn log_path(&self, id: &str) -> PathBuf {
+        self.cfg.dir.join("sessions").join(format!("{id}.log"))
+    }
+
+    /// Writes a record atomically and durably (temp file, fsync, rename, fsync of the dir).
+    fn save(&self, info: &SessionInfo) -> std::io::Result<()> {
+        let p = self.record_path(&info.id);
+        write_durably(
+            &p,
+            &serde_json::to_vec_pretty(info).expect("session info serializes"),
+        )
+    }
+
+    /// Changes a session's record, persists it, then wakes whoever waits on it.
+    fn update(&self, live: &Live, f: impl FnOnce(&mut SessionInfo)) -> SessionInfo {
+        let mut g = lock(&live.info);
+        f(&mut g);
+        let info = g.clone();
+        if !live.gone.load(Ordering::SeqCst)
+            && let Err(e) = self.save(&info)
+        {
+            warn!(session = %info.id, error = %e, "cannot write the session record");
+        }
+        drop(g);
+        live.changed.notify_all();
+        info
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Live>, ApiError> {
+        if !valid_id(id) {
+            return Err(ApiError::bad_request(format!(
+                "`{id}` is not a session id (1-64 of A-Z a-z 0-9 _ -)"
+            )));
+        }
+        lock(&self.live)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(format!("no session `{id}` in this space")))
+    }
+
+    fn runtime(&self, kind: EngineKind) -> Result<Runtime, ApiError> {
+        let mut g = lock(&self.runtimes);
+        if let Some(r) = g.get(&kind) {
+            return Ok(r.clone());
+        }
+        let r = Runtime::new(kind, self.cfg.compiled_cache.clone()).map_err(ApiError::internal)?;
+        g.insert(kind, r.clone());
+        Ok(r)
+    }
+
+    /// The fresh directory backing mount `index` of session `id` under `root`.
+    fn mount_dir(root: &Path, id: &str, index: usize) -> Result<PathBuf, ApiError> {
+        let dir = root.join(id).join(index.to_string());
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| ApiError::internal(format!("clearing {}: {e}", dir.display())))?;
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| ApiError::internal(format!("creating {}: {e}", dir.display())))?;
+        Ok(dir)
+    }
+
+    /// Admits and prepares a guest (on its own thread): policy, mounts, module, WASI state.
+    fn setup(
+        &self,
+        id: &str,
+        program: &str,
+        begin: Begin,
+        engine: EngineKind,
+        control: &Arc<Control>,
+    ) -> Result<Ready, ApiError> {
+        let policy = &self.cfg.policy;
+        policy.engine(engine).map_err(ApiError::forbidden)?;
+        let runtime = self.runtime(engine)?;
+        let c = control.clone();
+        let interrupt: Arc<dyn Fn() -> bool + Send + Sync> =
+            Arc::new(move || c.pending() != Request::None);
+        let store = self.store.as_ref();
+        let materialize = |i: usize, guest: &str, tree: &Kappa, read_only: bool| {
+            let grant = policy
+                .mount(guest, read_only)
+                .map_err(ApiError::forbidden)?;
+            let dir = Self::mount_dir(&grant.root, id, i)?;
+            ferry_wasi::tree::materialize(store, tree, &dir).map_err(|e| {
+                ApiError::unprocessable(format!("mount `{guest}`: tree {tree}: {e}"))
+            })?;
+            Ok::<_, ApiError>(MountSpec {
+                guest_path: guest.to_owned(),
+                host_dir: dir,
+                read_only: grant.read_only,
+            })
+        };
+        let progress = |msg: &str| info!(session = %id, "{msg}");
+        match begin {
+            Begin::Fresh {
+                wasm,
+                args,
+                env,
+                mounts,
+            } => {
+                policy.env(&env).map_err(ApiError::forbidden)?;
+                let grants = mounts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (g, t, ro))| materialize(i, g, t, *ro))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let prepared = runtime
+                    .prepare(store, &wasm, &progress)
+                    .map_err(|e| engine_refusal(&e))?;
+                let log = OutputBuffer::default();
+                let wasi = WasiCtx::new(
+                    args,
+                    env,
+                    grants,
+                    Stdio::logged(log.clone()),
+                    Box::new(HostClock::default()),
+                    interrupt,
+                )
+                .map_err(ApiError::unprocessable)?;
+                Ok(Ready {
+                    runtime,
+                    prepared,
+                    wasi,
+                    start: Start::Fresh,
+                    meta: SnapshotMeta::fresh(program),
+                    log,
+                })
+            }
+            Begin::Resume(k) => {
+                let loaded = snapshot::load(store, k).map_err(|e| engine_refusal(&e))?;
+                policy.env(&loaded.wasi.env).map_err(ApiError::forbidden)?;
+                let mut memory = 0;
+                for m in &loaded.snapshot.memories {
+                    let img: ferry_object::MemoryImage =
+                        ferry_object::decode(&store.get(m).map_err(ApiError::internal)?)
+                            .map_err(|e| ApiError::unprocessable(e.to_string()))?;
+                    memory += img.len;
+                }
+                policy.memory(memory).map_err(ApiError::forbidden)?;
+                let grants = loaded
+                    .wasi
+                    .mounts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| materialize(i, &m.guest_path, &m.tree, false))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let prepared = runtime
+                    .prepare_kappa(store, loaded.snapshot.module, &progress)
+                    .map_err(|e| engine_refusal(&e))?;
+                if prepared.instrumented != loaded.snapshot.instrumented {
+                    return Err(ApiError::conflict(format!(
+                        "module mismatch: the snapshot ran {} but its module instruments to {} here",
+                        loaded.snapshot.instrumented, prepared.instrumented
+                    )));
+                }
+                let log = OutputBuffer::from_bytes(loaded.output.clone().unwrap_or_default());
+                let wasi = WasiCtx::restore(
+                    &loaded.wasi,
+                    grants,
+                    Stdio::logged(log.clone()),
+                    Box::new(HostClock::default()),
+                    interrupt,
+                )
+                .map_err(ApiError::forbidden)?;
+                let meta = SnapshotMeta {
+                    program: loaded.snapshot.program.clone(),
+                    parent: Some(k),
+                    generation: loaded.snapshot.generation,
+                };
+                Ok(Ready {
+                    runtime,
+                    prepared,
+                    wasi,
+                    start: Start::Restore(Box::new(loaded)),
+                    meta,
+                    log,
+                })
+            }
+        }
+    }
+
+    /// Starts `live`'s guest on a thread of its own and waits until it runs — or, with
+    /// `hold`, until it is restored and held for a migration's decision.
+    fn start(
+        self: &Arc<Self>,
+        live: &Arc<Live>,
+        begin: Begin,
+        engine: EngineKind,
+        hold: bool,
+    ) -> Result<(), ApiError> {
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), ApiError>>();
+        let control = Arc::new(Control::new());
+        if hold {
+            let (dtx, drx) = mpsc::channel::<bool>();
+            *lock(&live.decision) = Some(dtx);
+            let (me, l, rtx) = (self.clone(), live.clone(), ready_tx.clone());
+            control.hold_after_restore(move || {
+                me.update(&l, |i| i.state = State::Prepared);
+                let _ = rtx.send(Ok(()));
+                let go = drx.recv().unwrap_or(false);
+                if go {
+                    me.update(&l, |i| i.state = State::Running);
+                }
+                go
+            });
+        }
+        let (me, l) = (self.clone(), live.clone());
+        let info = live.info();
+        std::thread::Builder::new()
+            .name(format!("session-{}", info.id))
+            .stack_size(GUEST_STACK)
+            .spawn(move || {
+                let ready = match me.setup(&info.id, &info.program, begin, engine, &control) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                *lock(&l.log) = ready.log.clone();
+                *lock(&l.control) = Some(control.clone());
+                l.kill.store(false, Ordering::SeqCst);
+                if !hold {
+                    me.update(&l, |i| {
+                        i.state = State::Running;
+                        i.engine = engine.name().into();
+                        i.reason = None;
+                        i.exit_code = None;
+                    });
+                    let _ = ready_tx.send(Ok(()));
+                }
+                let mut on_snapshot = |r: Result<Kappa, EngineError>, _why: Request| match r {
+                    Ok(k) => me.snapshotted(&l, k),
+                    Err(e) => warn!(session = %l.info().id, error = %e, "snapshot failed; the guest keeps running"),
+                };
+                let outcome = ready.runtime.run(
+                    &ready.prepared,
+                    ready.wasi,
+                    control,
+                    ready.start,
+                    me.store.as_ref(),
+                    ready.meta,
+                    &mut on_snapshot,
+                );
+                if let Err(e) = &outcome {
+                    // A hold that never got to its decision: the caller hears why.
+                    let _ = ready_tx.send(Err(engine_refusal(e)));
+                }
+                me.finished(&l, outcome, &ready.log);
+            })
+            .map_err(|e| ApiError::internal(format!("cannot start a guest thread: {e}")))?;
+        ready_rx
+            .recv()
+            .unwrap_or_else(|_| Err(ApiError::internal("the guest thread ended unexpectedly")))
+    }
+
+    /// A snapshot was written: the record and the session's ref point at it.
+    fn snapshotted(&self, live: &Live, k: Kappa) {
+        let info = self.update(live, |i| i.snapshot = Some(k.to_string()));
+        let name = format!("session/{}", info.id);
+        let next = RefValue {
+            epoch: info.epoch,
+            target: k,
+        };
+        for _ in 0..8 {
+            let cur = self.store.get_ref(&name).ok().flatten();
+            if self.store.cas_ref(&name, cur, Some(next)).is_ok() {
+                return;
+            }
+        }
+        warn!(session = %info.id, "cannot point the session's ref at {k}");
+    }
+
+    /// The guest thread ended.
+    fn finished(&self, live: &Live, outcome: Result<Outcome, EngineError>, log: &OutputBuffer) {
+        *lock(&live.control) = None;
+        log.close();
+        if live.gone.load(Ordering::SeqCst) || live.info().state == State::Starting {
+            // Never ran here (an aborted or failed prepare): whoever started it decides.
+            return;
+        }
+        let killed = live.kill.load(Ordering::SeqCst);
+        let info = self.update(live, |i| match &outcome {
+            Ok(Outcome::Exited(code)) => {
+                i.state = State::Exited;
+                i.exit_code = Some(*code);
+            }
+            Ok(Outcome::Suspended(k)) => {
+                i.state = if killed {
+                    State::Killed
+                } else {
+                    State::Suspended
+                };
+                i.snapshot = Some(k.to_string());
+            }
+            Err(e) => {
+                i.state = State::Failed;
+                i.reason = Some(e.to_string());
+            }
+        });
+        if matches!(info.state, State::Exited | State::Failed | State::Killed)
+            && let Err(e) = write_durably(&self.log_path(&info.id), &log.bytes())
+        {
+            warn!(session = %info.id, error = %e, "cannot write the output log");
+        }
+        info!(session = %info.id, state = info.state.name(), "guest stopped");
+    }
+
+    // ---- the API ----
+
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let mut v: Vec<_> = lock(&self.live).values().map(|l| l.info()).collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    pub fn info(&self, id: &str) -> Result<SessionInfo, ApiError> {
+        Ok(self.get(id)?.info())
+    }
+
+    /// `POST /v1/sessions`.
+    pub fn run(self: &Arc<Self>, req: RunRequest) -> Result<SessionInfo, ApiError> {
+        let module = parse_kappa(&req.module, "module")?;
+        let engine = parse_engine(req.engine.as_deref(), EngineKind::Jit)?;
+        let wasm = match self.store.get(&module) {
+            Ok(w) => w,
+            Err(ferry_store::StoreError::NotFound(_)) => {
+                return Err(ApiError::not_found(format!(
+                    "module {module} is not in this space's store; send it first"
+                )));
+            }
+            Err(e) => return Err(ApiError::internal(e)),
+        };
+        let mut mounts = Vec::new();
+        for m in &req.mounts {
+            if !(m.guest.starts_with('/') || m.guest == ".") {
+                return Err(ApiError::bad_request(format!(
+                    "mount `{}`: guest paths are absolute (or `.`)",
+                    m.guest
+                )));
+            }
+            mounts.push((m.guest.clone(), parse_kappa(&m.tree, "tree")?, m.read_only));
+        }
+        let id = req
+            .session
+            .clone()
+            .unwrap_or_else(|| format!("{:08x}", rand_u32()));
+        if !valid_id(&id) {
+            return Err(ApiError::bad_request(format!("`{id}` is not a session id")));
+        }
+        let live = {
+            let mut g = lock(&self.live);
+            if g.contains_key(&id) {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` already exists here"
+                )));
+            }
+            let live = Live::new(
+                SessionInfo {
+                    id: id.clone(),
+                    program: req.program.clone(),
+                    engine: engine.name().into(),
+                    state: State::Starting,
+                    exit_code: None,
+                    snapshot: None,
+                    epoch: 1,
+                    migrating_to: None,
+                    moved_to: None,
+                    source: None,
+                    reason: None,
+                    commit_pending: false,
+                    migration: None,
+                },
+                OutputBuffer::default(),
+            );
+            g.insert(id.clone(), live.clone());
+            live
+        };
+        let begin = Begin::Fresh {
+            wasm,
+            args: req.args,
+            env: req.env,
+            mounts,
+        };
+        if let Err(e) = self.start(&live, begin, engine, false) {
+            live.gone.store(true, Ordering::SeqCst);
+            lock(&self.live).remove(&id);
+            return Err(e);
+        }
+        info!(session = %id, program = %req.program, "session started");
+        Ok(live.info())
+    }
+
+    /// `POST /v1/sessions/{id}/resume`: continues a suspended session here.
+    pub fn resume(self: &Arc<Self>, id: &str, req: ResumeRequest) -> Result<SessionInfo, ApiError> {
+        let live = self.get(id)?;
+        let _turn = lock(&live.turn);
+        let info = live.info();
+        match info.state {
+            State::Suspended => {}
+            State::Moved => {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` moved to {} (epoch {}); it is resumed there, not here",
+                    info.moved_to.unwrap_or_default(),
+                    info.epoch
+                )));
+            }
+            s => {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` is {}; only a suspended session can be resumed",
+                    s.name()
+                )));
+            }
+        }
+        let k = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
+        let engine = parse_engine(
+            req.engine.as_deref(),
+            info.engine.parse().unwrap_or(EngineKind::Jit),
+        )?;
+        self.start(&live, Begin::Resume(k), engine, false)?;
+        Ok(live.info())
+    }
+
+    /// Asks a running session for a snapshot: `suspend` stops it there, `checkpoint` keeps it
+    /// running. Waits until the snapshot is written.
+    pub fn stop(&self, id: &str, r: Request, kill: bool) -> Result<SessionInfo, ApiError> {
+        let live = self.get(id)?;
+        let info = live.info();
+        if kill && info.state == State::Suspended {
+            return Ok(self.update(&live, |i| i.state = State::Killed));
+        }
+        if info.state != State::Running {
+            return Err(ApiError::conflict(format!(
+                "session `{id}` is {}, not running",
+                info.state.name()
+            )));
+        }
+        let control = lock(&live.control)
+            .clone()
+            .ok_or_else(|| ApiError::conflict(format!("session `{id}` is not running")))?;
+        if kill {
+            live.kill.store(true, Ordering::SeqCst);
+        }
+        let before = info.snapshot.clone();
+        control.request(r);
+        let after = live.wait_while(STOP_TIMEOUT, |i| {
+            if r == Request::Suspend {
+                i.state.is_live()
+            } else {
+                i.snapshot == before && i.state.is_live()
+            }
+        });
+        if r == Request::Suspend && after.state.is_live() {
+            return Err(ApiError::unavailable(format!(
+                "session `{id}` did not reach a safe point within {} s",
+                STOP_TIMEOUT.as_secs()
+            )));
+        }
+        Ok(after)
+    }
+
+    /// The output log from `from` on (whole records), waiting up to `wait` for more while the
+    /// session is live.
+    pub fn logs(
+        &self,
+        id: &str,
+        from: u64,
+        wait: Duration,
+    ) -> Result<(Vec<u8>, SessionInfo), ApiError> {
+        let live = self.get(id)?;
+        let log = live.log();
+        if !wait.is_zero() && log.len() <= from && live.info().state.is_live() {
+            log.wait_beyond(from, wait);
+        }
+        let log = live.log();
+        let (bytes, _) = log.read_from(from, 1 << 20);
+        Ok((bytes, live.info()))
+    }
+
+    /// Waits (at most `timeout`) until the session is no longer live here.
+    pub fn wait(&self, id: &str, timeout: Duration) -> Result<SessionInfo, ApiError> {
+        let live = self.get(id)?;
+        Ok(live.wait_while(timeout, |i| {
+            i.state.is_live() || (i.migrating_to.is_some() && i.state != State::Moved)
+        }))
+    }
+
+    // ---- migration, source side ----
+
+    /// `POST /v1/sessions/{id}/migrate`: pre-copy while the guest runs, pause, final delta,
+    /// prepare on the destination, commit (the record of the move), tell the destination.
+    /// Any failure before the commit leaves the session here, running as before.
+    pub fn migrate(
+        self: &Arc<Self>,
+        id: &str,
+        req: MigrateRequest,
+    ) -> Result<MigrationReport, ApiError> {
+        let live = self.get(id)?;
+        let _turn = lock(&live.turn);
+        let info = live.info();
+        let was_running = match info.state {
+            State::Running => true,
+            State::Suspended => false,
+            s => {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` is {}; only a running or suspended session can move",
+                    s.name()
+                )));
+            }
+        };
+        let to = req.to.trim_end_matches('/').to_owned();
+        if to == self.cfg.advertise.trim_end_matches('/') {
+            return Err(ApiError::bad_request("the destination is this space"));
+        }
+        let engine = parse_engine(
+            req.engine.as_deref(),
+            info.engine.parse().unwrap_or(EngineKind::Jit),
+        )?;
+        let dest_store = RemoteStore::new(&to, &self.cfg.peer_token);
+        let dest = SpaceClient::new(&to, &self.cfg.peer_token);
+        dest.health()
+            .map_err(|e| ApiError::unavailable(format!("the destination is unreachable: {e}")))?;
+        let started = Instant::now();
+        let mut report = MigrationReport {
+            to: to.clone(),
+            rounds: Vec::new(),
+            final_snapshot: None,
+            final_objects: 0,
+            final_bytes: 0,
+            total_bytes: 0,
+            memory_bytes: 0,
+            downtime_ms: 0,
+            total_ms: 0,
+            outcome: "in progress".into(),
+        };
+        self.update(&live, |i| {
+            i.migrating_to = Some(to.clone());
+            i.migration = Some(report.clone());
+        });
+        let r = self.migrate_steps(
+            &live,
+            &to,
+            &req,
+            engine,
+            was_running,
+            &dest_store,
+            &dest,
+            &mut report,
+            started,
+        );
+        report.total_ms = started.elapsed().as_millis() as u64;
+        match r {
+            Ok(()) => {
+                report.outcome = "committed".into();
+                self.update(&live, |i| i.migration = Some(report.clone()));
+                info!(session = %id, to = %to, downtime_ms = report.downtime_ms, "moved");
+                Ok(report)
+            }
+            Err(e) => {
+                report.outcome = format!("aborted: {}", e.msg);
+                self.update(&live, |i| {
+                    i.migrating_to = None;
+                    i.migration = Some(report.clone());
+                });
+                warn!(session = %id, to = %to, error = %e.msg, "migration aborted; the session stays here");
+                Err(ApiError::new(
+                    e.status,
+                    format!("migration aborted, the session stays here: {}", e.msg),
+                ))
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn migrate_steps(
+        self: &Arc<Self>,
+        live: &Arc<Live>,
+        to: &str,
+        req: &MigrateRequest,
+        engine: EngineKind,
+        was_running: bool,
+        dest_store: &RemoteStore,
+        dest: &SpaceClient,
+        report: &mut MigrationReport,
+        started: Instant,
+    ) -> Result<(), ApiError> {
+        let id = live.info().id;
+        let unreachable =
+            |what: &str, e: &dyn std::fmt::Display| ApiError::unavailable(format!("{what}: {e}"));
+        // 1. Pre-copy: checkpoints while the guest runs, each sending what the destination
+        //    lacks, until a round is small or stops shrinking.
+        if was_running {
+            let mut previous = u64::MAX;
+            for _ in 0..req.max_rounds {
+                let t = Instant::now();
+                let info = self.stop(&id, Request::Checkpoint, false)?;
+                if info.state != State::Running {
+                    return Err(ApiError::conflict(format!(
+                        "the session {} before it could move",
+                        info.state.name()
+                    )));
+                }
+                let k = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
+                let s = push(self.store.as_ref(), dest_store, k, &mut |_, _| {})
+                    .map_err(|e| unreachable("pre-copy", &e))?;
+                report.rounds.push(Round {
+                    snapshot: k.to_string(),
+                    objects: s.moved,
+                    bytes: s.bytes,
+                    ms: t.elapsed().as_millis() as u64,
+                });
+                report.total_bytes += s.bytes;
+                self.update(live, |i| i.migration = Some(report.clone()));
+                fault("precopy");
+                if s.bytes <= req.stop_bytes || s.bytes >= previous {
+                    break;
+                }
+                previous = s.bytes;
+            }
+        }
+        // 2. Pause at a safe point: the final snapshot. From here until the commit the
+        //    guest runs nowhere.
+        let paused = Instant::now();
+        let k = if was_running {
+            let info = self.stop(&id, Request::Suspend, false)?;
+            if info.state != State::Suspended {
+                return Err(ApiError::conflict(format!(
+                    "the session {} before it could move",
+                    info.state.name()
+                )));
+            }
+            parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?
+        } else {
+            parse_kappa(live.info().snapshot.as_deref().unwrap_or(""), "snapshot")?
+        };
+        report.final_snapshot = Some(k.to_string());
+        report.memory_bytes = nonzero_memory(self.store.as_ref(), &k);
+        fault("suspended");
+        // Until the commit, any failure resumes the guest here.
+        let resume_here = |me: &Arc<Self>, e: ApiError| -> ApiError {
+            if was_running && let Err(e2) = me.start(live, Begin::Resume(k), engine_of(live), false)
+            {
+                warn!(session = %id, error = %e2.msg, "could not resume here after the abort; it stays suspended");
+            }
+            e
+        };
+        // 3. Final delta.
+        let s = match push(self.store.as_ref(), dest_store, k, &mut |_, _| {}) {
+            Ok(s) => s,
+            Err(e) => return Err(resume_here(self, unreachable("final delta", &e))),
+        };
+        report.final_objects = s.moved;
+        report.final_bytes = s.bytes;
+        report.total_bytes += s.bytes;
+        fault("final-delta");
+        // 4. Prepare: the destination verifies, admits and restores, then holds.
+        let info = live.info();
+        let epoch = info.epoch + 1;
+        let prepare = PrepareRequest {
+            session: id.clone(),
+            snapshot: k.to_string(),
+            epoch,
+            source: self.cfg.advertise.clone(),
+            to: to.to_owned(),
+            program: info.program.clone(),
+            engine: engine.name().into(),
+        };
+        if let Err(e) = dest.prepare(&prepare) {
+            let _ = dest.abort(&id, Decision { epoch });
+            let e = ApiError::new(
+                if e.status == 0 { 503 } else { e.status },
+                format!("the destination refused: {}", e.msg),
+            );
+            return Err(resume_here(self, e));
+        }
+        fault("prepared");
+        // 5. Commit point: the move is recorded here, durably. From now on the session
+        //    belongs to the destination; this copy is fenced.
+        report.total_ms = started.elapsed().as_millis() as u64;
+        self.update(live, |i| {
+            i.state = State::Moved;
+            i.moved_to = Some(to.to_owned());
+            i.migrating_to = None;
+            i.epoch = epoch;
+            i.commit_pending = true;
+            i.migration = Some(report.clone());
+        });
+        fault("committed");
+        // 6. Tell the destination; if it cannot hear it now, keep telling it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match dest.commit(&id, Decision { epoch }) {
+                Ok(_) => {
+                    report.downtime_ms = paused.elapsed().as_millis() as u64;
+                    self.update(live, |i| i.commit_pending = false);
+                    return Ok(());
+                }
+                Err(e) if Instant::now() < deadline => {
+                    warn!(session = %id, error = %e.msg, "commit not delivered yet; retrying");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => {
+                    warn!(session = %id, error = %e.msg, "commit not delivered; retrying in the background");
+                    report.downtime_ms = paused.elapsed().as_millis() as u64;
+                    self.spawn_committer(live.clone());
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Delivers a recorded commit until the destination confirms it.
+    fn spawn_committer(self: &Arc<Self>, live: Arc<Live>) {
+        let me = self.clone();
+        std::thread::spawn(move || {
+            loop {
+                let info = live.info();
+                if info.state != State::Moved || !info.commit_pending {
+                    return;
+                }
+                let to = info.moved_to.clone().unwrap_or_default();
+                let dest = SpaceClient::new(&to, &me.cfg.peer_token);
+                match dest.commit(&info.id, Decision { epoch: info.epoch }) {
+                    Ok(_) => {
+                        me.update(&live, |i| i.commit_pending = false);
+                        info!(session = %info.id, to = %to, "commit delivered");
+                        return;
+                    }
+                    Err(e) if e.status == 409 || e.status == 404 => {
+                        warn!(session = %info.id, error = %e.msg, "the destination refuses the commit");
+                        me.update(&live, |i| {
+                            i.commit_pending = false;
+                            i.reason =
+                                Some(format!("the destination refused the commit: {}", e.msg));
+                        });
+                        return;
+                    }
+                    Err(_) => std::thread::sleep(RESOLVE_EVERY),
+                }
+            }
+        });
+    }
+
+    // ---- migration, destination side ----
+
+    /// `POST /v1/migrations`: verify, admit and restore the snapshot, then hold the guest
+    /// until the source commits or aborts.
+    pub fn prepare(self: &Arc<Self>, req: PrepareRequest) -> Result<SessionInfo, ApiError> {
+        if !valid_id(&req.session) {
+            return Err(ApiError::bad_request("bad session id"));
+        }
+        let k = parse_kappa(&req.snapshot, "snapshot")?;
+        let engine = parse_engine(Some(&req.engine), EngineKind::Jit)?;
+        fault("dest-prepare");
+        let previous = lock(&self.live).get(&req.session).cloned();
+        if let Some(p) = &previous {
+            let _turn = lock(&p.turn);
+            let pi = p.info();
+            if pi.epoch >= req.epoch {
+                return Err(ApiError::conflict(format!(
+                    "stale move: session `{}` is at epoch {} here, the move brings epoch {}",
+                    req.session, pi.epoch, req.epoch
+                )));
+            }
+            if pi.state.is_live() {
+                return Err(ApiError::conflict(format!(
+                    "session `{}` is {} here",
+                    req.session,
+                    pi.state.name()
+                )));
+            }
+        }
+        let live = Live::new(
+            SessionInfo {
+                id: req.session.clone(),
+                program: req.program.clone(),
+                engine: engine.name().into(),
+                state: State::Starting,
+                exit_code: None,
+                snapshot: Some(k.to_string()),
+                epoch: req.epoch,
+                migrating_to: None,
+                moved_to: None,
+                source: Some(req.source.clone()),
+                reason: None,
+                commit_pending: false,
+                migration: None,
+            },
+            OutputBuffer::default(),
+        );
+        lock(&self.live).insert(req.session.clone(), live.clone());
+        let put_back = |me: &Self| {
+            let mut g = lock(&me.live);
+            match &previous {
+                Some(p) => g.insert(req.session.clone(), p.clone()),
+                None => g.remove(&req.session),
+            };
+        };
+        if let Err(e) = self.start(&live, Begin::Resume(k), engine, true) {
+            live.gone.store(true, Ordering::SeqCst);
+            put_back(self);
+            if let Some(p) = &previous {
+                let _ = self.save(&p.info());
+            } else {
+                let _ = std::fs::remove_file(self.record_path(&req.session));
+            }
+            return Err(e);
+        }
+        self.snapshotted(&live, k);
+        info!(session = %req.session, source = %req.source, epoch = req.epoch, "prepared; waiting for the commit");
+        self.spawn_resolver(live.clone());
+        Ok(live.info())
+    }
+
+    /// `POST /v1/migrations/{id}/commit`: the prepared guest runs (idempotent).
+    pub fn commit(self: &Arc<Self>, id: &str, d: Decision) -> Result<SessionInfo, ApiError> {
+        fault("dest-commit");
+        let live = self.get(id)?;
+        let _turn = lock(&live.turn);
+        self.commit_locked(&live, d)
+    }
+
+    fn commit_locked(
+        self: &Arc<Self>,
+        live: &Arc<Live>,
+        d: Decision,
+    ) -> Result<SessionInfo, ApiError> {
+        let info = live.info();
+        if info.epoch != d.epoch {
+            return Err(ApiError::conflict(format!(
+                "session `{}` is at epoch {} here, the commit is for epoch {}",
+                info.id, info.epoch, d.epoch
+            )));
+        }
+        if info.state != State::Prepared {
+            // Already committed (a repeated commit), or it has run since.
+            return Ok(info);
+        }
+        let sender = lock(&live.decision).take();
+        match sender {
+            Some(tx) if tx.send(true).is_ok() => {
+                live.wait_while(Duration::from_secs(10), |i| i.state == State::Prepared);
+            }
+            _ => {
+                // Prepared before this space restarted: restore again and run.
+                let k = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
+                self.start(live, Begin::Resume(k), engine_of(live), false)?;
+            }
+        }
+        info!(session = %info.id, epoch = d.epoch, "move committed; running");
+        Ok(live.info())
+    }
+
+    /// `POST /v1/migrations/{id}/abort`: a prepared guest is dropped (idempotent).
+    pub fn abort(&self, id: &str, d: Decision) -> Result<(), ApiError> {
+        let Ok(live) = self.get(id) else {
+            return Ok(());
+        };
+        let _turn = lock(&live.turn);
+        self.abort_locked(&live, d)
+    }
+
+    fn abort_locked(&self, live: &Arc<Live>, d: Decision) -> Result<(), ApiError> {
+        let info = live.info();
+        if info.epoch != d.epoch || !matches!(info.state, State::Prepared | State::Starting) {
+            return Ok(());
+        }
+        live.gone.store(true, Ordering::SeqCst);
+        if let Some(tx) = lock(&live.decision).take() {
+            let _ = tx.send(false);
+        }
+        lock(&self.live).remove(&info.id);
+        let _ = std::fs::remove_file(self.record_path(&info.id));
+        let _ = self.store.cas_ref(
+            &format!("session/{}", info.id),
+            self.store
+                .get_ref(&format!("session/{}", info.id))
+                .ok()
+                .flatten(),
+            None,
+        );
+        info!(session = %info.id, epoch = d.epoch, "prepared move aborted");
+        Ok(())
+    }
+
+    /// While a session is held prepared here, asks its source now and then how the move
+    /// ended, so the decision is reached even if the source's own message never arrives.
+    fn spawn_resolver(self: &Arc<Self>, live: Arc<Live>) {
+        let me = self.clone();
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(RESOLVE_EVERY);
+                let info = live.info();
+                if info.state != State::Prepared || live.gone.load(Ordering::SeqCst) {
+                    return;
+                }
+                let source = info.source.clone().unwrap_or_default();
+                let d = Decision { epoch: info.epoch };
+                match SpaceClient::new(&source, &me.cfg.peer_token).session(&info.id) {
+                    Ok(s) if s.state == State::Moved && s.epoch == info.epoch => {
+                        let _turn = lock(&live.turn);
+                        if let Err(e) = me.commit_locked(&live, d) {
+                            warn!(session = %info.id, error = %e.msg, "commit after asking the source failed");
+                        }
+                        return;
+                    }
+                    Ok(s) if s.migrating_to.is_some() => {} // still deciding
+                    Ok(_) => {
+                        let _turn = lock(&live.turn);
+                        let _ = me.abort_locked(&live, d);
+                        return;
+                    }
+                    Err(e) if e.status == 404 => {
+                        let _turn = lock(&live.turn);
+                        let _ = me.abort_locked(&live, d);
+                        return;
+                    }
+                    Err(_) => {} // unreachable: keep holding
+                }
+            }
+        });
+    }
+}
+
+fn engine_of(live: &Live) -> EngineKind {
+    live.info().engine.parse().unwrap_or(EngineKind::Jit)
+}
+
+/// Non-zero bytes of a snapshot's memories (the chunks it stores).
+fn nonzero_memory(store: &dyn Store, k: &Kappa) -> u64 {
+    let Ok(snap) = store.get(k).map_err(|e| e.to_string()).and_then(|b| {
+        ferry_object::decode::<ferry_object::Snapshot>(&b).map_err(|e| e.to_string())
+    }) else {
+        return 0;
+    };
+    snap.memories
+        .iter()
+        .filter_map(|m| store.get(m).ok())
+        .filter_map(|b| ferry_object::decode::<ferry_object::MemoryImage>(&b).ok())
+        .map(|img| img.chunks.len() as u64 * u64::from(img.chunk_size))
+        .sum()
+}
+
+/// A session id only needs to be unlikely to collide: a hash of the time, the process and a
+/// counter.
+fn rand_u32() -> u32 {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let seed = format!("{t}/{}/{n}", std::process::id());
+    let k = Kappa::of(seed.as_bytes());
+    u32::from_le_bytes(k.as_bytes()[..4].try_into().expect("4 bytes"))
+}
+
+/// Temp file, fsync, rename, fsync of the directory.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}

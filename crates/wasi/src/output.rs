@@ -1,0 +1,229 @@
+//! A guest's stdout and stderr recorded as one append-only event log (the `ferry.log` record
+//! encoding), shared between the guest's thread, which appends, and readers that follow it.
+
+use std::io::Write;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Stream tag of a stdout record.
+pub const STDOUT: u8 = 1;
+/// Stream tag of a stderr record.
+pub const STDERR: u8 = 2;
+/// Bytes of a record header: stream tag and little-endian u32 length.
+pub const RECORD_HEADER: usize = 5;
+/// Largest output log ferry records or accepts (1 GiB).
+pub const MAX_LOG: u64 = 1 << 30;
+
+#[derive(Debug, Default)]
+struct Inner {
+    bytes: Vec<u8>,
+    /// Set once no more output will come (the guest stopped); wakes followers.
+    closed: bool,
+}
+
+/// The log: cheap to clone (all clones share it).
+#[derive(Debug, Clone, Default)]
+pub struct OutputBuffer(Arc<(Mutex<Inner>, Condvar)>);
+
+impl OutputBuffer {
+    /// A log that starts with `bytes` (the output recorded in a snapshot).
+    pub fn from_bytes(bytes: Vec<u8>) -> Self {
+        let b = Self::default();
+        b.lock().bytes = bytes;
+        b
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.0.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends one record. Output beyond [`MAX_LOG`] is refused with an error the guest sees
+    /// as a failed write (nothing is silently dropped).
+    pub fn append(&self, stream: u8, data: &[u8]) -> std::io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut g = self.lock();
+        if (g.bytes.len() + RECORD_HEADER + data.len()) as u64 > MAX_LOG {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "the session's output log is full (1 GiB)",
+            ));
+        }
+        g.bytes.push(stream);
+        g.bytes
+            .extend_from_slice(&(data.len() as u32).to_le_bytes());
+        g.bytes.extend_from_slice(data);
+        drop(g);
+        self.0.1.notify_all();
+        Ok(())
+    }
+
+    /// Length of the encoded log.
+    pub fn len(&self) -> u64 {
+        self.lock().bytes.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A copy of the encoded log.
+    pub fn bytes(&self) -> Vec<u8> {
+        self.lock().bytes.clone()
+    }
+
+    /// The encoded log from `from` on, at most about `max` bytes (whole records only, but at
+    /// least one), and whether the log is closed. `from` past the end yields nothing.
+    pub fn read_from(&self, from: u64, max: usize) -> (Vec<u8>, bool) {
+        let g = self.lock();
+        let start = (from as usize).min(g.bytes.len());
+        let rest = &g.bytes[start..];
+        let mut end = 0;
+        for (at, r) in Records::new(rest).offsets() {
+            if end > 0 && at + RECORD_HEADER + r > max {
+                break;
+            }
+            end = at + RECORD_HEADER + r;
+        }
+        (rest[..end].to_vec(), g.closed)
+    }
+
+    /// Waits until the log is longer than `len` or closed, or `timeout` passes.
+    pub fn wait_beyond(&self, len: u64, timeout: Duration) {
+        let g = self.lock();
+        let _ = self
+            .0
+            .1
+            .wait_timeout_while(g, timeout, |i| i.bytes.len() as u64 <= len && !i.closed);
+    }
+
+    /// No more output will come: followers stop waiting.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.0.1.notify_all();
+    }
+
+    /// Reopens a closed log (the session runs again).
+    pub fn reopen(&self) {
+        self.lock().closed = false;
+    }
+
+    /// A writer that appends `stream` records.
+    pub fn writer(&self, stream: u8) -> Box<dyn Write + Send> {
+        Box::new(StreamWriter {
+            log: self.clone(),
+            stream,
+        })
+    }
+}
+
+struct StreamWriter {
+    log: OutputBuffer,
+    stream: u8,
+}
+
+impl Write for StreamWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.log.append(self.stream, buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The records of an encoded log, in order: `(stream, bytes)`. A truncated or malformed tail
+/// ends the iteration; [`Records::check`] says whether the whole input was well-formed.
+#[derive(Debug, Clone)]
+pub struct Records<'a> {
+    rest: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Records<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Self { rest: bytes, at: 0 }
+    }
+
+    /// `(offset of the record, length of its data)` for each whole record.
+    fn offsets(self) -> impl Iterator<Item = (usize, usize)> + 'a {
+        let mut it = self;
+        std::iter::from_fn(move || {
+            let at = it.at;
+            it.next().map(|(_, d)| (at, d.len()))
+        })
+    }
+
+    /// Checks that `bytes` is a sequence of whole records with known stream tags, and returns
+    /// the total stdout and stderr bytes.
+    pub fn check(bytes: &[u8]) -> Result<(u64, u64), String> {
+        let mut it = Records::new(bytes);
+        let (mut out, mut err) = (0u64, 0u64);
+        for (stream, data) in it.by_ref() {
+            match stream {
+                STDOUT => out += data.len() as u64,
+                STDERR => err += data.len() as u64,
+                s => return Err(format!("record with unknown stream tag {s}")),
+            }
+        }
+        if !it.rest.is_empty() {
+            return Err(format!("truncated record at byte {}", it.at));
+        }
+        Ok((out, err))
+    }
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = (u8, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.len() < RECORD_HEADER {
+            return None;
+        }
+        let n = u32::from_le_bytes(self.rest[1..5].try_into().expect("4 bytes")) as usize;
+        if self.rest.len() - RECORD_HEADER < n {
+            return None;
+        }
+        let stream = self.rest[0];
+        let data = &self.rest[RECORD_HEADER..RECORD_HEADER + n];
+        self.rest = &self.rest[RECORD_HEADER + n..];
+        self.at += RECORD_HEADER + n;
+        Some((stream, data))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_reads_stop_at_record_boundaries() {
+        let log = OutputBuffer::default();
+        log.writer(STDOUT).write_all(b"hello ").expect("write");
+        log.writer(STDERR).write_all(b"oops\n").expect("write");
+        log.writer(STDOUT).write_all(b"world\n").expect("write");
+        let all = log.bytes();
+        assert_eq!(Records::check(&all), Ok((12, 5)));
+        let got: Vec<_> = Records::new(&all).collect();
+        assert_eq!(
+            got,
+            vec![
+                (STDOUT, &b"hello "[..]),
+                (STDERR, &b"oops\n"[..]),
+                (STDOUT, &b"world\n"[..])
+            ]
+        );
+        // A small `max` still yields one whole record, never a partial one.
+        let (first, closed) = log.read_from(0, 1);
+        assert_eq!(first.len(), RECORD_HEADER + 6);
+        assert!(!closed);
+        let (rest, _) = log.read_from(first.len() as u64, 1 << 20);
+        assert_eq!(rest.len(), all.len() - first.len());
+        assert!(Records::check(&all[..all.len() - 1]).is_err());
+        assert!(Records::check(&[9, 0, 0, 0, 0]).is_err());
+        log.close();
+        assert!(log.read_from(0, 10).1);
+    }
+}
