@@ -8,6 +8,7 @@ mod churn;
 mod conformance;
 mod engines;
 mod harness;
+mod migrate;
 mod python;
 mod refusals;
 mod space;

@@ -1,0 +1,464 @@
+//! Sessions in spaces and live migration (docs/migration.md): guests run by `ferry serve`,
+//! moved between spaces while they print, with the combined output byte-identical to an
+//! uninterrupted run; the destination's policy re-admits what a snapshot asks for; and a space
+//! killed (`kill -9`) at each step of the protocol leaves exactly one copy, nothing lost or
+//! repeated.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::{Env, guest};
+
+const TOKEN: &str = "migration-test-token";
+
+/// A `ferry serve` with a store of its own, restartable on the same port.
+struct SpaceProc {
+    env: Env,
+    child: Option<Child>,
+    url: String,
+    port: u16,
+    extra: Vec<String>,
+}
+
+impl SpaceProc {
+    fn start(extra: &[&str]) -> Self {
+        let mut s = Self {
+            env: Env::new().with_var("FERRY_TOKEN", TOKEN),
+            child: None,
+            url: String::new(),
+            port: 0,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn(None);
+        s
+    }
+
+    /// Starts the server (again), dying at `fault` (`FERRY_FAULT`) if given.
+    fn spawn(&mut self, fault: Option<&str>) {
+        let mut c = self.env.ferry();
+        c.args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(&self.extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(f) = fault {
+            c.env("FERRY_FAULT", f);
+        }
+        let mut child = c.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        self.url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line `{line}`"))
+            .to_owned();
+        self.port = self.url.rsplit(':').next().unwrap().parse().unwrap();
+        self.child = Some(child);
+    }
+
+    /// Waits for a space that is meant to die (fault injection) to be gone.
+    fn wait_dead(&mut self) {
+        let mut c = self.child.take().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while c.try_wait().unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the space at {} did not die",
+                self.url
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The session as the space's API shows it (None: it has no such session).
+    fn session(&self, id: &str) -> Option<serde_json::Value> {
+        let mut r = ureq::get(format!("{}/v1/sessions/{id}", self.url))
+            .header("Authorization", format!("Bearer {TOKEN}"))
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .call()
+            .unwrap();
+        if r.status() == 404 {
+            return None;
+        }
+        assert_eq!(r.status(), 200);
+        Some(serde_json::from_slice(&r.body_mut().read_to_vec().unwrap()).unwrap())
+    }
+
+    fn state(&self, id: &str) -> Option<String> {
+        self.session(id)
+            .map(|s| s["state"].as_str().unwrap().to_owned())
+    }
+}
+
+impl Drop for SpaceProc {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The CLI, driving sessions on `space`.
+fn cli(here: &Env, space: &str, args: &[&str]) -> (String, String, i32) {
+    let mut all = vec!["--space", space];
+    all.extend_from_slice(args);
+    here.output(&all)
+}
+
+fn client() -> Env {
+    Env::new().with_var("FERRY_TOKEN", TOKEN)
+}
+
+/// Waits until `f` holds (or panics after 60 s).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `ferry --space URL logs ID --follow` (following moves) must equal `expected`, and `wait`
+/// must report exit code 0.
+fn assert_finished_like(here: &Env, first: &str, id: &str, expected: &[u8]) {
+    let (_, err, code) = cli(here, first, &["wait", id]);
+    assert_eq!(code, 0, "wait: {err}");
+    let out = here
+        .ferry()
+        .args(["--space", first, "logs", id, "--follow"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(expected),
+        "combined output differs from an uninterrupted run"
+    );
+}
+
+#[test]
+fn a_c_guest_moves_between_three_spaces_while_it_prints_and_its_output_is_unchanged() {
+    let here = client();
+    let spaces = [
+        SpaceProc::start(&[]),
+        SpaceProc::start(&[]),
+        SpaceProc::start(&[]),
+    ];
+    let g = guest("wasm/cpu.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", "450"]);
+    assert_eq!(plain.code, 0);
+
+    let (out, err, code) = cli(
+        &here,
+        &spaces[0].url,
+        &[
+            "run",
+            "--session",
+            "mover",
+            g.to_str().unwrap(),
+            "--",
+            "450",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "mover");
+
+    let mut moves = 0;
+    for i in 0..6 {
+        std::thread::sleep(Duration::from_millis(250));
+        let (from, to) = (&spaces[i % 3], &spaces[(i + 1) % 3]);
+        // Every other move also changes engine.
+        let engine = if i % 2 == 1 { "interp" } else { "jit" };
+        let (out, err, code) = cli(
+            &here,
+            &from.url,
+            &[
+                "migrate",
+                "mover",
+                "--to",
+                &to.url,
+                "--engine",
+                engine,
+                "--progress",
+            ],
+        );
+        if code != 0 && err.contains("exited") {
+            break;
+        }
+        assert_eq!(code, 0, "move {i}: {err}");
+        let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(report["outcome"], "committed");
+        assert!(err.contains("moved to"), "{err}");
+        moves += 1;
+        // The source is fenced: it cannot resume the session.
+        let (_, err, code) = cli(&here, &from.url, &["resume", "mover"]);
+        assert_ne!(code, 0);
+        assert!(err.contains("moved to"), "{err}");
+    }
+    assert!(
+        moves >= 3,
+        "only {moves} moves happened before the guest exited"
+    );
+    assert_finished_like(&here, &spaces[0].url, "mover", &plain.stdout);
+    // Every space's store verifies.
+    for s in &spaces {
+        let (_, err, code) = s.env.output(&["store", "verify"]);
+        assert_eq!(code, 0, "{err}");
+    }
+}
+
+#[test]
+fn a_cpython_program_moves_back_and_forth_with_its_files() {
+    let py = crate::python::python312();
+    let here = client();
+    let spaces = [SpaceProc::start(&[]), SpaceProc::start(&[])];
+    let mount = crate::harness::loop_py_app(&here);
+    let args = [
+        "--dir",
+        mount.as_str(),
+        py.to_str().unwrap(),
+        "--",
+        "/app/loop.py",
+        "14",
+    ];
+    let plain = here.plain(&args);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+
+    let mut run = vec!["run", "--session", "py"];
+    run.extend_from_slice(&args);
+    let (_, err, code) = cli(&here, &spaces[0].url, &run);
+    assert_eq!(code, 0, "{err}");
+    let mut moves = 0;
+    for i in 0..4 {
+        // Let it get going (the first run prepares CPython in the space).
+        eventually("the session prints", || {
+            let (out, _, _) = cli(&here, &spaces[i % 2].url, &["logs", "py"]);
+            !out.is_empty() || spaces[i % 2].state("py").as_deref() != Some("running")
+        });
+        std::thread::sleep(Duration::from_millis(400));
+        let (from, to) = (&spaces[i % 2], &spaces[(i + 1) % 2]);
+        let (_, err, code) = cli(&here, &from.url, &["migrate", "py", "--to", &to.url]);
+        if code != 0 && err.contains("exited") {
+            break;
+        }
+        assert_eq!(code, 0, "move {i}: {err}");
+        moves += 1;
+    }
+    assert!(moves >= 2, "only {moves} moves");
+    assert_finished_like(&here, &spaces[0].url, "py", &plain.stdout);
+}
+
+#[test]
+fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts() {
+    let here = client();
+    let policy = here.path("policy.toml");
+    std::fs::write(
+        &policy,
+        "version = 1\nenv = [\"LANG\"]\n[[mount]]\nguest = \"/data\"\nread_only = true\n",
+    )
+    .unwrap();
+    let strict = SpaceProc::start(&["--policy", policy.to_str().unwrap()]);
+    let open = SpaceProc::start(&[]);
+    let files = guest("wasm/files.wasm");
+    let data = here.path("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let other = format!("{}::/other", data.display());
+    let at_data = format!("{}::/data", data.display());
+
+    // Run: a mount or a variable the policy does not grant is refused, with the reason.
+    let (_, err, code) = cli(
+        &here,
+        &strict.url,
+        &[
+            "run",
+            "--dir",
+            &other,
+            files.to_str().unwrap(),
+            "--",
+            "/other",
+        ],
+    );
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("`/other`") && err.contains("grants no such mount"),
+        "{err}"
+    );
+    let (_, err, code) = cli(
+        &here,
+        &strict.url,
+        &[
+            "run",
+            "--env",
+            "SECRET=1",
+            guest("wasm/cpu.wasm").to_str().unwrap(),
+        ],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("`SECRET`"), "{err}");
+
+    // Migration: a session with a variable the destination refuses stays where it is and
+    // finishes there unchanged.
+    let cpu = guest("wasm/cpu.wasm");
+    let plain = here.plain(&["--env", "SECRET=1", cpu.to_str().unwrap(), "--", "150"]);
+    let (_, err, code) = cli(
+        &here,
+        &open.url,
+        &[
+            "run",
+            "--session",
+            "sec",
+            "--env",
+            "SECRET=1",
+            cpu.to_str().unwrap(),
+            "--",
+            "150",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    let (_, err, code) = cli(&here, &open.url, &["migrate", "sec", "--to", &strict.url]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("migration aborted") && err.contains("`SECRET`"),
+        "{err}"
+    );
+    assert_finished_like(&here, &open.url, "sec", &plain.stdout);
+    assert_eq!(strict.session("sec"), None);
+
+    // An attenuated grant is honoured: /data arrives read-only, so the guest's next write
+    // fails there (it reports the error and exits 1).
+    let (_, err, code) = cli(
+        &here,
+        &open.url,
+        &[
+            "run",
+            "--session",
+            "ro",
+            "--dir",
+            &at_data,
+            files.to_str().unwrap(),
+            "--",
+            "/data",
+            "3000",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, err, code) = cli(&here, &open.url, &["migrate", "ro", "--to", &strict.url]);
+    assert_eq!(code, 0, "{err}");
+    let (_, _, code) = cli(&here, &open.url, &["wait", "ro"]);
+    assert_eq!(
+        code, 1,
+        "the guest should fail writing to a read-only mount"
+    );
+    let out = here
+        .ferry()
+        .args(["--space", &open.url, "logs", "ro"])
+        .output()
+        .unwrap();
+    let (_, err, _) = cli(&here, &strict.url, &["logs", "ro"]);
+    assert!(
+        err.contains("open") && err.to_lowercase().contains("read-only"),
+        "stderr: {err} / {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Kills the source (or the destination) at `step` of a migration, restarts it, and checks
+/// that exactly one copy of the session finishes, with output identical to a plain run.
+fn survive_fault(step: &str, at_source: bool) {
+    let here = client();
+    let mut a = SpaceProc::start(&[]);
+    let mut b = SpaceProc::start(&[]);
+    let g = guest("wasm/cpu.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", "400"]);
+    let faulty = if at_source { &mut a } else { &mut b };
+    faulty.child.take().map(|mut c| {
+        c.kill().unwrap();
+        c.wait().unwrap()
+    });
+    faulty.spawn(Some(step));
+
+    let (_, err, code) = cli(
+        &here,
+        &a.url,
+        &["run", "--session", "f", g.to_str().unwrap(), "--", "400"],
+    );
+    assert_eq!(code, 0, "{err}");
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, err, code) = cli(&here, &a.url, &["migrate", "f", "--to", &b.url]);
+    if step == "dest-prepare" {
+        assert_ne!(code, 0);
+        assert!(err.contains("migration aborted"), "{err}");
+    }
+    let faulty = if at_source { &mut a } else { &mut b };
+    faulty.wait_dead();
+    // The dead space comes back (without the fault) on the same address.
+    faulty.spawn(None);
+
+    // Resolution: either the move committed (the source says moved, the destination runs
+    // it) or it did not (the source has it, suspended or running; the destination not).
+    eventually("the move is resolved", || {
+        match (a.state("f").as_deref(), b.state("f").as_deref()) {
+            (Some("moved"), Some(s)) => s != "prepared",
+            (Some(_), None) => true,
+            _ => false,
+        }
+    });
+    if a.state("f").as_deref() == Some("suspended") {
+        let (_, err, code) = cli(&here, &a.url, &["resume", "f"]);
+        assert_eq!(code, 0, "{err}");
+    }
+    assert_finished_like(&here, &a.url, "f", &plain.stdout);
+    // Exactly one copy ran to the end.
+    let finished: Vec<_> = [&a, &b]
+        .iter()
+        .filter(|s| s.state("f").as_deref() == Some("exited"))
+        .map(|s| s.url.clone())
+        .collect();
+    assert_eq!(finished.len(), 1, "finished on {finished:?}");
+    for s in [&a, &b] {
+        let (_, err, code) = s.env.output(&["store", "verify"]);
+        assert_eq!(code, 0, "{err}");
+    }
+}
+
+#[test]
+fn killing_the_source_during_pre_copy_leaves_it_resumable_there() {
+    survive_fault("precopy", true);
+}
+
+#[test]
+fn killing_the_source_after_the_pause_leaves_it_resumable_there() {
+    survive_fault("suspended", true);
+}
+
+#[test]
+fn killing_the_source_after_the_final_delta_leaves_it_resumable_there() {
+    survive_fault("final-delta", true);
+}
+
+#[test]
+fn killing_the_source_after_prepare_aborts_the_held_copy() {
+    survive_fault("prepared", true);
+}
+
+#[test]
+fn killing_the_source_right_after_commit_still_moves_it() {
+    survive_fault("committed", true);
+}
+
+#[test]
+fn killing_the_destination_on_prepare_keeps_the_source_running() {
+    survive_fault("dest-prepare", false);
+}
+
+#[test]
+fn killing_the_destination_on_commit_runs_it_there_once_it_is_back() {
+    survive_fault("dest-commit", false);
+}
