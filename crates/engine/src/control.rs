@@ -4,6 +4,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use ferry_wasi::WasiCtx;
+
+use crate::snapshot::Loaded;
+
 /// What the host wants from the guest at its next safe point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
@@ -46,9 +50,30 @@ pub struct Control {
     gate: Mutex<Gate>,
 }
 
+/// What a restored guest that is held (see [`Control::hold_after_restore`]) does next.
+pub enum Hold {
+    /// Run.
+    Run,
+    /// Stop without running: the run ends refused.
+    Abort,
+    /// Bring the held guest forward to a later snapshot of the same run (only the memory
+    /// chunks that differ are copied), with the WASI context rebuilt from it; then ask again.
+    Patch(Box<Loaded>, WasiCtx),
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Hold::Run => f.write_str("Run"),
+            Hold::Abort => f.write_str("Abort"),
+            Hold::Patch(l, _) => write!(f, "Patch({})", l.kappa),
+        }
+    }
+}
+
 /// See [`Control::hold_after_restore`].
 #[derive(Default)]
-struct Gate(Option<Box<dyn FnOnce() -> bool + Send>>);
+struct Gate(Option<Box<dyn FnMut() -> Hold + Send>>);
 
 impl std::fmt::Debug for Gate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,14 +98,15 @@ impl Control {
     }
 
     /// Makes the next restoring run call `gate` once the guest's state is restored and
-    /// before it runs: the run goes on if it returns `true` and ends refused otherwise.
-    pub fn hold_after_restore(&self, gate: impl FnOnce() -> bool + Send + 'static) {
+    /// before it runs, and again after each [`Hold::Patch`], until it says
+    /// [`Hold::Run`] or [`Hold::Abort`]. A migration's destination holds a restored guest
+    /// this way — brought forward by each pre-copy round — until the move commits.
+    pub fn hold_after_restore(&self, gate: impl FnMut() -> Hold + Send + 'static) {
         self.gate.lock().unwrap_or_else(|p| p.into_inner()).0 = Some(Box::new(gate));
     }
 
-    pub(crate) fn pass_gate(&self) -> bool {
-        let g = self.gate.lock().unwrap_or_else(|p| p.into_inner()).0.take();
-        g.is_none_or(|g| g())
+    pub(crate) fn take_gate(&self) -> Option<Box<dyn FnMut() -> Hold + Send>> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner()).0.take()
     }
 
     /// Asks for `r`. A suspend is never downgraded to a checkpoint.

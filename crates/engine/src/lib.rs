@@ -18,7 +18,7 @@ mod run;
 mod seam;
 pub mod snapshot;
 
-pub use control::{Control, Request};
+pub use control::{Control, Hold, Request};
 pub use error::{EngineError, Stage};
 pub use prepare::{Prepared, Runtime};
 pub use run::{Outcome, PlainModule, SnapshotMeta, Start};

@@ -8,7 +8,7 @@ use ferry_store::Store;
 use ferry_wasi::WasiCtx;
 use tracing::info;
 
-use crate::control::{Control, Request};
+use crate::control::{Control, Hold, Request};
 use crate::error::{EngineError, Stage};
 use crate::host::HostState;
 use crate::prepare::{Prepared, Runtime};
@@ -135,12 +135,43 @@ impl Runtime {
                     )
                 })?;
             snapshot::restore_into(inst, &loaded, store)?;
-            if !control.pass_gate() {
-                return Err(EngineError::refused(
-                    Stage::Restoring,
-                    "held after restoring and then released without running (the move did \
-                     not commit)",
-                ));
+            if let Some(mut gate) = control.take_gate() {
+                let mut current = loaded;
+                loop {
+                    match gate() {
+                        Hold::Run => break,
+                        Hold::Abort => {
+                            return Err(EngineError::refused(
+                                Stage::Restoring,
+                                "held after restoring and then released without running (the \
+                                 move did not commit)",
+                            ));
+                        }
+                        Hold::Patch(next, wasi) => {
+                            if next.snapshot.instrumented != current.snapshot.instrumented {
+                                return Err(EngineError::refused(
+                                    Stage::Restoring,
+                                    "a held guest can only be brought forward to a snapshot of \
+                                     the same module",
+                                ));
+                            }
+                            phase = entries
+                                .iter()
+                                .position(|n| *n == next.snapshot.entry)
+                                .ok_or_else(|| {
+                                    EngineError::refused(
+                                        Stage::Restoring,
+                                        format!("no entry `{}`", next.snapshot.entry),
+                                    )
+                                })?;
+                            snapshot::patch_into(inst, &current, &next, store)?;
+                            inst.host().wasi = wasi;
+                            meta.parent = Some(next.kappa);
+                            meta.generation = next.snapshot.generation;
+                            current = next;
+                        }
+                    }
+                }
             }
             begin_rewind(inst)?;
             rewinding = true;

@@ -457,6 +457,11 @@ pub(crate) fn restore_into(
         }
         read_chunks(store, &image.chunks, data).map_err(|e| refuse(e.to_string()))?;
     }
+    restore_globals_and_stack(inst, loaded)
+}
+
+fn restore_globals_and_stack(inst: &mut dyn Instance, loaded: &Loaded) -> Result<(), EngineError> {
+    let refuse = |why: String| EngineError::refused(Stage::Restoring, why);
     for g in &loaded.snapshot.globals {
         let name = abi::global_export(g.index);
         let v = to_value(g)
@@ -478,6 +483,53 @@ pub(crate) fn restore_into(
     inst.set_global(abi::SP_GLOBAL, Value::I32(loaded.stack.len() as i32))
         .map_err(refuse)?;
     Ok(())
+}
+
+/// Brings an instance restored from `old` forward to `new`, a later snapshot of the same run:
+/// only memory chunks whose κ differ are copied (each re-hashed), chunks that became zero are
+/// cleared; globals and the saved stack are set as [`restore_into`] does.
+pub(crate) fn patch_into(
+    inst: &mut dyn Instance,
+    old: &Loaded,
+    new: &Loaded,
+    store: &dyn Store,
+) -> Result<(), EngineError> {
+    let refuse = |why: String| EngineError::refused(Stage::Restoring, why);
+    info!(from = %old.kappa, to = %new.kappa, "bringing the held guest forward");
+    if old.memories.len() != new.memories.len() {
+        return Err(refuse(
+            "the snapshots have different numbers of memories".into(),
+        ));
+    }
+    for (i, (a, b)) in old.memories.iter().zip(&new.memories).enumerate() {
+        let name = abi::memory_export(i as u32);
+        let cur = inst
+            .memory(&name)
+            .ok_or_else(|| refuse(format!("module has no memory {i}")))?
+            .len() as u64;
+        if b.len < cur {
+            return Err(refuse(format!("memory {i} shrank between snapshots")));
+        }
+        inst.grow(&name, (b.len - cur) / 65536)
+            .map_err(|e| refuse(format!("memory {i}: {e}")))?;
+        let data = inst.memory_mut(&name).expect("present above");
+        let old_chunks: std::collections::HashMap<u32, Kappa> = a.chunks.iter().copied().collect();
+        let changed: Vec<(u32, Kappa)> = b
+            .chunks
+            .iter()
+            .filter(|(idx, k)| old_chunks.get(idx) != Some(k))
+            .copied()
+            .collect();
+        let now: std::collections::HashSet<u32> = b.chunks.iter().map(|(i, _)| *i).collect();
+        for (idx, _) in &a.chunks {
+            if !now.contains(idx) {
+                let s = *idx as usize * CHUNK_SIZE as usize;
+                data[s..s + CHUNK_SIZE as usize].fill(0);
+            }
+        }
+        read_chunks(store, &changed, data).map_err(|e| refuse(e.to_string()))?;
+    }
+    restore_globals_and_stack(inst, new)
 }
 
 /// Names snapshot κ with the ref `snapshot/<hex>` (kept by garbage collection), unless it

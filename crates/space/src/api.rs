@@ -186,6 +186,11 @@ pub struct MigrationReport {
     pub memory_bytes: u64,
     /// From the pause request to the destination running (ms).
     pub downtime_ms: u64,
+    /// Where the downtime went, in ms: `pause` (reach a safe point, write the final
+    /// snapshot), `final delta`, `prepare` (the destination verifies, admits, restores),
+    /// `commit`.
+    #[serde(default)]
+    pub steps: String,
     pub total_ms: u64,
     /// `in progress`, `committed`, or `aborted: <reason>`.
     pub outcome: String,

@@ -452,3 +452,24 @@ pub async fn serve(listener: tokio::net::TcpListener, space: Arc<Space>) -> std:
         })
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    /// docs/openapi.yaml documents every route the router serves.
+    #[test]
+    fn openapi_lists_every_route() {
+        let spec = include_str!("../../../docs/openapi.yaml");
+        let routes: Vec<&str> = include_str!("server.rs")
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix(".route(\""))
+            .filter_map(|l| l.split('"').next())
+            .collect();
+        assert!(routes.len() >= 15, "{routes:?}");
+        for r in routes {
+            assert!(
+                spec.contains(&format!("  {r}:\n")),
+                "docs/openapi.yaml does not document {r}"
+            );
+        }
+    }
+}

@@ -101,8 +101,8 @@ struct Live {
     log: Mutex<OutputBuffer>,
     /// The running guest's control, while one runs.
     control: Mutex<Option<Arc<Control>>>,
-    /// A prepared guest waits on this for the commit (`true`) or abort (`false`).
-    decision: Mutex<Option<mpsc::Sender<bool>>>,
+    /// A prepared (held) guest takes its orders from this: bring it forward, run, or drop.
+    hold: Mutex<Option<mpsc::Sender<HoldCmd>>>,
     /// The current stop was asked for by `kill`.
     kill: AtomicBool,
     /// The session was taken out of this space (an aborted prepare): its thread must not
@@ -119,7 +119,7 @@ impl Live {
             changed: Condvar::new(),
             log: Mutex::new(log),
             control: Mutex::new(None),
-            decision: Mutex::new(None),
+            hold: Mutex::new(None),
             kill: AtomicBool::new(false),
             gone: AtomicBool::new(false),
             turn: Mutex::new(()),
@@ -147,6 +147,14 @@ impl Live {
             .unwrap_or_else(|p| p.into_inner());
         g.clone()
     }
+}
+
+/// An order for a held guest (see [`ferry_engine::Hold`]).
+enum HoldCmd {
+    /// Bring it forward to this later snapshot; the answer says when it is done.
+    Patch(Kappa, mpsc::Sender<Result<(), ApiError>>),
+    Commit,
+    Abort,
 }
 
 /// Where a guest starts.
@@ -363,6 +371,55 @@ impl Sessions {
         Ok(dir)
     }
 
+    /// Resolving, Verifying and Admitting snapshot κ for session `id`: its closure verifies,
+    /// the policy grants its env, memory and mounts (re-materialised from its trees), and its
+    /// WASI context is rebuilt with a fresh output log holding the snapshot's.
+    fn admit(
+        &self,
+        id: &str,
+        k: Kappa,
+        control: &Arc<Control>,
+    ) -> Result<(Box<snapshot::Loaded>, WasiCtx, OutputBuffer), ApiError> {
+        let policy = &self.cfg.policy;
+        let store = self.store.as_ref();
+        let loaded = snapshot::load(store, k).map_err(|e| engine_refusal(&e))?;
+        policy.env(&loaded.wasi.env).map_err(ApiError::forbidden)?;
+        let mut memory = 0;
+        for m in &loaded.snapshot.memories {
+            let img: ferry_object::MemoryImage =
+                ferry_object::decode(&store.get(m).map_err(ApiError::internal)?)
+                    .map_err(|e| ApiError::unprocessable(e.to_string()))?;
+            memory += img.len;
+        }
+        policy.memory(memory).map_err(ApiError::forbidden)?;
+        let mut grants = Vec::new();
+        for (i, m) in loaded.wasi.mounts.iter().enumerate() {
+            let grant = policy
+                .mount(&m.guest_path, false)
+                .map_err(ApiError::forbidden)?;
+            let dir = Self::mount_dir(&grant.root, id, i)?;
+            ferry_wasi::tree::materialize(store, &m.tree, &dir).map_err(|e| {
+                ApiError::unprocessable(format!("mount `{}`: tree {}: {e}", m.guest_path, m.tree))
+            })?;
+            grants.push(MountSpec {
+                guest_path: m.guest_path.clone(),
+                host_dir: dir,
+                read_only: grant.read_only,
+            });
+        }
+        let log = OutputBuffer::from_bytes(loaded.output.clone().unwrap_or_default());
+        let c = control.clone();
+        let wasi = WasiCtx::restore(
+            &loaded.wasi,
+            grants,
+            Stdio::logged(log.clone()),
+            Box::new(HostClock::default()),
+            Arc::new(move || c.pending() != Request::None),
+        )
+        .map_err(ApiError::forbidden)?;
+        Ok((Box::new(loaded), wasi, log))
+    }
+
     /// Admits and prepares a guest (on its own thread): policy, mounts, module, WASI state.
     fn setup(
         &self,
@@ -430,23 +487,7 @@ impl Sessions {
                 })
             }
             Begin::Resume(k) => {
-                let loaded = snapshot::load(store, k).map_err(|e| engine_refusal(&e))?;
-                policy.env(&loaded.wasi.env).map_err(ApiError::forbidden)?;
-                let mut memory = 0;
-                for m in &loaded.snapshot.memories {
-                    let img: ferry_object::MemoryImage =
-                        ferry_object::decode(&store.get(m).map_err(ApiError::internal)?)
-                            .map_err(|e| ApiError::unprocessable(e.to_string()))?;
-                    memory += img.len;
-                }
-                policy.memory(memory).map_err(ApiError::forbidden)?;
-                let grants = loaded
-                    .wasi
-                    .mounts
-                    .iter()
-                    .enumerate()
-                    .map(|(i, m)| materialize(i, &m.guest_path, &m.tree, false))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let (loaded, wasi, log) = self.admit(id, k, control)?;
                 let prepared = runtime
                     .prepare_kappa(store, loaded.snapshot.module, &progress)
                     .map_err(|e| engine_refusal(&e))?;
@@ -456,15 +497,6 @@ impl Sessions {
                         loaded.snapshot.instrumented, prepared.instrumented
                     )));
                 }
-                let log = OutputBuffer::from_bytes(loaded.output.clone().unwrap_or_default());
-                let wasi = WasiCtx::restore(
-                    &loaded.wasi,
-                    grants,
-                    Stdio::logged(log.clone()),
-                    Box::new(HostClock::default()),
-                    interrupt,
-                )
-                .map_err(ApiError::forbidden)?;
                 let meta = SnapshotMeta {
                     program: loaded.snapshot.program.clone(),
                     parent: Some(k),
@@ -474,7 +506,7 @@ impl Sessions {
                     runtime,
                     prepared,
                     wasi,
-                    start: Start::Restore(Box::new(loaded)),
+                    start: Start::Restore(loaded),
                     meta,
                     log,
                 })
@@ -494,17 +526,43 @@ impl Sessions {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), ApiError>>();
         let control = Arc::new(Control::new());
         if hold {
-            let (dtx, drx) = mpsc::channel::<bool>();
-            *lock(&live.decision) = Some(dtx);
+            let (htx, hrx) = mpsc::channel::<HoldCmd>();
+            *lock(&live.hold) = Some(htx);
             let (me, l, rtx) = (self.clone(), live.clone(), ready_tx.clone());
+            let c = control.clone();
+            let mut first = true;
+            let mut answer: Option<mpsc::Sender<Result<(), ApiError>>> = None;
             control.hold_after_restore(move || {
-                me.update(&l, |i| i.state = State::Prepared);
-                let _ = rtx.send(Ok(()));
-                let go = drx.recv().unwrap_or(false);
-                if go {
-                    me.update(&l, |i| i.state = State::Running);
+                if std::mem::take(&mut first) {
+                    me.update(&l, |i| i.state = State::Prepared);
+                    let _ = rtx.send(Ok(()));
                 }
-                go
+                if let Some(a) = answer.take() {
+                    // The previous patch is applied.
+                    let _ = a.send(Ok(()));
+                }
+                loop {
+                    match hrx.recv() {
+                        Ok(HoldCmd::Commit) => {
+                            me.update(&l, |i| i.state = State::Running);
+                            return ferry_engine::Hold::Run;
+                        }
+                        Ok(HoldCmd::Abort) | Err(_) => return ferry_engine::Hold::Abort,
+                        Ok(HoldCmd::Patch(k, reply)) => {
+                            let id = l.info().id;
+                            match me.admit(&id, k, &c) {
+                                Ok((loaded, wasi, log)) => {
+                                    *lock(&l.log) = log;
+                                    answer = Some(reply);
+                                    return ferry_engine::Hold::Patch(loaded, wasi);
+                                }
+                                Err(e) => {
+                                    let _ = reply.send(Err(e));
+                                }
+                            }
+                        }
+                    }
+                }
             });
         }
         let (me, l) = (self.clone(), live.clone());
@@ -549,7 +607,8 @@ impl Sessions {
                     // A hold that never got to its decision: the caller hears why.
                     let _ = ready_tx.send(Err(engine_refusal(e)));
                 }
-                me.finished(&l, outcome, &ready.log);
+                let log = l.log();
+                me.finished(&l, outcome, &log);
             })
             .map_err(|e| ApiError::internal(format!("cannot start a guest thread: {e}")))?;
         ready_rx
@@ -833,6 +892,7 @@ impl Sessions {
             total_bytes: 0,
             memory_bytes: 0,
             downtime_ms: 0,
+            steps: String::new(),
             total_ms: 0,
             outcome: "in progress".into(),
         };
@@ -890,8 +950,28 @@ impl Sessions {
         let id = live.info().id;
         let unreachable =
             |what: &str, e: &dyn std::fmt::Display| ApiError::unavailable(format!("{what}: {e}"));
+        let info = live.info();
+        let epoch = info.epoch + 1;
+        let prepare_at = |k: Kappa| PrepareRequest {
+            session: id.clone(),
+            snapshot: k.to_string(),
+            epoch,
+            source: self.cfg.advertise.clone(),
+            to: to.to_owned(),
+            program: info.program.clone(),
+            engine: engine.name().into(),
+        };
+        let refused = |e: ApiError| {
+            ApiError::new(
+                if e.status == 0 { 503 } else { e.status },
+                format!("the destination refused: {}", e.msg),
+            )
+        };
         // 1. Pre-copy: checkpoints while the guest runs, each sending what the destination
-        //    lacks, until a round is small or stops shrinking.
+        //    lacks, until a round is small or stops shrinking. After each round the
+        //    destination restores it (first round) or brings its held copy forward to it, so
+        //    the final prepare only applies the last delta — and a destination that will
+        //    refuse the guest says so before the guest is paused.
         if was_running {
             let mut previous = u64::MAX;
             for _ in 0..req.max_rounds {
@@ -913,6 +993,11 @@ impl Sessions {
                     ms: t.elapsed().as_millis() as u64,
                 });
                 report.total_bytes += s.bytes;
+                if let Err(e) = dest.prepare(&prepare_at(k)) {
+                    let _ = dest.abort(&id, Decision { epoch });
+                    return Err(refused(e));
+                }
+                report.rounds.last_mut().expect("pushed above").ms = t.elapsed().as_millis() as u64;
                 self.update(live, |i| i.migration = Some(report.clone()));
                 fault("precopy");
                 if s.bytes <= req.stop_bytes || s.bytes >= previous {
@@ -936,6 +1021,7 @@ impl Sessions {
         } else {
             parse_kappa(live.info().snapshot.as_deref().unwrap_or(""), "snapshot")?
         };
+        let t_paused = paused.elapsed();
         report.final_snapshot = Some(k.to_string());
         report.memory_bytes = nonzero_memory(self.store.as_ref(), &k);
         fault("suspended");
@@ -948,6 +1034,7 @@ impl Sessions {
             e
         };
         // 3. Final delta.
+        let t = Instant::now();
         let s = match push(self.store.as_ref(), dest_store, k, &mut |_, _| {}) {
             Ok(s) => s,
             Err(e) => return Err(resume_here(self, unreachable("final delta", &e))),
@@ -955,26 +1042,16 @@ impl Sessions {
         report.final_objects = s.moved;
         report.final_bytes = s.bytes;
         report.total_bytes += s.bytes;
+        let t_delta = t.elapsed();
         fault("final-delta");
-        // 4. Prepare: the destination verifies, admits and restores, then holds.
-        let info = live.info();
-        let epoch = info.epoch + 1;
-        let prepare = PrepareRequest {
-            session: id.clone(),
-            snapshot: k.to_string(),
-            epoch,
-            source: self.cfg.advertise.clone(),
-            to: to.to_owned(),
-            program: info.program.clone(),
-            engine: engine.name().into(),
-        };
-        if let Err(e) = dest.prepare(&prepare) {
+        // 4. Prepare: the destination verifies, admits and restores (or brings its held copy
+        //    forward to κ), then holds.
+        let t = Instant::now();
+        let prepared = dest.prepare(&prepare_at(k));
+        let t_prepare = t.elapsed();
+        if let Err(e) = prepared {
             let _ = dest.abort(&id, Decision { epoch });
-            let e = ApiError::new(
-                if e.status == 0 { 503 } else { e.status },
-                format!("the destination refused: {}", e.msg),
-            );
-            return Err(resume_here(self, e));
+            return Err(resume_here(self, refused(e)));
         }
         fault("prepared");
         // 5. Commit point: the move is recorded here, durably. From now on the session
@@ -991,10 +1068,18 @@ impl Sessions {
         fault("committed");
         // 6. Tell the destination; if it cannot hear it now, keep telling it.
         let deadline = Instant::now() + Duration::from_secs(5);
+        let t = Instant::now();
         loop {
             match dest.commit(&id, Decision { epoch }) {
                 Ok(_) => {
                     report.downtime_ms = paused.elapsed().as_millis() as u64;
+                    report.steps = format!(
+                        "{} + {} + {} + {}",
+                        t_paused.as_millis(),
+                        t_delta.as_millis(),
+                        t_prepare.as_millis(),
+                        t.elapsed().as_millis()
+                    );
                     self.update(live, |i| i.commit_pending = false);
                     return Ok(());
                 }
@@ -1059,6 +1144,10 @@ impl Sessions {
         if let Some(p) = &previous {
             let _turn = lock(&p.turn);
             let pi = p.info();
+            if pi.state == State::Prepared && pi.epoch == req.epoch {
+                // A later round of the same move: bring the held guest forward.
+                return self.bring_forward(p, k);
+            }
             if pi.epoch >= req.epoch {
                 return Err(ApiError::conflict(format!(
                     "stale move: session `{}` is at epoch {} here, the move brings epoch {}",
@@ -1115,6 +1204,28 @@ impl Sessions {
         Ok(live.info())
     }
 
+    /// A held guest moves on to snapshot κ (only the chunks that differ are copied); its record
+    /// names κ before the answer, so a restarted space restores κ.
+    fn bring_forward(&self, live: &Arc<Live>, k: Kappa) -> Result<SessionInfo, ApiError> {
+        let (tx, rx) = mpsc::channel();
+        let sent = lock(&live.hold)
+            .as_ref()
+            .is_some_and(|h| h.send(HoldCmd::Patch(k, tx)).is_ok());
+        if !sent {
+            return Err(ApiError::conflict(
+                "the prepared copy is not held in this process (the space restarted); abort \
+                 and prepare again",
+            ));
+        }
+        rx.recv().unwrap_or_else(|_| {
+            Err(ApiError::internal(
+                "the held guest ended while being brought forward",
+            ))
+        })?;
+        self.snapshotted(live, k);
+        Ok(live.info())
+    }
+
     /// `POST /v1/migrations/{id}/commit`: the prepared guest runs (idempotent).
     pub fn commit(self: &Arc<Self>, id: &str, d: Decision) -> Result<SessionInfo, ApiError> {
         fault("dest-commit");
@@ -1139,9 +1250,9 @@ impl Sessions {
             // Already committed (a repeated commit), or it has run since.
             return Ok(info);
         }
-        let sender = lock(&live.decision).take();
+        let sender = lock(&live.hold).take();
         match sender {
-            Some(tx) if tx.send(true).is_ok() => {
+            Some(tx) if tx.send(HoldCmd::Commit).is_ok() => {
                 live.wait_while(Duration::from_secs(10), |i| i.state == State::Prepared);
             }
             _ => {
@@ -1169,8 +1280,8 @@ impl Sessions {
             return Ok(());
         }
         live.gone.store(true, Ordering::SeqCst);
-        if let Some(tx) = lock(&live.decision).take() {
-            let _ = tx.send(false);
+        if let Some(tx) = lock(&live.hold).take() {
+            let _ = tx.send(HoldCmd::Abort);
         }
         lock(&self.live).remove(&info.id);
         let _ = std::fs::remove_file(self.record_path(&info.id));

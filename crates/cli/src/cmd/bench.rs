@@ -38,11 +38,11 @@ pub struct Args {
     /// Alternating plain/instrumented pairs per steady-state workload.
     #[arg(long, default_value_t = 3)]
     pairs: usize,
-    /// Sections to run: steady, safepoint, snapshot, engines.
+    /// Sections to run: steady, safepoint, snapshot, engines, migrate.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "steady,safepoint,snapshot,engines"
+        default_value = "steady,safepoint,snapshot,engines,migrate"
     )]
     only: Vec<String>,
 }
@@ -348,8 +348,114 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             &a.sizes,
         )?;
     }
+    if on("migrate") {
+        migrate_section(settings, &dir, &dirty, &a.sizes)?;
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Two spaces in this process on loopback, each with its own durable store: the `dirty`
+/// guest (random memory, ~1% of its pages rewritten per second) is started on one and
+/// migrated to the other while it runs.
+fn migrate_section(
+    settings: &Settings,
+    dir: &std::path::Path,
+    dirty: &[u8],
+    sizes: &[u64],
+) -> Result<()> {
+    use ferry_space::api::{MigrateRequest, RunRequest};
+    println!(
+        "\n## Live migration over loopback (guest `dirty`: random memory, ~1% of pages rewritten per second)\n"
+    );
+    println!(
+        "| memory | pre-copy rounds | sent in pre-copy | final delta | total sent / non-zero memory | downtime (ms) (pause, final delta, prepare, commit) | total (ms) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let token = "bench-token".to_owned();
+    let rt = tokio::runtime::Runtime::new()?;
+    for mib in sizes {
+        // Fresh spaces for each size: nothing of the guest is at the destination beforehand.
+        let mut urls = Vec::new();
+        for name in ["a", "b"] {
+            let store_dir = dir.join(format!("space-{mib}-{name}"));
+            let store: Arc<dyn Store> = Arc::new(FsStore::open(&store_dir)?);
+            let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+            let url = format!("http://{}", listener.local_addr()?);
+            let cfg = ferry_space::Config {
+                dir: store_dir.join("space"),
+                policy: ferry_space::Policy::permissive(store_dir.join("space/mounts")),
+                compiled_cache: Some(settings.compiled_cache()),
+                advertise: url.clone(),
+                peer_token: token.clone(),
+            };
+            let sessions =
+                ferry_space::Sessions::open(store.clone(), cfg).map_err(anyhow::Error::msg)?;
+            let app = ferry_space::router(Arc::new(ferry_space::Space {
+                store,
+                token: token.clone(),
+                sessions: Some(sessions),
+            }));
+            rt.spawn(async move {
+                let _ = axum_serve(listener, app).await;
+            });
+            urls.push(url);
+        }
+        let (a, b) = (
+            ferry_space::SpaceClient::new(&urls[0], &token),
+            ferry_space::SpaceClient::new(&urls[1], &token),
+        );
+        let local = ferry_store::MemStore::new();
+        let module = local.put(dirty)?;
+        ferry_space::send_objects(
+            &local,
+            &ferry_space::RemoteStore::new(&urls[0], &token),
+            &[module],
+        )?;
+        let id = "dirty".to_owned();
+        a.run(&RunRequest {
+            module: module.to_string(),
+            program: "dirty".into(),
+            args: vec!["dirty".into(), mib.to_string(), "1200".into(), "1".into()],
+            env: vec![],
+            mounts: vec![],
+            engine: None,
+            session: Some(id.clone()),
+        })
+        .map_err(|e| anyhow::anyhow!(e.msg))?;
+        // Ready once it has filled its memory, then let it dirty pages for a second.
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while a
+            .logs(&id, 0, 1000)
+            .map_err(|e| anyhow::anyhow!(e.msg))?
+            .records
+            .is_empty()
+        {
+            anyhow::ensure!(Instant::now() < deadline, "the dirty guest never got ready");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let r = a
+            .migrate(&id, &MigrateRequest::to(&urls[1]))
+            .map_err(|e| anyhow::anyhow!(e.msg))?;
+        let _ = b.stop(&id, "kill");
+        let pre: u64 = r.rounds.iter().map(|r| r.bytes).sum();
+        println!(
+            "| {mib} MiB | {} | {:.1} MiB | {:.1} MiB | {:.2}x | {} ({}) | {} |",
+            r.rounds.len(),
+            pre as f64 / (1 << 20) as f64,
+            r.final_bytes as f64 / (1 << 20) as f64,
+            r.total_bytes as f64 / r.memory_bytes.max(1) as f64,
+            r.downtime_ms,
+            r.steps,
+            r.total_ms
+        );
+    }
+    rt.shutdown_background();
+    Ok(())
+}
+
+async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
+    axum::serve(listener, app).await
 }
 
 /// Resume: Resolving → Verifying → Admitting → Restoring → running again (then suspended

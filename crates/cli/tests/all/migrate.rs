@@ -224,7 +224,7 @@ fn a_cpython_program_moves_back_and_forth_with_its_files() {
         py.to_str().unwrap(),
         "--",
         "/app/loop.py",
-        "14",
+        "40",
     ];
     let plain = here.plain(&args);
     assert_eq!(plain.code, 0, "{}", plain.stderr);
