@@ -58,7 +58,7 @@ pub enum Hold {
     Abort,
     /// Bring the held guest forward to a later snapshot of the same run (only the memory
     /// chunks that differ are copied), with the WASI context rebuilt from it; then ask again.
-    Patch(Box<Loaded>, WasiCtx),
+    Patch(Box<Loaded>, Box<WasiCtx>),
 }
 
 impl std::fmt::Debug for Hold {

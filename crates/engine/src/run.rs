@@ -165,7 +165,7 @@ impl Runtime {
                                     )
                                 })?;
                             snapshot::patch_into(inst, &current, &next, store)?;
-                            inst.host().wasi = wasi;
+                            inst.host().wasi = *wasi;
                             meta.parent = Some(next.kappa);
                             meta.generation = next.snapshot.generation;
                             current = next;

@@ -554,7 +554,7 @@ impl Sessions {
                                 Ok((loaded, wasi, log)) => {
                                     *lock(&l.log) = log;
                                     answer = Some(reply);
-                                    return ferry_engine::Hold::Patch(loaded, wasi);
+                                    return ferry_engine::Hold::Patch(loaded, Box::new(wasi));
                                 }
                                 Err(e) => {
                                     let _ = reply.send(Err(e));
