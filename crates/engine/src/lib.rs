@@ -9,6 +9,7 @@
 
 pub mod closure;
 mod control;
+pub mod dirty;
 mod error;
 mod host;
 mod interp;

@@ -103,6 +103,7 @@ impl Runtime {
         }
         let mut phase = 0;
         let mut rewinding = false;
+        let mut dirty = snapshot::Incremental::default();
 
         let ctl = inst.memory_mut(abi::CTL_MEMORY).ok_or_else(|| {
             EngineError::Instantiate("instrumented module lacks `ferry:ctl`".into())
@@ -135,8 +136,8 @@ impl Runtime {
                     )
                 })?;
             snapshot::restore_into(inst, &loaded, store)?;
+            let mut current = loaded;
             if let Some(mut gate) = control.take_gate() {
-                let mut current = loaded;
                 loop {
                     match gate() {
                         Hold::Run => break,
@@ -173,6 +174,7 @@ impl Runtime {
                     }
                 }
             }
+            dirty.seed(inst, &current.memories);
             begin_rewind(inst)?;
             rewinding = true;
             info!(snapshot = %meta.parent.map(|k| k.to_string()).unwrap_or_default(), engine = %self.kind(), "running");
@@ -210,7 +212,7 @@ impl Runtime {
                         return Ok(Outcome::Exited(0));
                     }
                     let reason = inst.host().unwind_reason;
-                    let written = snapshot::write(inst, store, &meta, prepared, name);
+                    let written = snapshot::write(inst, store, &meta, prepared, name, &mut dirty);
                     let ok = written.as_ref().ok().copied();
                     on_snapshot(written, reason);
                     if let Some(k) = ok {

@@ -110,6 +110,9 @@ struct Live {
     gone: AtomicBool,
     /// Serializes resume, migrate, commit and abort of this session.
     turn: Mutex<()>,
+    /// Which guest thread owns `control`, `log` and the running state: a thread that ends
+    /// after a newer one started (a resume right after a suspend) leaves them alone.
+    run: std::sync::atomic::AtomicU64,
 }
 
 impl Live {
@@ -123,6 +126,7 @@ impl Live {
             kill: AtomicBool::new(false),
             gone: AtomicBool::new(false),
             turn: Mutex::new(()),
+            run: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -571,6 +575,7 @@ impl Sessions {
             .name(format!("session-{}", info.id))
             .stack_size(GUEST_STACK)
             .spawn(move || {
+                let mine = l.run.fetch_add(1, Ordering::SeqCst) + 1;
                 let ready = match me.setup(&info.id, &info.program, begin, engine, &control) {
                     Ok(r) => r,
                     Err(e) => {
@@ -590,8 +595,15 @@ impl Sessions {
                     });
                     let _ = ready_tx.send(Ok(()));
                 }
-                let mut on_snapshot = |r: Result<Kappa, EngineError>, _why: Request| match r {
-                    Ok(k) => me.snapshotted(&l, k),
+                let mut on_snapshot = |r: Result<Kappa, EngineError>, why: Request| match r {
+                    Ok(k) => {
+                        me.snapshotted(&l, k);
+                        if why == Request::Suspend {
+                            // The guest will not run again: say so now, before the engine
+                            // tears the instance down (unmapping a large memory takes a while).
+                            me.stopped(&l, Ok(Outcome::Suspended(k)));
+                        }
+                    }
                     Err(e) => warn!(session = %l.info().id, error = %e, "snapshot failed; the guest keeps running"),
                 };
                 let outcome = ready.runtime.run(
@@ -607,8 +619,10 @@ impl Sessions {
                     // A hold that never got to its decision: the caller hears why.
                     let _ = ready_tx.send(Err(engine_refusal(e)));
                 }
-                let log = l.log();
-                me.finished(&l, outcome, &log);
+                if l.run.load(Ordering::SeqCst) == mine {
+                    *lock(&l.control) = None;
+                    me.stopped(&l, outcome);
+                }
             })
             .map_err(|e| ApiError::internal(format!("cannot start a guest thread: {e}")))?;
         ready_rx
@@ -633,12 +647,15 @@ impl Sessions {
         warn!(session = %info.id, "cannot point the session's ref at {k}");
     }
 
-    /// The guest thread ended.
-    fn finished(&self, live: &Live, outcome: Result<Outcome, EngineError>, log: &OutputBuffer) {
-        *lock(&live.control) = None;
+    /// The guest stopped (or is about to: its final snapshot is written): the record says
+    /// how, once — later calls for the same stop change nothing.
+    fn stopped(&self, live: &Live, outcome: Result<Outcome, EngineError>) {
+        let log = live.log();
         log.close();
-        if live.gone.load(Ordering::SeqCst) || live.info().state == State::Starting {
-            // Never ran here (an aborted or failed prepare): whoever started it decides.
+        let info = live.info();
+        if live.gone.load(Ordering::SeqCst) || info.state != State::Running {
+            // Never ran here (an aborted or failed prepare: whoever started it decides), or
+            // this stop was already recorded.
             return;
         }
         let killed = live.kill.load(Ordering::SeqCst);

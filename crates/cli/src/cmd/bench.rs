@@ -355,7 +355,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Two spaces in this process on loopback, each with its own durable store: the `dirty`
+/// Two spaces (`ferry serve` processes) on loopback, each with its own durable store: the `dirty`
 /// guest (random memory, ~1% of its pages rewritten per second) is started on one and
 /// migrated to the other while it runs.
 fn migrate_section(
@@ -373,32 +373,33 @@ fn migrate_section(
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let token = "bench-token".to_owned();
-    let rt = tokio::runtime::Runtime::new()?;
+    let exe = std::env::current_exe()?;
     for mib in sizes {
-        // Fresh spaces for each size: nothing of the guest is at the destination beforehand.
+        // Two `ferry serve` processes with fresh stores for each size (nothing of the guest is
+        // at the destination beforehand), as two machines would be.
         let mut urls = Vec::new();
+        let mut servers = Vec::new();
         for name in ["a", "b"] {
             let store_dir = dir.join(format!("space-{mib}-{name}"));
-            let store: Arc<dyn Store> = Arc::new(FsStore::open(&store_dir)?);
-            let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
-            let url = format!("http://{}", listener.local_addr()?);
-            let cfg = ferry_space::Config {
-                dir: store_dir.join("space"),
-                policy: ferry_space::Policy::permissive(store_dir.join("space/mounts")),
-                compiled_cache: Some(settings.compiled_cache()),
-                advertise: url.clone(),
-                peer_token: token.clone(),
-            };
-            let sessions =
-                ferry_space::Sessions::open(store.clone(), cfg).map_err(anyhow::Error::msg)?;
-            let app = ferry_space::router(Arc::new(ferry_space::Space {
-                store,
-                token: token.clone(),
-                sessions: Some(sessions),
-            }));
-            rt.spawn(async move {
-                let _ = axum_serve(listener, app).await;
-            });
+            let mut child = std::process::Command::new(&exe)
+                .args(["--store", &store_dir.display().to_string()])
+                .args(["serve", "--listen", "127.0.0.1:0"])
+                .env("FERRY_TOKEN", &token)
+                .env("FERRY_CACHE", settings.compiled_cache())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()?;
+            let mut line = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(child.stdout.take().context("stdout")?),
+                &mut line,
+            )?;
+            let url = line
+                .trim()
+                .strip_prefix("listening on ")
+                .with_context(|| format!("`ferry serve` said `{line}`"))?
+                .to_owned();
+            servers.push(Server(child));
             urls.push(url);
         }
         let (a, b) = (
@@ -449,13 +450,19 @@ fn migrate_section(
             r.steps,
             r.total_ms
         );
+        drop(servers);
     }
-    rt.shutdown_background();
     Ok(())
 }
 
-async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) -> std::io::Result<()> {
-    axum::serve(listener, app).await
+/// A `ferry serve` child, stopped when dropped.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Resume: Resolving → Verifying → Admitting → Restoring → running again (then suspended

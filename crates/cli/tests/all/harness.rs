@@ -76,6 +76,8 @@ impl Env {
     pub fn ferry(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
         c.env("FERRY_STORE", self.store())
+            // Every incremental snapshot is checked against a full one.
+            .env("FERRY_VERIFY_DIRTY", "1")
             .env_remove("FERRY_LOG")
             .env_remove("FERRY_ENGINE")
             .stdin(Stdio::null());
