@@ -462,3 +462,84 @@ fn killing_the_destination_on_prepare_keeps_the_source_running() {
 fn killing_the_destination_on_commit_runs_it_there_once_it_is_back() {
     survive_fault("dest-commit", false);
 }
+
+/// A TCP proxy to `target` that forwards at most `limit` bytes towards it, then cuts every
+/// connection (and refuses new ones): a network that fails in the middle of a transfer.
+fn cutting_proxy(target: &str, limit: usize) -> String {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let target = target.trim_start_matches("http://").to_owned();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let sent = Arc::new(AtomicUsize::new(0));
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            if sent.load(Ordering::SeqCst) >= limit {
+                let _ = client.shutdown(Shutdown::Both);
+                continue;
+            }
+            let Ok(server) = TcpStream::connect(&target) else {
+                continue;
+            };
+            let pipe = |mut from: TcpStream, mut to: TcpStream, count: Option<Arc<AtomicUsize>>| {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16 << 10];
+                    loop {
+                        let n = match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if let Some(c) = &count
+                            && c.fetch_add(n, Ordering::SeqCst) + n >= limit
+                        {
+                            break;
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = from.shutdown(Shutdown::Both);
+                    let _ = to.shutdown(Shutdown::Both);
+                })
+            };
+            pipe(
+                client.try_clone().unwrap(),
+                server.try_clone().unwrap(),
+                Some(sent.clone()),
+            );
+            pipe(server, client, None);
+        }
+    });
+    url
+}
+
+#[test]
+fn a_connection_cut_during_pre_copy_leaves_the_source_running_and_a_retry_moves_it() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start(&[]);
+    let g = guest("wasm/cpu.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", "400"]);
+    let (_, err, code) = cli(
+        &here,
+        &a.url,
+        &["run", "--session", "cut", g.to_str().unwrap(), "--", "400"],
+    );
+    assert_eq!(code, 0, "{err}");
+    std::thread::sleep(Duration::from_millis(300));
+    // The link to the destination dies after 16 KiB, in the middle of the first round.
+    let flaky = cutting_proxy(&b.url, 16 << 10);
+    let (_, err, code) = cli(&here, &a.url, &["migrate", "cut", "--to", &flaky]);
+    assert_ne!(code, 0);
+    assert!(err.contains("migration aborted"), "{err}");
+    assert_eq!(a.state("cut").as_deref(), Some("running"));
+    assert_eq!(b.state("cut"), None);
+    // Over a working link the move completes; what already arrived is not sent again.
+    let (out, err, code) = cli(&here, &a.url, &["migrate", "cut", "--to", &b.url]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(report["outcome"], "committed");
+    assert_finished_like(&here, &a.url, "cut", &plain.stdout);
+}
