@@ -32,15 +32,11 @@ pub struct GuestArgs {
     /// Write a snapshot this often while running (e.g. 500ms, 10s, 5m).
     #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
     pub checkpoint_every: Option<std::time::Duration>,
-    /// Engine to run the guest on: `jit` (wasmtime) or `interp` (wasmi, a pure-Rust
-    /// interpreter). A snapshot taken on one resumes on the other.
-    #[arg(
-        long,
-        value_name = "ENGINE",
-        env = "FERRY_ENGINE",
-        default_value = "jit"
-    )]
-    pub engine: EngineKind,
+    /// Engine to run the guest on: `jit` (wasmtime, the default) or `interp` (wasmi, a
+    /// pure-Rust interpreter). A snapshot taken on one resumes on the other. (With --space,
+    /// `resume` keeps the session's engine unless this is given.)
+    #[arg(long, value_name = "ENGINE", env = "FERRY_ENGINE")]
+    pub engine: Option<EngineKind>,
 }
 
 impl Default for GuestArgs {
@@ -49,12 +45,17 @@ impl Default for GuestArgs {
             dirs: Vec::new(),
             envs: Vec::new(),
             checkpoint_every: None,
-            engine: EngineKind::Jit,
+            engine: None,
         }
     }
 }
 
 impl GuestArgs {
+    /// The engine asked for, else the JIT.
+    pub fn engine(&self) -> EngineKind {
+        self.engine.unwrap_or(EngineKind::Jit)
+    }
+
     pub fn mounts(&self) -> Result<Vec<MountSpec>> {
         self.dirs.iter().map(|d| parse_dir(d)).collect()
     }

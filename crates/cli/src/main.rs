@@ -102,7 +102,7 @@ fn main() -> ExitCode {
         Command::Run(a) if settings.space.is_some() => cmd::remote::run(&settings, a),
         Command::Run(a) => cmd::run::run(&settings, a),
         Command::Resume(a) if settings.space.is_some() => {
-            cmd::remote::resume(&settings, a.target(), a.engine().name())
+            cmd::remote::resume(&settings, a.target(), a.engine().map(|e| e.name()))
         }
         Command::Resume(a) => cmd::resume::run(&settings, a),
         Command::Checkpoint(a) if settings.space.is_some() => {

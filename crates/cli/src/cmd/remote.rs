@@ -75,7 +75,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
             args,
             env: a.guest.env()?,
             mounts: requests,
-            engine: Some(a.guest.engine.name().into()),
+            engine: Some(a.guest.engine().name().into()),
             session: a.session,
         })
         .map_err(api)?;
@@ -228,13 +228,13 @@ pub fn stop(settings: &Settings, session: &str, verb: &str) -> Result<ExitCode> 
 }
 
 /// `ferry --space URL resume SESSION`.
-pub fn resume(settings: &Settings, session: &str, engine: &str) -> Result<ExitCode> {
+pub fn resume(settings: &Settings, session: &str, engine: Option<&str>) -> Result<ExitCode> {
     let c = client(settings)?;
     let s = c
         .resume(
             session,
             &ResumeRequest {
-                engine: Some(engine.into()),
+                engine: engine.map(str::to_owned),
             },
         )
         .map_err(api)?;

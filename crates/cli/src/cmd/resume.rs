@@ -30,7 +30,8 @@ impl Args {
         &self.snapshot
     }
 
-    pub fn engine(&self) -> ferry_engine::EngineKind {
+    /// The engine named with --engine / $FERRY_ENGINE, if any.
+    pub fn engine(&self) -> Option<ferry_engine::EngineKind> {
         self.guest.engine
     }
 }
@@ -108,7 +109,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         })?;
         admit_mount(&store, m, grant, a.allow_changed_dirs)?;
     }
-    let runtime = Runtime::new(a.guest.engine, Some(settings.compiled_cache()))?;
+    let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;
     let prepared = runtime.prepare_kappa(&store, loaded.snapshot.module, &|msg| {
         eprintln!("ferry: {msg}")
     })?;

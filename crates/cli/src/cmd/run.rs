@@ -134,7 +134,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             mounts.push(m);
         }
     }
-    let runtime = Runtime::new(a.guest.engine, Some(settings.compiled_cache()))?;
+    let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;
     let name = t.name;
     let prepared = runtime
         .prepare(&store, &t.wasm, &|msg| eprintln!("ferry: {msg}"))
