@@ -20,7 +20,7 @@ pub const EXIT_SUSPENDED: u8 = 75;
 pub const GUEST_THREAD_STACK: usize = 256 << 20;
 
 /// What `run` and `resume` both take: mounts, environment, periodic checkpoints.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Default, clap::Args)]
 pub struct GuestArgs {
     /// Mount a host directory: HOST::GUEST (or DIR, same path in the guest). On resume: grant
     /// a directory for one of the snapshot's mounts.
@@ -37,17 +37,6 @@ pub struct GuestArgs {
     /// `resume` keeps the session's engine unless this is given.)
     #[arg(long, value_name = "ENGINE", env = "FERRY_ENGINE")]
     pub engine: Option<EngineKind>,
-}
-
-impl Default for GuestArgs {
-    fn default() -> Self {
-        Self {
-            dirs: Vec::new(),
-            envs: Vec::new(),
-            checkpoint_every: None,
-            engine: None,
-        }
-    }
 }
 
 impl GuestArgs {
