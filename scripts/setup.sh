@@ -18,3 +18,4 @@ fi
 "$root/scripts/fetch-python.sh"
 "$root/scripts/fetch-sqlite.sh"
 "$root/scripts/fetch-zstd.sh"
+"$root/scripts/fetch-programs.sh"

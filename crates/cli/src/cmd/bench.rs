@@ -171,6 +171,32 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             vec![],
         ),
         (
+            "LZ4 library, fast + HC",
+            guest_cache.join("lz4-bench.wasm"),
+            "scripts/fetch-programs.sh",
+            vec!["lz4-bench", "8", "1"],
+            vec![],
+        ),
+        (
+            "Brotli library, q1/q5/q9",
+            guest_cache.join("brotli-bench.wasm"),
+            "scripts/fetch-programs.sh",
+            vec!["brotli-bench", "2048", "1"],
+            vec![],
+        ),
+        (
+            "Lua 5.4 interpreter, bench.lua",
+            guest_cache.join("lua.wasm"),
+            "scripts/fetch-programs.sh",
+            vec!["lua", "/lua/bench.lua", "12"],
+            mount(
+                "/lua",
+                "lua",
+                "bench.lua",
+                include_str!("../../../../guests/lua/bench.lua"),
+            )?,
+        ),
+        (
             "CPython 3.12 loop.py",
             a.python
                 .clone()

@@ -254,3 +254,46 @@ fn sqlite_shell_running_a_sql_workload() {
     let churned = env.churn(&args, &["--dir", &mount], 4, 41, (60, 300));
     assert_same_run(&churned, &plain, 2);
 }
+
+/// The LZ4 library (scripts/fetch-programs.sh): fast and HC compression and decompression.
+#[test]
+fn lz4_compression_workload() {
+    let g = cached_guest("lz4-bench.wasm", "scripts/fetch-programs.sh");
+    check(&[g.to_str().unwrap(), "--", "4", "1"], 4, (60, 300), 43);
+}
+
+/// The Brotli library (scripts/fetch-programs.sh) at three qualities.
+#[test]
+fn brotli_compression_workload() {
+    let g = cached_guest("brotli-bench.wasm", "scripts/fetch-programs.sh");
+    check(&[g.to_str().unwrap(), "--", "1024", "1"], 4, (60, 250), 44);
+}
+
+/// The Lua 5.4 interpreter (scripts/fetch-programs.sh) running guests/lua/bench.lua: another
+/// language runtime, suspended between and inside its bytecode loops.
+#[test]
+fn lua_interpreter_workload() {
+    let g = cached_guest("lua.wasm", "scripts/fetch-programs.sh");
+    let env = Env::new();
+    let dir = env.path("lua");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        crate::harness::repo().join("guests/lua/bench.lua"),
+        dir.join("bench.lua"),
+    )
+    .unwrap();
+    let mount = format!("{}::/lua", dir.display());
+    let args = [
+        "--dir",
+        &mount,
+        g.to_str().unwrap(),
+        "--",
+        "/lua/bench.lua",
+        "40",
+    ];
+    let plain = env.plain(&args);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    assert!(String::from_utf8_lossy(&plain.stdout).ends_with("done\n"));
+    let churned = env.churn(&args, &["--dir", &mount], 5, 45, (60, 300));
+    crate::harness::assert_same_run(&churned, &plain, 2);
+}
