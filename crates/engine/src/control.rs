@@ -45,6 +45,9 @@ pub struct Control {
     /// Request a suspend as the guest makes its n-th call to this WASI function (0 = off).
     call_countdown: AtomicU64,
     call_name: Mutex<&'static str>,
+    /// Largest size (bytes) any memory of the guest may have, 0 for no limit: instantiation
+    /// fails above it and `memory.grow` beyond it returns -1 to the guest.
+    memory_limit: AtomicU64,
     /// Called once a snapshot is restored, before the guest runs: `false` stops the run there
     /// (a migration's destination holds a restored guest until the move commits).
     gate: Mutex<Gate>,
@@ -107,6 +110,17 @@ impl Control {
 
     pub(crate) fn take_gate(&self) -> Option<Box<dyn FnMut() -> Hold + Send>> {
         self.gate.lock().unwrap_or_else(|p| p.into_inner()).0.take()
+    }
+
+    /// Caps each memory of the guest that is instantiated next at `bytes`: its
+    /// `memory.grow` beyond that fails (returns -1), as on a machine with less memory.
+    pub fn limit_memory(&self, bytes: u64) {
+        self.memory_limit.store(bytes, Ordering::SeqCst);
+    }
+
+    /// The cap set by [`Control::limit_memory`], if any.
+    pub fn memory_limit(&self) -> Option<u64> {
+        Some(self.memory_limit.load(Ordering::SeqCst)).filter(|&b| b > 0)
     }
 
     /// Asks for `r`. A suspend is never downgraded to a checkpoint.

@@ -71,6 +71,7 @@ struct Data {
     host: HostState,
     memory: Option<Memory>,
     handles: Option<Handles>,
+    limits: wasmi::StoreLimits,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -175,12 +176,18 @@ impl Compiled for InterpModule {
         host: HostState,
         instrumented: bool,
     ) -> Result<Box<dyn Instance>, EngineError> {
+        let mut limits = wasmi::StoreLimitsBuilder::new();
+        if let Some(max) = host.control.memory_limit() {
+            limits = limits.memory_size(usize::try_from(max).unwrap_or(usize::MAX));
+        }
         let data = Data {
             host,
             memory: None,
             handles: None,
+            limits: limits.build(),
         };
         let mut store = wasmi::Store::new(&self.engine, data);
+        store.limiter(|d| &mut d.limits);
         let linker = linker(&self.engine).map_err(|e| EngineError::Instantiate(e.to_string()))?;
         let instance = linker
             .instantiate_and_start(&mut store, &self.module)

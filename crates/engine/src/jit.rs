@@ -121,6 +121,7 @@ struct Data {
     host: HostState,
     memory: Option<Memory>,
     handles: Option<Handles>,
+    limits: wasmtime::StoreLimits,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -229,12 +230,18 @@ impl Compiled for JitModule {
         host: HostState,
         instrumented: bool,
     ) -> Result<Box<dyn Instance>, EngineError> {
+        let mut limits = wasmtime::StoreLimitsBuilder::new();
+        if let Some(max) = host.control.memory_limit() {
+            limits = limits.memory_size(usize::try_from(max).unwrap_or(usize::MAX));
+        }
         let data = Data {
             host,
             memory: None,
             handles: None,
+            limits: limits.build(),
         };
         let mut store = wasmtime::Store::new(&self.engine, data);
+        store.limiter(|d| &mut d.limits);
         let linker = linker(&self.engine).map_err(|e| EngineError::Instantiate(e.to_string()))?;
         let instance = linker
             .instantiate(&mut store, &self.module)

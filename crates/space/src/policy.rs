@@ -12,7 +12,8 @@
 //! read_only = false          # true: granted read-only even if the guest asked for more
 //! # Environment variables that may pass (absent: all; []: none).
 //! env = ["LANG", "PYTHONHASHSEED"]
-//! max_memory_mib = 1024      # largest guest memory admitted (absent: no limit)
+//! max_memory_mib = 1024      # largest guest memory: snapshots above it are refused, and a
+//!                            # running guest's memory.grow beyond it fails (absent: no limit)
 //! engines = ["jit", "interp"]
 //! ```
 //!

@@ -529,6 +529,9 @@ impl Sessions {
     ) -> Result<(), ApiError> {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), ApiError>>();
         let control = Arc::new(Control::new());
+        if let Some(max) = self.cfg.policy.max_memory {
+            control.limit_memory(max);
+        }
         if hold {
             let (htx, hrx) = mpsc::channel::<HoldCmd>();
             *lock(&live.hold) = Some(htx);

@@ -259,14 +259,14 @@ fn sqlite_shell_running_a_sql_workload() {
 #[test]
 fn lz4_compression_workload() {
     let g = cached_guest("lz4-bench.wasm", "scripts/fetch-programs.sh");
-    check(&[g.to_str().unwrap(), "--", "4", "1"], 4, (60, 300), 43);
+    check(&[g.to_str().unwrap(), "--", "8", "2"], 4, (60, 300), 43);
 }
 
 /// The Brotli library (scripts/fetch-programs.sh) at three qualities.
 #[test]
 fn brotli_compression_workload() {
     let g = cached_guest("brotli-bench.wasm", "scripts/fetch-programs.sh");
-    check(&[g.to_str().unwrap(), "--", "1024", "1"], 4, (60, 250), 44);
+    check(&[g.to_str().unwrap(), "--", "2048", "4"], 4, (60, 250), 44);
 }
 
 /// The Lua 5.4 interpreter (scripts/fetch-programs.sh) running guests/lua/bench.lua: another

@@ -259,7 +259,7 @@ fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts()
     let policy = here.path("policy.toml");
     std::fs::write(
         &policy,
-        "version = 1\nenv = [\"LANG\"]\n[[mount]]\nguest = \"/data\"\nread_only = true\n",
+        "version = 1\nenv = [\"LANG\"]\nmax_memory_mib = 48\n[[mount]]\nguest = \"/data\"\nread_only = true\n",
     )
     .unwrap();
     let strict = SpaceProc::start(&["--policy", policy.to_str().unwrap()]);
@@ -300,6 +300,51 @@ fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts()
     );
     assert_ne!(code, 0);
     assert!(err.contains("`SECRET`"), "{err}");
+
+    // The memory cap: a guest that wants more than 48 MiB sees its allocation fail there.
+    let heap = guest("wasm/heap.wasm");
+    let (_, err, code) = cli(
+        &here,
+        &strict.url,
+        &[
+            "run",
+            "--session",
+            "big",
+            heap.to_str().unwrap(),
+            "--",
+            "96",
+            "1",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (_, _, code) = cli(&here, &strict.url, &["wait", "big"]);
+    assert_eq!(code, 2, "heap exits 2 when malloc fails");
+    let (_, err, _) = cli(&here, &strict.url, &["logs", "big"]);
+    assert!(err.contains("out of memory at"), "{err}");
+    // ... and a session already bigger than that is refused when it would move there.
+    let (_, err, code) = cli(
+        &here,
+        &open.url,
+        &[
+            "run",
+            "--session",
+            "big",
+            heap.to_str().unwrap(),
+            "--",
+            "96",
+            "400",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    eventually("the heap is allocated", || {
+        let (out, _, _) = cli(&here, &open.url, &["logs", "big"]);
+        out.contains("allocated 96 MiB")
+    });
+    let (_, err, code) = cli(&here, &open.url, &["migrate", "big", "--to", &strict.url]);
+    assert_ne!(code, 0);
+    assert!(err.contains("admits at most 48 MiB"), "{err}");
+    let (_, _, code) = cli(&here, &open.url, &["kill", "big"]);
+    assert_eq!(code, 0);
 
     // Migration: a session with a variable the destination refuses stays where it is and
     // finishes there unchanged.
