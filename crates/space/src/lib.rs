@@ -31,3 +31,37 @@ pub const MAX_QUERY: usize = 1 << 20;
 pub const BATCH_BYTES: usize = 16 << 20;
 /// Most objects fetched in one request (256 memory chunks: 16 MiB).
 pub const MAX_FETCH: usize = 256;
+
+/// Feeds `data` to every decoder of untrusted input a space has — object batches from peers,
+/// the JSON bodies of the API, output logs, policy files — discarding the results: the fuzzing
+/// entry point (`fuzz/fuzz_targets/space_inputs.rs`, and a property test on stable). None may
+/// panic or allocate without bound.
+pub fn fuzz_inputs(data: &[u8]) {
+    let _ = batch::decode(data);
+    let _ = serde_json::from_slice::<api::RunRequest>(data);
+    let _ = serde_json::from_slice::<api::PrepareRequest>(data);
+    let _ = serde_json::from_slice::<api::MigrateRequest>(data);
+    let _ = serde_json::from_slice::<api::SessionInfo>(data);
+    let _ = ferry_wasi::output::Records::check(data);
+    let _ = ferry_wasi::output::Records::new(data).count();
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = Policy::parse(text, "/nonexistent".into(), "fuzz");
+    }
+}
+
+#[cfg(test)]
+mod fuzz_tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn untrusted_inputs_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            super::fuzz_inputs(&data);
+        }
+
+        #[test]
+        fn near_valid_policies_never_panic(s in "version = 1\n(env = \\[\"[A-Z]{0,4}\"\\]\n)?(max_memory_mib = [0-9]{1,20}\n)?(\\[\\[mount\\]\\]\nguest = \"[/a-z*.]{0,6}\"\n)?") {
+            super::fuzz_inputs(s.as_bytes());
+        }
+    }
+}
