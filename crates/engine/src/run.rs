@@ -211,7 +211,23 @@ impl Runtime {
                         inst.host().wasi.flush();
                         return Ok(Outcome::Exited(0));
                     }
-                    let reason = inst.host().unwind_reason;
+                    let mut reason =
+                        std::mem::replace(&mut inst.host().unwind_reason, Request::None);
+                    if reason == Request::None {
+                        // The guest unwound by itself at a safe point (its flag was raised):
+                        // a countdown that ran out, or whatever was asked.
+                        reason = if control.countdown_ran_out() {
+                            Request::Suspend
+                        } else {
+                            control.take()
+                        };
+                    }
+                    if matches!(reason, Request::None | Request::Probe) {
+                        // Nothing to write (a probe, or a request already served): go on.
+                        begin_rewind(inst)?;
+                        rewinding = true;
+                        continue;
+                    }
                     let written = snapshot::write(inst, store, &meta, prepared, name, &mut dirty);
                     let ok = written.as_ref().ok().copied();
                     on_snapshot(written, reason);

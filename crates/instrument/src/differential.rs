@@ -83,11 +83,17 @@ fn run(engine: &Engine, wasm: &[u8], mode: Mode) -> Option<(Vec<Outcome>, Vec<St
     }
     store.set_fuel(2_000_000).ok()?;
     let instance: Instance = linker.instantiate(&mut store, &module).ok()?;
-    if let Mode::Churn(_) = mode {
-        // Raise the flag for good: every safe point calls the host.
-        let ctl = instance.get_memory(&mut store, abi::CTL_MEMORY)?;
-        ctl.data_mut(&mut store)[..4].copy_from_slice(&1u32.to_le_bytes());
-    }
+    // Churn: the flag raised and a countdown of n in `ferry:ctl` (the lean copies count and
+    // unwind by themselves; a rewind copy's polls call `churn_poll`, which counts too).
+    let ctl = instance.get_memory(&mut store, abi::CTL_MEMORY);
+    let arm = |store: &mut Store<u64>| {
+        if let (Mode::Churn(n), Some(ctl)) = (mode, ctl) {
+            let d = ctl.data_mut(store);
+            d[..4].copy_from_slice(&1u32.to_le_bytes());
+            d[4..8].copy_from_slice(&(n as u32).to_le_bytes());
+        }
+    };
+    arm(&mut store);
     let exports: Vec<(String, bool)> = module
         .exports()
         .map(|e| {
@@ -119,6 +125,8 @@ fn run(engine: &Engine, wasm: &[u8], mode: Mode) -> Option<(Vec<Outcome>, Vec<St
             if let (Ok(()), Some(g)) = (&r, state_global)
                 && g.get(&mut store).unwrap_i32() == abi::STATE_UNWIND
             {
+                *store.data_mut() += 1;
+                arm(&mut store);
                 g.set(&mut store, Val::I32(abi::STATE_REWIND)).ok()?;
                 call = instance.get_func(&mut store, &abi::rewind_export(name))?;
                 continue;

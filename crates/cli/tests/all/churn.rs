@@ -9,7 +9,7 @@ fn check(run_args: &[&str], suspends: usize, delay_ms: (u64, u64), seed: u64) {
 
 #[test]
 fn wat_counter_survives_many_suspends() {
-    let g = guest("wat/count.wat");
+    let g = guest("wat/count-long.wat");
     check(&[g.to_str().unwrap()], 8, (20, 60), 1);
 }
 
