@@ -21,6 +21,16 @@ pub struct RemoteStore {
     agent: ureq::Agent,
 }
 
+/// An HTTP agent for talking to a space: non-2xx answers are returned, not errors (their
+/// reason is read and reported), and connecting gives up after 5 s.
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_connect(Some(std::time::Duration::from_secs(5)))
+        .build()
+        .new_agent()
+}
+
 impl std::fmt::Debug for RemoteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteStore")
@@ -35,14 +45,10 @@ fn remote(e: impl std::fmt::Display) -> StoreError {
 
 impl RemoteStore {
     pub fn new(base: &str, token: &str) -> Self {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .new_agent();
         Self {
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
-            agent,
+            agent: agent(),
         }
     }
 
@@ -348,15 +354,10 @@ fn unreachable_err(base: &str, e: impl std::fmt::Display) -> ApiError {
 
 impl SpaceClient {
     pub fn new(base: &str, token: &str) -> Self {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(std::time::Duration::from_secs(5)))
-            .build()
-            .new_agent();
         Self {
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
-            agent,
+            agent: agent(),
         }
     }
 

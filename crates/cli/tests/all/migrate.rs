@@ -103,6 +103,12 @@ impl Drop for SpaceProc {
     }
 }
 
+/// `cli`, which must succeed.
+fn ok(here: &Env, space: &str, args: &[&str]) {
+    let (_, err, code) = cli(here, space, args);
+    assert_eq!(code, 0, "ferry --space {space} {args:?}: {err}");
+}
+
 /// The CLI, driving sessions on `space`.
 fn cli(here: &Env, space: &str, args: &[&str]) -> (String, String, i32) {
     let mut all = vec!["--space", space];
@@ -303,7 +309,7 @@ fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts()
 
     // The memory cap: a guest that wants more than 48 MiB sees its allocation fail there.
     let heap = guest("wasm/heap.wasm");
-    let (_, err, code) = cli(
+    ok(
         &here,
         &strict.url,
         &[
@@ -316,13 +322,12 @@ fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts()
             "1",
         ],
     );
-    assert_eq!(code, 0, "{err}");
     let (_, _, code) = cli(&here, &strict.url, &["wait", "big"]);
     assert_eq!(code, 2, "heap exits 2 when malloc fails");
     let (_, err, _) = cli(&here, &strict.url, &["logs", "big"]);
     assert!(err.contains("out of memory at"), "{err}");
     // ... and a session already bigger than that is refused when it would move there.
-    let (_, err, code) = cli(
+    ok(
         &here,
         &open.url,
         &[
@@ -335,7 +340,6 @@ fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts()
             "400",
         ],
     );
-    assert_eq!(code, 0, "{err}");
     eventually("the heap is allocated", || {
         let (out, _, _) = cli(&here, &open.url, &["logs", "big"]);
         out.contains("allocated 96 MiB")
@@ -350,7 +354,7 @@ fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts()
     // finishes there unchanged.
     let cpu = guest("wasm/cpu.wasm");
     let plain = here.plain(&["--env", "SECRET=1", cpu.to_str().unwrap(), "--", "150"]);
-    let (_, err, code) = cli(
+    ok(
         &here,
         &open.url,
         &[
@@ -364,7 +368,6 @@ fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts()
             "150",
         ],
     );
-    assert_eq!(code, 0, "{err}");
     std::thread::sleep(Duration::from_millis(200));
     let (_, err, code) = cli(&here, &open.url, &["migrate", "sec", "--to", &strict.url]);
     assert_ne!(code, 0);
@@ -377,7 +380,7 @@ fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts()
 
     // An attenuated grant is honoured: /data arrives read-only, so the guest's next write
     // fails there (it reports the error and exits 1).
-    let (_, err, code) = cli(
+    ok(
         &here,
         &open.url,
         &[
@@ -392,10 +395,8 @@ fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts()
             "3000",
         ],
     );
-    assert_eq!(code, 0, "{err}");
     std::thread::sleep(Duration::from_millis(300));
-    let (_, err, code) = cli(&here, &open.url, &["migrate", "ro", "--to", &strict.url]);
-    assert_eq!(code, 0, "{err}");
+    ok(&here, &open.url, &["migrate", "ro", "--to", &strict.url]);
     let (_, _, code) = cli(&here, &open.url, &["wait", "ro"]);
     assert_eq!(
         code, 1,
@@ -429,12 +430,11 @@ fn survive_fault(step: &str, at_source: bool) {
     });
     faulty.spawn(Some(step));
 
-    let (_, err, code) = cli(
+    ok(
         &here,
         &a.url,
         &["run", "--session", "f", g.to_str().unwrap(), "--", "400"],
     );
-    assert_eq!(code, 0, "{err}");
     std::thread::sleep(Duration::from_millis(300));
     let (_, err, code) = cli(&here, &a.url, &["migrate", "f", "--to", &b.url]);
     if step == "dest-prepare" {
@@ -456,8 +456,7 @@ fn survive_fault(step: &str, at_source: bool) {
         }
     });
     if a.state("f").as_deref() == Some("suspended") {
-        let (_, err, code) = cli(&here, &a.url, &["resume", "f"]);
-        assert_eq!(code, 0, "{err}");
+        ok(&here, &a.url, &["resume", "f"]);
     }
     assert_finished_like(&here, &a.url, "f", &plain.stdout);
     // Exactly one copy ran to the end.
@@ -567,12 +566,11 @@ fn a_connection_cut_during_pre_copy_leaves_the_source_running_and_a_retry_moves_
     let b = SpaceProc::start(&[]);
     let g = guest("wasm/cpu.wasm");
     let plain = here.plain(&[g.to_str().unwrap(), "--", "400"]);
-    let (_, err, code) = cli(
+    ok(
         &here,
         &a.url,
         &["run", "--session", "cut", g.to_str().unwrap(), "--", "400"],
     );
-    assert_eq!(code, 0, "{err}");
     std::thread::sleep(Duration::from_millis(300));
     // The link to the destination dies after 16 KiB, in the middle of the first round.
     let flaky = cutting_proxy(&b.url, 16 << 10);
