@@ -25,7 +25,7 @@ fetch() {
 }
 
 # up_to_date DEST KEY...: whether DEST was built from exactly these inputs
-key_of() { (echo "$@"; cat "$root/scripts/fetch-programs.sh") | sha256sum | cut -c1-16; }
+key_of() { (echo "$@"; cat "$root/scripts/fetch-programs.sh" "$root/guests/common/workload.h") | sha256sum | cut -c1-16; }
 up_to_date() { [ -f "$1" ] && [ "$(cat "$1.key" 2>/dev/null)" = "$2" ]; }
 
 tmp="$(mktemp -d)"
@@ -41,7 +41,7 @@ else
     sdist="$(fetch lz4-4.4.4.tar.gz c6/5a/945f5086326d569f14c84ac6f7fcc3229f0b9b1e8cc536b951fd53dfb9e1 "$lz4_sha")"
     tar -xzf "$sdist" -C "$tmp" lz4-4.4.4/lz4libs
     src="$tmp/lz4-4.4.4/lz4libs"
-    clang "${common[@]}" -I"$src" "$root/guests/lz4/driver.c" "$src/lz4.c" "$src/lz4hc.c" -o "$dest.tmp"
+    clang "${common[@]}" -I"$src" -I"$root/guests/common" "$root/guests/lz4/driver.c" "$src/lz4.c" "$src/lz4hc.c" -o "$dest.tmp"
     mv "$dest.tmp" "$dest" && echo "$key" > "$dest.key"
     echo "lz4-bench.wasm: built ($dest)"
 fi
@@ -57,7 +57,7 @@ else
     tar -xzf "$sdist" -C "$tmp" Brotli-1.1.0/c
     src="$tmp/Brotli-1.1.0/c"
     echo "brotli-bench.wasm: building the Brotli workload for WASI (about 30 s)"
-    clang "${common[@]}" -I"$src/include" "$root/guests/brotli/driver.c" \
+    clang "${common[@]}" -I"$src/include" -I"$root/guests/common" "$root/guests/brotli/driver.c" \
         "$src"/common/*.c "$src"/enc/*.c "$src"/dec/*.c -o "$dest.tmp"
     mv "$dest.tmp" "$dest" && echo "$key" > "$dest.key"
     echo "brotli-bench.wasm: built ($dest)"

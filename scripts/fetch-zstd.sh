@@ -11,7 +11,7 @@ sdist_sha="7713e1179d162cf5c7906da876ec2ccb9c3a9dcbdffef0cc7f70c3667a205f0b"
 dest="$cache/zstd-bench.wasm"
 flags=(--target=wasm32-wasi -O2 -w -DZSTD_DISABLE_ASM -DZSTD_NO_TRACE
     -Wl,-z,stack-size=8388608 -Wl,--strip-debug)
-key="$( (echo "$sdist_sha ${flags[*]}"; cat "$root/guests/zstd/driver.c" "$root/scripts/fetch-zstd.sh") | sha256sum | cut -c1-16)"
+key="$( (echo "$sdist_sha ${flags[*]}"; cat "$root/guests/zstd/driver.c" "$root/guests/common/workload.h" "$root/scripts/fetch-zstd.sh") | sha256sum | cut -c1-16)"
 if [ -f "$dest" ] && [ "$(cat "$dest.key" 2>/dev/null)" = "$key" ]; then
     echo "zstd-bench.wasm: cached ($dest)"
     exit 0
@@ -30,7 +30,7 @@ src="$tmp/zstandard-0.25.0/zstd"
 # threads, so that line is dropped from the temporary copy.
 sed -i 's|^#define ZSTD_MULTITHREAD$|/* ZSTD_MULTITHREAD off for WASI */|' "$src/zstd.c"
 echo "zstd-bench.wasm: building the zstd workload for WASI (about 30 s)"
-clang "${flags[@]}" -I"$src" "$root/guests/zstd/driver.c" "$src/zstd.c" -o "$dest.tmp"
+clang "${flags[@]}" -I"$src" -I"$root/guests/common" "$root/guests/zstd/driver.c" "$src/zstd.c" -o "$dest.tmp"
 mv "$dest.tmp" "$dest"
 echo "$key" > "$dest.key"
 echo "zstd-bench.wasm: built ($dest)"

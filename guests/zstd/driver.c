@@ -4,47 +4,18 @@
 // Builds a semi-compressible buffer (words from a small vocabulary, numbers, noise), then per
 // round compresses it at levels 1, 3 and 9, decompresses each result, checks it, and prints
 // the sizes and a checksum.
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "workload.h"
 
 #include "zstd.h"
-
-static uint32_t rng = 2463534242u;
-static uint32_t next(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 17;
-    rng ^= rng << 5;
-    return rng;
-}
-
-static uint32_t fnv(const unsigned char *p, size_t n) {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
-    return h;
-}
 
 int main(int argc, char **argv) {
     int mib = argc > 1 ? atoi(argv[1]) : 8;
     int rounds = argc > 2 ? atoi(argv[2]) : 3;
-    static const char *words[] = {"ferry", "snapshot", "resume", "the", "of", "memory",
-                                  "stack", "frame", "wasm", "engine", "κ", "store", "and"};
+    static const char *const words[] = {"ferry", "snapshot", "resume", "the", "of", "memory",
+                                        "stack", "frame", "wasm", "engine", "κ", "store", "and"};
     size_t n = (size_t)mib << 20;
-    unsigned char *src = malloc(n);
+    unsigned char *src = make_input(n, words, 13);
     if (!src) return 2;
-    size_t at = 0;
-    while (at < n) {
-        char tmp[64];
-        int len;
-        uint32_t r = next();
-        if (r % 7 == 0) len = snprintf(tmp, sizeof tmp, "%u ", next() % 100000);
-        else if (r % 31 == 0) { tmp[0] = (char)(next() & 0xff); len = 1; }
-        else len = snprintf(tmp, sizeof tmp, "%s ", words[r % 13]);
-        if (at + (size_t)len > n) len = (int)(n - at);
-        memcpy(src + at, tmp, (size_t)len);
-        at += (size_t)len;
-    }
     size_t cap = ZSTD_compressBound(n);
     unsigned char *dst = malloc(cap), *back = malloc(n);
     if (!dst || !back) return 2;
