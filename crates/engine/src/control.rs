@@ -163,54 +163,24 @@ impl Control {
         r
     }
 
-    /// Suspends at exactly the `n`-th safe point reached from now (`n` ≥ 1, at most
-    /// `u32::MAX`). While it counts, the flag stays raised and every safe point decrements the
-    /// count (word 1 of `ferry:ctl`; the guest does it itself), so this is for tests that must
-    /// suspend at each point in turn.
+    /// Suspends at exactly the `n`-th safe point reached from now (`n` ≥ 1). Every poll then
+    /// calls the host, which counts: a run armed so uses the counting build of the module
+    /// (same frames; see `ferry_instrument::instrument_counting`), so this is for tests that
+    /// must suspend at each point in turn.
     pub fn suspend_at_safe_point(&self, n: u64) {
-        let n = n.min(u64::from(u32::MAX));
         self.countdown.store(n, Ordering::SeqCst);
-        if let Some(w) = self.ctl_word(1) {
-            w.store(n as u32, Ordering::SeqCst);
-        }
         self.raise_flag();
     }
 
-    /// Word `i` of the attached guest's `ferry:ctl` memory.
-    fn ctl_word(&self, i: usize) -> Option<&AtomicU32> {
-        let addr = self.flag.load(Ordering::SeqCst);
-        // SAFETY: as in `raise_flag`: a live, aligned, one-page memory that never moves,
-        // detached before it is freed; words 0 and 1 are in it.
-        (addr != 0).then(|| unsafe { &*(addr as *const AtomicU32).add(i) })
-    }
-
-    /// Counts one safe point reached through the host (a rewind copy's poll); `true` when the
-    /// countdown reaches it.
+    /// Counts one safe point; `true` when the countdown reaches it. While a countdown runs the
+    /// flag stays raised.
     pub(crate) fn count_safe_point(&self) -> bool {
-        let Some(w) = self.ctl_word(1) else {
-            return false;
-        };
-        let n = w.load(Ordering::SeqCst);
+        let n = self.countdown.load(Ordering::SeqCst);
         if n == 0 {
             return false;
         }
-        w.store(n - 1, Ordering::SeqCst);
-        if n == 1 {
-            self.countdown.store(0, Ordering::SeqCst);
-        }
+        self.countdown.store(n - 1, Ordering::SeqCst);
         n == 1
-    }
-
-    /// After the guest unwound by itself: whether it did so because a countdown ran out
-    /// (which is then over).
-    pub(crate) fn countdown_ran_out(&self) -> bool {
-        let armed = self.countdown.load(Ordering::SeqCst) != 0;
-        let left = self.ctl_word(1).map_or(0, |w| w.load(Ordering::SeqCst));
-        if armed && left == 0 {
-            self.countdown.store(0, Ordering::SeqCst);
-            return true;
-        }
-        false
     }
 
     /// Requests a suspend just as the guest makes its `n`-th call (`n` ≥ 1) to the WASI
@@ -238,19 +208,11 @@ impl Control {
     }
 
     pub(crate) fn counting(&self) -> bool {
-        self.ctl_word(1)
-            .map_or(self.countdown.load(Ordering::SeqCst), |w| {
-                u64::from(w.load(Ordering::SeqCst))
-            })
-            != 0
+        self.countdown.load(Ordering::SeqCst) != 0
     }
 
     pub(crate) fn attach(&self, flag_addr: usize) {
         self.flag.store(flag_addr, Ordering::SeqCst);
-        let n = self.countdown.load(Ordering::SeqCst);
-        if let Some(w) = self.ctl_word(1) {
-            w.store(n as u32, Ordering::SeqCst);
-        }
         if self.pending() != Request::None || self.counting() {
             self.raise_flag();
         }

@@ -76,6 +76,20 @@ impl Runtime {
         )
     }
 
+    /// The counting build of a prepared module (see `ferry_instrument::instrument_counting`),
+    /// compiled once per machine; never stored as an object (snapshots name the ordinary
+    /// build, whose frames it shares).
+    pub(crate) fn counting_build(
+        &self,
+        store: &dyn Store,
+        prepared: &Prepared,
+    ) -> Result<Arc<dyn Compiled>, EngineError> {
+        let wasm = store.get(&prepared.module)?;
+        let out = ferry_instrument::instrument_counting(&wasm)?;
+        let key = Kappa::of(&out.wasm).to_hex();
+        self.backend.compile(Some(&key), &out.wasm, &|_| {})
+    }
+
     /// Instruments (once per module and store) and compiles (once per machine) module κ.
     pub fn prepare_kappa(
         &self,

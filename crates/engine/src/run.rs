@@ -88,7 +88,13 @@ impl Runtime {
         on_snapshot: &mut dyn FnMut(Result<Kappa, EngineError>, Request),
     ) -> Result<Outcome, EngineError> {
         let host = HostState::new(wasi, control.clone());
-        let mut inst = prepared.compiled.instantiate(host, true)?;
+        // A run that must count safe points runs the counting build (same frames).
+        let compiled = if control.counting() {
+            self.counting_build(store, prepared)?
+        } else {
+            prepared.compiled.clone()
+        };
+        let mut inst = compiled.instantiate(host, true)?;
         let inst = inst.as_mut();
         // A fresh run calls the former start function, then `_start`; a restored run re-enters
         // the one it was suspended in (through its rewind copy).
@@ -215,12 +221,8 @@ impl Runtime {
                         std::mem::replace(&mut inst.host().unwind_reason, Request::None);
                     if reason == Request::None {
                         // The guest unwound by itself at a safe point (its flag was raised):
-                        // a countdown that ran out, or whatever was asked.
-                        reason = if control.countdown_ran_out() {
-                            Request::Suspend
-                        } else {
-                            control.take()
-                        };
+                        // serve whatever was asked.
+                        reason = control.take();
                     }
                     if matches!(reason, Request::None | Request::Probe) {
                         // Nothing to write (a probe, or a request already served): go on.

@@ -6,7 +6,7 @@
 
 use wasmtime::{Caller, Config, Engine, Extern, Global, Instance, Linker, Module, Store, Val};
 
-use crate::{abi, instrument_any};
+use crate::{abi, instrument_any, instrument_any_counting};
 
 /// The generator settings of `tests.rs`, plus exports of everything, canonical NaNs and no
 /// traps (so generated functions run long enough to reach safe points).
@@ -33,8 +33,12 @@ enum Mode {
     Plain,
     /// Instrumented, never suspended.
     Instrumented,
-    /// Instrumented, unwound at every `n`-th safe point and rewound at once (same instance).
+    /// The counting build, unwound at every `n`-th safe point (the host counts) and rewound
+    /// at once (same instance).
     Churn(u64),
+    /// The ordinary build with its flag always raised: each lean safe point unwinds by itself,
+    /// and is rewound at once.
+    ChurnLean,
 }
 
 fn global(caller: &mut Caller<'_, u64>, name: &str) -> Global {
@@ -73,6 +77,13 @@ fn run(engine: &Engine, wasm: &[u8], mode: Mode) -> Option<(Vec<Outcome>, Vec<St
         Mode::Instrumented => {
             linker.func_wrap(abi::MODULE, abi::POLL, || {}).ok()?;
         }
+        Mode::ChurnLean => {
+            linker
+                .func_wrap(abi::MODULE, abi::POLL, |c: Caller<'_, u64>| {
+                    churn_poll(c, 1)
+                })
+                .ok()?;
+        }
         Mode::Churn(n) => {
             linker
                 .func_wrap(abi::MODULE, abi::POLL, move |c: Caller<'_, u64>| {
@@ -83,14 +94,12 @@ fn run(engine: &Engine, wasm: &[u8], mode: Mode) -> Option<(Vec<Outcome>, Vec<St
     }
     store.set_fuel(2_000_000).ok()?;
     let instance: Instance = linker.instantiate(&mut store, &module).ok()?;
-    // Churn: the flag raised and a countdown of n in `ferry:ctl` (the lean copies count and
-    // unwind by themselves; a rewind copy's polls call `churn_poll`, which counts too).
+    // Churn: the flag raised for good (a lean poll of the ordinary build lowers it as it
+    // unwinds; it is raised again before each rewind).
     let ctl = instance.get_memory(&mut store, abi::CTL_MEMORY);
     let arm = |store: &mut Store<u64>| {
-        if let (Mode::Churn(n), Some(ctl)) = (mode, ctl) {
-            let d = ctl.data_mut(store);
-            d[..4].copy_from_slice(&1u32.to_le_bytes());
-            d[4..8].copy_from_slice(&(n as u32).to_le_bytes());
+        if let (Mode::Churn(_) | Mode::ChurnLean, Some(ctl)) = (mode, ctl) {
+            ctl.data_mut(store)[..4].copy_from_slice(&1u32.to_le_bytes());
         }
     };
     arm(&mut store);
@@ -186,15 +195,28 @@ fn generated_modules_behave_the_same_instrumented_and_churned() {
             continue;
         };
         let wasm = m.to_bytes();
-        let Ok(out) = instrument_any(&wasm) else {
+        let (Ok(out), Ok(counting)) = (instrument_any(&wasm), instrument_any_counting(&wasm))
+        else {
             continue;
         };
         total += 1;
         let Some((plain, plain_state, _)) = run(&engine, &wasm, Mode::Plain) else {
             continue;
         };
-        let runs = [Mode::Instrumented, Mode::Churn(1), Mode::Churn(3)]
-            .map(|m| (m, run(&engine, &out.wasm, m)));
+        let runs = [
+            Mode::Instrumented,
+            Mode::ChurnLean,
+            Mode::Churn(1),
+            Mode::Churn(3),
+        ]
+        .map(|m| {
+            let build = if matches!(m, Mode::Churn(_)) {
+                &counting.wasm
+            } else {
+                &out.wasm
+            };
+            (m, run(&engine, build, m))
+        });
         // Instrumented code burns more fuel: compare calls that finished everywhere.
         let finished = |o: &[Outcome]| o.iter().all(|o| *o != Outcome::OutOfFuel);
         if !finished(&plain)

@@ -39,6 +39,8 @@ pub(crate) struct ModuleCtx<'a> {
     pub poll_func: u32,
     pub state_global: u32,
     pub sp_global: u32,
+    /// The counting build: lean polls call `ferry.poll` (see `instrument_counting`).
+    pub counting: bool,
     pub ctl_memory: u32,
     pub stack_memory: u32,
     /// Index (in the output) of the rewind copy of each instrumented function, by original
@@ -529,7 +531,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     }
 
     fn poll_site(&mut self, site: u32, saved: &[u32]) {
-        if self.copy == Copy::Lean {
+        if self.copy == Copy::Lean && !self.ctx.counting {
             self.lean_poll_site(site, saved);
             return;
         }
@@ -541,45 +543,25 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
 
     /// A safe point of the lean copy (v9): with the flag raised, the guest starts the unwind
     /// itself — `state = UNWIND`, `sp = 0`, flag lowered, save, return — without calling the
-    /// host. The only way back into the function is a countdown still running (word 1 of
-    /// `ferry:ctl`: safe points left to pass, 0 = none), which is decremented in place. With
-    /// no call on a path that returns into a loop, nothing the loop keeps in registers must
-    /// survive a call: a `ferry.poll` call there made Cranelift spill loop-carried values
-    /// (Brotli 1.42x → ~1.07x without it). The host learns why from `Control` afterwards.
+    /// host, and nothing on the way leads back into the function. Keeping every path out of
+    /// the poll away from the loop matters: a `ferry.poll` call that could return into the
+    /// loop made Cranelift keep loop-carried values in stack slots (v8), and even a counter
+    /// decremented in place on a path back cost LZ4 1.07x → 1.20x. Deterministic tests that
+    /// must count safe points run the counting build instead (`instrument_counting`). The
+    /// host learns why the guest unwound from `Control` afterwards.
     fn lean_poll_site(&mut self, site: u32, saved: &[u32]) {
-        let ctl = |offset: u64| MemArg {
-            offset,
-            align: 2,
-            memory_index: self.ctx.ctl_memory,
-        };
-        let (w0, w1) = (ctl(0), ctl(4));
         self.flag_check();
-        self.ins(I::Block(BlockType::Empty));
-        // Not counting: unwind.
-        self.ins(I::I32Const(0));
-        self.ins(I::I32Load(w1));
-        self.ins(I::I32Eqz);
-        self.ins(I::BrIf(0));
-        // Counting: one safe point fewer; unwind at the last one, else go on.
-        self.ins(I::I32Const(0));
-        self.ins(I::I32Const(0));
-        self.ins(I::I32Load(w1));
-        self.ins(I::I32Const(1));
-        self.ins(I::I32Sub);
-        self.ins(I::I32Store(w1));
-        self.ins(I::I32Const(0));
-        self.ins(I::I32Load(w1));
-        self.ins(I::I32Eqz);
-        self.ins(I::BrIf(0));
-        self.ins(I::Br(1));
-        self.ins(I::End);
         self.ins(I::I32Const(abi::STATE_UNWIND));
         self.ins(I::GlobalSet(self.ctx.state_global));
         self.ins(I::I32Const(0));
         self.ins(I::GlobalSet(self.ctx.sp_global));
         self.ins(I::I32Const(0));
         self.ins(I::I32Const(0));
-        self.ins(I::I32Store(w0));
+        self.ins(I::I32Store(MemArg {
+            offset: 0,
+            align: 2,
+            memory_index: self.ctx.ctl_memory,
+        }));
         self.save_and_return(site, saved);
         self.ins(I::End);
     }

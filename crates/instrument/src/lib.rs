@@ -33,7 +33,9 @@ mod module;
 mod plan;
 
 pub use error::InstrumentError;
-pub use module::{Instrumented, Stats, instrument, instrument_any};
+pub use module::{
+    Instrumented, Stats, instrument, instrument_any, instrument_any_counting, instrument_counting,
+};
 
 #[cfg(test)]
 mod differential;
@@ -42,4 +44,4 @@ mod tests;
 
 /// Version of this transform. It is part of the κ of every instrumented module: change it
 /// whenever the output for some input changes.
-pub const INSTRUMENT_VERSION: u32 = 9;
+pub const INSTRUMENT_VERSION: u32 = 10;

@@ -103,17 +103,36 @@ impl Reencode for Shift {
 
 /// Makes `wasm` suspendable. See the crate documentation for what that means.
 pub fn instrument(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
-    instrument_inner(wasm, true)
+    instrument_inner(wasm, true, false)
+}
+
+/// The counting build of [`instrument`]'s output, for deterministic tests that suspend at
+/// the n-th safe point: identical frames, sites and records — a snapshot of either resumes in
+/// either — but every poll of the lean copies calls `ferry.poll` (where the host counts)
+/// instead of unwinding by itself, which makes hot loops slower. A machine-local artefact:
+/// snapshots name the ordinary build.
+pub fn instrument_counting(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
+    instrument_inner(wasm, true, true)
 }
 
 /// Like [`instrument`] but without requiring a `_start` export: for fuzzing the transform
 /// with generated modules.
 #[doc(hidden)]
 pub fn instrument_any(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
-    instrument_inner(wasm, false)
+    instrument_inner(wasm, false, false)
 }
 
-fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, InstrumentError> {
+/// [`instrument_counting`] without requiring a `_start` export (fuzzing).
+#[doc(hidden)]
+pub fn instrument_any_counting(wasm: &[u8]) -> Result<Instrumented, InstrumentError> {
+    instrument_inner(wasm, false, true)
+}
+
+fn instrument_inner(
+    wasm: &[u8],
+    require_start: bool,
+    counting: bool,
+) -> Result<Instrumented, InstrumentError> {
     if wasm.len() < 8 || &wasm[..4] != b"\0asm" {
         return Err(InstrumentError::NotWasm);
     }
@@ -284,6 +303,7 @@ fn instrument_inner(wasm: &[u8], require_start: bool) -> Result<Instrumented, In
         poll_func: n_imported,
         state_global: n_globals,
         sp_global: n_globals + 1,
+        counting,
         ctl_memory: n_memories,
         stack_memory: n_memories + 1,
     };
