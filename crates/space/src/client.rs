@@ -252,6 +252,19 @@ pub fn push(
     k: Kappa,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<SyncStats, StoreError> {
+    let stats = send_closure(local, space, k, progress)?;
+    space.name_snapshot(&k)?;
+    Ok(stats)
+}
+
+/// [`push`] without naming the snapshot on the space: for a migration, whose prepare step
+/// verifies the closure anyway (Resolving + Verifying) before anything runs there.
+pub fn send_closure(
+    local: &dyn Store,
+    space: &RemoteStore,
+    k: Kappa,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SyncStats, StoreError> {
     let mut closure = BTreeSet::new();
     snapshot_closure(local, &k, false, &mut closure).map_err(remote)?;
     let all: Vec<Kappa> = closure.into_iter().collect();
@@ -278,7 +291,6 @@ pub fn push(
             progress(i + 1, todo.len());
         }
     }
-    space.name_snapshot(&k)?;
     Ok(stats)
 }
 

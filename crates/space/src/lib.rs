@@ -18,7 +18,9 @@ pub mod policy;
 mod server;
 pub mod sessions;
 
-pub use client::{LogChunk, RemoteStore, SpaceClient, SyncStats, pull, push, send_objects};
+pub use client::{
+    LogChunk, RemoteStore, SpaceClient, SyncStats, pull, push, send_closure, send_objects,
+};
 pub use policy::Policy;
 pub use server::{Space, router, serve};
 pub use sessions::{Config, Sessions};

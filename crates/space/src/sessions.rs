@@ -26,7 +26,7 @@ use crate::api::{
     ApiError, Decision, MigrateRequest, MigrationReport, PrepareRequest, ResumeRequest, Round,
     RunRequest, SessionInfo, State, valid_id,
 };
-use crate::client::{RemoteStore, SpaceClient, push};
+use crate::client::{RemoteStore, SpaceClient, send_closure};
 use crate::policy::Policy;
 
 /// Stack of a guest thread: Wasm frames live on it.
@@ -113,6 +113,10 @@ struct Live {
     /// Which guest thread owns `control`, `log` and the running state: a thread that ends
     /// after a newer one started (a resume right after a suspend) leaves them alone.
     run: std::sync::atomic::AtomicU64,
+    /// While a migration pauses the guest: the guest thread keeps its (suspended) instance
+    /// until this is dropped, so tearing a large memory down does not compete with the final
+    /// delta and prepare for the CPU.
+    defer_teardown: Mutex<Option<mpsc::Receiver<()>>>,
 }
 
 impl Live {
@@ -127,6 +131,7 @@ impl Live {
             gone: AtomicBool::new(false),
             turn: Mutex::new(()),
             run: std::sync::atomic::AtomicU64::new(0),
+            defer_teardown: Mutex::new(None),
         })
     }
 
@@ -605,6 +610,10 @@ impl Sessions {
                             // The guest will not run again: say so now, before the engine
                             // tears the instance down (unmapping a large memory takes a while).
                             me.stopped(&l, Ok(Outcome::Suspended(k)));
+                            let wait = lock(&l.defer_teardown).take();
+                            if let Some(rx) = wait {
+                                let _ = rx.recv_timeout(Duration::from_secs(60));
+                            }
                         }
                     }
                     Err(e) => warn!(session = %l.info().id, error = %e, "snapshot failed; the guest keeps running"),
@@ -1004,7 +1013,7 @@ impl Sessions {
                     )));
                 }
                 let k = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
-                let s = push(self.store.as_ref(), dest_store, k, &mut |_, _| {})
+                let s = send_closure(self.store.as_ref(), dest_store, k, &mut |_, _| {})
                     .map_err(|e| unreachable("pre-copy", &e))?;
                 report.rounds.push(Round {
                     snapshot: k.to_string(),
@@ -1029,6 +1038,9 @@ impl Sessions {
         // 2. Pause at a safe point: the final snapshot. From here until the commit the
         //    guest runs nowhere.
         let paused = Instant::now();
+        // Held until this function returns (commit or abort): see `Live::defer_teardown`.
+        let (_teardown, rx) = mpsc::channel::<()>();
+        *lock(&live.defer_teardown) = Some(rx);
         let k = if was_running {
             let info = self.stop(&id, Request::Suspend, false)?;
             if info.state != State::Suspended {
@@ -1055,7 +1067,7 @@ impl Sessions {
         };
         // 3. Final delta.
         let t = Instant::now();
-        let s = match push(self.store.as_ref(), dest_store, k, &mut |_, _| {}) {
+        let s = match send_closure(self.store.as_ref(), dest_store, k, &mut |_, _| {}) {
             Ok(s) => s,
             Err(e) => return Err(resume_here(self, unreachable("final delta", &e))),
         };
