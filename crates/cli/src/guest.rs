@@ -85,12 +85,6 @@ pub fn parse_env(s: &str) -> Result<(String, String)> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
-/// Builds the interrupt check the WASI layer polls while the guest is blocked.
-pub fn interrupt_of(control: &Arc<Control>) -> Arc<dyn Fn() -> bool + Send + Sync> {
-    let c = control.clone();
-    Arc::new(move || c.pending() != Request::None)
-}
-
 pub fn host_clock() -> Box<HostClock> {
     Box::new(HostClock::default())
 }

@@ -1,7 +1,7 @@
 //! Asking a running guest to stop at its next safe point, from any thread.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_wasi::WasiCtx;
@@ -151,6 +151,13 @@ impl Control {
     /// The pending request.
     pub fn pending(&self) -> Request {
         Request::from_u8(self.request.load(Ordering::SeqCst))
+    }
+
+    /// The interrupt check the WASI layer polls while the guest is blocked (a sleep, a read):
+    /// whether anything is asked of it.
+    pub fn interrupt(self: &Arc<Self>) -> Arc<dyn Fn() -> bool + Send + Sync> {
+        let c = self.clone();
+        Arc::new(move || c.pending() != Request::None)
     }
 
     /// Takes the pending request, leaving none, and records how long it waited.

@@ -404,6 +404,13 @@ pub struct Loaded {
     pub output: Option<Vec<u8>>,
 }
 
+impl Loaded {
+    /// Bytes of all the guest's memories (what a memory limit is checked against).
+    pub fn memory_bytes(&self) -> u64 {
+        self.memories.iter().map(|m| m.len).sum()
+    }
+}
+
 fn get_object<T: ObjectKind>(store: &dyn Store, k: &Kappa, what: &str) -> Result<T, EngineError> {
     let bytes = match store.get(k) {
         Ok(b) => b,
@@ -595,20 +602,7 @@ pub(crate) fn restore_into(
     let refuse = |why: String| EngineError::refused(Stage::Restoring, why);
     info!(snapshot = %loaded.kappa, "restoring");
     for (i, image) in loaded.memories.iter().enumerate() {
-        let name = abi::memory_export(i as u32);
-        let cur = inst
-            .memory(&name)
-            .ok_or_else(|| refuse(format!("module has no memory {i}")))?
-            .len() as u64;
-        if image.len < cur {
-            return Err(refuse(format!(
-                "memory {i} is smaller ({}) than the module's minimum ({cur})",
-                image.len
-            )));
-        }
-        inst.grow(&name, (image.len - cur) / 65536)
-            .map_err(|e| refuse(format!("memory {i}: {e}")))?;
-        let data = inst.memory_mut(&name).expect("present above");
+        let (data, cur) = grow_memory(inst, i, image.len)?;
         // Data segments were applied at instantiation: clear what the snapshot says is zero.
         let mut listed = image.chunks.iter().map(|(i, _)| *i).peekable();
         for idx in 0..(cur / u64::from(CHUNK_SIZE)) as u32 {
@@ -623,6 +617,30 @@ pub(crate) fn restore_into(
         read_chunks(store, &image.chunks, data).map_err(|e| refuse(e.to_string()))?;
     }
     restore_globals_and_stack(inst, loaded)
+}
+
+/// Memory `i` of the instance grown to `len` bytes, and the length it had; refused if it is
+/// larger already (a snapshot's memory is never smaller than the instance's: memories only
+/// grow, from the module's minimum).
+fn grow_memory(
+    inst: &mut dyn Instance,
+    i: usize,
+    len: u64,
+) -> Result<(&mut [u8], u64), EngineError> {
+    let refuse = |why: String| EngineError::refused(Stage::Restoring, why);
+    let name = abi::memory_export(i as u32);
+    let cur = inst
+        .memory(&name)
+        .ok_or_else(|| refuse(format!("module has no memory {i}")))?
+        .len() as u64;
+    if len < cur {
+        return Err(refuse(format!(
+            "memory {i} of the snapshot is smaller ({len}) than the instance's ({cur})"
+        )));
+    }
+    inst.grow(&name, (len - cur) / 65536)
+        .map_err(|e| refuse(format!("memory {i}: {e}")))?;
+    Ok((inst.memory_mut(&name).expect("present above"), cur))
 }
 
 fn restore_globals_and_stack(inst: &mut dyn Instance, loaded: &Loaded) -> Result<(), EngineError> {
@@ -667,17 +685,7 @@ pub(crate) fn patch_into(
         ));
     }
     for (i, (a, b)) in old.memories.iter().zip(&new.memories).enumerate() {
-        let name = abi::memory_export(i as u32);
-        let cur = inst
-            .memory(&name)
-            .ok_or_else(|| refuse(format!("module has no memory {i}")))?
-            .len() as u64;
-        if b.len < cur {
-            return Err(refuse(format!("memory {i} shrank between snapshots")));
-        }
-        inst.grow(&name, (b.len - cur) / 65536)
-            .map_err(|e| refuse(format!("memory {i}: {e}")))?;
-        let data = inst.memory_mut(&name).expect("present above");
+        let (data, _) = grow_memory(inst, i, b.len)?;
         let old_chunks: std::collections::HashMap<u32, Kappa> = a.chunks.iter().copied().collect();
         let changed: Vec<(u32, Kappa)> = b
             .chunks

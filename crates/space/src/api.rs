@@ -81,6 +81,27 @@ pub struct SessionInfo {
     pub migration: Option<MigrationReport>,
 }
 
+impl SessionInfo {
+    /// A session about to start here at `epoch`: nothing else known yet.
+    pub fn starting(id: &str, program: &str, engine: &str, epoch: u64) -> Self {
+        Self {
+            id: id.to_owned(),
+            program: program.to_owned(),
+            engine: engine.to_owned(),
+            state: State::Starting,
+            exit_code: None,
+            snapshot: None,
+            epoch,
+            migrating_to: None,
+            moved_to: None,
+            source: None,
+            reason: None,
+            commit_pending: false,
+            migration: None,
+        }
+    }
+}
+
 /// `POST /v1/sessions`: run a module that is already in the space's store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

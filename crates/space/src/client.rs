@@ -377,6 +377,16 @@ impl SpaceClient {
         &self.base
     }
 
+    /// The space at `base`, with the same token (a session that moved there).
+    pub fn elsewhere(&self, base: &str) -> Self {
+        Self::new(base, &self.token)
+    }
+
+    /// The same space's object store (sync by κ).
+    pub fn store(&self) -> RemoteStore {
+        RemoteStore::new(&self.base, &self.token)
+    }
+
     fn answer(
         &self,
         r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,

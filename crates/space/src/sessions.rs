@@ -169,7 +169,8 @@ enum HoldCmd {
 /// Where a guest starts.
 enum Begin {
     Fresh {
-        wasm: Vec<u8>,
+        /// The module, in the store.
+        module: Kappa,
         args: Vec<String>,
         env: Vec<(String, String)>,
         mounts: Vec<(String, Kappa, bool)>,
@@ -380,6 +381,31 @@ impl Sessions {
         Ok(dir)
     }
 
+    /// Mount `index` of session `id`, at `guest` with the content of `tree`, as the policy
+    /// grants it: a fresh directory of this space's, filled from the tree.
+    fn grant_mount(
+        &self,
+        id: &str,
+        index: usize,
+        guest: &str,
+        tree: &Kappa,
+        read_only: bool,
+    ) -> Result<MountSpec, ApiError> {
+        let grant = self
+            .cfg
+            .policy
+            .mount(guest, read_only)
+            .map_err(ApiError::forbidden)?;
+        let dir = Self::mount_dir(&grant.root, id, index)?;
+        ferry_wasi::tree::materialize(self.store.as_ref(), tree, &dir)
+            .map_err(|e| ApiError::unprocessable(format!("mount `{guest}`: tree {tree}: {e}")))?;
+        Ok(MountSpec {
+            guest_path: guest.to_owned(),
+            host_dir: dir,
+            read_only: grant.read_only,
+        })
+    }
+
     /// Resolving, Verifying and Admitting snapshot κ for session `id`: its closure verifies,
     /// the policy grants its env, memory and mounts (re-materialised from its trees), and its
     /// WASI context is rebuilt with a fresh output log holding the snapshot's.
@@ -393,37 +419,23 @@ impl Sessions {
         let store = self.store.as_ref();
         let loaded = snapshot::load(store, k).map_err(|e| engine_refusal(&e))?;
         policy.env(&loaded.wasi.env).map_err(ApiError::forbidden)?;
-        let mut memory = 0;
-        for m in &loaded.snapshot.memories {
-            let img: ferry_object::MemoryImage =
-                ferry_object::decode(&store.get(m).map_err(ApiError::internal)?)
-                    .map_err(|e| ApiError::unprocessable(e.to_string()))?;
-            memory += img.len;
-        }
-        policy.memory(memory).map_err(ApiError::forbidden)?;
-        let mut grants = Vec::new();
-        for (i, m) in loaded.wasi.mounts.iter().enumerate() {
-            let grant = policy
-                .mount(&m.guest_path, false)
-                .map_err(ApiError::forbidden)?;
-            let dir = Self::mount_dir(&grant.root, id, i)?;
-            ferry_wasi::tree::materialize(store, &m.tree, &dir).map_err(|e| {
-                ApiError::unprocessable(format!("mount `{}`: tree {}: {e}", m.guest_path, m.tree))
-            })?;
-            grants.push(MountSpec {
-                guest_path: m.guest_path.clone(),
-                host_dir: dir,
-                read_only: grant.read_only,
-            });
-        }
+        policy
+            .memory(loaded.memory_bytes())
+            .map_err(ApiError::forbidden)?;
+        let grants = loaded
+            .wasi
+            .mounts
+            .iter()
+            .enumerate()
+            .map(|(i, m)| self.grant_mount(id, i, &m.guest_path, &m.tree, false))
+            .collect::<Result<Vec<_>, _>>()?;
         let log = OutputBuffer::from_bytes(loaded.output.clone().unwrap_or_default());
-        let c = control.clone();
         let wasi = WasiCtx::restore(
             &loaded.wasi,
             grants,
             Stdio::logged(log.clone()),
             Box::new(HostClock::default()),
-            Arc::new(move || c.pending() != Request::None),
+            control.interrupt(),
         )
         .map_err(ApiError::forbidden)?;
         Ok((Box::new(loaded), wasi, log))
@@ -441,28 +453,11 @@ impl Sessions {
         let policy = &self.cfg.policy;
         policy.engine(engine).map_err(ApiError::forbidden)?;
         let runtime = self.runtime(engine)?;
-        let c = control.clone();
-        let interrupt: Arc<dyn Fn() -> bool + Send + Sync> =
-            Arc::new(move || c.pending() != Request::None);
         let store = self.store.as_ref();
-        let materialize = |i: usize, guest: &str, tree: &Kappa, read_only: bool| {
-            let grant = policy
-                .mount(guest, read_only)
-                .map_err(ApiError::forbidden)?;
-            let dir = Self::mount_dir(&grant.root, id, i)?;
-            ferry_wasi::tree::materialize(store, tree, &dir).map_err(|e| {
-                ApiError::unprocessable(format!("mount `{guest}`: tree {tree}: {e}"))
-            })?;
-            Ok::<_, ApiError>(MountSpec {
-                guest_path: guest.to_owned(),
-                host_dir: dir,
-                read_only: grant.read_only,
-            })
-        };
         let progress = |msg: &str| info!(session = %id, "{msg}");
         match begin {
             Begin::Fresh {
-                wasm,
+                module,
                 args,
                 env,
                 mounts,
@@ -471,10 +466,10 @@ impl Sessions {
                 let grants = mounts
                     .iter()
                     .enumerate()
-                    .map(|(i, (g, t, ro))| materialize(i, g, t, *ro))
+                    .map(|(i, (g, t, ro))| self.grant_mount(id, i, g, t, *ro))
                     .collect::<Result<Vec<_>, _>>()?;
                 let prepared = runtime
-                    .prepare(store, &wasm, &progress)
+                    .prepare_kappa(store, module, &progress)
                     .map_err(|e| engine_refusal(&e))?;
                 let log = OutputBuffer::default();
                 let wasi = WasiCtx::new(
@@ -483,7 +478,7 @@ impl Sessions {
                     grants,
                     Stdio::logged(log.clone()),
                     Box::new(HostClock::default()),
-                    interrupt,
+                    control.interrupt(),
                 )
                 .map_err(ApiError::unprocessable)?;
                 Ok(Ready {
@@ -713,15 +708,11 @@ impl Sessions {
     pub fn run(self: &Arc<Self>, req: RunRequest) -> Result<SessionInfo, ApiError> {
         let module = parse_kappa(&req.module, "module")?;
         let engine = parse_engine(req.engine.as_deref(), EngineKind::Jit)?;
-        let wasm = match self.store.get(&module) {
-            Ok(w) => w,
-            Err(ferry_store::StoreError::NotFound(_)) => {
-                return Err(ApiError::not_found(format!(
-                    "module {module} is not in this space's store; send it first"
-                )));
-            }
-            Err(e) => return Err(ApiError::internal(e)),
-        };
+        if !self.store.has(&module).map_err(ApiError::internal)? {
+            return Err(ApiError::not_found(format!(
+                "module {module} is not in this space's store; send it first"
+            )));
+        }
         let mut mounts = Vec::new();
         for m in &req.mounts {
             if !(m.guest.starts_with('/') || m.guest == ".") {
@@ -735,7 +726,7 @@ impl Sessions {
         let id = req
             .session
             .clone()
-            .unwrap_or_else(|| format!("{:08x}", rand_u32()));
+            .unwrap_or_else(|| format!("{:08x}", rand::random::<u32>()));
         if !valid_id(&id) {
             return Err(ApiError::bad_request(format!("`{id}` is not a session id")));
         }
@@ -747,28 +738,14 @@ impl Sessions {
                 )));
             }
             let live = Live::new(
-                SessionInfo {
-                    id: id.clone(),
-                    program: req.program.clone(),
-                    engine: engine.name().into(),
-                    state: State::Starting,
-                    exit_code: None,
-                    snapshot: None,
-                    epoch: 1,
-                    migrating_to: None,
-                    moved_to: None,
-                    source: None,
-                    reason: None,
-                    commit_pending: false,
-                    migration: None,
-                },
+                SessionInfo::starting(&id, &req.program, engine.name(), 1),
                 OutputBuffer::default(),
             );
             g.insert(id.clone(), live.clone());
             live
         };
         let begin = Begin::Fresh {
-            wasm,
+            module,
             args: req.args,
             env: req.env,
             mounts,
@@ -804,10 +781,7 @@ impl Sessions {
             }
         }
         let k = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
-        let engine = parse_engine(
-            req.engine.as_deref(),
-            info.engine.parse().unwrap_or(EngineKind::Jit),
-        )?;
+        let engine = parse_engine(req.engine.as_deref(), engine_of(&live))?;
         self.start(&live, Begin::Resume(k), engine, false)?;
         Ok(live.info())
     }
@@ -903,12 +877,9 @@ impl Sessions {
         if to == self.cfg.advertise.trim_end_matches('/') {
             return Err(ApiError::bad_request("the destination is this space"));
         }
-        let engine = parse_engine(
-            req.engine.as_deref(),
-            info.engine.parse().unwrap_or(EngineKind::Jit),
-        )?;
-        let dest_store = RemoteStore::new(&to, &self.cfg.peer_token);
+        let engine = parse_engine(req.engine.as_deref(), engine_of(&live))?;
         let dest = SpaceClient::new(&to, &self.cfg.peer_token);
+        let dest_store = dest.store();
         dest.health()
             .map_err(|e| ApiError::unavailable(format!("the destination is unreachable: {e}")))?;
         let started = Instant::now();
@@ -1040,8 +1011,8 @@ impl Sessions {
         let paused = Instant::now();
         // Held until this function returns (commit or abort): see `Live::defer_teardown`.
         let (_teardown, rx) = mpsc::channel::<()>();
-        *lock(&live.defer_teardown) = Some(rx);
         let k = if was_running {
+            *lock(&live.defer_teardown) = Some(rx);
             let info = self.stop(&id, Request::Suspend, false)?;
             if info.state != State::Suspended {
                 return Err(ApiError::conflict(format!(
@@ -1196,19 +1167,9 @@ impl Sessions {
         }
         let live = Live::new(
             SessionInfo {
-                id: req.session.clone(),
-                program: req.program.clone(),
-                engine: engine.name().into(),
-                state: State::Starting,
-                exit_code: None,
                 snapshot: Some(k.to_string()),
-                epoch: req.epoch,
-                migrating_to: None,
-                moved_to: None,
                 source: Some(req.source.clone()),
-                reason: None,
-                commit_pending: false,
-                migration: None,
+                ..SessionInfo::starting(&req.session, &req.program, engine.name(), req.epoch)
             },
             OutputBuffer::default(),
         );
@@ -1317,14 +1278,9 @@ impl Sessions {
         }
         lock(&self.live).remove(&info.id);
         let _ = std::fs::remove_file(self.record_path(&info.id));
-        let _ = self.store.cas_ref(
-            &format!("session/{}", info.id),
-            self.store
-                .get_ref(&format!("session/{}", info.id))
-                .ok()
-                .flatten(),
-            None,
-        );
+        let name = format!("session/{}", info.id);
+        let current = self.store.get_ref(&name).ok().flatten();
+        let _ = self.store.cas_ref(&name, current, None);
         info!(session = %info.id, epoch = d.epoch, "prepared move aborted");
         Ok(())
     }
@@ -1385,20 +1341,6 @@ fn nonzero_memory(store: &dyn Store, k: &Kappa) -> u64 {
         .filter_map(|b| ferry_object::decode::<ferry_object::MemoryImage>(&b).ok())
         .map(|img| img.chunks.len() as u64 * u64::from(img.chunk_size))
         .sum()
-}
-
-/// A session id only needs to be unlikely to collide: a hash of the time, the process and a
-/// counter.
-fn rand_u32() -> u32 {
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let seed = format!("{t}/{}/{n}", std::process::id());
-    let k = Kappa::of(seed.as_bytes());
-    u32::from_le_bytes(k.as_bytes()[..4].try_into().expect("4 bytes"))
 }
 
 /// Temp file, fsync, rename, fsync of the directory.

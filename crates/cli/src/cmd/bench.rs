@@ -85,14 +85,13 @@ fn wasi(
     stdout: Box<dyn Write + Send>,
     control: &Arc<Control>,
 ) -> Result<WasiCtx> {
-    let c = control.clone();
     WasiCtx::new(
         args.iter().map(|s| s.to_string()).collect(),
         vec![],
         mounts,
         quiet_stdio(stdout),
         Box::new(HostClock::default()),
-        Arc::new(move || c.pending() != Request::None),
+        control.interrupt(),
     )
     .map_err(anyhow::Error::msg)
 }
@@ -503,10 +502,7 @@ fn resume_to_running(rt: &Runtime, store: &dyn Store, k: ferry_kappa::Kappa) -> 
         vec![],
         quiet_stdio(Box::new(std::io::sink())),
         Box::new(HostClock::default()),
-        {
-            let c = c.clone();
-            Arc::new(move || c.pending() != Request::None)
-        },
+        c.interrupt(),
     )
     .map_err(anyhow::Error::msg)?;
     c.request(Request::Suspend);

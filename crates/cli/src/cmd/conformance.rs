@@ -205,7 +205,7 @@ impl Runner<'_> {
             Some(Point::Call { name, nth }) => control.suspend_in_call(name, *nth),
             None => {}
         }
-        let interrupt = crate::guest::interrupt_of(&control);
+        let interrupt = control.interrupt();
         let mounts: Vec<MountSpec> = mount
             .map(|(g, h)| MountSpec {
                 guest_path: g.to_owned(),

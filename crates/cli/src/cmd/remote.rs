@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
+use ferry_space::SpaceClient;
 use ferry_space::api::{MigrateRequest, MountRequest, ResumeRequest, RunRequest, State};
-use ferry_space::{RemoteStore, SpaceClient};
 use ferry_store::Store;
 
 use crate::cmd::space::token;
@@ -53,7 +53,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
             read_only: m.read_only,
         });
     }
-    let remote = RemoteStore::new(c.base(), &token(settings.token_file.as_ref())?);
+    let remote = c.store();
     let objects: Vec<_> = objects.into_iter().collect();
     let sent = ferry_space::send_objects(&store, &remote, &objects)
         .with_context(|| format!("cannot send the program to {}", c.base()))?;
@@ -133,7 +133,6 @@ pub struct LogsArgs {
 /// `ferry --space URL logs SESSION [--follow]`: the session's whole output (stdout records
 /// to stdout, stderr records to stderr), from the space that holds it.
 pub fn logs(settings: &Settings, a: LogsArgs) -> Result<ExitCode> {
-    let token = token(settings.token_file.as_ref())?;
     let mut c = client(settings)?;
     let mut from = 0u64;
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr());
@@ -163,7 +162,7 @@ pub fn logs(settings: &Settings, a: LogsArgs) -> Result<ExitCode> {
                     "ferry: session {} moved to {to}; following it there",
                     a.session
                 );
-                c = SpaceClient::new(&to, &token);
+                c = c.elsewhere(&to);
             }
             (st, _) if st.is_live() || chunk.migrating_to.is_some() => {}
             (st, _) => {
@@ -183,7 +182,6 @@ pub struct SessionArgs {
 /// `ferry --space URL wait SESSION`: waits until the session stops wherever it moved, and
 /// exits with the guest's exit code (75 if it was suspended, 137 if killed).
 pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
-    let token = token(settings.token_file.as_ref())?;
     let mut c = client(settings)?;
     loop {
         let s = c.wait(&a.session, 20_000).map_err(api)?;
@@ -193,7 +191,7 @@ pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
                     .moved_to
                     .context("moved, but the space does not say where")?;
                 eprintln!("ferry: session {} moved to {to}; waiting there", a.session);
-                c = SpaceClient::new(&to, &token);
+                c = c.elsewhere(&to);
             }
             st if st.is_live() || s.migrating_to.is_some() => {}
             State::Exited => return Ok(ExitCode::from(s.exit_code.unwrap_or(0) as u8)),
@@ -277,14 +275,7 @@ pub fn migrate(settings: &Settings, a: MigrateArgs) -> Result<ExitCode> {
     req.engine = a.engine.map(|e| e.name().into());
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = a.progress.then(|| {
-        let (c, id, done) = (
-            SpaceClient::new(
-                c.base(),
-                &token(settings.token_file.as_ref()).unwrap_or_default(),
-            ),
-            a.session.clone(),
-            done.clone(),
-        );
+        let (c, id, done) = (c.elsewhere(c.base()), a.session.clone(), done.clone());
         std::thread::spawn(move || {
             let mut shown = 0;
             while !done.load(std::sync::atomic::Ordering::SeqCst) {

@@ -132,7 +132,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         grants,
         ferry_wasi::Stdio::inherit_resumed(loaded.wasi.stdin_bytes),
         guest::host_clock(),
-        guest::interrupt_of(&control),
+        control.interrupt(),
     )
     .map_err(|e| refused(Stage::Admitting, e))?;
     let program = loaded.snapshot.program.clone();

@@ -149,7 +149,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         mounts,
         guest::stdio(),
         guest::host_clock(),
-        guest::interrupt_of(&control),
+        control.interrupt(),
     )
     .map_err(anyhow::Error::msg)?;
     let id = a.session.unwrap_or_else(session::new_id);

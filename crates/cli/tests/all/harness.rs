@@ -3,8 +3,9 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Repository root (for guests).
@@ -360,4 +361,103 @@ pub fn dir_contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
     }
     out.sort();
     out
+}
+
+/// The bearer token of every test space.
+pub const SPACE_TOKEN: &str = "test-space-token";
+
+/// A `ferry serve` with a store of its own, restartable on the same port.
+pub struct SpaceProc {
+    pub env: Env,
+    child: Option<Child>,
+    pub url: String,
+    port: u16,
+    extra: Vec<String>,
+}
+
+impl SpaceProc {
+    pub fn start(extra: &[&str]) -> Self {
+        let mut s = Self {
+            env: Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN),
+            child: None,
+            url: String::new(),
+            port: 0,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn(None);
+        s
+    }
+
+    /// Starts the server (again), dying at `fault` (`FERRY_FAULT`) if given.
+    pub fn spawn(&mut self, fault: Option<&str>) {
+        let mut c = self.env.ferry();
+        c.args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(&self.extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(f) = fault {
+            c.env("FERRY_FAULT", f);
+        }
+        let mut child = c.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        self.url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line `{line}`"))
+            .to_owned();
+        self.port = self.url.rsplit(':').next().unwrap().parse().unwrap();
+        self.child = Some(child);
+    }
+
+    /// Stops the server (its store stays; [`SpaceProc::spawn`] starts it again).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits for a space that is meant to die (fault injection) to be gone.
+    pub fn wait_dead(&mut self) {
+        let mut c = self.child.take().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while c.try_wait().unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the space at {} did not die",
+                self.url
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The session as the space's API shows it (None: it has no such session).
+    pub fn session(&self, id: &str) -> Option<serde_json::Value> {
+        let mut r = ureq::get(format!("{}/v1/sessions/{id}", self.url))
+            .header("Authorization", format!("Bearer {SPACE_TOKEN}"))
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .call()
+            .unwrap();
+        if r.status() == 404 {
+            return None;
+        }
+        assert_eq!(r.status(), 200);
+        Some(serde_json::from_slice(&r.body_mut().read_to_vec().unwrap()).unwrap())
+    }
+
+    pub fn state(&self, id: &str) -> Option<String> {
+        self.session(id)
+            .map(|s| s["state"].as_str().unwrap().to_owned())
+    }
+}
+
+impl Drop for SpaceProc {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }

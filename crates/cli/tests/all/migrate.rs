@@ -4,104 +4,9 @@
 //! killed (`kill -9`) at each step of the protocol leaves exactly one copy, nothing lost or
 //! repeated.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::{Env, guest};
-
-const TOKEN: &str = "migration-test-token";
-
-/// A `ferry serve` with a store of its own, restartable on the same port.
-struct SpaceProc {
-    env: Env,
-    child: Option<Child>,
-    url: String,
-    port: u16,
-    extra: Vec<String>,
-}
-
-impl SpaceProc {
-    fn start(extra: &[&str]) -> Self {
-        let mut s = Self {
-            env: Env::new().with_var("FERRY_TOKEN", TOKEN),
-            child: None,
-            url: String::new(),
-            port: 0,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
-        s.spawn(None);
-        s
-    }
-
-    /// Starts the server (again), dying at `fault` (`FERRY_FAULT`) if given.
-    fn spawn(&mut self, fault: Option<&str>) {
-        let mut c = self.env.ferry();
-        c.args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
-            .args(&self.extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        if let Some(f) = fault {
-            c.env("FERRY_FAULT", f);
-        }
-        let mut child = c.spawn().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        self.url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line `{line}`"))
-            .to_owned();
-        self.port = self.url.rsplit(':').next().unwrap().parse().unwrap();
-        self.child = Some(child);
-    }
-
-    /// Waits for a space that is meant to die (fault injection) to be gone.
-    fn wait_dead(&mut self) {
-        let mut c = self.child.take().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while c.try_wait().unwrap().is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "the space at {} did not die",
-                self.url
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// The session as the space's API shows it (None: it has no such session).
-    fn session(&self, id: &str) -> Option<serde_json::Value> {
-        let mut r = ureq::get(format!("{}/v1/sessions/{id}", self.url))
-            .header("Authorization", format!("Bearer {TOKEN}"))
-            .config()
-            .http_status_as_error(false)
-            .build()
-            .call()
-            .unwrap();
-        if r.status() == 404 {
-            return None;
-        }
-        assert_eq!(r.status(), 200);
-        Some(serde_json::from_slice(&r.body_mut().read_to_vec().unwrap()).unwrap())
-    }
-
-    fn state(&self, id: &str) -> Option<String> {
-        self.session(id)
-            .map(|s| s["state"].as_str().unwrap().to_owned())
-    }
-}
-
-impl Drop for SpaceProc {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+use crate::harness::{Env, SPACE_TOKEN, SpaceProc, guest};
 
 /// `cli`, which must succeed.
 fn ok(here: &Env, space: &str, args: &[&str]) {
@@ -117,7 +22,7 @@ fn cli(here: &Env, space: &str, args: &[&str]) -> (String, String, i32) {
 }
 
 fn client() -> Env {
-    Env::new().with_var("FERRY_TOKEN", TOKEN)
+    Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN)
 }
 
 /// Waits until `f` holds (or panics after 60 s).
@@ -424,10 +329,7 @@ fn survive_fault(step: &str, at_source: bool) {
     let g = guest("wasm/cpu.wasm");
     let plain = here.plain(&[g.to_str().unwrap(), "--", "400"]);
     let faulty = if at_source { &mut a } else { &mut b };
-    faulty.child.take().map(|mut c| {
-        c.kill().unwrap();
-        c.wait().unwrap()
-    });
+    faulty.stop();
     faulty.spawn(Some(step));
 
     ok(

@@ -2,54 +2,12 @@
 //! (only missing objects move, each verified), resumed there byte-identically; no token, no
 //! access; a damaged object in transit is refused.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
-
-use crate::harness::{Env, guest, resume_to_end, run_and_suspend};
-
-const TOKEN: &str = "s3cret-token-for-tests";
-
-/// A `ferry serve` on a free loopback port, stopped when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Server {
-    fn start(env: &Env) -> Self {
-        let mut child = env
-            .ferry()
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .env("FERRY_TOKEN", TOKEN)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line `{line}`"))
-            .to_owned();
-        Self { child, url }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use crate::harness::{Env, SPACE_TOKEN, SpaceProc, guest, resume_to_end, run_and_suspend};
 
 #[test]
 fn push_to_a_space_resume_there_pull_back_only_what_is_missing() {
-    let here = Env::new().with_var("FERRY_TOKEN", TOKEN);
-    let there = Env::new().with_var("FERRY_TOKEN", TOKEN);
-    let server = Server::start(&there);
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let mut server = SpaceProc::start(&[]);
     let g = guest("wasm/cpu.wasm");
     let args = [g.to_str().unwrap(), "--", "120"];
     let plain = here.plain(&args);
@@ -64,18 +22,18 @@ fn push_to_a_space_resume_there_pull_back_only_what_is_missing() {
     assert!(err.contains(": 0 of its "), "{err}");
 
     // The space's store holds a verified, named snapshot that resumes to the rest.
-    drop(server);
-    let (out, _, code) = there.output(&["store", "verify"]);
+    server.stop();
+    let (out, _, code) = server.env.output(&["store", "verify"]);
     assert_eq!(code, 0, "{out}");
-    seen.extend(resume_to_end(&there, &k));
+    seen.extend(resume_to_end(&server.env, &k));
     assert_eq!(
         String::from_utf8_lossy(&seen),
         String::from_utf8_lossy(&plain.stdout)
     );
 
     // Pull it into a third store.
-    let server = Server::start(&there);
-    let third = Env::new().with_var("FERRY_TOKEN", TOKEN);
+    server.spawn(None);
+    let third = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
     let (out, err, code) = third.output(&["pull", &k, "--from", &server.url]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), format!("pulled {k}"));
@@ -86,8 +44,7 @@ fn push_to_a_space_resume_there_pull_back_only_what_is_missing() {
 
 #[test]
 fn no_token_no_access_and_damaged_objects_are_refused() {
-    let there = Env::new();
-    let server = Server::start(&there);
+    let server = SpaceProc::start(&[]);
     let here = Env::new();
     let g = guest("wasm/cpu.wasm");
     let (_, k) = run_and_suspend(&here, &[g.to_str().unwrap(), "--", "120"], 200);
@@ -116,7 +73,7 @@ fn no_token_no_access_and_damaged_objects_are_refused() {
     let k0 = ferry_kappa::Kappa::of(b"what it claims to be");
     let r = agent
         .put(format!("{}/v1/objects/{k0}", server.url))
-        .header("Authorization", format!("Bearer {TOKEN}"))
+        .header("Authorization", format!("Bearer {SPACE_TOKEN}"))
         .send(&b"something else"[..])
         .unwrap();
     assert_eq!(r.status(), 422);
@@ -128,7 +85,7 @@ fn no_token_no_access_and_damaged_objects_are_refused() {
     // A snapshot whose closure is not there cannot be named.
     let r = agent
         .post(format!("{}/v1/snapshots/{k}", server.url))
-        .header("Authorization", format!("Bearer {TOKEN}"))
+        .header("Authorization", format!("Bearer {SPACE_TOKEN}"))
         .send_empty()
         .unwrap();
     assert_eq!(r.status(), 409);

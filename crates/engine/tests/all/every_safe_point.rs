@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use ferry_engine::{Control, EngineKind, Outcome, Request, Runtime, SnapshotMeta, Start, snapshot};
+use ferry_engine::{Control, EngineKind, Outcome, Runtime, SnapshotMeta, Start, snapshot};
 use ferry_store::MemStore;
 use ferry_wasi::{HostClock, Stdio, WasiCtx};
 
@@ -31,11 +31,6 @@ fn stdio(out: &Buf) -> Stdio {
         stdout: Box::new(out.clone()),
         stderr: Box::new(std::io::sink()),
     }
-}
-
-fn interrupt(c: &Arc<Control>) -> Arc<dyn Fn() -> bool + Send + Sync> {
-    let c = c.clone();
-    Arc::new(move || c.pending() != Request::None)
 }
 
 /// Prints the i64 on the stack, in decimal, with a newline (fd_write on fd 1).
@@ -104,7 +99,7 @@ impl Harness {
                     vec![],
                     stdio(&out),
                     Box::new(HostClock::default()),
-                    interrupt(&c),
+                    c.interrupt(),
                 )
                 .unwrap(),
                 Start::Fresh,
@@ -117,7 +112,7 @@ impl Harness {
                     vec![],
                     stdio(&out),
                     Box::new(HostClock::default()),
-                    interrupt(&c),
+                    c.interrupt(),
                 )
                 .unwrap();
                 let g = loaded.snapshot.generation;
@@ -346,7 +341,7 @@ fn a_snapshot_needing_an_engine_class_no_engine_has_is_refused_by_each() {
             vec![],
             stdio(&Buf::default()),
             Box::new(HostClock::default()),
-            interrupt(&c),
+            c.interrupt(),
         )
         .unwrap();
         let meta = SnapshotMeta {
