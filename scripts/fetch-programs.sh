@@ -8,25 +8,20 @@
 #   ${FERRY_GUEST_CACHE:-$HOME/.cache/ferry/guests}/{lz4-bench,brotli-bench,lua}.wasm
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-cache="${FERRY_GUEST_CACHE:-$HOME/.cache/ferry/guests}"
+. "$root/scripts/guest-lib.sh"
 index="https://files.pythonhosted.org/packages"
-mkdir -p "$cache"
 common=(--target=wasm32-wasi -O2 -w -Wl,-z,stack-size=8388608 -Wl,--strip-debug)
 
 # fetch NAME URL-PATH SHA256 -> path of the verified sdist in $tmp
 fetch() {
     local file="$tmp/$1"
     curl -fsSL --retry 3 -o "$file" "$index/$2/$1"
-    if ! echo "$3  $file" | sha256sum -c --status; then
-        echo "$1: SHA-256 mismatch, refusing it" >&2
-        exit 1
-    fi
+    verify "$file" "$3"
     echo "$file"
 }
 
-# up_to_date DEST KEY...: whether DEST was built from exactly these inputs
-key_of() { (echo "$@"; cat "$root/scripts/fetch-programs.sh" "$root/guests/common/workload.h") | sha256sum | cut -c1-16; }
-up_to_date() { [ -f "$1" ] && [ "$(cat "$1.key" 2>/dev/null)" = "$2" ]; }
+# key_of WORDS...: the build key of a module made from these and this script
+key_of() { build_key "$*" "$root/scripts/fetch-programs.sh" "$root/guests/common/workload.h"; }
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -42,8 +37,7 @@ else
     tar -xzf "$sdist" -C "$tmp" lz4-4.4.4/lz4libs
     src="$tmp/lz4-4.4.4/lz4libs"
     clang "${common[@]}" -I"$src" -I"$root/guests/common" "$root/guests/lz4/driver.c" "$src/lz4.c" "$src/lz4hc.c" -o "$dest.tmp"
-    mv "$dest.tmp" "$dest" && echo "$key" > "$dest.key"
-    echo "lz4-bench.wasm: built ($dest)"
+    built "$dest" "$key"
 fi
 
 # --- Brotli ---
@@ -59,8 +53,7 @@ else
     echo "brotli-bench.wasm: building the Brotli workload for WASI (about 30 s)"
     clang "${common[@]}" -I"$src/include" -I"$root/guests/common" "$root/guests/brotli/driver.c" \
         "$src"/common/*.c "$src"/enc/*.c "$src"/dec/*.c -o "$dest.tmp"
-    mv "$dest.tmp" "$dest" && echo "$key" > "$dest.key"
-    echo "brotli-bench.wasm: built ($dest)"
+    built "$dest" "$key"
 fi
 
 # --- Lua 5.4 ---
@@ -86,6 +79,5 @@ else
         -D_WASI_EMULATED_SIGNAL -D_WASI_EMULATED_PROCESS_CLOCKS \
         "$src/onelua.c" "$tmp/stub/stubs.c" -lwasi-emulated-signal -lwasi-emulated-process-clocks \
         -o "$dest.tmp"
-    mv "$dest.tmp" "$dest" && echo "$key" > "$dest.key"
-    echo "lua.wasm: built ($dest)"
+    built "$dest" "$key"
 fi

@@ -6,7 +6,7 @@
 #   ${FERRY_GUEST_CACHE:-$HOME/.cache/ferry/guests}/sqlite3-3.52.0.wasm
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-cache="${FERRY_GUEST_CACHE:-$HOME/.cache/ferry/guests}"
+. "$root/scripts/guest-lib.sh"
 tgz_sha="ab8d044a93e05bd031d7ea75547c7fa60387cdc259d27f93c0e3e2832c4b1df9"
 url="https://registry.npmjs.org/sqlite3/-/sqlite3-6.0.1.tgz"
 dest="$cache/sqlite3-3.52.0.wasm"
@@ -17,12 +17,12 @@ flags=(--target=wasm32-wasi -O2
     -Wl,-z,stack-size=8388608 -Wl,--strip-debug)
 libs=(-lwasi-emulated-signal -lwasi-emulated-mman -lwasi-emulated-process-clocks -lwasi-emulated-getpid)
 # The build is keyed by the source, the stubs and the flags.
-key="$( (echo "$tgz_sha ${flags[*]} ${libs[*]}"; cat "$root/guests/sqlite/wasi_stubs.c" "$root/guests/sqlite/wasi_shim.h" "$root/scripts/fetch-sqlite.sh") | sha256sum | cut -c1-16)"
-if [ -f "$dest" ] && [ "$(cat "$dest.key" 2>/dev/null)" = "$key" ]; then
+key="$(build_key "$tgz_sha ${flags[*]} ${libs[*]}" "$root/guests/sqlite/wasi_stubs.c" \
+    "$root/guests/sqlite/wasi_shim.h" "$root/scripts/fetch-sqlite.sh")"
+if up_to_date "$dest" "$key"; then
     echo "sqlite3-3.52.0.wasm: cached ($dest)"
     exit 0
 fi
-mkdir -p "$cache"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 if command -v curl >/dev/null; then
@@ -30,16 +30,11 @@ if command -v curl >/dev/null; then
 else
     (cd "$tmp" && npm pack --silent sqlite3@6.0.1 >/dev/null && mv sqlite3-6.0.1.tgz sqlite3.tgz)
 fi
-if ! echo "$tgz_sha  $tmp/sqlite3.tgz" | sha256sum -c --status; then
-    echo "sqlite3-6.0.1.tgz: SHA-256 mismatch, refusing it" >&2
-    exit 1
-fi
+verify "$tmp/sqlite3.tgz" "$tgz_sha"
 tar -xzf "$tmp/sqlite3.tgz" -C "$tmp" package/deps/sqlite-autoconf-3520000.tar.gz
 tar -xzf "$tmp/package/deps/sqlite-autoconf-3520000.tar.gz" -C "$tmp"
 src="$tmp/sqlite-autoconf-3520000"
 echo "sqlite3-3.52.0.wasm: building the SQLite shell for WASI (about 20 s)"
 clang "${flags[@]}" -include "$root/guests/sqlite/wasi_shim.h" "$src/shell.c" "$src/sqlite3.c" "$root/guests/sqlite/wasi_stubs.c" \
     "${libs[@]}" -o "$dest.tmp"
-mv "$dest.tmp" "$dest"
-echo "$key" > "$dest.key"
-echo "sqlite3-3.52.0.wasm: built ($dest)"
+built "$dest" "$key"
