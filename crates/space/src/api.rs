@@ -285,6 +285,17 @@ impl ApiError {
     }
 }
 
+/// `id` as a session id, or the refusal that names the rule.
+pub fn session_id(id: &str) -> Result<&str, ApiError> {
+    if valid_id(id) {
+        Ok(id)
+    } else {
+        Err(ApiError::bad_request(format!(
+            "`{id}` is not a session id (1-64 of A-Z a-z 0-9 _ -)"
+        )))
+    }
+}
+
 /// Whether `id` is a usable session id: 1–64 of `[A-Za-z0-9_-]` (it names files).
 pub fn valid_id(id: &str) -> bool {
     !id.is_empty()

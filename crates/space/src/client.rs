@@ -9,7 +9,7 @@ use ferry_store::{RefValue, Store, StoreError};
 
 use crate::api::{
     ApiError, Decision, MigrateRequest, MigrationReport, PrepareRequest, ResumeRequest, RunRequest,
-    SessionInfo,
+    SessionInfo, session_id,
 };
 use crate::{BATCH_BYTES, MAX_OBJECT, MAX_QUERY};
 
@@ -450,6 +450,7 @@ impl SpaceClient {
     }
 
     pub fn session(&self, id: &str) -> Result<SessionInfo, ApiError> {
+        let id = session_id(id)?;
         self.get_json(&format!("/v1/sessions/{id}"))
     }
 
@@ -458,25 +459,30 @@ impl SpaceClient {
     }
 
     pub fn resume(&self, id: &str, req: &ResumeRequest) -> Result<SessionInfo, ApiError> {
+        let id = session_id(id)?;
         self.post(&format!("/v1/sessions/{id}/resume"), req)
     }
 
     /// `suspend`, `checkpoint` or `kill`.
     pub fn stop(&self, id: &str, verb: &str) -> Result<SessionInfo, ApiError> {
+        let id = session_id(id)?;
         self.post(&format!("/v1/sessions/{id}/{verb}"), &serde_json::json!({}))
     }
 
     pub fn migrate(&self, id: &str, req: &MigrateRequest) -> Result<MigrationReport, ApiError> {
+        let id = session_id(id)?;
         self.post(&format!("/v1/sessions/{id}/migrate"), req)
     }
 
     /// Waits (at most `timeout_ms` on the space's side) until the session is no longer live.
     pub fn wait(&self, id: &str, timeout_ms: u64) -> Result<SessionInfo, ApiError> {
+        let id = session_id(id)?;
         self.get_json(&format!("/v1/sessions/{id}/wait?timeout_ms={timeout_ms}"))
     }
 
     /// The output log from byte `from` on; waits up to `wait_ms` for more while it is live.
     pub fn logs(&self, id: &str, from: u64, wait_ms: u64) -> Result<LogChunk, ApiError> {
+        let id = session_id(id)?;
         let r = self
             .agent
             .get(format!(
@@ -511,10 +517,12 @@ impl SpaceClient {
     }
 
     pub fn commit(&self, id: &str, d: Decision) -> Result<SessionInfo, ApiError> {
+        let id = session_id(id)?;
         self.post(&format!("/v1/migrations/{id}/commit"), &d)
     }
 
     pub fn abort(&self, id: &str, d: Decision) -> Result<(), ApiError> {
+        let id = session_id(id)?;
         self.post::<_, serde_json::Value>(&format!("/v1/migrations/{id}/abort"), &d)
             .map(drop)
     }

@@ -24,7 +24,7 @@ use tracing::{info, warn};
 
 use crate::api::{
     ApiError, Decision, MigrateRequest, MigrationReport, PrepareRequest, ResumeRequest, Round,
-    RunRequest, SessionInfo, State, valid_id,
+    RunRequest, SessionInfo, State, session_id, valid_id,
 };
 use crate::client::{RemoteStore, SpaceClient, send_closure};
 use crate::policy::Policy;
@@ -348,11 +348,7 @@ impl Sessions {
     }
 
     fn get(&self, id: &str) -> Result<Arc<Live>, ApiError> {
-        if !valid_id(id) {
-            return Err(ApiError::bad_request(format!(
-                "`{id}` is not a session id (1-64 of A-Z a-z 0-9 _ -)"
-            )));
-        }
+        session_id(id)?;
         lock(&self.live)
             .get(id)
             .cloned()
@@ -727,9 +723,7 @@ impl Sessions {
             .session
             .clone()
             .unwrap_or_else(|| format!("{:08x}", rand::random::<u32>()));
-        if !valid_id(&id) {
-            return Err(ApiError::bad_request(format!("`{id}` is not a session id")));
-        }
+        session_id(&id)?;
         let live = {
             let mut g = lock(&self.live);
             if g.contains_key(&id) {
@@ -1137,9 +1131,7 @@ impl Sessions {
     /// `POST /v1/migrations`: verify, admit and restore the snapshot, then hold the guest
     /// until the source commits or aborts.
     pub fn prepare(self: &Arc<Self>, req: PrepareRequest) -> Result<SessionInfo, ApiError> {
-        if !valid_id(&req.session) {
-            return Err(ApiError::bad_request("bad session id"));
-        }
+        session_id(&req.session)?;
         let k = parse_kappa(&req.snapshot, "snapshot")?;
         let engine = parse_engine(Some(&req.engine), EngineKind::Jit)?;
         fault("dest-prepare");

@@ -39,6 +39,12 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
             mounts.push(m);
         }
     }
+    anyhow::ensure!(
+        t.wasm.starts_with(b"\0asm"),
+        "{}: {}",
+        t.name,
+        ferry_instrument::InstrumentError::NotWasm
+    );
     let module = store.put(&t.wasm)?;
     let mut objects = BTreeSet::from([module]);
     let mut requests = Vec::new();

@@ -488,3 +488,26 @@ fn a_connection_cut_during_pre_copy_leaves_the_source_running_and_a_retry_moves_
     assert_eq!(report["outcome"], "committed");
     assert_finished_like(&here, &a.url, "cut", &plain.stdout);
 }
+
+#[test]
+fn bad_input_to_a_space_is_refused_with_the_reason() {
+    let here = client();
+    let space = SpaceProc::start(&[]);
+    let junk = here.path("junk.wasm");
+    std::fs::write(&junk, b"not a module").unwrap();
+    let (_, err, code) = cli(&here, &space.url, &["run", junk.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("not a WebAssembly module"), "{err}");
+    assert!(
+        !err.contains("sent "),
+        "nothing is sent for a bad module: {err}"
+    );
+    for verb in ["resume", "logs", "wait", "kill"] {
+        let (_, err, code) = cli(&here, &space.url, &[verb, "no/such id"]);
+        assert_ne!(code, 0);
+        assert!(err.contains("is not a session id"), "{verb}: {err}");
+    }
+    let (_, err, code) = cli(&here, &space.url, &["wait", "nosuch"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no session `nosuch`"), "{err}");
+}
