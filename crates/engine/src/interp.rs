@@ -57,6 +57,13 @@ impl Backend for Interp {
         bytes: &[u8],
         _progress: &dyn Fn(&str),
     ) -> Result<Arc<dyn Compiled>, EngineError> {
+        if crate::uses_exceptions(bytes) {
+            return Err(EngineError::Compile(
+                "interp: the module uses the exception-handling proposal, which wasmi does not \
+                 implement; run it with `--engine jit`"
+                    .into(),
+            ));
+        }
         let module = wasmi::Module::new(&self.engine, bytes)
             .map_err(|e| EngineError::Compile(format!("interp: {e}")))?;
         Ok(Arc::new(InterpModule {
@@ -136,6 +143,10 @@ fn linker(engine: &wasmi::Engine) -> Result<Linker<Data>, wasmi::Error> {
     let mut linker = Linker::new(engine);
     linker.func_wrap(abi::MODULE, abi::POLL, |mut caller: Caller<'_, Data>| {
         host::poll(&mut caller).map_err(stop_error)
+    })?;
+    let (module, name) = host::HOST_DOOR;
+    linker.func_wrap(module, name, |_: i32, _: i32, _: i32, _: i32| -> i32 {
+        host::NO_HOST
     })?;
     for (name, sig) in FUNCTIONS {
         let params: Vec<ValType> = sig
@@ -218,18 +229,22 @@ impl Compiled for InterpModule {
 struct InterpInstance {
     store: wasmi::Store<Data>,
     instance: wasmi::Instance,
-    funcs: HashMap<String, TypedFunc<(), ()>>,
+    funcs: HashMap<String, Entry>,
 }
 
 impl InterpInstance {
-    fn func(&mut self, name: &str) -> Option<TypedFunc<(), ()>> {
+    fn func(&mut self, name: &str) -> Option<Entry> {
         if let Some(f) = self.funcs.get(name) {
             return Some(*f);
         }
-        let f = self
-            .instance
-            .get_typed_func::<(), ()>(&self.store, name)
-            .ok()?;
+        let f = match self.instance.get_typed_func::<(), ()>(&self.store, name) {
+            Ok(f) => Entry::Unit(f),
+            Err(_) => Entry::Code(
+                self.instance
+                    .get_typed_func::<(), i32>(&self.store, name)
+                    .ok()?,
+            ),
+        };
         self.funcs.insert(name.to_owned(), f);
         Some(f)
     }
@@ -251,15 +266,18 @@ impl Instance for InterpInstance {
         self.func(name).is_some()
     }
 
-    fn call(&mut self, name: &str) -> Result<(), Stop> {
+    fn call(&mut self, name: &str) -> Result<Option<i32>, Stop> {
         let f = self
             .func(name)
             .ok_or_else(|| Stop::Trap(format!("no function `{name}`")))?;
-        f.call(&mut self.store, ())
-            .map_err(|e| match e.i32_exit_status() {
-                Some(code) => Stop::Exit(code),
-                None => Stop::Trap(e.to_string()),
-            })
+        let r = match f {
+            Entry::Unit(f) => f.call(&mut self.store, ()).map(|()| None),
+            Entry::Code(f) => f.call(&mut self.store, ()).map(Some),
+        };
+        r.map_err(|e| match e.i32_exit_status() {
+            Some(code) => Stop::Exit(code),
+            None => Stop::Trap(e.to_string()),
+        })
     }
 
     fn memory(&mut self, name: &str) -> Option<&[u8]> {
@@ -308,4 +326,11 @@ impl Instance for InterpInstance {
         };
         g.set(&mut self.store, v).map_err(|e| e.to_string())
     }
+}
+
+/// An exported entry function: `() -> ()`, or a reactor's `() -> i32` returning an exit code.
+#[derive(Clone, Copy)]
+enum Entry {
+    Unit(TypedFunc<(), ()>),
+    Code(TypedFunc<(), i32>),
 }

@@ -40,6 +40,9 @@ impl Jit {
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
         // The transform marks its unwind paths unlikely; Cranelift then lays them out cold.
         config.wasm_branch_hinting(true);
+        // The exception-handling proposal (CPython 3.15 with numpy uses it); exnref lives on
+        // the GC heap, hence the `gc` feature.
+        config.wasm_exceptions(true);
         let engine =
             wasmtime::Engine::new(&config).map_err(|e| EngineError::Compile(e.to_string()))?;
         Ok(Self { engine, cache_dir })
@@ -60,6 +63,9 @@ struct JitModule {
 impl Backend for Jit {
     fn kind(&self) -> EngineKind {
         EngineKind::Jit
+    }
+    fn engine_classes(&self) -> &'static [&'static str] {
+        &[crate::ENGINE_CLASS, crate::ENGINE_CLASS_EXCEPTIONS]
     }
 
     fn compile(
@@ -192,6 +198,10 @@ fn linker(engine: &wasmtime::Engine) -> wasmtime::Result<Linker<Data>> {
     linker.func_wrap(abi::MODULE, abi::POLL, |mut caller: Caller<'_, Data>| {
         host::poll(&mut caller).map_err(stop_error)
     })?;
+    let (module, name) = host::HOST_DOOR;
+    linker.func_wrap(module, name, |_: i32, _: i32, _: i32, _: i32| -> i32 {
+        host::NO_HOST
+    })?;
     for (name, sig) in FUNCTIONS {
         let params = sig
             .params
@@ -272,18 +282,25 @@ impl Compiled for JitModule {
 struct JitInstance {
     store: wasmtime::Store<Data>,
     instance: wasmtime::Instance,
-    funcs: HashMap<String, TypedFunc<(), ()>>,
+    funcs: HashMap<String, Entry>,
 }
 
 impl JitInstance {
-    fn func(&mut self, name: &str) -> Option<TypedFunc<(), ()>> {
+    fn func(&mut self, name: &str) -> Option<Entry> {
         if let Some(f) = self.funcs.get(name) {
             return Some(f.clone());
         }
-        let f = self
+        let f = match self
             .instance
             .get_typed_func::<(), ()>(&mut self.store, name)
-            .ok()?;
+        {
+            Ok(f) => Entry::Unit(f),
+            Err(_) => Entry::Code(
+                self.instance
+                    .get_typed_func::<(), i32>(&mut self.store, name)
+                    .ok()?,
+            ),
+        };
         self.funcs.insert(name.to_owned(), f.clone());
         Some(f)
     }
@@ -305,15 +322,18 @@ impl Instance for JitInstance {
         self.func(name).is_some()
     }
 
-    fn call(&mut self, name: &str) -> Result<(), Stop> {
+    fn call(&mut self, name: &str) -> Result<Option<i32>, Stop> {
         let f = self
             .func(name)
             .ok_or_else(|| Stop::Trap(format!("no function `{name}`")))?;
-        f.call(&mut self.store, ())
-            .map_err(|e| match e.downcast_ref::<GuestExit>() {
-                Some(GuestExit(code)) => Stop::Exit(*code),
-                None => Stop::Trap(trap_message(&e)),
-            })
+        let r = match f {
+            Entry::Unit(f) => f.call(&mut self.store, ()).map(|()| None),
+            Entry::Code(f) => f.call(&mut self.store, ()).map(Some),
+        };
+        r.map_err(|e| match e.downcast_ref::<GuestExit>() {
+            Some(GuestExit(code)) => Stop::Exit(*code),
+            None => Stop::Trap(trap_message(&e)),
+        })
     }
 
     fn memory(&mut self, name: &str) -> Option<&[u8]> {
@@ -381,4 +401,11 @@ fn trap_message(e: &wasmtime::Error) -> String {
     out.push("    ...");
     out.extend(causes);
     out.join("\n")
+}
+
+/// An exported entry function: `() -> ()`, or a reactor's `() -> i32` returning an exit code.
+#[derive(Clone)]
+enum Entry {
+    Unit(TypedFunc<(), ()>),
+    Code(TypedFunc<(), i32>),
 }

@@ -32,3 +32,19 @@ pub const HOST_CONTRACT: &str = "ferry-host/1";
 /// it; an engine that lacks part of it (say, a browser without SIMD) declares a narrower class
 /// and refuses such snapshots at Admitting, naming what it lacks.
 pub const ENGINE_CLASS: &str = "wasm-core-2+multi-memory";
+/// Engine class of snapshots of modules that use the exception-handling proposal (tags,
+/// `try_table`, `exnref`): only the JIT engine provides it.
+pub const ENGINE_CLASS_EXCEPTIONS: &str = "wasm-core-2+multi-memory+exceptions";
+
+/// Whether `wasm` declares exception tags (the sections before the code are enough: a module
+/// that throws or catches must declare its tags).
+pub(crate) fn uses_exceptions(wasm: &[u8]) -> bool {
+    for payload in wasmparser::Parser::new(0).parse_all(wasm) {
+        match payload {
+            Ok(wasmparser::Payload::TagSection(r)) => return r.count() > 0,
+            Ok(wasmparser::Payload::CodeSectionStart { .. }) | Err(_) => return false,
+            _ => {}
+        }
+    }
+    false
+}

@@ -25,6 +25,9 @@ pub struct Prepared {
     pub module: Kappa,
     /// κ of the instrumented module derived from it.
     pub instrumented: Kappa,
+    /// The engine class its snapshots need ([`crate::ENGINE_CLASS`] or, when the module uses
+    /// the exception-handling proposal, [`crate::ENGINE_CLASS_EXCEPTIONS`]).
+    pub engine_class: &'static str,
     pub(crate) compiled: Arc<dyn Compiled>,
 }
 
@@ -135,9 +138,15 @@ impl Runtime {
         let compiled = self
             .backend
             .compile(Some(&instrumented.to_hex()), &bytes, progress)?;
+        let engine_class = if crate::uses_exceptions(&bytes) {
+            crate::ENGINE_CLASS_EXCEPTIONS
+        } else {
+            crate::ENGINE_CLASS
+        };
         Ok(Prepared {
             module,
             instrumented,
+            engine_class,
             compiled,
         })
     }

@@ -49,6 +49,9 @@ pub struct SnapshotMeta {
     pub program: String,
     pub parent: Option<Kappa>,
     pub generation: u64,
+    /// A reactor's entry export, called after `_initialize` (`None`: a command's `_start`).
+    /// A restored run takes it from its snapshot.
+    pub main: Option<String>,
 }
 
 impl SnapshotMeta {
@@ -58,6 +61,7 @@ impl SnapshotMeta {
             program: program.into(),
             parent: None,
             generation: 0,
+            main: None,
         }
     }
 }
@@ -96,16 +100,26 @@ impl Runtime {
         };
         let mut inst = compiled.instantiate(host, true)?;
         let inst = inst.as_mut();
-        // A fresh run calls the former start function, then `_start`; a restored run re-enters
-        // the one it was suspended in (through its rewind copy).
-        let entries: Vec<&str> = [abi::START_EXPORT, "_start"]
-            .into_iter()
-            .filter(|n| inst.has_func(n))
-            .collect();
-        if entries.last() != Some(&"_start") {
-            return Err(EngineError::Instantiate(
-                "module has no `_start` function".into(),
-            ));
+        // A fresh run calls the former start function, then `_start` (a reactor: its
+        // `_initialize`, then its entry); a restored run re-enters the one it was suspended in
+        // (through its rewind copy).
+        if let Start::Restore(loaded) = &start {
+            meta.main = loaded.snapshot.main.clone();
+        }
+        let main = meta.main.clone().unwrap_or_else(|| "_start".to_owned());
+        let entries: Vec<&str> = match meta.main {
+            None => vec![abi::START_EXPORT, "_start"],
+            Some(_) => vec![abi::START_EXPORT, "_initialize", &main],
+        };
+        let entries: Vec<&str> = entries.into_iter().filter(|n| inst.has_func(n)).collect();
+        if entries.last() != Some(&main.as_str()) {
+            let hint = match (&meta.main, inst.has_func("_initialize")) {
+                (None, true) => "; it is a reactor: name the export to call (`--invoke`)",
+                _ => "",
+            };
+            return Err(EngineError::Instantiate(format!(
+                "module has no `{main}` function{hint}"
+            )));
         }
         let mut phase = 0;
         let mut rewinding = false;
@@ -201,7 +215,7 @@ impl Runtime {
                 name.to_owned()
             };
             match inst.call(&call) {
-                Ok(()) => {
+                Ok(code) => {
                     let state = global_i32(inst, abi::STATE_GLOBAL)?;
                     if state == abi::STATE_REWIND {
                         return Err(EngineError::refused(
@@ -215,15 +229,11 @@ impl Runtime {
                             continue;
                         }
                         inst.host().wasi.flush();
-                        return Ok(Outcome::Exited(0));
+                        return Ok(Outcome::Exited(code.unwrap_or(0)));
                     }
-                    let mut reason =
-                        std::mem::replace(&mut inst.host().unwind_reason, Request::None);
-                    if reason == Request::None {
-                        // The guest unwound by itself at a safe point (its flag was raised):
-                        // serve whatever was asked.
-                        reason = control.take();
-                    }
+                    // Serve whatever was asked (the request stays pending until the unwind
+                    // reaches here: see `host::start_unwind`).
+                    let reason = control.take();
                     if matches!(reason, Request::None | Request::Probe) {
                         // Nothing to write (a probe, or a request already served): go on.
                         begin_rewind(inst)?;
@@ -271,7 +281,7 @@ impl Runtime {
         let r = inst.call("_start");
         inst.host().wasi.flush();
         match r {
-            Ok(()) => Ok(0),
+            Ok(code) => Ok(code.unwrap_or(0)),
             Err(Stop::Exit(code)) => Ok(code),
             Err(Stop::Trap(m)) => Err(EngineError::Trap(m)),
         }

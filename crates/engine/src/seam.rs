@@ -99,10 +99,11 @@ pub(crate) trait Instance {
     fn host(&mut self) -> &mut HostState;
     /// Names of all exports.
     fn export_names(&mut self) -> Vec<String>;
-    /// Whether a `() -> ()` function with this name is exported.
+    /// Whether a `() -> ()` or `() -> i32` function with this name is exported.
     fn has_func(&mut self, name: &str) -> bool;
-    /// Calls the exported `() -> ()` function `name`.
-    fn call(&mut self, name: &str) -> Result<(), Stop>;
+    /// Calls the exported function `name`: `() -> ()`, or `() -> i32` (a reactor's entry that
+    /// returns its exit code: `Some(code)`).
+    fn call(&mut self, name: &str) -> Result<Option<i32>, Stop>;
     fn memory(&mut self, name: &str) -> Option<&[u8]>;
     fn memory_mut(&mut self, name: &str) -> Option<&mut [u8]>;
     /// Grows memory `name` by `pages` 64 KiB pages.

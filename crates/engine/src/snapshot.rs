@@ -15,11 +15,11 @@ use ferry_object::{
 use ferry_store::{Store, StoreError};
 use tracing::info;
 
+use crate::HOST_CONTRACT;
 use crate::error::{EngineError, Stage};
 use crate::prepare::Prepared;
 use crate::run::{SnapshotMeta, global_i32};
 use crate::seam::{Instance, Value};
-use crate::{ENGINE_CLASS, HOST_CONTRACT};
 
 /// Largest memory ferry restores (4 GiB, the wasm32 limit).
 const MAX_MEMORY: u64 = 1 << 32;
@@ -375,13 +375,14 @@ pub(crate) fn write(
             .map_err(|e| fail("wasi", &e))?,
         profile: Profile {
             runtime: HOST_CONTRACT.into(),
-            engine_class: ENGINE_CLASS.into(),
+            engine_class: prepared.engine_class.into(),
             capabilities: caps,
             host_bound: false,
         },
         parent: meta.parent,
         generation: meta.generation + 1,
         output,
+        main: meta.main.clone(),
     };
     let k = store
         .put(&ferry_object::encode(&snap))

@@ -94,18 +94,17 @@ impl TypeInterner {
 }
 
 fn val_type(t: wasmparser::ValType) -> Result<ValType, InstrumentError> {
-    Ok(match t {
-        wasmparser::ValType::I32 => ValType::I32,
-        wasmparser::ValType::I64 => ValType::I64,
-        wasmparser::ValType::F32 => ValType::F32,
-        wasmparser::ValType::F64 => ValType::F64,
-        wasmparser::ValType::V128 => ValType::V128,
-        wasmparser::ValType::Ref(_) => {
-            return Err(InstrumentError::Unsupported(
-                "reference-typed locals or operands in a function that can be suspended".into(),
-            ));
-        }
-    })
+    wasm_encoder::reencode::RoundtripReencoder
+        .val_type(t)
+        .map_err(|e| InstrumentError::Invalid(e.to_string()))
+}
+
+/// Whether a value of type `t` can be written to a frame record. References (an `exnref`
+/// held while an exception is handled, a `funcref`) cannot: they are not bytes. A call site
+/// where one is live never saves its frame — it *bounces* the unwind (see
+/// [`Emitter::bounce`]) — and a poll where one is live is left out.
+fn savable(t: ValType) -> bool {
+    !matches!(t, ValType::Ref(_))
 }
 
 fn val_types(ts: &[wasmparser::ValType]) -> Result<Vec<ValType>, InstrumentError> {
@@ -117,7 +116,7 @@ fn size_of(t: ValType) -> u32 {
         ValType::I32 | ValType::F32 => 4,
         ValType::I64 | ValType::F64 => 8,
         ValType::V128 => 16,
-        ValType::Ref(_) => unreachable!("refused by val_type"),
+        ValType::Ref(_) => unreachable!("references are never saved"),
     }
 }
 
@@ -128,12 +127,16 @@ fn dummy(t: ValType) -> I<'static> {
         ValType::F32 => I::F32Const(0.0f32.into()),
         ValType::F64 => I::F64Const(0.0f64.into()),
         ValType::V128 => I::V128Const(0),
-        ValType::Ref(_) => unreachable!("refused by val_type"),
+        // Only nullable references pass validation without typed function references.
+        ValType::Ref(r) => I::RefNull(r.heap_type),
     }
 }
 
 /// Places a value of type `t` in a record of `len` bytes: its naturally aligned offset.
 fn place(len: &mut u32, t: ValType) -> u32 {
+    if !savable(t) {
+        return u32::MAX;
+    }
     let sz = size_of(t);
     let off = len.div_ceil(sz) * sz;
     *len = off + sz;
@@ -147,7 +150,7 @@ fn load(t: ValType, m: MemArg) -> I<'static> {
         ValType::F32 => I::F32Load(m),
         ValType::F64 => I::F64Load(m),
         ValType::V128 => I::V128Load(m),
-        ValType::Ref(_) => unreachable!("refused by val_type"),
+        ValType::Ref(_) => unreachable!("references are never saved"),
     }
 }
 
@@ -158,7 +161,7 @@ fn store(t: ValType, m: MemArg) -> I<'static> {
         ValType::F32 => I::F32Store(m),
         ValType::F64 => I::F64Store(m),
         ValType::V128 => I::V128Store(m),
-        ValType::Ref(_) => unreachable!("refused by val_type"),
+        ValType::Ref(_) => unreachable!("references are never saved"),
     }
 }
 
@@ -255,7 +258,7 @@ fn padded_i32(v: i32) -> [u8; 6] {
 impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     fn ins(&mut self, i: I<'_>) {
         match i {
-            I::Block(_) | I::Loop(_) | I::If(_) => self.depth += 1,
+            I::Block(_) | I::Loop(_) | I::If(_) | I::TryTable(..) => self.depth += 1,
             I::End => self.depth = self.depth.saturating_sub(1),
             _ => {}
         }
@@ -278,8 +281,9 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     }
 
     /// What a frame unwinding at this point must save: the original locals live afterwards
-    /// (all of them if unknown) and the spill temporaries of the whole operand stack.
-    fn saved_locals(&mut self, v: &Validator, live: Option<&Locals>) -> Vec<u32> {
+    /// (all of them if unknown) and the spill temporaries of the whole operand stack — or
+    /// `None` when one of them is a reference, which no record can hold.
+    fn saved_locals(&mut self, v: &Validator, live: Option<&Locals>) -> Option<Vec<u32>> {
         let mut out: Vec<u32> = match live {
             Some(l) => l.iter().filter(|&i| (i as usize) < self.n_orig).collect(),
             None => (0..self.n_orig as u32).collect(),
@@ -292,7 +296,9 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
                 out.push(self.temp(t, (height - 1 - d) as u32));
             }
         }
-        out
+        out.iter()
+            .all(|&l| savable(self.locals[l as usize]))
+            .then_some(out)
     }
 
     /// A padded `i32.const` whose value is patched to the record size (or its page count).
@@ -427,20 +433,28 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     /// Emits an unwind-capable call. The lean copy just calls and checks for an unwind; the
     /// rewind copy re-enters the call (through the callee's rewind copy) only if it is the
     /// target, and calls lean copies once the rewind is over.
+    ///
+    /// `saved` is what the unwind path saves; `None` makes a bouncing site (a reference is
+    /// live here), whose `args` are the spill temporaries holding the call's operands.
     fn call_site(
         &mut self,
         site: u32,
         (call, call_rewind): (I<'_>, I<'_>),
-        params: &[ValType],
-        results: &[ValType],
-        saved: &[u32],
+        (params, results): (&[ValType], &[ValType]),
+        saved: Option<&[u32]>,
+        args: &[u32],
     ) {
         if self.copy == Copy::Lean {
             self.ins(call);
             self.ins(I::GlobalGet(self.ctx.state_global));
             self.unlikely.push(self.out.len() as u32);
-            self.ins(I::If(BlockType::Empty));
-            self.save_and_return(site, saved);
+            match saved {
+                Some(saved) => {
+                    self.ins(I::If(BlockType::Empty));
+                    self.save_and_return(site, saved);
+                }
+                None => self.bounce(call_rewind, results, args),
+            }
             self.ins(I::End);
             return;
         }
@@ -451,9 +465,12 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::I32Const(site as i32));
         self.ins(I::I32Eq);
         self.ins(I::If(bt));
-        self.ins(call_rewind);
+        // The rewind is over once the callee is re-entered: cleared before the call, because
+        // the callee may throw instead of returning (this frame's handler then runs as normal
+        // code).
         self.ins(I::I32Const(0));
         self.ins(I::LocalSet(self.rw));
+        self.ins(call_rewind.clone());
         self.ins(I::Else);
         for _ in params {
             self.ins(I::Drop);
@@ -468,9 +485,59 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::GlobalGet(self.ctx.state_global));
         self.ins(I::I32Const(abi::STATE_UNWIND));
         self.ins(I::I32Eq);
-        self.ins(I::If(BlockType::Empty));
-        self.save_and_return(site, saved);
+        match saved {
+            Some(saved) => {
+                self.ins(I::If(BlockType::Empty));
+                self.save_and_return(site, saved);
+            }
+            None => self.bounce(call_rewind, results, args),
+        }
         self.ins(I::End);
+    }
+
+    /// Opens the `if` taken when a call at a bouncing site returns unwinding (left open for
+    /// the caller's `end`). This frame holds a reference, which no record can keep, so the
+    /// unwind stops here: the frames the callee saved are rewound at once — state `REWIND`,
+    /// the flag raised for the rewind copies' prologues, the callee's rewind copy called again
+    /// with the same operands — and the callee's real results replace the placeholders. The
+    /// request that started the unwind is still pending in the host, so the flag goes up
+    /// again when the rewind ends and the next safe point tries again (after at least one
+    /// step of progress); while a reference stays live here, the guest just keeps running.
+    fn bounce(&mut self, call_rewind: I<'_>, results: &[ValType], args: &[u32]) {
+        let bt = self.types.block_type(results, results);
+        self.ins(I::If(bt));
+        for _ in results {
+            self.ins(I::Drop);
+        }
+        let lt = self.types.block_type(&[], results);
+        self.ins(I::Loop(lt));
+        self.ins(I::I32Const(abi::STATE_REWIND));
+        self.ins(I::GlobalSet(self.ctx.state_global));
+        self.ins(I::I32Const(0));
+        self.ins(I::I32Const(1));
+        self.ins(I::I32Store(MemArg {
+            offset: 0,
+            align: 2,
+            memory_index: self.ctx.ctl_memory,
+        }));
+        for &a in args {
+            self.ins(I::LocalGet(a));
+        }
+        self.ins(call_rewind);
+        self.ins(I::GlobalGet(self.ctx.state_global));
+        self.ins(I::BrIf(0));
+        self.ins(I::End);
+    }
+
+    /// The spill temporaries holding the top `n` operands (a call's arguments), bottom first.
+    fn arg_temps(&mut self, v: &Validator, n: usize) -> Result<Vec<u32>, InstrumentError> {
+        let (h, vals) = Self::frame_values(v)?;
+        let first = vals.len().checked_sub(n).ok_or_else(|| {
+            InstrumentError::Internal("a call's operands lie outside its frame".into())
+        })?;
+        Ok((first..vals.len())
+            .map(|j| self.temp(vals[j], h + j as u32))
+            .collect())
     }
 
     /// The unwind path of one call site: push this frame's record — only what the rest of the
@@ -530,14 +597,20 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::If(BlockType::Empty));
     }
 
-    fn poll_site(&mut self, site: u32, saved: &[u32]) {
+    /// A loop-header safe point; none where a reference is live (`saved` is `None`): such a
+    /// frame cannot be saved, and the loop runs on until it ends or reaches another.
+    fn poll_site(&mut self, site: u32, saved: Option<&[u32]>) {
+        let Some(saved) = saved else {
+            return;
+        };
         if self.copy == Copy::Lean && !self.ctx.counting {
             self.lean_poll_site(site, saved);
             return;
         }
         self.flag_check();
         let poll = self.ctx.poll_func;
-        self.call_site(site, (I::Call(poll), I::Call(poll)), &[], &[], saved);
+        let calls = (I::Call(poll), I::Call(poll));
+        self.call_site(site, calls, (&[], &[]), Some(saved), &[]);
         self.ins(I::End);
     }
 
@@ -604,6 +677,36 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
                 }
                 let def = target(self, targets.default());
                 self.ins(I::BrTable(ls.into(), def));
+            }
+            // Catch labels name enclosing constructs, like branches do.
+            Operator::TryTable { try_table } => {
+                use wasm_encoder::Catch as C;
+                use wasmparser::Catch as P;
+                let catches: Vec<C> = try_table
+                    .catches
+                    .iter()
+                    .map(|c| match *c {
+                        P::One { tag, label } => C::One {
+                            tag,
+                            label: target(self, label),
+                        },
+                        P::OneRef { tag, label } => C::OneRef {
+                            tag,
+                            label: target(self, label),
+                        },
+                        P::All { label } => C::All {
+                            label: target(self, label),
+                        },
+                        P::AllRef { label } => C::AllRef {
+                            label: target(self, label),
+                        },
+                    })
+                    .collect();
+                let bt = self
+                    .shift
+                    .block_type(try_table.ty)
+                    .map_err(|e| InstrumentError::Invalid(e.to_string()))?;
+                self.ins(I::TryTable(bt, catches.into()));
             }
             other => {
                 let i = wasm_encoder::reencode::utils::instruction(self.shift, other.clone())
@@ -708,11 +811,14 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     });
     if plan.entry_poll {
         let entry_live = e.live.entry.clone();
-        let saved = e.saved_locals(&v, Some(&entry_live));
         // An entry poll keeps the host call: nothing is loop-carried at a function's entry,
         // and the in-line unwind made call-heavy code bigger (recursion 1.35x → 1.55x).
-        let poll = ctx.poll_func;
-        e.call_site(0, (I::Call(poll), I::Call(poll)), &[], &[], &saved);
+        // None where a reference parameter is live (such a frame cannot be saved).
+        if let Some(saved) = e.saved_locals(&v, Some(&entry_live)) {
+            let poll = ctx.poll_func;
+            let calls = (I::Call(poll), I::Call(poll));
+            e.call_site(0, calls, (&[], &[]), Some(&saved), &[]);
+        }
     }
     if gated {
         e.ins(I::End);
@@ -749,7 +855,12 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 e.seg_start(&v)?;
             }
             (
-                Operator::Block { blockty } | Operator::Loop { blockty } | Operator::If { blockty },
+                Operator::Block { blockty }
+                | Operator::Loop { blockty }
+                | Operator::If { blockty }
+                | Operator::TryTable {
+                    try_table: wasmparser::TryTable { ty: blockty, .. },
+                },
                 OpPlan::Construct { then_hi, poll },
             ) => {
                 e.spill(&v)?;
@@ -784,7 +895,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     e.spill(&v)?;
                     let header = e.live.loop_header.get(&at).cloned();
                     let saved = e.saved_locals(&v, header.as_ref());
-                    e.poll_site(site, &saved);
+                    e.poll_site(site, saved.as_deref());
                 }
                 e.seg_start(&v)?;
             }
@@ -803,8 +914,9 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     .unwrap_or(callee);
                 let after = e.live.after_call.get(&at).cloned();
                 let saved = e.saved_locals(&v, after.as_ref());
+                let args = e.arg_temps(&v, params.len())?;
                 let calls = (I::Call(callee), I::Call(rewind_callee));
-                e.call_site(site, calls, &params, &res, &saved);
+                e.call_site(site, calls, (&params, &res), saved.as_deref(), &args);
                 v.op(offset, &op)?;
                 e.seg_start(&v)?;
             }
@@ -829,7 +941,9 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 };
                 let after = e.live.after_call.get(&at).cloned();
                 let saved = e.saved_locals(&v, after.as_ref());
-                e.call_site(site, (call, call_rewind), &params, &res, &saved);
+                let args = e.arg_temps(&v, params.len())?;
+                let calls = (call, call_rewind);
+                e.call_site(site, calls, (&params, &res), saved.as_deref(), &args);
                 v.op(offset, &op)?;
                 e.seg_start(&v)?;
             }
@@ -839,7 +953,10 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 }
                 e.plain(&op)?;
                 match op {
-                    Operator::Block { .. } | Operator::Loop { .. } | Operator::If { .. } => {
+                    Operator::Block { .. }
+                    | Operator::Loop { .. }
+                    | Operator::If { .. }
+                    | Operator::TryTable { .. } => {
                         let level = e.depth - 1;
                         e.frames.push(Frame {
                             relevant: false,

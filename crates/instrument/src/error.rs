@@ -13,7 +13,10 @@ pub enum InstrumentError {
     Invalid(String),
     #[error("module uses a WebAssembly feature ferry cannot suspend yet: {0}")]
     Unsupported(String),
-    #[error("module has no `_start` export: ferry runs WASI command modules")]
+    #[error(
+        "module has no `_start` export: ferry runs WASI command modules (and reactors that \
+         export `_initialize`, with `--invoke`)"
+    )]
     NoStart,
     #[error("internal error: instrumented module does not validate ({0}); please report this")]
     Internal(String),

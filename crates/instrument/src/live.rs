@@ -4,14 +4,15 @@
 //!
 //! A backward analysis over the structured body: `local.get` makes a local live, `local.set`
 //! and `local.tee` kill it, branches take the live set of their target label (a block's end,
-//! a loop's header), loops iterate to a fixed point. Each loop's header set is cached and
+//! a loop's header), loops iterate to a fixed point; a call or throw inside a `try_table` may
+//! also leave for its handlers (the catch labels). Each loop's header set is cached and
 //! reused as the starting point when an enclosing loop iterates again, so nested loops cost
 //! about one extra pass each. A work budget guards against pathological nesting: past it,
 //! every local counts as live everywhere (always safe, only slower to unwind).
 
 use std::collections::HashMap;
 
-use wasmparser::Operator;
+use wasmparser::{Catch, Operator};
 
 /// A set of local indices.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -72,6 +73,10 @@ struct Analysis<'o> {
     n: usize,
     out: Liveness,
     loop_cache: HashMap<usize, Locals>,
+    /// For each enclosing `try_table` (innermost last): what its handlers can read — the union
+    /// of its catch targets' live sets and the enclosing handlers' (an exception a catch
+    /// does not match goes further out).
+    handlers: Vec<Locals>,
     work: usize,
     budget: usize,
 }
@@ -83,7 +88,10 @@ pub(crate) fn analyze(ops: &[Operator<'_>], n_locals: usize) -> Liveness {
     let mut stack = Vec::new();
     for (i, op) in ops.iter().enumerate() {
         match op {
-            Operator::Block { .. } | Operator::Loop { .. } | Operator::If { .. } => stack.push(i),
+            Operator::Block { .. }
+            | Operator::Loop { .. }
+            | Operator::If { .. }
+            | Operator::TryTable { .. } => stack.push(i),
             Operator::Else => {
                 if let Some(&s) = stack.last() {
                     else_of.insert(s, i);
@@ -109,6 +117,7 @@ pub(crate) fn analyze(ops: &[Operator<'_>], n_locals: usize) -> Liveness {
             entry: Locals::new(n_locals),
         },
         loop_cache: HashMap::new(),
+        handlers: Vec::new(),
         work: 0,
         budget: 64 * ops.len() + 1_000_000,
     };
@@ -175,7 +184,12 @@ impl Analysis<'_> {
                     live = l;
                 }
                 Operator::Return | Operator::Unreachable => live = Locals::new(self.n),
+                // An exception leaves for the innermost handler (or the caller).
+                Operator::Throw { .. } | Operator::ThrowRef => live = self.thrown(),
                 Operator::Call { .. } | Operator::CallIndirect { .. } => {
+                    // A callee may throw instead of returning (also after a resume): what the
+                    // handlers read is live across the call.
+                    live.union(&self.thrown());
                     self.out.after_call.insert(i, live.clone());
                 }
                 _ => {}
@@ -224,6 +238,25 @@ impl Analysis<'_> {
                 labels.pop();
                 live
             }
+            Operator::TryTable { try_table } => {
+                // Catch labels are resolved outside the `try_table`'s own label.
+                let mut caught = self.thrown();
+                for c in &try_table.catches {
+                    let label = match c {
+                        Catch::One { label, .. }
+                        | Catch::OneRef { label, .. }
+                        | Catch::All { label }
+                        | Catch::AllRef { label } => *label,
+                    };
+                    caught.union(&self.label(labels, label));
+                }
+                self.handlers.push(caught);
+                labels.push(after.clone());
+                let live = self.seq(s + 1, e, after, labels);
+                labels.pop();
+                self.handlers.pop();
+                live
+            }
             _ => {
                 labels.push(after.clone());
                 let live = self.seq(s + 1, e, after, labels);
@@ -231,6 +264,14 @@ impl Analysis<'_> {
                 live
             }
         }
+    }
+
+    /// Live at a throw: what the innermost enclosing handler (and those outside it) can read.
+    fn thrown(&self) -> Locals {
+        self.handlers
+            .last()
+            .cloned()
+            .unwrap_or_else(|| Locals::new(self.n))
     }
 }
 

@@ -41,13 +41,15 @@ pub struct Stats {
     pub polls: u32,
 }
 
-/// The proposals ferry can suspend. Exception handling, threads, tail calls and GC are refused
-/// with the validator's message naming the proposal.
+/// The proposals ferry can suspend. Threads, tail calls, GC and the legacy exception
+/// instructions (`try`/`catch`/`delegate`) are refused with the validator's message naming the
+/// proposal.
 fn supported_features() -> WasmFeatures {
     WasmFeatures::WASM2
         | WasmFeatures::MULTI_MEMORY
         | WasmFeatures::EXTENDED_CONST
         | WasmFeatures::FLOATS
+        | WasmFeatures::EXCEPTIONS
 }
 
 /// Per-function facts gathered before the transform.
@@ -220,7 +222,14 @@ fn instrument_inner(
             }
             Payload::GlobalSection(r) => {
                 for g in r.clone() {
-                    if g?.ty.mutable {
+                    let ty = g?.ty;
+                    if ty.mutable {
+                        if let wasmparser::ValType::Ref(_) = ty.content_type {
+                            return Err(InstrumentError::Unsupported(format!(
+                                "mutable global {n_globals} holds a reference, which a snapshot \
+                                 cannot capture"
+                            )));
+                        }
                         mutable_globals.push(n_globals);
                     }
                     n_globals += 1;
@@ -229,7 +238,9 @@ fn instrument_inner(
             Payload::ExportSection(r) => {
                 for e in r.clone() {
                     let e = e?;
-                    if e.name == "_start" && e.kind == ExternalKind::Func {
+                    // A command's `_start`, or a reactor's `_initialize` (its entry is named
+                    // when it runs).
+                    if matches!(e.name, "_start" | "_initialize") && e.kind == ExternalKind::Func {
                         has_start_export = true;
                     }
                     if e.name.starts_with("ferry:") {
@@ -395,6 +406,11 @@ fn instrument_inner(
     )?;
     // The output is checked, so a transform bug surfaces here and not as a guest crash.
     if let Err(e) = Validator::new_with_features(supported_features()).validate_all(&out) {
+        // Bodies of functions copied unchanged were not validated on the way in: an input
+        // that is itself invalid, or uses an unsupported proposal there, is named as such.
+        if let Err(e) = Validator::new_with_features(supported_features()).validate_all(wasm) {
+            return Err(classify(wasm, e));
+        }
         // For bug reports: FERRY_DUMP_INVALID=path keeps the invalid output.
         if let Some(p) = std::env::var_os("FERRY_DUMP_INVALID") {
             let _ = std::fs::write(p, &out);
@@ -480,6 +496,7 @@ fn assemble(
     let mut imports = ImportSection::new();
     let mut memories = MemorySection::new();
     let mut globals = GlobalSection::new();
+    let mut tags = None;
     let mut exports = ExportSection::new();
     let mut functions = None;
     let mut tables = None;
@@ -517,6 +534,11 @@ fn assemble(
             }
             Payload::GlobalSection(r) => {
                 shift.parse_global_section(&mut globals, r).map_err(err)?
+            }
+            Payload::TagSection(r) => {
+                let mut s = wasm_encoder::TagSection::new();
+                shift.parse_tag_section(&mut s, r).map_err(err)?;
+                tags = Some(s);
             }
             Payload::ExportSection(r) => {
                 shift
@@ -606,6 +628,9 @@ fn assemble(
         module.section(s);
     }
     module.section(&memories);
+    if let Some(s) = &tags {
+        module.section(s);
+    }
     module.section(&globals);
     module.section(&exports);
     if let Some(s) = &elements {

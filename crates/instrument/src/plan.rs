@@ -87,7 +87,10 @@ pub(crate) fn plan(
         let idx = ops.len();
         let mut this = OpPlan::Plain;
         match &op {
-            Operator::Block { .. } | Operator::If { .. } | Operator::Loop { .. } => {
+            Operator::Block { .. }
+            | Operator::If { .. }
+            | Operator::Loop { .. }
+            | Operator::TryTable { .. } => {
                 if open.len() >= MAX_NESTING {
                     return Err(InstrumentError::Unsupported(format!(
                         "control nesting deeper than {MAX_NESTING} in function {}",

@@ -58,6 +58,11 @@ pub struct Snapshot {
     /// terminal or pipe. Absent fields are not encoded, so snapshots without it keep their κ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<Kappa>,
+    /// For a WASI reactor (no `_start`): the export the run calls after `_initialize`, an
+    /// `() -> i32` or `() -> ()` function whose result is the exit code. Absent for commands
+    /// (`_start`), and then not encoded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub main: Option<String>,
 }
 kind!(Snapshot, "ferry.snapshot", 1, |s| {
     let mut c = vec![s.module, s.instrumented, s.stack, s.wasi];

@@ -123,6 +123,7 @@ mod tests {
             parent: None,
             generation: 3,
             output: None,
+            main: None,
         }
     }
 

@@ -501,6 +501,7 @@ impl Sessions {
                     program: loaded.snapshot.program.clone(),
                     parent: Some(k),
                     generation: loaded.snapshot.generation,
+                    main: loaded.snapshot.main.clone(),
                 };
                 Ok(Ready {
                     runtime,

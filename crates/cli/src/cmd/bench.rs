@@ -512,6 +512,7 @@ fn resume_to_running(rt: &Runtime, store: &dyn Store, k: ferry_kappa::Kappa) -> 
             program: "dirty".into(),
             parent: Some(k),
             generation: 1,
+            main: None,
         };
         let start = Start::Restore(Box::new(loaded));
         rt.run(&prepared, ctx, c2, start, store, meta, &mut |_, _| {})

@@ -246,6 +246,7 @@ impl Runner<'_> {
             program: args.first().cloned().unwrap_or_default(),
             parent: from,
             generation,
+            main: None,
         };
         let store = self.store;
         let outcome = crate::guest::on_guest_thread(move || {

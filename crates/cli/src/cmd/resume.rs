@@ -149,6 +149,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         program,
         parent: Some(k),
         generation: loaded.snapshot.generation,
+        main: None,
     };
     Execution {
         settings,

@@ -33,6 +33,10 @@ pub struct Args {
     /// script (`.py`: runs under the Python runtime, its directory mounted at the same path).
     #[arg(required_unless_present_any = ["code", "module"])]
     program: Option<PathBuf>,
+    /// For a WASI reactor (a module with `_initialize` and no `_start`): the export to call
+    /// after `_initialize`, `() -> i32` (its result is the exit code) or `() -> ()`.
+    #[arg(long, value_name = "EXPORT")]
+    invoke: Option<String>,
     /// Arguments for the program (after `--`).
     #[arg(last = true)]
     pub args: Vec<String>,
@@ -168,7 +172,10 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         prepared: &prepared,
         control,
         session: sess,
-        meta: SnapshotMeta::fresh(name),
+        meta: SnapshotMeta {
+            main: a.invoke,
+            ..SnapshotMeta::fresh(name)
+        },
         checkpoint_every: a.guest.checkpoint_every,
     }
     .execute(wasi, Start::Fresh)
@@ -187,6 +194,7 @@ pub fn python_module(
         code: None,
         module: Some(module.to_owned()),
         program: None,
+        invoke: None,
         args: Vec::new(),
     };
     run(settings, a)

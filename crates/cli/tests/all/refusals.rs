@@ -30,15 +30,46 @@ fn component_and_missing_start_are_refused() {
 #[test]
 fn unsupported_proposal_is_named() {
     let env = Env::new();
-    let m = env.path("eh.wat");
+    let m = env.path("tail.wat");
     std::fs::write(
         &m,
-        r#"(module (tag $t) (func (export "_start") (try_table (catch_all 0) (throw $t))))"#,
+        r#"(module (func $f) (func (export "_start") (return_call $f)))"#,
     )
     .unwrap();
     let (_, err, code) = env.output(&["run", m.to_str().unwrap()]);
     assert_eq!(code, 1);
-    assert!(err.contains("cannot suspend yet"), "{err}");
+    assert!(
+        err.contains("cannot suspend yet") && err.contains("tail call"),
+        "{err}"
+    );
+}
+
+/// Exception handling runs on the JIT; the interpreter (wasmi) lacks the proposal and says so
+/// before running anything.
+#[test]
+fn exceptions_run_on_the_jit_and_are_refused_by_the_interpreter() {
+    let env = Env::new();
+    let m = env.path("eh.wat");
+    std::fs::write(
+        &m,
+        r#"(module (tag $t (param i32))
+             (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+             (memory (export "memory") 1)
+             (func (export "_start")
+               (call $exit
+                 (block $h (result i32)
+                   (try_table (catch $t $h) (throw $t (i32.const 7)))
+                   (i32.const 0)))))"#,
+    )
+    .unwrap();
+    let (_, err, code) = env.output(&["run", m.to_str().unwrap()]);
+    assert_eq!(code, 7, "{err}");
+    let (_, err, code) = env.output(&["run", "--engine", "interp", m.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("exception-handling") && err.contains("--engine jit"),
+        "{err}"
+    );
 }
 
 #[test]
