@@ -16,6 +16,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 "$root/guests/build.sh"
 "$root/scripts/fetch-python.sh"
+"$root/scripts/fetch-python315.sh"
 "$root/scripts/fetch-sqlite.sh"
 "$root/scripts/fetch-zstd.sh"
 "$root/scripts/fetch-programs.sh"

@@ -123,6 +123,9 @@ pub struct RunRequest {
     /// Session id to use (default: a fresh one).
     #[serde(default)]
     pub session: Option<String>,
+    /// For a WASI reactor: the export called after `_initialize` (default: `_start`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub main: Option<String>,
 }
 
 /// A directory requested at `guest`, with the content of tree `tree`.

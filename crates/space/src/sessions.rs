@@ -174,6 +174,8 @@ enum Begin {
         args: Vec<String>,
         env: Vec<(String, String)>,
         mounts: Vec<(String, Kappa, bool)>,
+        /// A reactor's entry export.
+        main: Option<String>,
     },
     Resume(Kappa),
 }
@@ -457,6 +459,7 @@ impl Sessions {
                 args,
                 env,
                 mounts,
+                main,
             } => {
                 policy.env(&env).map_err(ApiError::forbidden)?;
                 let grants = mounts
@@ -482,7 +485,10 @@ impl Sessions {
                     prepared,
                     wasi,
                     start: Start::Fresh,
-                    meta: SnapshotMeta::fresh(program),
+                    meta: SnapshotMeta {
+                        main,
+                        ..SnapshotMeta::fresh(program)
+                    },
                     log,
                 })
             }
@@ -739,11 +745,19 @@ impl Sessions {
             g.insert(id.clone(), live.clone());
             live
         };
+        if let Some(m) = &req.main
+            && (m.is_empty() || m.len() > 256 || m.starts_with("ferry:"))
+        {
+            return Err(ApiError::bad_request(format!(
+                "`{m}` cannot be an entry export"
+            )));
+        }
         let begin = Begin::Fresh {
             module,
             args: req.args,
             env: req.env,
             mounts,
+            main: req.main,
         };
         if let Err(e) = self.start(&live, begin, engine, false) {
             live.gone.store(true, Ordering::SeqCst);

@@ -447,6 +447,7 @@ fn migrate_section(
             mounts: vec![],
             engine: None,
             session: Some(id.clone()),
+            main: None,
         })
         .map_err(|e| anyhow::anyhow!(e.msg))?;
         // Ready once it has filled its memory, then let it dirty pages for a second.

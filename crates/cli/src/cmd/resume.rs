@@ -86,13 +86,29 @@ fn admit_mount(
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
     guest::install_signals(&control)?;
-    let grants = a.guest.mounts()?;
+    let mut grants = a.guest.mounts()?;
     let env = a.guest.env()?;
     let store = settings.open_store()?;
     let k = store
         .resolve(&a.snapshot)
         .map_err(|e| refused(Stage::Resolving, e))?;
     let mut loaded = snapshot::load(&store, k)?;
+    // A registered Python runtime's standard library is granted again without asking.
+    if !grants
+        .iter()
+        .any(|g| g.guest_path == crate::cmd::python::STDLIB_GUEST)
+        && loaded
+            .wasi
+            .mounts
+            .iter()
+            .any(|m| m.guest_path == crate::cmd::python::STDLIB_GUEST)
+    {
+        grants.extend(crate::cmd::python::stdlib_grant(
+            settings,
+            &store,
+            loaded.snapshot.module,
+        )?);
+    }
 
     // Admitting: every mount granted and unchanged; the module re-derives to the same κ.
     tracing::info!(snapshot = %k, "admitting");

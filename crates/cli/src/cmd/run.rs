@@ -42,22 +42,26 @@ pub struct Args {
     pub args: Vec<String>,
 }
 
-/// What to run: module bytes, the program's name, arguments after it, extra mounts.
+/// What to run: module bytes, the program's name, arguments after it, extra mounts, and a
+/// reactor's entry export.
 pub struct Target {
     pub wasm: Vec<u8>,
     pub name: String,
     pub args: Vec<String>,
     pub mounts: Vec<ferry_wasi::MountSpec>,
+    pub main: Option<String>,
 }
 
-pub fn target(store: &dyn ferry_store::Store, a: &Args) -> Result<Target> {
-    let python = |lead: Vec<String>, mounts| -> Result<Target> {
-        let (wasm, name) = crate::cmd::python::resolve(store, a.python.as_deref())?;
+pub fn target(settings: &Settings, store: &dyn ferry_store::Store, a: &Args) -> Result<Target> {
+    let python = |lead: Vec<String>, mut mounts: Vec<_>| -> Result<Target> {
+        let rt = crate::cmd::python::resolve(settings, store, a.python.as_deref())?;
+        mounts.extend(rt.stdlib);
         Ok(Target {
-            wasm,
-            name,
+            wasm: rt.wasm,
+            name: rt.name,
             args: lead,
             mounts,
+            main: rt.main,
         })
     };
     if let Some(code) = &a.code {
@@ -103,6 +107,7 @@ pub fn target(store: &dyn ferry_store::Store, a: &Args) -> Result<Target> {
         name,
         args: vec![],
         mounts: vec![],
+        main: a.invoke.clone(),
     })
 }
 
@@ -132,14 +137,14 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let mut mounts = a.guest.mounts()?;
     let env = a.guest.env()?;
     let store = settings.open_store()?;
-    let t = target(&store, &a)?;
+    let t = target(settings, &store, &a)?;
     for m in t.mounts {
         if !mounts.iter().any(|g| g.guest_path == m.guest_path) {
             mounts.push(m);
         }
     }
     let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;
-    let name = t.name;
+    let (name, main) = (t.name, t.main);
     let prepared = runtime
         .prepare(&store, &t.wasm, &|msg| eprintln!("ferry: {msg}"))
         .with_context(|| format!("cannot run {name}"))?;
@@ -173,7 +178,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         control,
         session: sess,
         meta: SnapshotMeta {
-            main: a.invoke,
+            main,
             ..SnapshotMeta::fresh(name)
         },
         checkpoint_every: a.guest.checkpoint_every,

