@@ -54,9 +54,10 @@ impl Backend for Interp {
     fn compile(
         &self,
         _cache_key: Option<&str>,
-        bytes: &[u8],
+        bytes: &mut dyn FnMut() -> Result<Vec<u8>, EngineError>,
         _progress: &dyn Fn(&str),
     ) -> Result<Arc<dyn Compiled>, EngineError> {
+        let bytes = &bytes()?;
         if crate::uses_exceptions(bytes) {
             return Err(EngineError::Compile(
                 "interp: the module uses the exception-handling proposal, which wasmi does not \

@@ -71,7 +71,7 @@ impl Backend for Jit {
     fn compile(
         &self,
         cache_key: Option<&str>,
-        bytes: &[u8],
+        bytes: &mut dyn FnMut() -> Result<Vec<u8>, EngineError>,
         progress: &dyn Fn(&str),
     ) -> Result<Arc<dyn Compiled>, EngineError> {
         let done = |module| -> Result<Arc<dyn Compiled>, EngineError> {
@@ -89,6 +89,7 @@ impl Backend for Jit {
                 return done(m);
             }
         }
+        let bytes = bytes()?;
         let big = bytes.len() > 1 << 20;
         if big {
             progress(&format!(
@@ -97,7 +98,7 @@ impl Backend for Jit {
             ));
         }
         let started = std::time::Instant::now();
-        let m = wasmtime::Module::new(&self.engine, bytes)
+        let m = wasmtime::Module::new(&self.engine, &bytes)
             .map_err(|e| EngineError::Compile(format!("{e:#}")))?;
         if big {
             progress(&format!(

@@ -40,6 +40,12 @@ impl std::fmt::Debug for Prepared {
     }
 }
 
+/// Marks an instrumented module that declares exception tags (its snapshots need
+/// [`crate::ENGINE_CLASS_EXCEPTIONS`]), so a prepare that finds it compiled need not read it.
+fn exceptions_ref(instrumented: &Kappa) -> String {
+    format!("derived/exceptions/{}", instrumented.to_hex())
+}
+
 impl Runtime {
     /// A runtime on engine `kind`. Compiled code (for engines that compile) is cached under
     /// `cache_dir` (none: always compile).
@@ -90,7 +96,12 @@ impl Runtime {
         let wasm = store.get(&prepared.module)?;
         let out = ferry_instrument::instrument_counting(&wasm)?;
         let key = Kappa::of(&out.wasm).to_hex();
-        self.backend.compile(Some(&key), &out.wasm, &|_| {})
+        let mut wasm = Some(out.wasm);
+        self.backend.compile(
+            Some(&key),
+            &mut || Ok(wasm.take().unwrap_or_default()),
+            &|_| {},
+        )
     }
 
     /// Instruments (once per module and store) and compiles (once per machine) module κ.
@@ -102,8 +113,14 @@ impl Runtime {
     ) -> Result<Prepared, EngineError> {
         let name = Self::derived_ref(&module);
         let cached = store.get_ref(&name)?;
-        let (instrumented, bytes) = match cached {
-            Some(r) if store.has(&r.target)? => (r.target, store.get(&r.target)?),
+        // The instrumented bytes are read only when they must be compiled (a 95 MB
+        // interpreter instruments to ~550 MB: reading and verifying it would dominate the
+        // start of every run).
+        let (instrumented, mut bytes, uses_exceptions) = match cached {
+            Some(r) if store.has(&r.target)? => {
+                let marked = store.get_ref(&exceptions_ref(&r.target))?.is_some();
+                (r.target, None, marked)
+            }
             _ => {
                 let wasm = store.get(&module)?;
                 if wasm.len() > 4 << 20 {
@@ -124,21 +141,29 @@ impl Runtime {
                     ));
                 }
                 let k = store.put(&out.wasm)?;
-                let _ = store.cas_ref(
-                    &name,
-                    cached,
-                    Some(RefValue {
-                        epoch: 0,
-                        target: k,
-                    }),
-                );
-                (k, out.wasm)
+                let eh = crate::uses_exceptions(&out.wasm);
+                let value = Some(RefValue {
+                    epoch: 0,
+                    target: k,
+                });
+                // Marked before the derived ref is published, so a derived ref without the
+                // mark always means "no exception tags".
+                if eh {
+                    store.cas_ref(&exceptions_ref(&k), None, value)?;
+                }
+                let _ = store.cas_ref(&name, cached, value);
+                (k, Some(out.wasm), eh)
             }
         };
-        let compiled = self
-            .backend
-            .compile(Some(&instrumented.to_hex()), &bytes, progress)?;
-        let engine_class = if crate::uses_exceptions(&bytes) {
+        let compiled = self.backend.compile(
+            Some(&instrumented.to_hex()),
+            &mut || match bytes.take() {
+                Some(b) => Ok(b),
+                None => Ok(store.get(&instrumented)?),
+            },
+            progress,
+        )?;
+        let engine_class = if uses_exceptions {
             crate::ENGINE_CLASS_EXCEPTIONS
         } else {
             crate::ENGINE_CLASS

@@ -266,25 +266,52 @@ impl Runtime {
 
     /// Compiles a module as it is, without instrumentation (the benchmark baseline).
     pub fn compile_plain(&self, wasm: &[u8]) -> Result<PlainModule, EngineError> {
-        self.backend.compile(None, wasm, &|_| {}).map(PlainModule)
+        // Cached like instrumented code (a 95 MB interpreter takes minutes to compile).
+        let key = format!("plain-{}", Kappa::of(wasm).to_hex());
+        self.backend
+            .compile(Some(&key), &mut || Ok(wasm.to_vec()), &|_| {})
+            .map(PlainModule)
     }
 
     /// Runs an uninstrumented module to completion with the same WASI. Returns its exit code.
-    pub fn run_plain(&self, module: &PlainModule, wasi: WasiCtx) -> Result<i32, EngineError> {
+    /// `main` names a reactor's entry (called after `_initialize`); `None` runs `_start`.
+    pub fn run_plain(
+        &self,
+        module: &PlainModule,
+        wasi: WasiCtx,
+        main: Option<&str>,
+    ) -> Result<i32, EngineError> {
         let host = HostState::new(wasi, Arc::new(Control::new()));
         let mut inst = module.0.instantiate(host, false)?;
-        if !inst.has_func("_start") {
-            return Err(EngineError::Instantiate(
-                "module has no `_start` function".into(),
-            ));
+        let entries: &[&str] = match main {
+            None => &["_start"],
+            Some(m) => &["_initialize", m],
+        };
+        let mut code = None;
+        for (i, name) in entries.iter().enumerate() {
+            let last = i + 1 == entries.len();
+            if !inst.has_func(name) {
+                if !last {
+                    continue;
+                }
+                return Err(EngineError::Instantiate(format!(
+                    "module has no `{name}` function"
+                )));
+            }
+            match inst.call(name) {
+                Ok(c) => code = c,
+                Err(Stop::Exit(c)) => {
+                    inst.host().wasi.flush();
+                    return Ok(c);
+                }
+                Err(Stop::Trap(m)) => {
+                    inst.host().wasi.flush();
+                    return Err(EngineError::Trap(m));
+                }
+            }
         }
-        let r = inst.call("_start");
         inst.host().wasi.flush();
-        match r {
-            Ok(code) => Ok(code.unwrap_or(0)),
-            Err(Stop::Exit(code)) => Ok(code),
-            Err(Stop::Trap(m)) => Err(EngineError::Trap(m)),
-        }
+        Ok(code.unwrap_or(0))
     }
 }
 

@@ -72,12 +72,13 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
     fn engine_classes(&self) -> &'static [&'static str] {
         &[crate::ENGINE_CLASS]
     }
-    /// Compiles (or, for an interpreter, decodes) `bytes`. `cache_key` names the module for a
+    /// Compiles (or, for an interpreter, decodes) the module `bytes` returns, asking for it
+    /// only when it is needed (not on a cache hit). `cache_key` names the module for a
     /// machine-local compiled-code cache; `None` means do not cache.
     fn compile(
         &self,
         cache_key: Option<&str>,
-        bytes: &[u8],
+        bytes: &mut dyn FnMut() -> Result<Vec<u8>, EngineError>,
         progress: &dyn Fn(&str),
     ) -> Result<Arc<dyn Compiled>, EngineError>;
 }

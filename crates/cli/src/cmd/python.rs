@@ -208,6 +208,12 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 store.cas_ref(&format!("python-lib/{version}"), current, None)?;
             }
             let k = store.put(&wasm)?;
+            // A reactor build is entered through its `run` (noted once, so a run need not
+            // read the module).
+            if let Some(main) = reactor_entry(&wasm) {
+                let m = store.put(main.as_bytes())?;
+                set_ref(&store, &format!("python-main/{}", k.to_hex()), m)?;
+            }
             set_ref(&store, &format!("python/{version}"), k)?;
             if !no_default {
                 set_ref(&store, "python/default", k)?;
@@ -262,7 +268,7 @@ fn set_ref(store: &dyn Store, name: &str, k: Kappa) -> Result<()> {
 
 /// A registered runtime, ready to run.
 pub struct Runtime {
-    pub wasm: Vec<u8>,
+    pub module: Kappa,
     /// Display name (`python3.15`, or `python` for the default).
     pub name: String,
     /// Its standard library, to mount read-only at [`STDLIB_GUEST`].
@@ -281,7 +287,6 @@ pub fn resolve(settings: &Settings, store: &dyn Store, version: Option<&str>) ->
             version.unwrap_or("(default)")
         );
     };
-    let wasm = store.get(&r.target)?;
     // The version the default stands for: the versioned ref naming the same module.
     let version = match version {
         Some(v) => Some(v.to_owned()),
@@ -304,9 +309,13 @@ pub fn resolve(settings: &Settings, store: &dyn Store, version: Option<&str>) ->
         },
         None => None,
     };
+    let main = match store.get_ref(&format!("python-main/{}", r.target.to_hex()))? {
+        Some(m) => Some(String::from_utf8_lossy(&store.get(&m.target)?).into_owned()),
+        None => None,
+    };
     Ok(Runtime {
-        main: reactor_entry(&wasm),
-        wasm,
+        main,
+        module: r.target,
         name: format!("python{}", version.unwrap_or_default()),
         stdlib,
     })

@@ -9,7 +9,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use ferry_space::SpaceClient;
 use ferry_space::api::{MigrateRequest, MountRequest, ResumeRequest, RunRequest, State};
-use ferry_store::Store;
 
 use crate::cmd::space::token;
 use crate::settings::Settings;
@@ -39,13 +38,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
             mounts.push(m);
         }
     }
-    anyhow::ensure!(
-        t.wasm.starts_with(b"\0asm"),
-        "{}: {}",
-        t.name,
-        ferry_instrument::InstrumentError::NotWasm
-    );
-    let module = store.put(&t.wasm)?;
+    let module = t.module.store(&store).with_context(|| t.name.clone())?;
     let mut objects = BTreeSet::from([module]);
     let mut requests = Vec::new();
     for m in &mounts {

@@ -45,7 +45,7 @@ pub struct Args {
 /// What to run: module bytes, the program's name, arguments after it, extra mounts, and a
 /// reactor's entry export.
 pub struct Target {
-    pub wasm: Vec<u8>,
+    pub module: Module,
     pub name: String,
     pub args: Vec<String>,
     pub mounts: Vec<ferry_wasi::MountSpec>,
@@ -57,7 +57,7 @@ pub fn target(settings: &Settings, store: &dyn ferry_store::Store, a: &Args) -> 
         let rt = crate::cmd::python::resolve(settings, store, a.python.as_deref())?;
         mounts.extend(rt.stdlib);
         Ok(Target {
-            wasm: rt.wasm,
+            module: Module::Stored(rt.module),
             name: rt.name,
             args: lead,
             mounts,
@@ -103,12 +103,36 @@ pub fn target(settings: &Settings, store: &dyn ferry_store::Store, a: &Args) -> 
         .file_name()
         .map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned());
     Ok(Target {
-        wasm,
+        module: Module::Bytes(wasm),
         name,
         args: vec![],
         mounts: vec![],
         main: a.invoke.clone(),
     })
+}
+
+/// A program's module: read from a file, or already in the store (a registered runtime,
+/// which is not read again: a 95 MB interpreter would cost a read and a hash per run).
+pub enum Module {
+    Bytes(Vec<u8>),
+    Stored(ferry_kappa::Kappa),
+}
+
+impl Module {
+    /// Puts it in `store` (if it is not there yet): its κ.
+    pub fn store(&self, store: &dyn ferry_store::Store) -> Result<ferry_kappa::Kappa> {
+        match self {
+            Module::Bytes(wasm) => {
+                anyhow::ensure!(
+                    wasm.starts_with(b"\0asm"),
+                    "{}",
+                    ferry_instrument::InstrumentError::NotWasm
+                );
+                Ok(store.put(wasm)?)
+            }
+            Module::Stored(k) => Ok(*k),
+        }
+    }
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -145,9 +169,11 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     }
     let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;
     let (name, main) = (t.name, t.main);
-    let prepared = runtime
-        .prepare(&store, &t.wasm, &|msg| eprintln!("ferry: {msg}"))
-        .with_context(|| format!("cannot run {name}"))?;
+    let prepared = match &t.module {
+        Module::Bytes(wasm) => runtime.prepare(&store, wasm, &|msg| eprintln!("ferry: {msg}")),
+        Module::Stored(k) => runtime.prepare_kappa(&store, *k, &|msg| eprintln!("ferry: {msg}")),
+    }
+    .with_context(|| format!("cannot run {name}"))?;
 
     let mut args = vec![name.clone()];
     args.extend(t.args);
