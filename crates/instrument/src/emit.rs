@@ -165,6 +165,15 @@ fn store(t: ValType, m: MemArg) -> I<'static> {
     }
 }
 
+/// An operand of a call made again (see [`Emitter::bounce`]).
+#[derive(Debug, Clone, Copy)]
+enum Arg {
+    /// The spill temporary holding it.
+    Temp(u32),
+    /// Any value of this type: the callee's rewind copy restores its own parameters.
+    Dummy(ValType),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Seg {
     /// Not inside a guard.
@@ -238,6 +247,10 @@ struct Emitter<'c, 'm, R> {
     /// Positions in `out` of the lean copy's `if`s that are almost never taken (a pending
     /// unwind after a call, a raised poll flag): branch hints for the compiler.
     unlikely: Vec<u32>,
+    /// The distinct sets of locals the unwind paths save, each written once as a shared
+    /// epilogue (`k` = index): a site branches to epilogue `k` with its number in `idx`.
+    epilogues: Vec<Vec<u32>>,
+    epilogue_of: HashMap<Vec<u32>, u32>,
 }
 
 type Validator = FuncValidator<ValidatorResources>;
@@ -281,15 +294,21 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     }
 
     /// What a frame unwinding at this point must save: the original locals live afterwards
-    /// (all of them if unknown) and the spill temporaries of the whole operand stack — or
-    /// `None` when one of them is a reference, which no record can hold.
-    fn saved_locals(&mut self, v: &Validator, live: Option<&Locals>) -> Option<Vec<u32>> {
+    /// (all of them if unknown) and the spill temporaries of the operand stack, except those
+    /// at depths `skip` (0 = top: the operands a call consumes and its rewind does not need)
+    /// — or `None` when one of them is a reference, which no record can hold.
+    fn saved_locals(
+        &mut self,
+        v: &Validator,
+        live: Option<&Locals>,
+        skip: std::ops::Range<usize>,
+    ) -> Option<Vec<u32>> {
         let mut out: Vec<u32> = match live {
             Some(l) => l.iter().filter(|&i| (i as usize) < self.n_orig).collect(),
             None => (0..self.n_orig as u32).collect(),
         };
         let height = v.operand_stack_height() as usize;
-        for d in 0..height {
+        for d in (0..height).filter(|d| !skip.contains(d)) {
             if let Some(Some(t)) = v.get_operand_type(d)
                 && let Ok(t) = val_type(t)
             {
@@ -435,14 +454,14 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     /// target, and calls lean copies once the rewind is over.
     ///
     /// `saved` is what the unwind path saves; `None` makes a bouncing site (a reference is
-    /// live here), whose `args` are the spill temporaries holding the call's operands.
+    /// live here), whose `args` are the operands to call it with again.
     fn call_site(
         &mut self,
         site: u32,
         (call, call_rewind): (I<'_>, I<'_>),
         (params, results): (&[ValType], &[ValType]),
         saved: Option<&[u32]>,
-        args: &[u32],
+        args: &[Arg],
     ) {
         if self.copy == Copy::Lean {
             self.ins(call);
@@ -503,7 +522,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     /// request that started the unwind is still pending in the host, so the flag goes up
     /// again when the rewind ends and the next safe point tries again (after at least one
     /// step of progress); while a reference stays live here, the guest just keeps running.
-    fn bounce(&mut self, call_rewind: I<'_>, results: &[ValType], args: &[u32]) {
+    fn bounce(&mut self, call_rewind: I<'_>, results: &[ValType], args: &[Arg]) {
         let bt = self.types.block_type(results, results);
         self.ins(I::If(bt));
         for _ in results {
@@ -521,7 +540,10 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             memory_index: self.ctx.ctl_memory,
         }));
         for &a in args {
-            self.ins(I::LocalGet(a));
+            match a {
+                Arg::Temp(l) => self.ins(I::LocalGet(l)),
+                Arg::Dummy(t) => self.ins(dummy(t)),
+            }
         }
         self.ins(call_rewind);
         self.ins(I::GlobalGet(self.ctx.state_global));
@@ -529,20 +551,53 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::End);
     }
 
-    /// The spill temporaries holding the top `n` operands (a call's arguments), bottom first.
-    fn arg_temps(&mut self, v: &Validator, n: usize) -> Result<Vec<u32>, InstrumentError> {
+    /// A bouncing call's operands when it is made again, bottom first: the spill temporaries
+    /// of those `keep` names (by position), placeholders for the rest.
+    fn call_args(
+        &mut self,
+        v: &Validator,
+        n: usize,
+        keep: impl Fn(usize) -> bool,
+    ) -> Result<Vec<Arg>, InstrumentError> {
         let (h, vals) = Self::frame_values(v)?;
         let first = vals.len().checked_sub(n).ok_or_else(|| {
             InstrumentError::Internal("a call's operands lie outside its frame".into())
         })?;
         Ok((first..vals.len())
-            .map(|j| self.temp(vals[j], h + j as u32))
+            .map(|j| match keep(j - first) {
+                true => Arg::Temp(self.temp(vals[j], h + j as u32)),
+                false => Arg::Dummy(vals[j]),
+            })
             .collect())
     }
 
-    /// The unwind path of one call site: push this frame's record — only what the rest of the
-    /// function can still read — and return.
+    /// The unwind path of one call site: note the site in `idx` and branch to the shared
+    /// epilogue that pushes this frame's record with exactly `saved` — only what the rest of
+    /// the function can still read — and returns. Sites that save the same locals share one
+    /// epilogue (v12): the save code was most of what the transform added to a module (a
+    /// 95 MB interpreter grew to 546 MB with it written at every site), and a branch to an
+    /// epilogue that reads only what is live at the site adds no liveness.
+    ///
+    /// The epilogues are blocks around `$done`, epilogue 0 innermost, so from depth `d`
+    /// epilogue `k` is `br (d + k)` whatever their final number.
     fn save_and_return(&mut self, site: u32, saved: &[u32]) {
+        let k = match self.epilogue_of.get(saved) {
+            Some(&k) => k,
+            None => {
+                let k = self.epilogues.len() as u32;
+                self.epilogues.push(saved.to_vec());
+                self.epilogue_of.insert(saved.to_vec(), k);
+                k
+            }
+        };
+        self.ins(I::I32Const(site as i32));
+        self.ins(I::LocalSet(self.idx));
+        self.ins(I::Br(self.depth + k));
+    }
+
+    /// Epilogue `k`'s code (after its block's `end`): push the record — function index, the
+    /// site in `idx`, the saved locals — and return placeholder results.
+    fn epilogue(&mut self, k: usize) {
         let (sp, stack) = (self.ctx.sp_global, self.ctx.stack_memory);
         let m = |offset: u32, align: u32| MemArg {
             offset: u64::from(offset),
@@ -565,9 +620,9 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::I32Const(self.fid));
         self.ins(I::I32Store(m(0, 2)));
         self.ins(I::GlobalGet(sp));
-        self.ins(I::I32Const(site as i32));
+        self.ins(I::LocalGet(self.idx));
         self.ins(I::I32Store(m(4, 2)));
-        for &l in saved {
+        for l in self.epilogues[k].clone() {
             let t = self.locals[l as usize];
             let off = self.offsets[l as usize];
             self.ins(I::GlobalGet(sp));
@@ -793,6 +848,8 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         n_orig,
         live: &plan.live,
         unlikely: Vec::new(),
+        epilogues: Vec::new(),
+        epilogue_of: HashMap::new(),
     };
     let done_bt = e.types.block_type(&[], &results);
     e.ins(I::Block(done_bt));
@@ -814,7 +871,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         // An entry poll keeps the host call: nothing is loop-carried at a function's entry,
         // and the in-line unwind made call-heavy code bigger (recursion 1.35x → 1.55x).
         // None where a reference parameter is live (such a frame cannot be saved).
-        if let Some(saved) = e.saved_locals(&v, Some(&entry_live)) {
+        if let Some(saved) = e.saved_locals(&v, Some(&entry_live), 0..0) {
             let poll = ctx.poll_func;
             let calls = (I::Call(poll), I::Call(poll));
             e.call_site(0, calls, (&[], &[]), Some(&saved), &[]);
@@ -894,7 +951,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     e.seg_start(&v)?;
                     e.spill(&v)?;
                     let header = e.live.loop_header.get(&at).cloned();
-                    let saved = e.saved_locals(&v, header.as_ref());
+                    let saved = e.saved_locals(&v, header.as_ref(), 0..0);
                     e.poll_site(site, saved.as_deref());
                 }
                 e.seg_start(&v)?;
@@ -913,8 +970,13 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     .flatten()
                     .unwrap_or(callee);
                 let after = e.live.after_call.get(&at).cloned();
-                let saved = e.saved_locals(&v, after.as_ref());
-                let args = e.arg_temps(&v, params.len())?;
+                // A defined callee's rewind copy restores its own parameters: its operands
+                // are not saved (nor kept alive across the call for that). A blocking import
+                // is called again with its original operands.
+                let import = *function_index < ctx.n_imported;
+                let skip = if import { 0..0 } else { 0..params.len() };
+                let saved = e.saved_locals(&v, after.as_ref(), skip);
+                let args = e.call_args(&v, params.len(), |_| import)?;
                 let calls = (I::Call(callee), I::Call(rewind_callee));
                 e.call_site(site, calls, (&params, &res), saved.as_deref(), &args);
                 v.op(offset, &op)?;
@@ -940,8 +1002,10 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     table_index: ctx.rewind_table[*table_index as usize],
                 };
                 let after = e.live.after_call.get(&at).cloned();
-                let saved = e.saved_locals(&v, after.as_ref());
-                let args = e.arg_temps(&v, params.len())?;
+                // Only the table index (on top) is needed again: it picks the rewind copy.
+                let saved = e.saved_locals(&v, after.as_ref(), 1..params.len());
+                let index = params.len() - 1;
+                let args = e.call_args(&v, params.len(), |j| j == index)?;
                 let calls = (call, call_rewind);
                 e.call_site(site, calls, (&params, &res), saved.as_deref(), &args);
                 v.op(offset, &op)?;
@@ -976,6 +1040,13 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     }
 
     e.ins(I::End); // $done
+    // The normal way out; then each epilogue's block ends and its code follows (the blocks
+    // are opened in front of `$done` below, once their number is known).
+    e.ins(I::Return);
+    for k in 0..e.epilogues.len() {
+        e.out.push(0x0b); // `end` of epilogue k's block (outside the depth count)
+        e.epilogue(k);
+    }
     e.ins(I::End); // function
 
     // Every record of this function has the same size; patch it into the unwind paths.
@@ -1034,6 +1105,10 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         p(I::End);
         body_bytes.splice(prologue_at..prologue_at, pro);
     }
+    // The epilogue blocks: epilogue K-1 outermost, epilogue 0 just around `$done`.
+    let n_epilogues = e.epilogues.len();
+    body_bytes.splice(0..0, [0x02, 0x40].repeat(n_epilogues));
+    let opened = 2 * n_epilogues as u32;
 
     let declared = &e.locals[n_params..];
     let mut groups: Vec<(u32, ValType)> = Vec::new();
@@ -1048,7 +1123,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     // prologue shifts its code, and it runs only while rewinding: it gets no hints.
     let base = f.byte_len() as u32;
     let unlikely = match copy {
-        Copy::Lean => e.unlikely.iter().map(|p| base + p).collect(),
+        Copy::Lean => e.unlikely.iter().map(|p| base + opened + p).collect(),
         Copy::Rewind => Vec::new(),
     };
     f.raw(body_bytes);

@@ -203,9 +203,12 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 let lib = store.put(zip)?;
                 set_ref(&store, &format!("python-lib/{version}"), lib)?;
                 stdlib_dir(settings, &store, &version, lib)?;
-            } else if store.get_ref(&format!("python-lib/{version}"))?.is_some() {
-                let current = store.get_ref(&format!("python-lib/{version}"))?;
-                store.cas_ref(&format!("python-lib/{version}"), current, None)?;
+            } else {
+                // None with this one: forget the one an earlier install of the version had.
+                let name = format!("python-lib/{version}");
+                if let Some(current) = store.get_ref(&name)? {
+                    store.cas_ref(&name, Some(current), None)?;
+                }
             }
             let k = store.put(&wasm)?;
             // A reactor build is entered through its `run` (noted once, so a run need not
