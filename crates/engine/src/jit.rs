@@ -43,6 +43,10 @@ impl Jit {
         // The exception-handling proposal (CPython 3.15 with numpy uses it); exnref lives on
         // the GC heap, hence the `gc` feature.
         config.wasm_exceptions(true);
+        // FERRY_PERFMAP=1 writes /tmp/perf-<pid>.map, so `perf report` names guest functions.
+        if std::env::var_os("FERRY_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine =
             wasmtime::Engine::new(&config).map_err(|e| EngineError::Compile(e.to_string()))?;
         Ok(Self { engine, cache_dir })

@@ -532,13 +532,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::Loop(lt));
         self.ins(I::I32Const(abi::STATE_REWIND));
         self.ins(I::GlobalSet(self.ctx.state_global));
-        self.ins(I::I32Const(0));
-        self.ins(I::I32Const(1));
-        self.ins(I::I32Store(MemArg {
-            offset: 0,
-            align: 2,
-            memory_index: self.ctx.ctl_memory,
-        }));
+        self.set_flag(1);
         for &a in args {
             match a {
                 Arg::Temp(l) => self.ins(I::LocalGet(l)),
@@ -639,6 +633,17 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::Return);
     }
 
+    /// Writes the poll flag word (`ferry:ctl` word 0).
+    fn set_flag(&mut self, v: i32) {
+        self.ins(I::I32Const(0));
+        self.ins(I::I32Const(v));
+        self.ins(I::I32Store(MemArg {
+            offset: 0,
+            align: 2,
+            memory_index: self.ctx.ctl_memory,
+        }));
+    }
+
     fn flag_check(&mut self) {
         self.ins(I::I32Const(0));
         self.ins(I::I32Load(MemArg {
@@ -683,13 +688,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::GlobalSet(self.ctx.state_global));
         self.ins(I::I32Const(0));
         self.ins(I::GlobalSet(self.ctx.sp_global));
-        self.ins(I::I32Const(0));
-        self.ins(I::I32Const(0));
-        self.ins(I::I32Store(MemArg {
-            offset: 0,
-            align: 2,
-            memory_index: self.ctx.ctl_memory,
-        }));
+        self.set_flag(0);
         self.save_and_return(site, saved);
         self.ins(I::End);
     }
