@@ -118,6 +118,34 @@ fn functions_on_call_cycles_poll_on_entry() {
     assert_eq!(out.stats.polls, 2);
 }
 
+/// An indirect call reaches only functions of its own type: a function that calls through
+/// the table with type $a lies on no cycle with an address-taken function of type $b, even
+/// when that one calls it back; with matching types it does.
+#[test]
+fn indirect_calls_make_cycles_only_through_functions_of_their_type() {
+    let module = |callee_type: &str| {
+        wat::parse_str(format!(
+            r#"(module
+                 (type $a (func (param i32) (result i32)))
+                 (type $b (func (param i64) (result i32)))
+                 (table 1 funcref)
+                 (elem (i32.const 0) $target)
+                 (func $caller (param i32) (result i32)
+                   (call_indirect (type $a) (local.get 0) (i32.const 0)))
+                 (func $target (type {callee_type}) (param {}) (result i32)
+                   (call $caller (i32.const 0)))
+                 (func (export "_start") (drop (call $caller (i32.const 0)))))"#,
+            if callee_type == "$a" { "i32" } else { "i64" }
+        ))
+        .unwrap()
+    };
+    // Types differ: $caller's indirect call cannot reach $target, so no cycle, no entry poll
+    // (and no loop, blocking import or reachable poll: nothing is instrumented).
+    assert_eq!(instrument(&module("$b")).unwrap().stats.polls, 0);
+    // Same type: $caller → table → $target → $caller, both poll on entry.
+    assert_eq!(instrument(&module("$a")).unwrap().stats.polls, 2);
+}
+
 /// Deterministic pseudo-random seeds for wasm-smith (xorshift; no RNG dependency).
 pub(crate) fn seeds(mut state: u64, count: usize, len: usize) -> impl Iterator<Item = Vec<u8>> {
     (0..count).map(move |_| {
