@@ -8,14 +8,27 @@ use wasmtime::{Caller, Config, Engine, Extern, Global, Instance, Linker, Module,
 
 use crate::{abi, instrument_any, instrument_any_counting};
 
-/// The generator settings of `tests.rs`, plus exports of everything, canonical NaNs and no
-/// traps (so generated functions run long enough to reach safe points).
+/// The generator settings of `tests.rs` (the exception-handling proposal included), plus
+/// exports of everything, canonical NaNs and no traps (so generated functions run long enough
+/// to reach safe points).
 fn config() -> wasm_smith::Config {
     wasm_smith::Config {
         export_everything: true,
         canonicalize_nans: true,
         disallow_traps: true,
         ..crate::tests::config()
+    }
+}
+
+/// A value as the comparison sees it: references only as null or not (their handles differ
+/// between instances).
+fn show(v: &Val) -> String {
+    match v {
+        Val::ExnRef(r) => format!("exnref non-null: {}", r.is_some()),
+        Val::FuncRef(r) => format!("funcref non-null: {}", r.is_some()),
+        Val::ExternRef(r) => format!("externref non-null: {}", r.is_some()),
+        Val::AnyRef(r) => format!("anyref non-null: {}", r.is_some()),
+        other => format!("{other:?}"),
     }
 }
 
@@ -115,7 +128,12 @@ fn run(engine: &Engine, wasm: &[u8], mode: Mode) -> Option<(Vec<Outcome>, Vec<St
         .collect();
     let state_global = instance.get_global(&mut store, abi::STATE_GLOBAL);
     let mut outcomes = Vec::new();
-    for (name, _) in exports.iter().filter(|(_, f)| *f) {
+    // The plain module ran its start function while instantiating; the instrumented one
+    // exports it as `ferry:start`, which the host calls first (its outcome is not compared:
+    // a trap there fails the plain instantiation, and then nothing is compared).
+    let start = (mode != Mode::Plain && instance.get_func(&mut store, abi::START_EXPORT).is_some())
+        .then(|| (abi::START_EXPORT.to_owned(), true));
+    for (name, _) in start.iter().chain(exports.iter().filter(|(_, f)| *f)) {
         let f = instance.get_func(&mut store, name)?;
         let ty = f.ty(&store);
         let args: Vec<Val> = ty
@@ -141,7 +159,7 @@ fn run(engine: &Engine, wasm: &[u8], mode: Mode) -> Option<(Vec<Outcome>, Vec<St
                 continue;
             }
             break match r {
-                Ok(()) => Outcome::Values(results.iter().map(|v| format!("{v:?}")).collect()),
+                Ok(()) => Outcome::Values(results.iter().map(show).collect()),
                 Err(e) => match e.downcast_ref::<wasmtime::Trap>() {
                     Some(wasmtime::Trap::OutOfFuel) => Outcome::OutOfFuel,
                     _ => Outcome::Trap,
@@ -159,13 +177,15 @@ fn run(engine: &Engine, wasm: &[u8], mode: Mode) -> Option<(Vec<Outcome>, Vec<St
                     .ok()?;
             }
         }
-        outcomes.push(outcome);
+        if *name != abi::START_EXPORT {
+            outcomes.push(outcome);
+        }
     }
     let mut state = Vec::new();
     for (name, _) in exports.iter().filter(|(_, f)| !*f) {
         match instance.get_export(&mut store, name) {
             Some(Extern::Memory(m)) => state.push(format!("{name}: {}", digest(m.data(&store)))),
-            Some(Extern::Global(g)) => state.push(format!("{name}: {:?}", g.get(&mut store))),
+            Some(Extern::Global(g)) => state.push(format!("{name}: {}", show(&g.get(&mut store)))),
             _ => {}
         }
     }
@@ -186,9 +206,11 @@ fn digest(bytes: &[u8]) -> String {
 #[test]
 fn generated_modules_behave_the_same_instrumented_and_churned() {
     let mut cfg = Config::new();
-    cfg.consume_fuel(true).wasm_multi_memory(true);
+    cfg.consume_fuel(true)
+        .wasm_multi_memory(true)
+        .wasm_exceptions(true);
     let engine = Engine::new(&cfg).unwrap();
-    let (mut compared, mut total, mut unwinds) = (0, 0, 0);
+    let (mut compared, mut total, mut unwinds, mut with_handlers) = (0, 0, 0, 0);
     for seed in crate::tests::seeds(0x1234_5678_9abc_def1, 60, 4096) {
         let mut u = arbitrary::Unstructured::new(&seed);
         let Ok(m) = wasm_smith::Module::new(config(), &mut u) else {
@@ -227,6 +249,9 @@ fn generated_modules_behave_the_same_instrumented_and_churned() {
             continue;
         }
         compared += 1;
+        if wasmprinter::print_bytes(&wasm).is_ok_and(|t| t.contains("try_table")) {
+            with_handlers += 1;
+        }
         for (mode, r) in runs {
             let (outcomes, state, polls) = r.expect("checked above");
             if mode == Mode::Churn(1) {
@@ -237,7 +262,14 @@ fn generated_modules_behave_the_same_instrumented_and_churned() {
             assert_eq!(plain_state, state, "{mode:?}: state differs\n{}", wat());
         }
     }
-    eprintln!("compared {compared} of {total} instrumented modules; {unwinds} unwinds");
+    eprintln!(
+        "compared {compared} of {total} instrumented modules ({with_handlers} with try_table); \
+         {unwinds} unwinds"
+    );
+    assert!(
+        with_handlers * 4 >= compared,
+        "too few compared modules catch exceptions ({with_handlers} of {compared})"
+    );
     assert!(
         unwinds > 15,
         "the churned runs barely suspended ({unwinds} unwinds)"

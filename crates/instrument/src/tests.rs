@@ -7,7 +7,7 @@ use crate::{InstrumentError, instrument, instrument_any};
 
 pub(crate) fn config() -> wasm_smith::Config {
     wasm_smith::Config {
-        exceptions_enabled: false,
+        exceptions_enabled: true,
         gc_enabled: false,
         tail_call_enabled: false,
         threads_enabled: false,
