@@ -126,6 +126,19 @@ pub struct Execution<'a> {
 impl Execution<'_> {
     /// Runs the guest to exit or suspension and returns ferry's exit code.
     pub fn execute(mut self, wasi: WasiCtx, start: Start) -> Result<ExitCode> {
+        // What `ferry resume` must be given again (a Python runtime's standard library is
+        // granted by resume itself).
+        let grants: String = wasi
+            .mounts()
+            .into_iter()
+            .filter(|(guest, _, _)| guest != crate::cmd::python::STDLIB_GUEST)
+            .map(|(guest, host, _)| {
+                format!(
+                    "--dir {} ",
+                    shell_word(&format!("{}::{guest}", host.display()))
+                )
+            })
+            .collect();
         if let Some(every) = self.checkpoint_every {
             let c = self.control.clone();
             std::thread::spawn(move || {
@@ -185,7 +198,10 @@ impl Execution<'_> {
                 self.session.state = "suspended".into();
                 session::save(self.settings, &self.session)?;
                 eprintln!("suspended {k}");
-                eprintln!("ferry: resume it with `ferry resume {}`", k.fmt_short());
+                eprintln!(
+                    "ferry: resume it with `ferry resume {grants}{}`",
+                    k.fmt_short()
+                );
                 Ok(ExitCode::from(EXIT_SUSPENDED))
             }
             Err(e) => {
@@ -249,4 +265,28 @@ pub fn install_signals(control: &Arc<Control>) -> Result<()> {
         }
     });
     Ok(())
+}
+
+/// `w` as one shell word (quoted when it holds anything but plain path characters).
+fn shell_word(w: &str) -> String {
+    if !w.is_empty()
+        && w.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-:+=,@%".contains(c))
+    {
+        w.to_owned()
+    } else {
+        format!("'{}'", w.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_word;
+
+    #[test]
+    fn resume_hints_quote_what_a_shell_would_split() {
+        assert_eq!(shell_word("/data/app::/app"), "/data/app::/app");
+        assert_eq!(shell_word("/my app::."), "'/my app::.'");
+        assert_eq!(shell_word("/it's::/x"), "'/it'\\''s::/x'");
+    }
 }
