@@ -148,8 +148,15 @@ impl Runtime {
                 });
                 // Marked before the derived ref is published, so a derived ref without the
                 // mark always means "no exception tags".
+                // (It may already be there: the same module instrumented before, its derived
+                // ref or object lost since.)
                 if eh {
-                    store.cas_ref(&exceptions_ref(&k), None, value)?;
+                    let mark = exceptions_ref(&k);
+                    if let Err(e) = store.cas_ref(&mark, None, value)
+                        && store.get_ref(&mark)?.is_none_or(|m| m.target != k)
+                    {
+                        return Err(e.into());
+                    }
                 }
                 let _ = store.cas_ref(&name, cached, value);
                 (k, Some(out.wasm), eh)
