@@ -57,7 +57,6 @@ fn supported_features() -> WasmFeatures {
 pub(crate) struct FuncFacts {
     pub has_loop: bool,
     pub calls_defined: bool,
-    pub calls_indirect: bool,
     pub calls_unwinding_import: bool,
     /// Defined functions called directly (original indices).
     pub callees: Vec<u32>,
@@ -457,10 +456,7 @@ fn scan(
                     facts.calls_unwinding_import = true;
                 }
             }
-            Operator::CallIndirect { type_index, .. } => {
-                facts.calls_indirect = true;
-                facts.indirect_types.push(type_index);
-            }
+            Operator::CallIndirect { type_index, .. } => facts.indirect_types.push(type_index),
             Operator::RefFunc { function_index } => facts.refs.push(function_index),
             Operator::TableSet { .. }
             | Operator::TableGrow { .. }

@@ -293,23 +293,10 @@ pub fn resolve(settings: &Settings, store: &dyn Store, version: Option<&str>) ->
     // The version the default stands for: the versioned ref naming the same module.
     let version = match version {
         Some(v) => Some(v.to_owned()),
-        None => store
-            .list_refs()?
-            .into_iter()
-            .find(|(n, v)| {
-                n != "python/default" && n.starts_with("python/") && v.target == r.target
-            })
-            .map(|(n, _)| n["python/".len()..].to_owned()),
+        None => versions_of(store, r.target)?.into_iter().next(),
     };
     let stdlib = match &version {
-        Some(v) => match store.get_ref(&format!("python-lib/{v}"))? {
-            Some(lib) => Some(ferry_wasi::MountSpec {
-                guest_path: STDLIB_GUEST.into(),
-                host_dir: stdlib_dir(settings, store, v, lib.target)?,
-                read_only: true,
-            }),
-            None => None,
-        },
+        Some(v) => stdlib_mount(settings, store, v)?,
         None => None,
     };
     let main = match store.get_ref(&format!("python-main/{}", r.target.to_hex()))? {
@@ -361,6 +348,35 @@ pub fn stdlib_dir(
     Ok(dir)
 }
 
+/// The versions (`python/<X.Y>` refs) that name `module`.
+fn versions_of(store: &dyn Store, module: Kappa) -> Result<Vec<String>> {
+    Ok(store
+        .list_refs()?
+        .into_iter()
+        .filter_map(|(name, r)| {
+            let v = name.strip_prefix("python/")?;
+            (v != "default" && r.target == module).then(|| v.to_owned())
+        })
+        .collect())
+}
+
+/// Runtime `version`'s standard library as a read-only mount at [`STDLIB_GUEST`], if it has
+/// one.
+fn stdlib_mount(
+    settings: &Settings,
+    store: &dyn Store,
+    version: &str,
+) -> Result<Option<ferry_wasi::MountSpec>> {
+    let Some(lib) = store.get_ref(&format!("python-lib/{version}"))? else {
+        return Ok(None);
+    };
+    Ok(Some(ferry_wasi::MountSpec {
+        guest_path: STDLIB_GUEST.into(),
+        host_dir: stdlib_dir(settings, store, version, lib.target)?,
+        read_only: true,
+    }))
+}
+
 /// The standard-library grant a snapshot of a registered runtime needs again on resume (the
 /// user never named it: `ferry run` added it).
 pub fn stdlib_grant(
@@ -368,19 +384,9 @@ pub fn stdlib_grant(
     store: &dyn Store,
     module: Kappa,
 ) -> Result<Option<ferry_wasi::MountSpec>> {
-    for (name, r) in store.list_refs()? {
-        let Some(version) = name.strip_prefix("python/") else {
-            continue;
-        };
-        if version == "default" || r.target != module {
-            continue;
-        }
-        if let Some(lib) = store.get_ref(&format!("python-lib/{version}"))? {
-            return Ok(Some(ferry_wasi::MountSpec {
-                guest_path: STDLIB_GUEST.into(),
-                host_dir: stdlib_dir(settings, store, version, lib.target)?,
-                read_only: true,
-            }));
+    for version in versions_of(store, module)? {
+        if let Some(m) = stdlib_mount(settings, store, &version)? {
+            return Ok(Some(m));
         }
     }
     Ok(None)
