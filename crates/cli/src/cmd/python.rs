@@ -285,8 +285,9 @@ pub fn resolve(settings: &Settings, store: &dyn Store, version: Option<&str>) ->
     let name = format!("python/{}", version.unwrap_or("default"));
     let Some(r) = store.get_ref(&name)? else {
         bail!(
-            "no Python runtime {} is installed; run `scripts/fetch-python.sh` then \
-             `ferry python install --from ~/.cache/ferry/guests/python-3.12.0.wasm`",
+            "no Python runtime {} is installed; fetch one (`scripts/fetch-python.sh` for 3.12, \
+             `scripts/fetch-python315.sh` for 3.15 with numpy) and register it with \
+             `ferry python install` (docs/python.md)",
             version.unwrap_or("(default)")
         );
     };
