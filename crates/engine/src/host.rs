@@ -72,11 +72,12 @@ fn finish_rewind(cx: &mut impl HostCx) -> Result<(), HostStop> {
 /// Starts an unwind. The request that asked for it stays pending in `Control` until the
 /// unwind reaches the host, which takes it then: a frame that cannot be saved (it holds a
 /// reference) stops the unwind and rewinds at once, and the still-pending request raises the
-/// flag again once that rewind ends.
+/// flag again once that rewind ends. The flag stays raised while unwinding: the return
+/// polls of functions on a call-graph cycle test it, not `state`, after each call.
 fn start_unwind(cx: &mut impl HostCx) {
     cx.set_state(abi::STATE_UNWIND);
     cx.set_sp(0);
-    cx.set_flag(false);
+    cx.set_flag(true);
 }
 
 /// `ferry.poll`: called by the guest at a safe point when its flag word is raised.

@@ -5,7 +5,9 @@
 //!   and returns; every frame then saves itself and returns, so the entry function returns to
 //!   the host. While rewinding, the host sets the state back to [`STATE_NORMAL`] here.
 //! * Exported memory `ferry:ctl` (1 page, never grows): word 0 is the poll flag. The host may
-//!   write it from any thread.
+//!   write it from any thread. It must stay non-zero while an unwind is under way (the guest's
+//!   own safe points leave it raised; a host starting an unwind raises it): a return poll
+//!   (v14) tests it, not `ferry:state`, to learn that its callee is unwinding.
 //! * Exported memory `ferry:stack`: the saved frames, `ferry:sp` bytes long. Each frame is
 //!   `[defined function index: u32][call site: u32][locals, naturally aligned]`, innermost frame
 //!   first. Rewinding pops frames from the top (outermost first).

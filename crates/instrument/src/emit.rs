@@ -48,6 +48,11 @@ pub(crate) struct ModuleCtx<'a> {
     pub rewind_func: &'a [Option<u32>],
     /// The rewind table of each table (same elements, rewind copies in place of functions).
     pub rewind_table: &'a [u32],
+    /// The call-graph component of each function on a cycle (by function index, imports
+    /// included) and of each function type's indirect-call node (by type index); `u32::MAX`
+    /// for none. A call whose callee is in the caller's component gets a return poll.
+    pub scc_of_func: &'a [u32],
+    pub scc_of_type: &'a [u32],
 }
 
 /// Function types the transform needs for its own blocks, appended after the module's types.
@@ -251,6 +256,19 @@ struct Emitter<'c, 'm, R> {
     /// epilogue (`k` = index): a site branches to epilogue `k` with its number in `idx`.
     epilogues: Vec<Vec<u32>>,
     epilogue_of: HashMap<Vec<u32>, u32>,
+    /// Return polls left out because a reference is live after their call: the function
+    /// must poll on entry instead.
+    unsaved_return_polls: u32,
+}
+
+/// One copy of an instrumented function, as [`emit`] writes it.
+pub(crate) struct Emitted {
+    pub function: Function,
+    pub layout: Layout,
+    /// Byte offsets (from the body's start) of the `if`s hinted unlikely.
+    pub unlikely: Vec<u32>,
+    /// See [`Emitter::unsaved_return_polls`].
+    pub unsaved_return_polls: u32,
 }
 
 type Validator = FuncValidator<ValidatorResources>;
@@ -514,6 +532,40 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::End);
     }
 
+    /// A call site (`Site`) or a call site with its return poll (`SiteThenPoll`), then the
+    /// call's validation.
+    #[allow(clippy::too_many_arguments)]
+    fn call_then_poll(
+        &mut self,
+        v: &mut Validator,
+        (offset, op): (usize, &Operator<'_>),
+        op_plan: OpPlan,
+        calls: (I<'_>, I<'_>),
+        (params, results): (&[ValType], &[ValType]),
+        (saved, after): (Option<&[u32]>, Option<&Locals>),
+        args: &[Arg],
+    ) -> Result<(), InstrumentError> {
+        let (OpPlan::SiteThenPoll(site), Some(saved)) = (op_plan, saved) else {
+            // A bouncing site (a reference is live) cannot poll on return either.
+            if matches!(op_plan, OpPlan::SiteThenPoll(_)) {
+                self.unsaved_return_polls += 1;
+            }
+            let (OpPlan::Site(site) | OpPlan::SiteThenPoll(site)) = op_plan else {
+                return Err(InstrumentError::Internal("not a call site".into()));
+            };
+            self.call_site(site, calls, (params, results), saved, args);
+            v.op(offset, op)?;
+            return Ok(());
+        };
+        match self.copy {
+            // The lean copy's unwind check is part of the return poll.
+            Copy::Lean => self.ins(calls.0),
+            Copy::Rewind => self.call_site(site, calls, (params, results), Some(saved), args),
+        }
+        v.op(offset, op)?;
+        self.return_poll(v, site, saved, after, results)
+    }
+
     /// Opens the `if` taken when a call at a bouncing site returns unwinding (left open for
     /// the caller's `end`). This frame holds a reference, which no record can keep, so the
     /// unwind stops here: the frames the callee saved are rewound at once — state `REWIND`,
@@ -688,7 +740,114 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::GlobalSet(self.ctx.state_global));
         self.ins(I::I32Const(0));
         self.ins(I::GlobalSet(self.ctx.sp_global));
-        self.set_flag(0);
+        self.save_and_return(site, saved);
+        self.ins(I::End);
+    }
+
+    /// The return poll after call site `site` (v14): safe point `site + 1`, just after the
+    /// call returned, in a function on a call-graph cycle. It replaces the entry poll: a cycle
+    /// without loops can only descend until the stack is full, and every return along it
+    /// now passes a safe point. The lean copy tests the flag word instead of `state` after
+    /// such a call — the flag stays raised while unwinding, so one test serves both:
+    ///
+    /// ```text
+    /// call f                     ;; results spilled to temps
+    /// if ctl[0] != 0             ;; unlikely
+    ///   if state != NORMAL: idx = site; br $epilogue      ;; f is unwinding
+    ///   state = UNWIND; sp = 0; idx = site + 1; br $epilogue'   ;; unwind from here
+    /// end
+    /// ```
+    ///
+    /// The rewind copy resumes there by skipping the call (its results come from the record)
+    /// and ending the rewind through `ferry.poll`. Must follow the call and its validation;
+    /// `saved_call` is what the call site itself saves.
+    fn return_poll(
+        &mut self,
+        v: &Validator,
+        site: u32,
+        saved_call: &[u32],
+        after: Option<&Locals>,
+        results: &[ValType],
+    ) -> Result<(), InstrumentError> {
+        let Some(saved) = self.saved_locals(v, after, 0..0) else {
+            self.unsaved_return_polls += 1;
+            if self.copy == Copy::Lean {
+                // No safe point here; the call site's own unwind check remains.
+                self.call_check(site, saved_call);
+            }
+            return Ok(());
+        };
+        let poll = site + 1;
+        if self.copy == Copy::Lean {
+            self.spill(v)?;
+            self.flag_check();
+            self.ins(I::GlobalGet(self.ctx.state_global));
+            self.ins(I::If(BlockType::Empty));
+            self.save_and_return(site, saved_call);
+            self.ins(I::End);
+            if self.ctx.counting {
+                let p = self.ctx.poll_func;
+                self.call_site(
+                    poll,
+                    (I::Call(p), I::Call(p)),
+                    (&[], &[]),
+                    Some(&saved),
+                    &[],
+                );
+            } else {
+                self.ins(I::I32Const(abi::STATE_UNWIND));
+                self.ins(I::GlobalSet(self.ctx.state_global));
+                self.ins(I::I32Const(0));
+                self.ins(I::GlobalSet(self.ctx.sp_global));
+                self.save_and_return(poll, &saved);
+            }
+            self.ins(I::End);
+            return Ok(());
+        }
+        // Rewind copy: the results on the stack are placeholders when rewinding to `poll`;
+        // the record holds the real ones.
+        let height = v.operand_stack_height();
+        let first = height.checked_sub(results.len() as u32).ok_or_else(|| {
+            InstrumentError::Internal("a call's results lie outside the stack".into())
+        })?;
+        let kept: Vec<u32> = results
+            .iter()
+            .enumerate()
+            .map(|(j, t)| self.temp(*t, first + j as u32))
+            .collect();
+        let bt = self.types.block_type(results, results);
+        self.ins(I::LocalGet(self.rw));
+        self.ins(I::If(bt));
+        self.ins(I::LocalGet(self.idx));
+        self.ins(I::I32Const(poll as i32));
+        self.ins(I::I32Eq);
+        self.ins(I::If(bt));
+        for _ in results {
+            self.ins(I::Drop);
+        }
+        for l in kept {
+            self.ins(I::LocalGet(l));
+        }
+        self.ins(I::I32Const(0));
+        self.ins(I::LocalSet(self.rw));
+        self.ins(I::Call(self.ctx.poll_func));
+        // The host may start another unwind at once (a request still pending).
+        self.ins(I::GlobalGet(self.ctx.state_global));
+        self.ins(I::I32Const(abi::STATE_UNWIND));
+        self.ins(I::I32Eq);
+        self.ins(I::If(BlockType::Empty));
+        self.save_and_return(poll, &saved);
+        self.ins(I::End);
+        self.ins(I::End);
+        self.ins(I::End);
+        Ok(())
+    }
+
+    /// The lean copy's check after a call: if the callee is unwinding, save this frame.
+    fn call_check(&mut self, site: u32, saved: &[u32]) {
+        self.ins(I::GlobalGet(self.ctx.state_global));
+        self.unlikely.push(self.out.len() as u32);
+        self.ins(I::If(BlockType::Empty));
         self.save_and_return(site, saved);
         self.ins(I::End);
     }
@@ -788,7 +947,13 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     defined_index: u32,
     copy: Copy,
     layout: Option<&Layout>,
-) -> Result<(Function, Layout, Vec<u32>), InstrumentError> {
+    entry_poll: bool,
+) -> Result<Emitted, InstrumentError> {
+    if entry_poll && !plan.entry_poll {
+        return Err(InstrumentError::Internal(
+            "an entry poll without a site for it".into(),
+        ));
+    }
     let fty = ctx
         .func_types
         .get(fv.ty as usize)
@@ -849,12 +1014,13 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         unlikely: Vec::new(),
         epilogues: Vec::new(),
         epilogue_of: HashMap::new(),
+        unsaved_return_polls: 0,
     };
     let done_bt = e.types.block_type(&[], &results);
     e.ins(I::Block(done_bt));
     // The rewind copy restores its frame here (the prologue is spliced in once the layout is
     // final); in both copies the flag test also gates the entry poll.
-    let gated = copy == Copy::Rewind || plan.entry_poll;
+    let gated = copy == Copy::Rewind || entry_poll;
     if gated {
         e.flag_check();
     }
@@ -865,7 +1031,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         seg: Seg::Closed,
         results: results.clone(),
     });
-    if plan.entry_poll {
+    if entry_poll {
         let entry_live = e.live.entry.clone();
         // An entry poll keeps the host call: nothing is loop-carried at a function's entry,
         // and the in-line unwind made call-heavy code bigger (recursion 1.35x → 1.55x).
@@ -955,7 +1121,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 }
                 e.seg_start(&v)?;
             }
-            (Operator::Call { function_index }, OpPlan::Site(site)) => {
+            (Operator::Call { function_index }, OpPlan::Site(_) | OpPlan::SiteThenPoll(_)) => {
                 e.spill(&v)?;
                 let ty = e.func_type(ctx.func_type_of[*function_index as usize])?;
                 let (params, res) = (val_types(ty.params())?, val_types(ty.results())?);
@@ -977,8 +1143,15 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 let saved = e.saved_locals(&v, after.as_ref(), skip);
                 let args = e.call_args(&v, params.len(), |_| import)?;
                 let calls = (I::Call(callee), I::Call(rewind_callee));
-                e.call_site(site, calls, (&params, &res), saved.as_deref(), &args);
-                v.op(offset, &op)?;
+                e.call_then_poll(
+                    &mut v,
+                    (offset, &op),
+                    op_plan,
+                    calls,
+                    (&params, &res),
+                    (saved.as_deref(), after.as_ref()),
+                    &args,
+                )?;
                 e.seg_start(&v)?;
             }
             (
@@ -986,7 +1159,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     type_index,
                     table_index,
                 },
-                OpPlan::Site(site),
+                OpPlan::Site(_) | OpPlan::SiteThenPoll(_),
             ) => {
                 e.spill(&v)?;
                 let ty = e.func_type(*type_index)?;
@@ -1006,8 +1179,15 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 let index = params.len() - 1;
                 let args = e.call_args(&v, params.len(), |j| j == index)?;
                 let calls = (call, call_rewind);
-                e.call_site(site, calls, (&params, &res), saved.as_deref(), &args);
-                v.op(offset, &op)?;
+                e.call_then_poll(
+                    &mut v,
+                    (offset, &op),
+                    op_plan,
+                    calls,
+                    (&params, &res),
+                    (saved.as_deref(), after.as_ref()),
+                    &args,
+                )?;
                 e.seg_start(&v)?;
             }
             _ => {
@@ -1132,5 +1312,10 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         offsets: e.offsets,
         record_len: e.record_len,
     };
-    Ok((f, layout, unlikely))
+    Ok(Emitted {
+        function: f,
+        layout,
+        unlikely,
+        unsaved_return_polls: e.unsaved_return_polls,
+    })
 }

@@ -19,8 +19,9 @@
 //! * on entry while rewinding, pops that record (checking it names this function) and
 //!   restores the locals.
 //!
-//! Safe points are polls at every loop header and at the entry of every function that calls,
-//! so the time to reach one is bounded. A poll costs one load and one branch while no suspend
+//! Safe points are polls at every loop header and, in functions on a call-graph cycle, just
+//! after each call that stays inside the cycle (a return poll), so the time to reach one is
+//! bounded. A poll costs one load and one branch while no suspend
 //! is pending: the host raises a flag word in a one-page control memory that never moves.
 //!
 //! The run-time contract between the instrumented module and the host is in [`abi`].
@@ -44,4 +45,4 @@ mod tests;
 
 /// Version of this transform. It is part of the κ of every instrumented module: change it
 /// whenever the output for some input changes.
-pub const INSTRUMENT_VERSION: u32 = 13;
+pub const INSTRUMENT_VERSION: u32 = 14;

@@ -35,10 +35,13 @@ pub struct Stats {
     pub functions: u32,
     /// Of those, how many can be on the stack at a safe point and were instrumented.
     pub instrumented: u32,
-    /// Unwind-capable call sites, polls included.
+    /// Unwind-capable call sites.
     pub call_sites: u32,
-    /// Safe-point polls (loop headers and function entries).
+    /// Safe-point polls: loop headers, returns of calls inside a call-graph cycle, and the
+    /// entries of cyclic functions where such a return cannot poll.
     pub polls: u32,
+    /// Of those, function entries.
+    pub entry_polls: u32,
 }
 
 /// The proposals ferry can suspend. Threads, tail calls, GC and the legacy exception
@@ -76,8 +79,10 @@ impl FuncFacts {
     pub fn instrumented(&self) -> bool {
         self.can_unwind
     }
-    /// Does it poll on entry? Only functions on a call-graph cycle can run unboundedly
-    /// without passing a loop header.
+    /// Is site 0 kept for an entry poll? Only functions on a call-graph cycle can run
+    /// unboundedly without passing a loop header. Their calls inside the cycle's component
+    /// poll on return instead (v14); the entry poll is emitted only where one of those
+    /// cannot (a reference is live after the call).
     pub fn entry_poll(&self) -> bool {
         self.recursive
     }
@@ -270,7 +275,7 @@ fn instrument_inner(
         facts.push(scan(body, n_imported, &unwinding_import)?);
     }
     address_taken.extend(facts.iter().flat_map(|f| f.refs.iter().copied()));
-    mark_recursive(
+    let (scc_of_func, scc_of_type) = mark_recursive(
         &mut facts,
         n_imported,
         &address_taken,
@@ -322,6 +327,8 @@ fn instrument_inner(
         counting,
         ctl_memory: n_memories,
         stack_memory: n_memories + 1,
+        scc_of_func: &scc_of_func,
+        scc_of_type: &scc_of_type,
     };
 
     let mut stats = Stats {
@@ -344,14 +351,18 @@ fn instrument_inner(
         }
         let plan = plan::plan(&fv, &body, facts.entry_poll(), &ctx)?;
         stats.instrumented += 1;
-        stats.call_sites += plan.n_sites;
+        stats.call_sites += plan.n_sites - plan.n_polls - u32::from(plan.entry_poll);
         stats.polls += plan.n_polls;
         // The rewind copy first: it fixes the frame-record layout both copies share.
         let fv2 = FuncToValidate {
             resources: fv.resources.clone(),
             ..fv
         };
-        let (rewind, layout, _) = emit::emit(
+        let fv3 = FuncToValidate {
+            resources: fv.resources.clone(),
+            ..fv
+        };
+        let mut emitted = emit::emit(
             &ctx,
             &mut interner,
             &mut shift,
@@ -361,8 +372,30 @@ fn instrument_inner(
             defined_index,
             emit::Copy::Rewind,
             None,
+            false,
         )?;
-        let (lean, lean_layout, unlikely) = emit::emit(
+        // A call inside the cycle whose return cannot poll (a reference is live after it)
+        // leaves that cycle without a safe point: poll on entry instead, as up to v13.
+        let entry_poll = emitted.unsaved_return_polls > 0;
+        stats.polls -= emitted.unsaved_return_polls;
+        if entry_poll {
+            emitted = emit::emit(
+                &ctx,
+                &mut interner,
+                &mut shift,
+                fv3,
+                &body,
+                &plan,
+                defined_index,
+                emit::Copy::Rewind,
+                None,
+                true,
+            )?;
+        }
+        stats.polls += u32::from(entry_poll);
+        stats.entry_polls += u32::from(entry_poll);
+        let (rewind, layout) = (emitted.function, emitted.layout);
+        let lean = emit::emit(
             &ctx,
             &mut interner,
             &mut shift,
@@ -372,7 +405,9 @@ fn instrument_inner(
             defined_index,
             emit::Copy::Lean,
             Some(&layout),
+            entry_poll,
         )?;
+        let (lean, lean_layout, unlikely) = (lean.function, lean.layout, lean.unlikely);
         if lean_layout.record_len() != layout.record_len() {
             return Err(InstrumentError::Internal(format!(
                 "function {defined_index}: the two copies disagree on the frame layout"
@@ -825,13 +860,17 @@ fn mark_unwinding(
     sigs
 }
 
+/// Marks the functions on a call-graph cycle and returns the strongly connected component of
+/// each cyclic function (by function index, imports included) and of each function type's
+/// indirect-call node (by type index); `u32::MAX` where there is no cycle. An edge inside one
+/// component is the only kind a cycle can use, so those are the calls that get a return poll.
 fn mark_recursive(
     facts: &mut [FuncFacts],
     n_imported: u32,
     address_taken: &[u32],
     func_type_of: &[u32],
     func_types: &[Option<FuncType>],
-) {
+) -> (Vec<u32>, Vec<u32>) {
     let n = facts.len();
     let defined = |f: u32| {
         (f >= n_imported)
@@ -872,6 +911,8 @@ fn mark_recursive(
         }
     }
     let n = edges.len();
+    let mut scc = vec![u32::MAX; n];
+    let mut n_scc = 0u32;
     let (mut index, mut low, mut on_stack) = (vec![usize::MAX; n], vec![0; n], vec![false; n]);
     let (mut stack, mut next) = (Vec::new(), 0usize);
     for root in 0..n {
@@ -914,8 +955,23 @@ fn mark_recursive(
                     if let Some(f) = facts.get_mut(m) {
                         f.recursive = cyclic;
                     }
+                    if cyclic {
+                        scc[m] = n_scc;
+                    }
                 }
+                n_scc += 1;
             }
         }
     }
+    let mut scc_of_func = vec![u32::MAX; n_imported as usize];
+    scc_of_func.extend_from_slice(&scc[..facts.len()]);
+    let scc_of_type = func_types
+        .iter()
+        .map(|t| {
+            t.as_ref()
+                .and_then(|t| type_node.get(t))
+                .map_or(u32::MAX, |&node| scc[node])
+        })
+        .collect();
+    (scc_of_func, scc_of_type)
 }

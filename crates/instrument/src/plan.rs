@@ -3,7 +3,7 @@
 //!
 //! Sites are numbered in the order the emitter meets them: the entry poll (if any) is 0, then
 //! in instruction order each reachable loop's header poll and each reachable unwind-capable
-//! call. A construct is *relevant* when it is reachable at its start and contains sites.
+//! call (followed by its return poll for a call inside a call-graph cycle). A construct is *relevant* when it is reachable at its start and contains sites.
 
 use wasmparser::{FuncToValidate, FunctionBody, Operator, ValidatorResources};
 
@@ -22,6 +22,9 @@ pub(crate) enum OpPlan {
     Plain,
     /// An unwind-capable call: call site number.
     Site(u32),
+    /// An unwind-capable call inside a call-graph cycle: call site `n`, and `n + 1` a safe
+    /// point just after it returns (a return poll, v14).
+    SiteThenPoll(u32),
     /// A relevant block/loop/if: the end of the `then` arm's site range (for `if`: sites below
     /// it are in the `then` arm) and the loop-header poll's site.
     Construct { then_hi: u32, poll: Option<u32> },
@@ -67,9 +70,15 @@ pub(crate) fn plan(
     let mut next = 0u32;
     let mut n_polls = 0u32;
     if entry_poll {
+        // Reserved: emitted only where a return poll inside the cycle cannot be.
         next = 1;
-        n_polls = 1;
     }
+    let own_scc = ctx
+        .scc_of_func
+        .get(fv.index as usize)
+        .copied()
+        .unwrap_or(u32::MAX);
+    let in_cycle = |scc: Option<&u32>| own_scc != u32::MAX && scc == Some(&own_scc);
     let mut ops = Vec::new();
     let mut open: Vec<Open> = Vec::new();
     let mut body_ops = Vec::new();
@@ -130,14 +139,26 @@ pub(crate) fn plan(
             Operator::Call { function_index }
                 if reachable && ctx.is_site_callee[*function_index as usize] =>
             {
-                this = OpPlan::Site(next);
-                next += 1;
+                this = match in_cycle(ctx.scc_of_func.get(*function_index as usize)) {
+                    true => OpPlan::SiteThenPoll(next),
+                    false => OpPlan::Site(next),
+                };
             }
             Operator::CallIndirect { type_index, .. }
                 if reachable && ctx.is_site_indirect[*type_index as usize] =>
             {
-                this = OpPlan::Site(next);
-                next += 1;
+                this = match in_cycle(ctx.scc_of_type.get(*type_index as usize)) {
+                    true => OpPlan::SiteThenPoll(next),
+                    false => OpPlan::Site(next),
+                };
+            }
+            _ => {}
+        }
+        match this {
+            OpPlan::Site(_) => next += 1,
+            OpPlan::SiteThenPoll(_) => {
+                next += 2;
+                n_polls += 1;
             }
             _ => {}
         }

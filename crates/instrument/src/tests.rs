@@ -90,13 +90,13 @@ fn leaf_functions_are_left_alone_and_loops_are_polled() {
         "the loop header; _start is on no call cycle"
     );
     assert_eq!(
-        out.stats.call_sites, 1,
+        out.stats.call_sites, 0,
         "the call to a leaf is not a call site"
     );
 }
 
 #[test]
-fn functions_on_call_cycles_poll_on_entry() {
+fn calls_inside_call_cycles_poll_on_return() {
     let m = wat::parse_str(
         r#"(module
              (type $t (func (param i32) (result i32)))
@@ -113,9 +113,30 @@ fn functions_on_call_cycles_poll_on_entry() {
     )
     .unwrap();
     let out = instrument(&m).unwrap();
-    // $self (direct recursion) and $via_table (reaches itself through the table) poll on
-    // entry; $once and _start call but lie on no cycle.
+    // $self's call of itself and $via_table's call through the table (which reaches
+    // $via_table) poll on return; $once and _start call but lie on no cycle.
     assert_eq!(out.stats.polls, 2);
+    assert_eq!(out.stats.entry_polls, 0);
+}
+
+/// A reference live after a call inside a cycle keeps that return from polling (no record
+/// can hold it), so the function polls on entry instead: every cycle keeps a safe point.
+#[test]
+fn a_cycle_whose_return_cannot_poll_polls_on_entry() {
+    let m = wat::parse_str(
+        r#"(module
+             (elem declare func $r)
+             (func $r (param i32) (result i32) (local funcref)
+               (local.set 1 (ref.func $r))
+               (if (result i32) (local.get 0)
+                 (then (call $r (i32.sub (local.get 0) (i32.const 1)))
+                       (drop (local.get 1)))
+                 (else (i32.const 0))))
+             (func (export "_start") (drop (call $r (i32.const 3)))))"#,
+    )
+    .unwrap();
+    let out = instrument(&m).unwrap();
+    assert_eq!((out.stats.polls, out.stats.entry_polls), (1, 1));
 }
 
 /// An indirect call reaches only functions of its own type: a function that calls through
@@ -221,8 +242,8 @@ fn unwind_paths_are_hinted_unlikely_in_the_lean_copies() {
             _ => {}
         }
     }
-    // Both functions' lean copies: the post-call checks and the polls (loop header, entry of
-    // the recursive function), each an `if` whose then-arm is the unwind.
+    // Both functions' lean copies: the post-call checks and the polls (loop header, return of
+    // the recursive call), each an `if` whose then-arm is the unwind.
     assert_eq!(hints.len(), 2, "{hints:?}");
     let mut total = 0;
     for (func, offsets) in &hints {
@@ -238,12 +259,13 @@ fn unwind_paths_are_hinted_unlikely_in_the_lean_copies() {
         }
     }
     // One hinted `if` per call site (its post-call check) and per poll (its flag test); a
-    // loop poll of the lean copy unwinds by itself, with no call and so no post-call check,
-    // while the entry poll calls the host and has both.
-    let loop_polls = 1; // _start's loop
+    // return poll's flag test is also its call's unwind check (v14), and the recursive
+    // function polls on return, not on entry.
+    let return_polls = 1; // $rec calling itself
+    assert_eq!((out.stats.call_sites, out.stats.polls), (2, 2));
     assert_eq!(
         total,
-        out.stats.call_sites + out.stats.polls - loop_polls,
+        out.stats.call_sites + out.stats.polls - return_polls,
         "{hints:?}"
     );
 }
@@ -276,7 +298,8 @@ fn only_calls_that_can_reach_a_safe_point_are_call_sites() {
     assert_eq!(out.stats.functions, 4);
     assert_eq!(out.stats.instrumented, 2, "$spin and _start");
     assert_eq!(
-        out.stats.call_sites, 3,
-        "$spin's loop poll, the indirect call of $spin's type, the direct call of $spin"
+        out.stats.call_sites, 2,
+        "the indirect call of $spin's type, the direct call of $spin"
     );
+    assert_eq!(out.stats.polls, 1, "$spin's loop");
 }

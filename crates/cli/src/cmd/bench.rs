@@ -45,6 +45,10 @@ pub struct Args {
         default_value = "steady,safepoint,snapshot,engines,migrate,python"
     )]
     only: Vec<String>,
+    /// Only the workloads whose name contains one of these words (case-insensitive), e.g.
+    /// `--workloads sqlite,lua` [default: all].
+    #[arg(long, value_delimiter = ',')]
+    workloads: Vec<String>,
 }
 
 struct LineSignal {
@@ -275,6 +279,18 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         );
     }
 
+    if !a.workloads.is_empty() {
+        let wanted: Vec<String> = a.workloads.iter().map(|w| w.to_lowercase()).collect();
+        work.retain(|w| {
+            let name = w.name.to_lowercase();
+            wanted.iter().any(|x| name.contains(x))
+        });
+        anyhow::ensure!(
+            !work.is_empty(),
+            "no workload matches --workloads {}",
+            a.workloads.join(",")
+        );
+    }
     let on = |section: &str| a.only.iter().any(|s| s == section);
     if on("steady") {
         println!(
