@@ -107,8 +107,8 @@ fn run(engine: &Engine, wasm: &[u8], mode: Mode) -> Option<(Vec<Outcome>, Vec<St
     }
     store.set_fuel(2_000_000).ok()?;
     let instance: Instance = linker.instantiate(&mut store, &module).ok()?;
-    // Churn: the flag raised for good (a lean poll of the ordinary build lowers it as it
-    // unwinds; it is raised again before each rewind).
+    // Churn: the flag raised for good (raised again before each rewind, in case an unwind
+    // path lowered it).
     let ctl = instance.get_memory(&mut store, abi::CTL_MEMORY);
     let arm = |store: &mut Store<u64>| {
         if let (Mode::Churn(_) | Mode::ChurnLean, Some(ctl)) = (mode, ctl) {
@@ -278,4 +278,58 @@ fn generated_modules_behave_the_same_instrumented_and_churned() {
         compared * 3 >= total,
         "only {compared} of {total} modules compared"
     );
+}
+
+/// Return polls (v14) on hand-written recursion — direct, through the table (the call's
+/// table index must survive the unwind), and both mixed — unwound at every safe point in
+/// the ordinary and the counting build, compared with the plain run.
+#[test]
+fn recursion_unwound_at_every_return_behaves_the_same() {
+    let wasm = wat::parse_str(
+        r#"(module
+             (type $t (func (param i32) (result i32)))
+             (table 2 funcref)
+             (elem (i32.const 0) $dir $ind)
+             (global $g (mut i32) (i32.const 0))
+             (func $ind (type $t)
+               (global.set $g (i32.add (global.get $g) (i32.const 1)))
+               (if (result i32) (i32.lt_u (local.get 0) (i32.const 2))
+                 (then (local.get 0))
+                 (else (i32.add
+                         (i32.add (i32.const 3)
+                           (call_indirect (type $t) (i32.sub (local.get 0) (i32.const 1))
+                                          (i32.const 1)))
+                         (call_indirect (type $t) (i32.sub (local.get 0) (i32.const 2))
+                                        (i32.and (local.get 0) (i32.const 1)))))))
+             (func $dir (type $t)
+               (if (result i32) (i32.lt_u (local.get 0) (i32.const 2))
+                 (then (local.get 0))
+                 (else (i32.add (call $dir (i32.sub (local.get 0) (i32.const 1)))
+                                (i32.mul (i32.const 3)
+                                  (call $dir (i32.sub (local.get 0) (i32.const 2))))))))
+             (func (export "ind") (result i32) (call $ind (i32.const 12)))
+             (func (export "dir") (result i32) (call $dir (i32.const 12)))
+             (export "g" (global $g)))"#,
+    )
+    .unwrap();
+    let mut cfg = Config::new();
+    cfg.consume_fuel(true).wasm_multi_memory(true);
+    let engine = Engine::new(&cfg).unwrap();
+    let out = instrument_any(&wasm).unwrap();
+    let counting = instrument_any_counting(&wasm).unwrap();
+    assert_eq!(
+        out.stats.entry_polls, 0,
+        "every call in the cycle polls on return"
+    );
+    let (plain, plain_state, _) = run(&engine, &wasm, Mode::Plain).unwrap();
+    for (mode, build) in [
+        (Mode::ChurnLean, &out.wasm),
+        (Mode::Churn(1), &counting.wasm),
+        (Mode::Churn(2), &counting.wasm),
+    ] {
+        let (outcomes, state, unwinds) = run(&engine, build, mode).unwrap();
+        assert_eq!(plain, outcomes, "{mode:?}");
+        assert_eq!(plain_state, state, "{mode:?}");
+        assert!(unwinds > 40, "{mode:?}: only {unwinds} unwinds");
+    }
 }

@@ -545,7 +545,16 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         (saved, after): (Option<&[u32]>, Option<&Locals>),
         args: &[Arg],
     ) -> Result<(), InstrumentError> {
-        let (OpPlan::SiteThenPoll(site), Some(saved)) = (op_plan, saved) else {
+        // A `call_indirect`'s table index is saved in the temp of its stack position; a
+        // result landing in that same temp (same position and type) would overwrite it before
+        // the return poll's unwind saves the frame. Such a call does not poll on return.
+        let index_overwritten = matches!(op, Operator::CallIndirect { .. })
+            && results.get(params.len().saturating_sub(1)) == Some(&ValType::I32);
+        let poll_site = match op_plan {
+            OpPlan::SiteThenPoll(site) if !index_overwritten => Some(site),
+            _ => None,
+        };
+        let (Some(site), Some(saved)) = (poll_site, saved) else {
             // A bouncing site (a reference is live) cannot poll on return either.
             if matches!(op_plan, OpPlan::SiteThenPoll(_)) {
                 self.unsaved_return_polls += 1;
@@ -627,6 +636,13 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     /// The epilogues are blocks around `$done`, epilogue 0 innermost, so from depth `d`
     /// epilogue `k` is `br (d + k)` whatever their final number.
     fn save_and_return(&mut self, site: u32, saved: &[u32]) {
+        self.ins(I::I32Const(site as i32));
+        self.ins(I::LocalSet(self.idx));
+        self.branch_to_epilogue(saved);
+    }
+
+    /// Branches to the shared epilogue that saves `saved` (the site already in `idx`).
+    fn branch_to_epilogue(&mut self, saved: &[u32]) {
         let k = match self.epilogue_of.get(saved) {
             Some(&k) => k,
             None => {
@@ -636,8 +652,6 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
                 k
             }
         };
-        self.ins(I::I32Const(site as i32));
-        self.ins(I::LocalSet(self.idx));
         self.ins(I::Br(self.depth + k));
     }
 
@@ -753,8 +767,9 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     /// ```text
     /// call f                     ;; results spilled to temps
     /// if ctl[0] != 0             ;; unlikely
-    ///   if state != NORMAL: idx = site; br $epilogue      ;; f is unwinding
-    ///   state = UNWIND; sp = 0; idx = site + 1; br $epilogue'   ;; unwind from here
+    ///   idx = state != NORMAL ? site : site + 1   ;; f is unwinding : unwind from here
+    ///   sp = state != NORMAL ? sp : 0; state = UNWIND
+    ///   br $epilogue             ;; saves what is live after the call
     /// end
     /// ```
     ///
@@ -778,29 +793,44 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             return Ok(());
         };
         let poll = site + 1;
-        if self.copy == Copy::Lean {
+        if self.copy == Copy::Lean && self.ctx.counting {
+            // The counting build: the host counts the safe point in `ferry.poll`.
             self.spill(v)?;
             self.flag_check();
             self.ins(I::GlobalGet(self.ctx.state_global));
             self.ins(I::If(BlockType::Empty));
             self.save_and_return(site, saved_call);
             self.ins(I::End);
-            if self.ctx.counting {
-                let p = self.ctx.poll_func;
-                self.call_site(
-                    poll,
-                    (I::Call(p), I::Call(p)),
-                    (&[], &[]),
-                    Some(&saved),
-                    &[],
-                );
-            } else {
-                self.ins(I::I32Const(abi::STATE_UNWIND));
-                self.ins(I::GlobalSet(self.ctx.state_global));
-                self.ins(I::I32Const(0));
-                self.ins(I::GlobalSet(self.ctx.sp_global));
-                self.save_and_return(poll, &saved);
-            }
+            let p = self.ctx.poll_func;
+            let polls = (I::Call(p), I::Call(p));
+            self.call_site(poll, polls, (&[], &[]), Some(&saved), &[]);
+            self.ins(I::End);
+            return Ok(());
+        }
+        if self.copy == Copy::Lean {
+            // One unwind path for both cases (two cost SQLite ~5%): `idx` is the call site
+            // if the callee is unwinding, else the safe point after it, where the unwind
+            // starts (`sp` = 0). Both save the values live after the call and what the call
+            // site needs (a `call_indirect`'s table index); for the call site the results'
+            // temps are placeholders, replaced when its callee is re-entered.
+            let mut both = saved.clone();
+            both.extend(saved_call.iter().filter(|l| !saved.contains(l)));
+            let (state, sp) = (self.ctx.state_global, self.ctx.sp_global);
+            self.spill(v)?;
+            self.flag_check();
+            self.ins(I::GlobalGet(state));
+            self.ins(I::I32Eqz);
+            self.ins(I::I32Const(site as i32));
+            self.ins(I::I32Add);
+            self.ins(I::LocalSet(self.idx));
+            self.ins(I::GlobalGet(sp));
+            self.ins(I::I32Const(0));
+            self.ins(I::GlobalGet(state));
+            self.ins(I::Select);
+            self.ins(I::GlobalSet(sp));
+            self.ins(I::I32Const(abi::STATE_UNWIND));
+            self.ins(I::GlobalSet(state));
+            self.branch_to_epilogue(&both);
             self.ins(I::End);
             return Ok(());
         }

@@ -119,6 +119,24 @@ fn calls_inside_call_cycles_poll_on_return() {
     assert_eq!(out.stats.entry_polls, 0);
 }
 
+/// An indirect call with no arguments returning an `i32` puts its result in the temp that
+/// holds its table index (same stack position and type), which its unwind must save: it does
+/// not poll on return, and the function polls on entry instead.
+#[test]
+fn an_indirect_call_whose_result_replaces_its_index_polls_on_entry() {
+    let m = wat::parse_str(
+        r#"(module
+             (type $t (func (result i32)))
+             (table 1 funcref)
+             (elem (i32.const 0) $f)
+             (func $f (type $t) (call_indirect (type $t) (i32.const 0)))
+             (func (export "_start") (drop (call $f))))"#,
+    )
+    .unwrap();
+    let out = instrument(&m).unwrap();
+    assert_eq!((out.stats.polls, out.stats.entry_polls), (1, 1));
+}
+
 /// A reference live after a call inside a cycle keeps that return from polling (no record
 /// can hold it), so the function polls on entry instead: every cycle keeps a safe point.
 #[test]
