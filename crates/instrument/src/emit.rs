@@ -256,8 +256,9 @@ struct Emitter<'c, 'm, R> {
     /// epilogue (`k` = index): a site branches to epilogue `k` with its number in `idx`.
     epilogues: Vec<Vec<u32>>,
     epilogue_of: HashMap<Vec<u32>, u32>,
-    /// Return polls left out because a reference is live after their call: the function
-    /// must poll on entry instead.
+    /// Return polls left out (a reference is live after their call, or an indirect call's
+    /// result would overwrite its saved table index): the function must poll on entry
+    /// instead.
     unsaved_return_polls: u32,
 }
 
@@ -483,16 +484,15 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     ) {
         if self.copy == Copy::Lean {
             self.ins(call);
-            self.ins(I::GlobalGet(self.ctx.state_global));
-            self.unlikely.push(self.out.len() as u32);
             match saved {
-                Some(saved) => {
-                    self.ins(I::If(BlockType::Empty));
-                    self.save_and_return(site, saved);
+                Some(saved) => self.call_check(site, saved),
+                None => {
+                    self.ins(I::GlobalGet(self.ctx.state_global));
+                    self.unlikely.push(self.out.len() as u32);
+                    self.bounce(call_rewind, results, args);
+                    self.ins(I::End);
                 }
-                None => self.bounce(call_rewind, results, args),
             }
-            self.ins(I::End);
             return;
         }
         let bt = self.types.block_type(params, results);
@@ -1151,64 +1151,64 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 }
                 e.seg_start(&v)?;
             }
-            (Operator::Call { function_index }, OpPlan::Site(_) | OpPlan::SiteThenPoll(_)) => {
-                e.spill(&v)?;
-                let ty = e.func_type(ctx.func_type_of[*function_index as usize])?;
-                let (params, res) = (val_types(ty.params())?, val_types(ty.results())?);
-                let callee = e.shifted(*function_index);
-                // Imports (blocking WASI calls) have no rewind copy: the host finishes the
-                // rewind inside them.
-                let rewind_callee = ctx
-                    .rewind_func
-                    .get(*function_index as usize)
-                    .copied()
-                    .flatten()
-                    .unwrap_or(callee);
-                let after = e.live.after_call.get(&at).cloned();
-                // A defined callee's rewind copy restores its own parameters: its operands
-                // are not saved (nor kept alive across the call for that). A blocking import
-                // is called again with its original operands.
-                let import = *function_index < ctx.n_imported;
-                let skip = if import { 0..0 } else { 0..params.len() };
-                let saved = e.saved_locals(&v, after.as_ref(), skip);
-                let args = e.call_args(&v, params.len(), |_| import)?;
-                let calls = (I::Call(callee), I::Call(rewind_callee));
-                e.call_then_poll(
-                    &mut v,
-                    (offset, &op),
-                    op_plan,
-                    calls,
-                    (&params, &res),
-                    (saved.as_deref(), after.as_ref()),
-                    &args,
-                )?;
-                e.seg_start(&v)?;
-            }
             (
-                Operator::CallIndirect {
-                    type_index,
-                    table_index,
-                },
+                Operator::Call { .. } | Operator::CallIndirect { .. },
                 OpPlan::Site(_) | OpPlan::SiteThenPoll(_),
             ) => {
                 e.spill(&v)?;
-                let ty = e.func_type(*type_index)?;
-                let (mut params, res) = (val_types(ty.params())?, val_types(ty.results())?);
-                params.push(ValType::I32);
-                let call = I::CallIndirect {
-                    type_index: *type_index,
-                    table_index: *table_index,
-                };
-                let call_rewind = I::CallIndirect {
-                    type_index: *type_index,
-                    table_index: ctx.rewind_table[*table_index as usize],
+                // Per kind of call: the two calls (lean, rewinding), the operand and result
+                // types, the operands the unwind path does not save (`skip`, depths from the
+                // top) and those a bouncing site passes again (`keep`, by position).
+                let (calls, params, res, skip, keep) = match &op {
+                    Operator::Call { function_index } => {
+                        let ty = e.func_type(ctx.func_type_of[*function_index as usize])?;
+                        let (params, res) = (val_types(ty.params())?, val_types(ty.results())?);
+                        let callee = e.shifted(*function_index);
+                        // Imports (blocking WASI calls) have no rewind copy: the host
+                        // finishes the rewind inside them.
+                        let rewind_callee = ctx
+                            .rewind_func
+                            .get(*function_index as usize)
+                            .copied()
+                            .flatten()
+                            .unwrap_or(callee);
+                        // A defined callee's rewind copy restores its own parameters: its
+                        // operands are not saved (nor kept alive across the call for that).
+                        // A blocking import is called again with its original operands.
+                        let n = params.len();
+                        let (skip, keep) = match *function_index < ctx.n_imported {
+                            true => (0..0, 0..n),
+                            false => (0..n, 0..0),
+                        };
+                        let calls = (I::Call(callee), I::Call(rewind_callee));
+                        (calls, params, res, skip, keep)
+                    }
+                    Operator::CallIndirect {
+                        type_index,
+                        table_index,
+                    } => {
+                        let ty = e.func_type(*type_index)?;
+                        let (mut params, res) = (val_types(ty.params())?, val_types(ty.results())?);
+                        params.push(ValType::I32);
+                        let call = I::CallIndirect {
+                            type_index: *type_index,
+                            table_index: *table_index,
+                        };
+                        let call_rewind = I::CallIndirect {
+                            type_index: *type_index,
+                            table_index: ctx.rewind_table[*table_index as usize],
+                        };
+                        // Only the table index (on top) is needed again: it picks the rewind
+                        // copy.
+                        let index = params.len() - 1;
+                        let (skip, keep) = (1..params.len(), index..index + 1);
+                        ((call, call_rewind), params, res, skip, keep)
+                    }
+                    _ => unreachable!("matched a call above"),
                 };
                 let after = e.live.after_call.get(&at).cloned();
-                // Only the table index (on top) is needed again: it picks the rewind copy.
-                let saved = e.saved_locals(&v, after.as_ref(), 1..params.len());
-                let index = params.len() - 1;
-                let args = e.call_args(&v, params.len(), |j| j == index)?;
-                let calls = (call, call_rewind);
+                let saved = e.saved_locals(&v, after.as_ref(), skip);
+                let args = e.call_args(&v, params.len(), |j| keep.contains(&j))?;
                 e.call_then_poll(
                     &mut v,
                     (offset, &op),

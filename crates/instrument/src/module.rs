@@ -82,7 +82,7 @@ impl FuncFacts {
     /// Is site 0 kept for an entry poll? Only functions on a call-graph cycle can run
     /// unboundedly without passing a loop header. Their calls inside the cycle's component
     /// poll on return instead (v14); the entry poll is emitted only where one of those
-    /// cannot (a reference is live after the call).
+    /// cannot (see `Emitted::unsaved_return_polls`).
     pub fn entry_poll(&self) -> bool {
         self.recursive
     }
@@ -374,8 +374,8 @@ fn instrument_inner(
             None,
             false,
         )?;
-        // A call inside the cycle whose return cannot poll (a reference is live after it)
-        // leaves that cycle without a safe point: poll on entry instead, as up to v13.
+        // A call inside the cycle whose return cannot poll leaves that cycle without a safe
+        // point: poll on entry instead, as up to v13.
         let entry_poll = emitted.unsaved_return_polls > 0;
         stats.polls -= emitted.unsaved_return_polls;
         if entry_poll {

@@ -3,7 +3,8 @@
 //!
 //! Sites are numbered in the order the emitter meets them: the entry poll (if any) is 0, then
 //! in instruction order each reachable loop's header poll and each reachable unwind-capable
-//! call (followed by its return poll for a call inside a call-graph cycle). A construct is *relevant* when it is reachable at its start and contains sites.
+//! call (followed by its return poll for a call inside a call-graph cycle). A construct is
+//! *relevant* when it is reachable at its start and contains sites.
 
 use wasmparser::{FuncToValidate, FunctionBody, Operator, ValidatorResources};
 
