@@ -47,6 +47,11 @@ impl Jit {
         if std::env::var_os("FERRY_PERFMAP").is_some() {
             config.profiler(wasmtime::ProfilingStrategy::PerfMap);
         }
+        // FERRY_EMIT_CLIF=DIR writes each compiled function's optimised Cranelift IR into DIR
+        // (with FERRY_CACHE pointing at an empty directory, so the module is compiled again).
+        if let Some(dir) = std::env::var_os("FERRY_EMIT_CLIF") {
+            config.emit_clif(std::path::Path::new(&dir));
+        }
         let engine =
             wasmtime::Engine::new(&config).map_err(|e| EngineError::Compile(e.to_string()))?;
         Ok(Self { engine, cache_dir })

@@ -49,6 +49,11 @@ pub struct Args {
     /// `--workloads sqlite,lua` [default: all].
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
+    /// Steady state: run only this side of each pair (`plain` or `instrumented`), for
+    /// profilers (`perf record`, `valgrind --tool=callgrind`) that should see one module only;
+    /// no ratio is printed.
+    #[arg(long, value_parser = ["plain", "instrumented"])]
+    side: Option<String>,
 }
 
 struct LineSignal {
@@ -303,12 +308,23 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             let plain = rt.compile_plain(&w.wasm)?;
             let prepared = rt.prepare(&store, &w.wasm, &|m| eprintln!("ferry bench: {m}"))?;
             let (mut p, mut i) = (vec![], vec![]);
+            let side = a.side.as_deref();
             for _ in 0..a.pairs {
-                p.push(ms(time_plain(&rt, &plain, w)?));
-                i.push(ms(time_instrumented(&rt, &store, &prepared, w)?));
+                if side != Some("instrumented") {
+                    p.push(ms(time_plain(&rt, &plain, w)?));
+                }
+                if side != Some("plain") {
+                    i.push(ms(time_instrumented(&rt, &store, &prepared, w)?));
+                }
             }
-            let (pm, im) = (median(p), median(i));
-            println!("| {} | {pm:.0} | {im:.0} | {:.2}x |", w.name, im / pm);
+            match side {
+                Some("plain") => println!("| {} | {:.0} | | |", w.name, median(p)),
+                Some(_) => println!("| {} | | {:.0} | |", w.name, median(i)),
+                None => {
+                    let (pm, im) = (median(p), median(i));
+                    println!("| {} | {pm:.0} | {im:.0} | {:.2}x |", w.name, im / pm);
+                }
+            }
         }
     }
     if on("safepoint") {
