@@ -496,12 +496,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             return;
         }
         let bt = self.types.block_type(params, results);
-        self.ins(I::LocalGet(self.rw));
-        self.ins(I::If(bt));
-        self.ins(I::LocalGet(self.idx));
-        self.ins(I::I32Const(site as i32));
-        self.ins(I::I32Eq);
-        self.ins(I::If(bt));
+        self.open_rewind_to(site, bt);
         // The rewind is over once the callee is re-entered: cleared before the call, because
         // the callee may throw instead of returning (this frame's handler then runs as normal
         // code).
@@ -846,12 +841,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             .map(|(j, t)| self.temp(*t, first + j as u32))
             .collect();
         let bt = self.types.block_type(results, results);
-        self.ins(I::LocalGet(self.rw));
-        self.ins(I::If(bt));
-        self.ins(I::LocalGet(self.idx));
-        self.ins(I::I32Const(poll as i32));
-        self.ins(I::I32Eq);
-        self.ins(I::If(bt));
+        self.open_rewind_to(poll, bt);
         for _ in results {
             self.ins(I::Drop);
         }
@@ -871,6 +861,17 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::End);
         self.ins(I::End);
         Ok(())
+    }
+
+    /// Rewind copy: opens `if rw` and, inside it, `if idx == site`, both of type `bt` — the
+    /// code that runs only when the rewind resumes at `site`. The caller closes both.
+    fn open_rewind_to(&mut self, site: u32, bt: BlockType) {
+        self.ins(I::LocalGet(self.rw));
+        self.ins(I::If(bt));
+        self.ins(I::LocalGet(self.idx));
+        self.ins(I::I32Const(site as i32));
+        self.ins(I::I32Eq);
+        self.ins(I::If(bt));
     }
 
     /// The lean copy's check after a call: if the callee is unwinding, save this frame.
