@@ -52,8 +52,15 @@ pub struct Args {
     /// Steady state: run only this side of each pair (`plain` or `instrumented`), for
     /// profilers (`perf record`, `valgrind --tool=callgrind`) that should see one module only;
     /// no ratio is printed.
-    #[arg(long, value_parser = ["plain", "instrumented"])]
-    side: Option<String>,
+    #[arg(long, value_enum)]
+    side: Option<Side>,
+}
+
+/// One side of a steady-state pair (`--side`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Side {
+    Plain,
+    Instrumented,
 }
 
 struct LineSignal {
@@ -305,21 +312,26 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         println!("| workload | plain (ms) | instrumented (ms) | ratio |");
         println!("|---|---:|---:|---:|");
         for w in &work {
-            let plain = rt.compile_plain(&w.wasm)?;
-            let prepared = rt.prepare(&store, &w.wasm, &|m| eprintln!("ferry bench: {m}"))?;
+            // With `--side`, the other side is neither compiled nor instrumented, so a
+            // profiler sees only the one measured.
+            let plain = (a.side != Some(Side::Instrumented))
+                .then(|| rt.compile_plain(&w.wasm))
+                .transpose()?;
+            let prepared = (a.side != Some(Side::Plain))
+                .then(|| rt.prepare(&store, &w.wasm, &|m| eprintln!("ferry bench: {m}")))
+                .transpose()?;
             let (mut p, mut i) = (vec![], vec![]);
-            let side = a.side.as_deref();
             for _ in 0..a.pairs {
-                if side != Some("instrumented") {
-                    p.push(ms(time_plain(&rt, &plain, w)?));
+                if let Some(plain) = &plain {
+                    p.push(ms(time_plain(&rt, plain, w)?));
                 }
-                if side != Some("plain") {
-                    i.push(ms(time_instrumented(&rt, &store, &prepared, w)?));
+                if let Some(prepared) = &prepared {
+                    i.push(ms(time_instrumented(&rt, &store, prepared, w)?));
                 }
             }
-            match side {
-                Some("plain") => println!("| {} | {:.0} | | |", w.name, median(p)),
-                Some(_) => println!("| {} | | {:.0} | |", w.name, median(i)),
+            match a.side {
+                Some(Side::Plain) => println!("| {} | {:.0} | | |", w.name, median(p)),
+                Some(Side::Instrumented) => println!("| {} | | {:.0} | |", w.name, median(i)),
                 None => {
                     let (pm, im) = (median(p), median(i));
                     println!("| {} | {pm:.0} | {im:.0} | {:.2}x |", w.name, im / pm);
