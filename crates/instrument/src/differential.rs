@@ -333,3 +333,61 @@ fn recursion_unwound_at_every_return_behaves_the_same() {
         assert!(unwinds > 40, "{mode:?}: only {unwinds} unwinds");
     }
 }
+
+/// Counted leaf loops (v15): short ones run unpolled, long ones still poll at every
+/// iteration; both, and a loop carrying a value through its parameter, give the plain
+/// module's results also when unwound at every poll.
+#[test]
+fn counted_loops_poll_only_when_they_run_long() {
+    // 256 `nop`s: the loops' budget is then 2^18 / ~270 ≈ 970 iterations.
+    let pad = "(nop)".repeat(256);
+    let module = |n: u32| {
+        wat::parse_str(format!(
+            r#"(module
+                 (memory (export "mem") 1)
+                 (func $fill (param $p i32) (param $n i32) (local $i i32)
+                   (loop {pad}
+                     (i32.store8 (i32.add (local.get $p) (local.get $i)) (local.get $i))
+                     (br_if 0 (i32.ne (local.tee $i (i32.add (local.get $i) (i32.const 1)))
+                                      (local.get $n)))))
+                 (func $sum (param $n i32) (result i32) (local $i i32)
+                   (i32.const 7)
+                   (loop (param i32) (result i32) {pad}
+                     (i32.add (local.get $i))
+                     (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                     (br_if 0 (i32.lt_u (local.get $i) (local.get $n)))))
+                 (func (export "fill") (call $fill (i32.const 16) (i32.const {n})))
+                 (func (export "sum") (result i32) (call $sum (i32.const {n}))))"#
+        ))
+        .unwrap()
+    };
+    let mut cfg = Config::new();
+    cfg.consume_fuel(true).wasm_multi_memory(true);
+    let engine = Engine::new(&cfg).unwrap();
+    for (n, long) in [(100, false), (960, false), (3_000, true)] {
+        let wasm = module(n);
+        let out = instrument_any(&wasm).unwrap();
+        let counting = instrument_any_counting(&wasm).unwrap();
+        assert_eq!(out.stats.counted_loops, 2);
+        let (plain, plain_state, _) = run(&engine, &wasm, Mode::Plain).unwrap();
+        assert!(matches!(
+            &plain[..],
+            [Outcome::Values(_), Outcome::Values(_)]
+        ));
+        for (mode, build) in [
+            (Mode::Instrumented, &out.wasm),
+            (Mode::ChurnLean, &out.wasm),
+            (Mode::Churn(1), &counting.wasm),
+        ] {
+            let (outcomes, state, polls) = run(&engine, build, mode).unwrap();
+            assert_eq!(plain, outcomes, "n={n} {mode:?}");
+            assert_eq!(plain_state, state, "n={n} {mode:?}");
+            match (mode, long) {
+                (Mode::Instrumented, _) => {}
+                // Each poll unwinds and is counted, and so is each rewind.
+                (_, true) => assert!(polls >= 2 * u64::from(n), "n={n} {mode:?}: {polls}"),
+                (_, false) => assert_eq!(polls, 0, "n={n} {mode:?}: the short loops polled"),
+            }
+        }
+    }
+}

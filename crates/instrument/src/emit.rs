@@ -19,10 +19,12 @@ use std::convert::Infallible;
 use wasm_encoder::reencode::Reencode;
 use wasm_encoder::{BlockType, Encode, Function, Instruction as I, MemArg, ValType};
 use wasmparser::{
-    FuncToValidate, FuncType, FuncValidator, FunctionBody, Operator, ValidatorResources,
+    FuncToValidate, FuncType, FuncValidator, FunctionBody, Operator, OperatorsReader,
+    ValidatorResources,
 };
 
 use crate::abi;
+use crate::counted::{G, Guard};
 use crate::error::InstrumentError;
 use crate::live::{Liveness, Locals};
 use crate::plan::{OpPlan, Plan};
@@ -260,6 +262,9 @@ struct Emitter<'c, 'm, R> {
     /// result would overwrite its saved table index): the function must poll on entry
     /// instead.
     unsaved_return_polls: u32,
+    /// `frames.len()` of each open counted loop of the lean copy: its `end` also closes the
+    /// `if` that chose between the unpolled and the polled loop.
+    versioned: Vec<usize>,
 }
 
 /// One copy of an instrumented function, as [`emit`] writes it.
@@ -961,8 +966,87 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         Ok(())
     }
 
+    /// A counted leaf loop of the lean copy (v15, `counted.rs`): `guard; if <loop's type>`,
+    /// the loop copied without its poll, `else` — the polled loop follows, and its `end` also
+    /// closes the `if`. `rd` reads on just after the loop's `loop`.
+    fn unpolled_copy(
+        &mut self,
+        g: &Guard,
+        blockty: wasmparser::BlockType,
+        lp: &Operator<'_>,
+        mut rd: OperatorsReader<'_>,
+    ) -> Result<(), InstrumentError> {
+        for gi in g.code() {
+            self.ins(guard_instruction(gi, g.wide));
+        }
+        self.plain(&Operator::If { blockty })?;
+        let base = self.frames.len();
+        let mut op = lp.clone();
+        loop {
+            self.plain(&op)?;
+            match op {
+                Operator::Block { .. }
+                | Operator::Loop { .. }
+                | Operator::If { .. }
+                | Operator::TryTable { .. } => {
+                    let level = self.depth - 1;
+                    self.frames.push(Frame {
+                        relevant: false,
+                        level,
+                        seg: Seg::Closed,
+                        results: Vec::new(),
+                    });
+                }
+                Operator::End => {
+                    self.frames.pop();
+                }
+                _ => {}
+            }
+            if self.frames.len() == base {
+                break;
+            }
+            op = rd.read()?;
+        }
+        self.ins(I::Else);
+        Ok(())
+    }
+
     fn shifted(&mut self, f: u32) -> u32 {
         self.shift.function_index(f).unwrap_or(f)
+    }
+}
+
+/// One instruction of a counted loop's guard at its width.
+fn guard_instruction(g: G, wide: bool) -> I<'static> {
+    match (g, wide) {
+        (G::LocalGet(l), _) => I::LocalGet(l),
+        (G::Const(k), false) => I::I32Const(k as i32),
+        (G::Const(k), true) => I::I64Const(k),
+        (G::Add, false) => I::I32Add,
+        (G::Add, true) => I::I64Add,
+        (G::Sub, false) => I::I32Sub,
+        (G::Sub, true) => I::I64Sub,
+        (G::And, false) => I::I32And,
+        (G::And, true) => I::I64And,
+        (G::Eqz, false) => I::I32Eqz,
+        (G::Eqz, true) => I::I64Eqz,
+        (G::Le(false), false) => I::I32LeU,
+        (G::Le(false), true) => I::I64LeU,
+        (G::Le(true), false) => I::I32LeS,
+        (G::Le(true), true) => I::I64LeS,
+        (G::Ge(false), false) => I::I32GeU,
+        (G::Ge(false), true) => I::I64GeU,
+        (G::Ge(true), false) => I::I32GeS,
+        (G::Ge(true), true) => I::I64GeS,
+        (G::Lt(false), false) => I::I32LtU,
+        (G::Lt(false), true) => I::I64LtU,
+        (G::Lt(true), false) => I::I32LtS,
+        (G::Lt(true), true) => I::I64LtS,
+        (G::Gt(false), false) => I::I32GtU,
+        (G::Gt(false), true) => I::I64GtU,
+        (G::Gt(true), false) => I::I32GtS,
+        (G::Gt(true), true) => I::I64GtS,
+        (G::BothI32, _) => I::I32And,
     }
 }
 
@@ -1046,6 +1130,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         epilogues: Vec::new(),
         epilogue_of: HashMap::new(),
         unsaved_return_polls: 0,
+        versioned: Vec::new(),
     };
     let done_bt = e.types.block_type(&[], &results);
     e.ins(I::Block(done_bt));
@@ -1097,6 +1182,10 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
             (Operator::End, _) if relevant => {
                 e.seg_close(&v)?;
                 e.ins(I::End);
+                if e.versioned.last() == Some(&e.frames.len()) {
+                    e.versioned.pop();
+                    e.ins(I::End);
+                }
                 e.frames.pop();
                 v.op(offset, &op)?;
                 e.seg_start(&v)?;
@@ -1134,6 +1223,10 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     e.ins(I::I32LtU);
                     e.ins(I::End);
                 }
+                let counted = plan.counted.get(&at).filter(|_| copy == Copy::Lean);
+                if let Some(g) = counted {
+                    e.unpolled_copy(g, *blockty, &op, ops.clone())?;
+                }
                 e.plain(&op)?;
                 let level = e.depth - 1;
                 e.frames.push(Frame {
@@ -1142,6 +1235,9 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     seg: Seg::Closed,
                     results: res,
                 });
+                if counted.is_some() {
+                    e.versioned.push(e.frames.len());
+                }
                 v.op(offset, &op)?;
                 if let Some(site) = poll {
                     e.seg_start(&v)?;

@@ -27,6 +27,7 @@
 //! The run-time contract between the instrumented module and the host is in [`abi`].
 
 pub mod abi;
+mod counted;
 mod emit;
 mod error;
 mod live;
@@ -45,4 +46,4 @@ mod tests;
 
 /// Version of this transform. It is part of the κ of every instrumented module: change it
 /// whenever the output for some input changes.
-pub const INSTRUMENT_VERSION: u32 = 14;
+pub const INSTRUMENT_VERSION: u32 = 15;

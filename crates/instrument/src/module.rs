@@ -42,6 +42,9 @@ pub struct Stats {
     pub polls: u32,
     /// Of those, function entries.
     pub entry_polls: u32,
+    /// Loop polls the lean copy skips when the loop's entry values show it ends soon: counted
+    /// leaf loops (v15), each also emitted without its poll.
+    pub counted_loops: u32,
 }
 
 /// The proposals ferry can suspend. Threads, tail calls, GC and the legacy exception
@@ -353,6 +356,7 @@ fn instrument_inner(
         stats.instrumented += 1;
         stats.call_sites += plan.n_sites - plan.n_polls - u32::from(plan.entry_poll);
         stats.polls += plan.n_polls;
+        stats.counted_loops += plan.counted.len() as u32;
         // The rewind copy first: it fixes the frame-record layout both copies share.
         let fv2 = FuncToValidate {
             resources: fv.resources.clone(),

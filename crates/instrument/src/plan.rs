@@ -6,8 +6,11 @@
 //! call (followed by its return poll for a call inside a call-graph cycle). A construct is
 //! *relevant* when it is reachable at its start and contains sites.
 
+use std::collections::HashMap;
+
 use wasmparser::{FuncToValidate, FunctionBody, Operator, ValidatorResources};
 
+use crate::counted::Guard;
 use crate::emit::ModuleCtx;
 use crate::error::InstrumentError;
 use crate::live::Liveness;
@@ -40,6 +43,9 @@ pub(crate) struct Plan {
     pub n_polls: u32,
     /// Live original locals at each unwind point (shared by both copies of the function).
     pub live: Liveness,
+    /// Counted leaf loops (by the index of their `loop`): the lean copy runs an unpolled copy
+    /// when the guard says the loop ends soon enough (v15, `counted.rs`).
+    pub counted: HashMap<usize, Guard>,
 }
 
 struct Open {
@@ -48,6 +54,8 @@ struct Open {
     reachable: bool,
     then_hi: Option<u32>,
     poll: Option<u32>,
+    /// Holds a call or a loop (a loop that does is not a leaf).
+    inner: bool,
 }
 
 pub(crate) fn plan(
@@ -83,6 +91,7 @@ pub(crate) fn plan(
     let mut ops = Vec::new();
     let mut open: Vec<Open> = Vec::new();
     let mut body_ops = Vec::new();
+    let mut counted = HashMap::new();
     let mut reader = body.get_operators_reader()?;
     while !reader.eof() {
         let offset = reader.original_position();
@@ -113,6 +122,7 @@ pub(crate) fn plan(
                     reachable,
                     then_hi: None,
                     poll: None,
+                    inner: false,
                 };
                 if reachable && matches!(op, Operator::Loop { .. }) {
                     o.poll = Some(next);
@@ -127,14 +137,23 @@ pub(crate) fn plan(
                 }
             }
             Operator::End => {
-                if let Some(o) = open.pop()
-                    && o.reachable
-                    && next > o.lo
-                {
-                    ops[o.op] = OpPlan::Construct {
-                        then_hi: o.then_hi.unwrap_or(next),
-                        poll: o.poll,
-                    };
+                if let Some(o) = open.pop() {
+                    let is_loop = matches!(body_ops[o.op], Operator::Loop { .. });
+                    if let Some(p) = open.last_mut() {
+                        p.inner |= o.inner || is_loop;
+                    }
+                    if o.reachable && next > o.lo {
+                        ops[o.op] = OpPlan::Construct {
+                            then_hi: o.then_hi.unwrap_or(next),
+                            poll: o.poll,
+                        };
+                        if o.poll.is_some()
+                            && !o.inner
+                            && let Some(g) = crate::counted::analyze(&body_ops[o.op + 1..])
+                        {
+                            counted.insert(o.op, g);
+                        }
+                    }
                 }
             }
             Operator::Call { function_index }
@@ -155,6 +174,18 @@ pub(crate) fn plan(
             }
             _ => {}
         }
+        if matches!(
+            op,
+            Operator::Call { .. }
+                | Operator::CallIndirect { .. }
+                | Operator::CallRef { .. }
+                | Operator::ReturnCall { .. }
+                | Operator::ReturnCallIndirect { .. }
+                | Operator::ReturnCallRef { .. }
+        ) && let Some(o) = open.last_mut()
+        {
+            o.inner = true;
+        }
         match this {
             OpPlan::Site(_) => next += 1,
             OpPlan::SiteThenPoll(_) => {
@@ -174,5 +205,6 @@ pub(crate) fn plan(
         n_sites: next,
         n_polls,
         live,
+        counted,
     })
 }

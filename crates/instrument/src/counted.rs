@@ -1,0 +1,700 @@
+//! Counted leaf loops (v15): loops whose header poll the lean copy may skip when, on entry,
+//! the loop is known to end within a bounded number of iterations.
+//!
+//! A poll at a loop header costs one load and a branch, but in a tight numeric kernel (numpy's
+//! BLAS dot products, SQLite's and Lua's byte loops) it also costs a register: the flag's
+//! address is loop-invariant, so Cranelift keeps it in one for the whole loop and spills a
+//! loop-carried value instead. A *counted leaf loop* is
+//!
+//! * a leaf: no call of any kind, no nested loop, no instruction whose work grows with its
+//!   operands (`memory.grow`, `memory.fill` / `copy` / `init`, the table forms),
+//!   no `try_table`, at most [`MAX_BODY`] instructions;
+//! * with exactly one way back: a `br_if` to the loop as its last instruction, outside any
+//!   nested construct — so every iteration that continues runs the loop's top-level code;
+//! * whose condition compares an *induction variable* `i` with a limit `n`: `i` is a local
+//!   written exactly once in the loop, at its top level, as `i = i + c` (a constant `c`), and
+//!   `n` is a constant or a local the loop never writes. The `br_if` tests `i OP n` (`ne`,
+//!   `lt`/`le` with `c > 0`, `gt`/`ge` with `c < 0`, signed or unsigned, either operand
+//!   order) or `i != 0` (`br_if` on `i` itself).
+//!
+//! For such a loop the values of `i` and `n` on entry decide how many iterations it can run at
+//! most; [`Guard`] turns that into a test the lean copy makes once, before the loop: if the
+//! loop will end within [`Guard::budget`] iterations it runs a copy without the poll,
+//! otherwise the polled loop as before. The budget keeps the time to a safe point bounded: at
+//! most [`WORK`] instructions of the loop run without a poll (plus what the loop's entry
+//! reached before it).
+
+use wasmparser::Operator;
+
+/// Largest loop body (instructions) given an unpolled copy: the copy is code-size growth.
+pub(crate) const MAX_BODY: usize = 2048;
+/// Most loop-body instructions an unpolled copy may run: the budget is `WORK / body length`
+/// iterations (at most [`MAX_ITERATIONS`]).
+pub(crate) const WORK: u64 = 1 << 18;
+/// Most iterations an unpolled copy may run.
+pub(crate) const MAX_ITERATIONS: u64 = 1 << 16;
+/// Largest step `|c|` accepted: keeps `budget × |c|` far from overflowing either width.
+const MAX_STEP: u64 = 1 << 12;
+
+/// The loop's limit operand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limit {
+    Local(u32),
+    Const(i64),
+}
+
+/// The continue condition, with the induction variable on the left: `i OP n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pred {
+    Ne,
+    Lt { signed: bool },
+    Le { signed: bool },
+    Gt { signed: bool },
+    Ge { signed: bool },
+}
+
+/// What the lean copy tests on entry to a counted leaf loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Guard {
+    /// `i64` induction variable (else `i32`).
+    pub wide: bool,
+    /// The induction variable (a local index, unchanged by the transform).
+    pub ivar: u32,
+    /// Added to it once per iteration, before the test.
+    pub step: i64,
+    pub limit: Limit,
+    pub pred: Pred,
+    /// Most iterations the unpolled copy may run.
+    pub budget: u64,
+}
+
+/// The guard for a loop whose body (between `loop` and its `end`, both excluded) is `body`,
+/// or `None` if it is not a counted leaf loop.
+pub(crate) fn analyze(body: &[Operator<'_>]) -> Option<Guard> {
+    let n = body.len();
+    if !(2..=MAX_BODY).contains(&n) {
+        return None;
+    }
+    // writes[l] = (count, index of the last one, all at top level)
+    let mut writes: std::collections::HashMap<u32, (u32, usize, bool)> = Default::default();
+    let mut depth = 0u32;
+    let mut back_edges = 0u32;
+    for (j, op) in body.iter().enumerate() {
+        match op {
+            Operator::Block { .. } | Operator::If { .. } => depth += 1,
+            Operator::End => depth = depth.checked_sub(1)?,
+            Operator::Br { relative_depth } | Operator::BrIf { relative_depth }
+                if *relative_depth == depth =>
+            {
+                back_edges += 1;
+            }
+            Operator::BrTable { targets } => {
+                for t in targets.targets() {
+                    if t.ok()? == depth {
+                        return None;
+                    }
+                }
+                if targets.default() == depth {
+                    return None;
+                }
+            }
+            Operator::LocalSet { local_index } | Operator::LocalTee { local_index } => {
+                let w = writes.entry(*local_index).or_insert((0, j, true));
+                w.0 += 1;
+                w.1 = j;
+                w.2 &= depth == 0;
+            }
+            Operator::Loop { .. }
+            | Operator::TryTable { .. }
+            | Operator::Call { .. }
+            | Operator::CallIndirect { .. }
+            | Operator::CallRef { .. }
+            | Operator::ReturnCall { .. }
+            | Operator::ReturnCallIndirect { .. }
+            | Operator::ReturnCallRef { .. }
+            | Operator::MemoryGrow { .. }
+            | Operator::MemoryFill { .. }
+            | Operator::MemoryCopy { .. }
+            | Operator::MemoryInit { .. }
+            | Operator::TableGrow { .. }
+            | Operator::TableFill { .. }
+            | Operator::TableCopy { .. }
+            | Operator::TableInit { .. }
+            | Operator::BrOnNull { .. }
+            | Operator::BrOnNonNull { .. }
+            | Operator::BrOnCast { .. }
+            | Operator::BrOnCastFail { .. }
+            | Operator::Try { .. }
+            | Operator::Delegate { .. } => return None,
+            _ => {}
+        }
+    }
+    // The one way back is the last instruction, at top level.
+    if depth != 0 || back_edges != 1 || body[n - 1] != (Operator::BrIf { relative_depth: 0 }) {
+        return None;
+    }
+    let budget = (WORK / n as u64).min(MAX_ITERATIONS);
+    if budget < 2 {
+        return None;
+    }
+    let induction = |l: u32| -> Option<(bool, i64)> {
+        let &(count, w, top) = writes.get(&l)?;
+        if count != 1 || !top || w < 3 {
+            return None;
+        }
+        let (a, b) = (&body[w - 3], &body[w - 2]);
+        let (wide, sub) = match body[w - 1] {
+            Operator::I32Add => (false, false),
+            Operator::I64Add => (true, false),
+            Operator::I32Sub => (false, true),
+            Operator::I64Sub => (true, true),
+            _ => return None,
+        };
+        let get =
+            |o: &Operator<'_>| matches!(o, Operator::LocalGet { local_index } if *local_index == l);
+        let c = match (a, b, wide) {
+            (x, Operator::I32Const { value }, false) if get(x) => i64::from(*value),
+            (x, Operator::I64Const { value }, true) if get(x) => *value,
+            (Operator::I32Const { value }, x, false) if get(x) && !sub => i64::from(*value),
+            (Operator::I64Const { value }, x, true) if get(x) && !sub => *value,
+            _ => return None,
+        };
+        let c = if sub { c.checked_neg()? } else { c };
+        (c != 0 && c.unsigned_abs() <= MAX_STEP).then_some((wide, c))
+    };
+    let operand = |o: &Operator<'_>| -> Option<Limit> {
+        match o {
+            Operator::LocalGet { local_index } | Operator::LocalTee { local_index } => {
+                Some(Limit::Local(*local_index))
+            }
+            Operator::I32Const { value } => Some(Limit::Const(i64::from(*value))),
+            Operator::I64Const { value } => Some(Limit::Const(*value)),
+            _ => None,
+        }
+    };
+    let invariant = |l: Limit| match l {
+        Limit::Const(_) => true,
+        Limit::Local(x) => !writes.contains_key(&x),
+    };
+
+    // `br_if` on the induction variable itself: continue while `i != 0`.
+    if let Some(Limit::Local(x)) = operand(&body[n - 2])
+        && let Some((false, step)) = induction(x)
+    {
+        return finish(Guard {
+            wide: false,
+            ivar: x,
+            step,
+            limit: Limit::Const(0),
+            pred: Pred::Ne,
+            budget,
+        });
+    }
+    if n < 4 {
+        return None;
+    }
+    let (cmp_wide, pred) = compare(&body[n - 2])?;
+    let (a, b) = (operand(&body[n - 4])?, operand(&body[n - 3])?);
+    let (ivar, limit, pred) = match (a, b) {
+        (Limit::Local(x), l) if induction(x).is_some() && invariant(l) => (x, l, pred),
+        (l, Limit::Local(x)) if induction(x).is_some() && invariant(l) => (x, l, flip(pred)),
+        _ => return None,
+    };
+    let (wide, step) = induction(ivar)?;
+    if wide != cmp_wide {
+        return None;
+    }
+    finish(Guard {
+        wide,
+        ivar,
+        step,
+        limit,
+        pred,
+        budget,
+    })
+}
+
+/// Keeps only the conditions whose iteration count the entry values bound.
+fn finish(g: Guard) -> Option<Guard> {
+    let ok = match g.pred {
+        // The loop ends when `i` meets `n` exactly: a power-of-two step makes that testable.
+        Pred::Ne => g.step.unsigned_abs().is_power_of_two(),
+        Pred::Lt { .. } | Pred::Le { .. } => g.step > 0,
+        Pred::Gt { .. } | Pred::Ge { .. } => g.step < 0,
+    };
+    ok.then_some(g)
+}
+
+fn compare(op: &Operator<'_>) -> Option<(bool, Pred)> {
+    use Pred::*;
+    Some(match op {
+        Operator::I32Ne => (false, Ne),
+        Operator::I32LtS => (false, Lt { signed: true }),
+        Operator::I32LtU => (false, Lt { signed: false }),
+        Operator::I32LeS => (false, Le { signed: true }),
+        Operator::I32LeU => (false, Le { signed: false }),
+        Operator::I32GtS => (false, Gt { signed: true }),
+        Operator::I32GtU => (false, Gt { signed: false }),
+        Operator::I32GeS => (false, Ge { signed: true }),
+        Operator::I32GeU => (false, Ge { signed: false }),
+        Operator::I64Ne => (true, Ne),
+        Operator::I64LtS => (true, Lt { signed: true }),
+        Operator::I64LtU => (true, Lt { signed: false }),
+        Operator::I64LeS => (true, Le { signed: true }),
+        Operator::I64LeU => (true, Le { signed: false }),
+        Operator::I64GtS => (true, Gt { signed: true }),
+        Operator::I64GtU => (true, Gt { signed: false }),
+        Operator::I64GeS => (true, Ge { signed: true }),
+        Operator::I64GeU => (true, Ge { signed: false }),
+        _ => return None,
+    })
+}
+
+/// `n OP i` as `i OP' n`.
+fn flip(p: Pred) -> Pred {
+    match p {
+        Pred::Ne => Pred::Ne,
+        Pred::Lt { signed } => Pred::Gt { signed },
+        Pred::Le { signed } => Pred::Ge { signed },
+        Pred::Gt { signed } => Pred::Lt { signed },
+        Pred::Ge { signed } => Pred::Le { signed },
+    }
+}
+
+/// One instruction of the guard, independent of the encoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum G {
+    LocalGet(u32),
+    Const(i64),
+    Add,
+    Sub,
+    And,
+    Eqz,
+    /// Comparisons, signed when `true` (the width is the guard's).
+    Le(bool),
+    Ge(bool),
+    Lt(bool),
+    Gt(bool),
+    /// `i32.and` of two conditions.
+    BothI32,
+}
+
+impl Guard {
+    /// The entry test: leaves an `i32`, non-zero when the loop, entered with the current
+    /// values of its locals, ends within `budget` iterations.
+    ///
+    /// With `i0` the induction variable on entry and `a = |c|`, the `k`-th test sees
+    /// `i0 + k·c` (k ≥ 1; the update comes first). For `ne` it ends at the `k` with
+    /// `k·a = D` (`D = n − i0`, or `i0 − n` when counting down), so `a ≤ D ≤ budget·a` and
+    /// `a | D` suffice. For the ordered tests, `i` moves monotonically without wrapping for
+    /// `budget` steps when `i0` is at least `budget·a` from the end of its range, and the
+    /// condition fails by then when `i0 ± budget·a` is past `n`.
+    pub(crate) fn code(&self) -> Vec<G> {
+        let a = self.step.unsigned_abs() as i64;
+        let ba = self.budget as i64 * a;
+        let n = match self.limit {
+            Limit::Local(l) => G::LocalGet(l),
+            Limit::Const(k) => G::Const(k),
+        };
+        let i = G::LocalGet(self.ivar);
+        let (max_s, min_s) = if self.wide {
+            (i64::MAX, i64::MIN)
+        } else {
+            (i64::from(i32::MAX), i64::from(i32::MIN))
+        };
+        let bound = |signed: bool, up: bool| -> i64 {
+            match (signed, up) {
+                (true, true) => max_s - ba,
+                (true, false) => min_s + ba,
+                // As the width's bit pattern: u32::MAX − ba fits i32 as a negative number.
+                (false, true) => {
+                    if self.wide {
+                        (u64::MAX - ba as u64) as i64
+                    } else {
+                        i64::from((u32::MAX - ba as u32) as i32)
+                    }
+                }
+                (false, false) => unreachable!("unsigned count-downs have their own test"),
+            }
+        };
+        match self.pred {
+            Pred::Ne => {
+                let d = if self.step > 0 {
+                    [n, i, G::Sub]
+                } else {
+                    [i, n, G::Sub]
+                };
+                let mut c = d.to_vec();
+                c.extend([G::Const(a), G::Sub, G::Const(ba - a), G::Le(false)]);
+                if a > 1 {
+                    c.extend(d);
+                    c.extend([G::Const(a - 1), G::And, G::Eqz, G::BothI32]);
+                }
+                c
+            }
+            Pred::Lt { signed } | Pred::Le { signed } => {
+                let end = match self.pred {
+                    Pred::Lt { .. } => G::Ge(signed),
+                    _ => G::Gt(signed),
+                };
+                vec![
+                    i,
+                    G::Const(bound(signed, true)),
+                    G::Le(signed),
+                    i,
+                    G::Const(ba),
+                    G::Add,
+                    n,
+                    end,
+                    G::BothI32,
+                ]
+            }
+            // Counting down to an unsigned limit (`i > n`, `i >= n`): a range test like the
+            // signed one (`i0 ≥ budget·a`) would refuse the loops that start near zero,
+            // which are most of them.
+            // The loop ends within the budget when `i0` starts at most `budget·a` above `n`;
+            // it does not wrap below zero on the way when `n ≥ a − 1` (`>`, `i0 > n`) or
+            // `n ≥ a` (`>=`): the last value that continues is then at least `a`.
+            Pred::Gt { signed: false } => {
+                let mut c = vec![i, n, G::Gt(false), i, n, G::Sub, G::Const(ba), G::Le(false)];
+                c.push(G::BothI32);
+                if a > 1 {
+                    c.extend([n, G::Const(a - 1), G::Ge(false), G::BothI32]);
+                }
+                c
+            }
+            Pred::Ge { signed: false } => vec![
+                i,
+                n,
+                G::Ge(false),
+                i,
+                n,
+                G::Sub,
+                G::Const(ba),
+                G::Lt(false),
+                G::BothI32,
+                n,
+                G::Const(a),
+                G::Ge(false),
+                G::BothI32,
+            ],
+            Pred::Gt { signed } | Pred::Ge { signed } => {
+                let end = match self.pred {
+                    Pred::Gt { .. } => G::Le(signed),
+                    _ => G::Lt(signed),
+                };
+                vec![
+                    i,
+                    G::Const(bound(signed, false)),
+                    G::Ge(signed),
+                    i,
+                    G::Const(ba),
+                    G::Sub,
+                    n,
+                    end,
+                    G::BothI32,
+                ]
+            }
+        }
+    }
+
+    /// Whether a loop entered with `i0` and limit `n` runs at most `budget` iterations — the
+    /// guard's meaning, evaluated directly (tests compare it with [`Guard::code`] run in an
+    /// engine, and with a simulation of the loop).
+    #[cfg(test)]
+    pub(crate) fn admits(&self, i0: i64, n: i64) -> bool {
+        let bits = if self.wide { 64 } else { 32 };
+        let mask = if self.wide {
+            u64::MAX
+        } else {
+            u64::from(u32::MAX)
+        };
+        let norm_u = |v: i64| (v as u64) & mask;
+        let norm_s = |v: i64| ((v as u64) << (64 - bits)) as i64 >> (64 - bits);
+        let (mut i, n) = (i0, n);
+        for _ in 0..self.budget {
+            i = norm_s(i.wrapping_add(self.step));
+            let go = match self.pred {
+                Pred::Ne => norm_u(i) != norm_u(n),
+                Pred::Lt { signed: true } => i < norm_s(n),
+                Pred::Le { signed: true } => i <= norm_s(n),
+                Pred::Gt { signed: true } => i > norm_s(n),
+                Pred::Ge { signed: true } => i >= norm_s(n),
+                Pred::Lt { signed: false } => norm_u(i) < norm_u(n),
+                Pred::Le { signed: false } => norm_u(i) <= norm_u(n),
+                Pred::Gt { signed: false } => norm_u(i) > norm_u(n),
+                Pred::Ge { signed: false } => norm_u(i) >= norm_u(n),
+            };
+            if !go {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Runs a guard's code as the engine would (two's complement at the guard's width).
+    fn eval(g: &Guard, locals: &[(u32, i64)]) -> bool {
+        let bits = if g.wide { 64 } else { 32 };
+        let wrap = |v: i64| ((v as u64) << (64 - bits)) as i64 >> (64 - bits);
+        let u = |v: i64| (v as u64) & (u64::MAX >> (64 - bits));
+        let mut st: Vec<i64> = Vec::new();
+        for op in g.code() {
+            let top = |st: &mut Vec<i64>| (st.remove(st.len() - 2), st.pop().unwrap());
+            let r = match op {
+                G::LocalGet(l) => wrap(locals.iter().find(|(x, _)| *x == l).unwrap().1),
+                G::Const(k) => wrap(k),
+                G::Add => {
+                    let (a, b) = top(&mut st);
+                    wrap(a.wrapping_add(b))
+                }
+                G::Sub => {
+                    let (a, b) = top(&mut st);
+                    wrap(a.wrapping_sub(b))
+                }
+                G::And => {
+                    let (a, b) = top(&mut st);
+                    a & b
+                }
+                G::Eqz => i64::from(st.pop().unwrap() == 0),
+                G::BothI32 => {
+                    let (a, b) = top(&mut st);
+                    i64::from(a != 0 && b != 0)
+                }
+                G::Le(s) | G::Ge(s) | G::Lt(s) | G::Gt(s) => {
+                    let (a, b) = top(&mut st);
+                    let o = if s { a.cmp(&b) } else { u(a).cmp(&u(b)) };
+                    i64::from(match op {
+                        G::Le(_) => o.is_le(),
+                        G::Ge(_) => o.is_ge(),
+                        G::Lt(_) => o.is_lt(),
+                        _ => o.is_gt(),
+                    })
+                }
+            };
+            st.push(r);
+        }
+        assert_eq!(st.len(), 1);
+        st[0] != 0
+    }
+
+    fn guards() -> Vec<Guard> {
+        let mut v = Vec::new();
+        for wide in [false, true] {
+            for signed in [false, true] {
+                for (pred, steps) in [
+                    (Pred::Ne, &[1i64, -1, 2, -4, 8][..]),
+                    (Pred::Lt { signed }, &[1, 3, 16]),
+                    (Pred::Le { signed }, &[1, 7]),
+                    (Pred::Gt { signed }, &[-1, -5]),
+                    (Pred::Ge { signed }, &[-1, -2]),
+                ] {
+                    for &step in steps {
+                        for budget in [5, 1000] {
+                            v.push(Guard {
+                                wide,
+                                ivar: 0,
+                                step,
+                                limit: Limit::Local(1),
+                                pred,
+                                budget,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    fn edge_values(wide: bool) -> Vec<i64> {
+        let (lo, hi) = if wide {
+            (i64::MIN, i64::MAX)
+        } else {
+            (i64::from(i32::MIN), i64::from(i32::MAX))
+        };
+        let mut v = vec![0, 1, -1, 2, 5, 7, 8, 1000, 4000, -1000];
+        for e in [lo, hi, if wide { -1 } else { i64::from(u32::MAX) }] {
+            for d in -20..=20i64 {
+                v.push(e.wrapping_add(d));
+                v.push(e.wrapping_add(d * 1000));
+            }
+        }
+        v
+    }
+
+    /// Where the guard lets a loop run unpolled, the loop ends within its budget — checked
+    /// against a step-by-step simulation near every boundary.
+    #[test]
+    fn the_guard_admits_only_loops_that_end_within_budget() {
+        let mut admitted = 0;
+        for g in guards() {
+            let vals = edge_values(g.wide);
+            for &i0 in &vals {
+                for &n in &vals {
+                    if eval(&g, &[(0, i0), (1, n)]) {
+                        admitted += 1;
+                        assert!(g.admits(i0, n), "{g:?} i0={i0} n={n}");
+                    }
+                }
+            }
+        }
+        assert!(
+            admitted > 10_000,
+            "the guard admits almost nothing: {admitted}"
+        );
+    }
+
+    /// Ordinary short loops are admitted (the point of the guard).
+    #[test]
+    fn short_counted_loops_are_admitted() {
+        for g in guards() {
+            let a = g.step.unsigned_abs() as i64;
+            let k = (g.budget as i64 - 1).min(3);
+            let (i0, n) = match g.pred {
+                Pred::Ne if g.step > 0 => (10, 10 + k * a),
+                Pred::Ne => (10 + k * a, 10),
+                Pred::Lt { .. } | Pred::Le { .. } => (0, k * a),
+                Pred::Gt { .. } | Pred::Ge { .. } => (k * a + a, a),
+            };
+            assert!(eval(&g, &[(0, i0), (1, n)]), "{g:?} i0={i0} n={n}");
+            assert!(g.admits(i0, n));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_guard_is_sound_for_any_entry_values(i0 in any::<i64>(), n in any::<i64>(), near in -300i64..300) {
+            for g in guards() {
+                for (i0, n) in [(i0, n), (i0, i0.wrapping_add(near)), (n.wrapping_add(near), n)] {
+                    if eval(&g, &[(0, i0), (1, n)]) {
+                        prop_assert!(g.admits(i0, n), "{:?} i0={} n={}", g, i0, n);
+                    }
+                }
+            }
+        }
+    }
+
+    fn body(wat: &str) -> Vec<Operator<'static>> {
+        let wasm = wat::parse_str(format!(
+            "(module (memory 1) (func (param i32 i32 i64 i64) (local i32) {wat}))"
+        ))
+        .unwrap();
+        let wasm: &'static [u8] = Box::leak(wasm.into_boxed_slice());
+        for p in wasmparser::Parser::new(0).parse_all(wasm) {
+            if let wasmparser::Payload::CodeSectionEntry(b) = p.unwrap() {
+                let ops: Vec<_> = b
+                    .get_operators_reader()
+                    .unwrap()
+                    .into_iter()
+                    .map(Result::unwrap)
+                    .collect();
+                // Between the function's first `loop` and that loop's `end`.
+                return ops[1..ops.len() - 2].to_vec();
+            }
+        }
+        unreachable!()
+    }
+
+    #[test]
+    fn loop_shapes_compilers_emit_are_recognised() {
+        // for (i = ..; i != n; i++) — the update teed into the test (clang's usual shape).
+        let g = analyze(&body(
+            "(loop (i32.store (local.get 0) (i32.const 0))
+               (br_if 0 (i32.ne (local.tee 0 (i32.add (local.get 0) (i32.const 1))) (local.get 1))))",
+        ))
+        .unwrap();
+        assert_eq!(
+            (g.ivar, g.step, g.limit, g.pred, g.wide),
+            (0, 1, Limit::Local(1), Pred::Ne, false)
+        );
+        // A down-counter tested for zero.
+        let g = analyze(&body(
+            "(loop (local.set 4 (i32.add (local.get 4) (i32.const -1))) (br_if 0 (local.get 4)))",
+        ))
+        .unwrap();
+        assert_eq!(
+            (g.ivar, g.step, g.limit, g.pred),
+            (4, -1, Limit::Const(0), Pred::Ne)
+        );
+        // An i64 index, limit on the left: n > i is i < n.
+        let g = analyze(&body(
+            "(loop (local.set 2 (i64.add (local.get 2) (i64.const 8)))
+               (br_if 0 (i64.gt_s (local.get 3) (local.get 2))))",
+        ))
+        .unwrap();
+        assert_eq!(
+            (g.ivar, g.step, g.pred, g.wide),
+            (2, 8, Pred::Lt { signed: true }, true)
+        );
+        // Nested blocks and ifs (no way back inside them) are fine.
+        assert!(analyze(&body(
+            "(loop (block (br_if 0 (local.get 1)) (if (local.get 1) (then (nop)) (else (br 3))))
+               (local.set 0 (i32.sub (local.get 0) (i32.const 2)))
+               (br_if 0 (i32.gt_u (local.get 0) (i32.const 10))))",
+        ))
+        .is_some());
+    }
+
+    #[test]
+    fn loops_that_are_not_counted_keep_their_poll() {
+        for (why, wat) in [
+            (
+                "a call",
+                "(loop (call 0 (i32.const 0) (i32.const 0) (i64.const 0) (i64.const 0)) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+            (
+                "a second way back",
+                "(loop (br_if 0 (local.get 1)) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+            (
+                "a way back inside a block",
+                "(loop (local.set 0 (i32.add (local.get 0) (i32.const 1))) (block (br_if 1 (i32.ne (local.get 0) (local.get 1)))))",
+            ),
+            (
+                "the variable written twice",
+                "(loop (local.set 0 (i32.add (local.get 0) (i32.const 1))) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+            (
+                "the update inside an if",
+                "(loop (if (local.get 1) (then (local.set 0 (i32.add (local.get 0) (i32.const 1))))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+            (
+                "the limit written",
+                "(loop (local.set 1 (i32.const 3)) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+            (
+                "a step that is not a constant",
+                "(loop (local.set 0 (i32.add (local.get 0) (local.get 1))) (br_if 0 (i32.ne (local.get 0) (i32.const 0))))",
+            ),
+            (
+                "ne with a step not a power of two",
+                "(loop (local.set 0 (i32.add (local.get 0) (i32.const 3))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+            (
+                "lt counting down",
+                "(loop (local.set 0 (i32.add (local.get 0) (i32.const -1))) (br_if 0 (i32.lt_s (local.get 0) (local.get 1))))",
+            ),
+            (
+                "a data-dependent test",
+                "(loop (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.load8_u (local.get 0))))",
+            ),
+            (
+                "memory.fill",
+                "(loop (memory.fill (i32.const 0) (i32.const 0) (local.get 1)) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+            (
+                "a nested loop",
+                "(loop (loop) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+        ] {
+            let ops = body(wat);
+            assert_eq!(analyze(&ops), None, "{why}");
+        }
+    }
+}
