@@ -24,6 +24,8 @@
 //! most [`WORK`] instructions of the loop run without a poll (plus what the loop's entry
 //! reached before it).
 
+use std::collections::HashMap;
+
 use wasmparser::Operator;
 
 /// Largest loop body (instructions) given an unpolled copy: the copy is code-size growth.
@@ -60,8 +62,10 @@ pub(crate) struct Guard {
     pub wide: bool,
     /// The induction variable (a local index, unchanged by the transform).
     pub ivar: u32,
-    /// Added to it once per iteration, before the test.
+    /// Added to it once per iteration.
     pub step: i64,
+    /// The test reads the variable before the iteration's update (else after it).
+    pub pre: bool,
     pub limit: Limit,
     pub pred: Pred,
     /// Most iterations the unpolled copy may run.
@@ -76,27 +80,33 @@ pub(crate) fn analyze(body: &[Operator<'_>]) -> Option<Guard> {
         return None;
     }
     // writes[l] = (count, index of the last one, all at top level)
-    let mut writes: std::collections::HashMap<u32, (u32, usize, bool)> = Default::default();
+    let mut writes: HashMap<u32, (u32, usize, bool)> = HashMap::new();
     let mut depth = 0u32;
-    let mut back_edges = 0u32;
+    // The top-level instruction (or construct) holding the first way back.
+    let mut first_back: Option<usize> = None;
+    let mut top = 0usize;
+    // Top-level `br_if`s: (index, leaves the loop).
+    let mut tests: Vec<(usize, bool)> = Vec::new();
     for (j, op) in body.iter().enumerate() {
+        if depth == 0 {
+            top = j;
+        }
+        let mut back = false;
         match op {
             Operator::Block { .. } | Operator::If { .. } => depth += 1,
             Operator::End => depth = depth.checked_sub(1)?,
-            Operator::Br { relative_depth } | Operator::BrIf { relative_depth }
-                if *relative_depth == depth =>
-            {
-                back_edges += 1;
+            Operator::Br { relative_depth } => back = *relative_depth == depth,
+            Operator::BrIf { relative_depth } => {
+                back = *relative_depth == depth;
+                if depth == 0 {
+                    tests.push((j, !back));
+                }
             }
             Operator::BrTable { targets } => {
                 for t in targets.targets() {
-                    if t.ok()? == depth {
-                        return None;
-                    }
+                    back |= t.ok()? == depth;
                 }
-                if targets.default() == depth {
-                    return None;
-                }
+                back |= targets.default() == depth;
             }
             Operator::LocalSet { local_index } | Operator::LocalTee { local_index } => {
                 let w = writes.entry(*local_index).or_insert((0, j, true));
@@ -128,22 +138,60 @@ pub(crate) fn analyze(body: &[Operator<'_>]) -> Option<Guard> {
             | Operator::Delegate { .. } => return None,
             _ => {}
         }
+        if back && first_back.is_none() {
+            first_back = Some(top);
+        }
     }
-    // The one way back is the last instruction, at top level.
-    if depth != 0 || back_edges != 1 || body[n - 1] != (Operator::BrIf { relative_depth: 0 }) {
+    // Every iteration runs the top-level code before `first_back` (nothing else leads back).
+    let first_back = first_back?;
+    if depth != 0 {
         return None;
     }
     let budget = (WORK / n as u64).min(MAX_ITERATIONS);
     if budget < 2 {
         return None;
     }
-    let induction = |l: u32| -> Option<(bool, i64)> {
-        let &(count, w, top) = writes.get(&l)?;
-        if count != 1 || !top || w < 3 {
+    let ctx = Ctx {
+        body,
+        writes: &writes,
+        first_back,
+    };
+    tests
+        .into_iter()
+        .filter(|&(e, exits)| {
+            if exits {
+                e < first_back
+            } else {
+                e == first_back
+            }
+        })
+        .find_map(|(e, exits)| ctx.test(e, exits, budget))
+}
+
+/// What [`analyze`] knows about the loop when it reads a test.
+struct Ctx<'b, 'a> {
+    body: &'b [Operator<'a>],
+    writes: &'b HashMap<u32, (u32, usize, bool)>,
+    first_back: usize,
+}
+
+/// An operand of a test: a local (read, or written by a `local.tee`) or a constant.
+#[derive(Debug, Clone, Copy)]
+enum Operand {
+    Local(u32),
+    Const(i64),
+}
+
+impl Ctx<'_, '_> {
+    /// `x` is an induction variable: written exactly once, at top level, before the first way
+    /// back, as `x = x + c`. Its width, `c`, and where it is written.
+    fn induction(&self, x: u32) -> Option<(bool, i64, usize)> {
+        let &(count, w, top) = self.writes.get(&x)?;
+        if count != 1 || !top || w < 3 || w > self.first_back {
             return None;
         }
-        let (a, b) = (&body[w - 3], &body[w - 2]);
-        let (wide, sub) = match body[w - 1] {
+        let b = self.body;
+        let (wide, sub) = match b[w - 1] {
             Operator::I32Add => (false, false),
             Operator::I64Add => (true, false),
             Operator::I32Sub => (false, true),
@@ -151,66 +199,105 @@ pub(crate) fn analyze(body: &[Operator<'_>]) -> Option<Guard> {
             _ => return None,
         };
         let get =
-            |o: &Operator<'_>| matches!(o, Operator::LocalGet { local_index } if *local_index == l);
-        let c = match (a, b, wide) {
-            (x, Operator::I32Const { value }, false) if get(x) => i64::from(*value),
-            (x, Operator::I64Const { value }, true) if get(x) => *value,
-            (Operator::I32Const { value }, x, false) if get(x) && !sub => i64::from(*value),
-            (Operator::I64Const { value }, x, true) if get(x) && !sub => *value,
+            |o: &Operator<'_>| matches!(o, Operator::LocalGet { local_index } if *local_index == x);
+        let c = match (&b[w - 3], &b[w - 2], wide) {
+            (g, Operator::I32Const { value }, false) if get(g) => i64::from(*value),
+            (g, Operator::I64Const { value }, true) if get(g) => *value,
+            (Operator::I32Const { value }, g, false) if get(g) && !sub => i64::from(*value),
+            (Operator::I64Const { value }, g, true) if get(g) && !sub => *value,
             _ => return None,
         };
         let c = if sub { c.checked_neg()? } else { c };
-        (c != 0 && c.unsigned_abs() <= MAX_STEP).then_some((wide, c))
-    };
-    let operand = |o: &Operator<'_>| -> Option<Limit> {
-        match o {
-            Operator::LocalGet { local_index } | Operator::LocalTee { local_index } => {
-                Some(Limit::Local(*local_index))
-            }
-            Operator::I32Const { value } => Some(Limit::Const(i64::from(*value))),
-            Operator::I64Const { value } => Some(Limit::Const(*value)),
-            _ => None,
-        }
-    };
-    let invariant = |l: Limit| match l {
-        Limit::Const(_) => true,
-        Limit::Local(x) => !writes.contains_key(&x),
-    };
+        (c != 0 && c.unsigned_abs() <= MAX_STEP).then_some((wide, c, w))
+    }
 
-    // `br_if` on the induction variable itself: continue while `i != 0`.
-    if let Some(Limit::Local(x)) = operand(&body[n - 2])
-        && let Some((false, step)) = induction(x)
-    {
-        return finish(Guard {
-            wide: false,
-            ivar: x,
+    /// The operand whose value the instruction at `q` leaves, and where its code starts.
+    fn operand(&self, q: usize) -> Option<(Operand, usize)> {
+        Some(match self.body[q] {
+            Operator::LocalGet { local_index } => (Operand::Local(local_index), q),
+            // The update itself, written into the test (`(x = x + c) != n`).
+            Operator::LocalTee { local_index } => match self.induction(local_index) {
+                Some((_, _, w)) if w == q => (Operand::Local(local_index), q - 3),
+                _ => (Operand::Local(local_index), q),
+            },
+            Operator::I32Const { value } => (Operand::Const(i64::from(value)), q),
+            Operator::I64Const { value } => (Operand::Const(value), q),
+            _ => return None,
+        })
+    }
+
+    /// The top-level `br_if` at `e` — a way back (`exits` false) or out — as the loop's
+    /// continue condition on an induction variable, if it is one.
+    fn test(&self, e: usize, exits: bool, budget: u64) -> Option<Guard> {
+        let b = self.body;
+        let mut p = e.checked_sub(1)?;
+        // The condition is negated by an `eqz`; leaving the loop negates it again.
+        let mut negate = exits;
+        let mut eqz_wide = None;
+        match b[p] {
+            Operator::I32Eqz => eqz_wide = Some(false),
+            Operator::I64Eqz => eqz_wide = Some(true),
+            _ => {}
+        }
+        if eqz_wide.is_some() {
+            negate = !negate;
+            p = p.checked_sub(1)?;
+        }
+        let (ivar, limit, pred, cmp_wide) = if let Some((wide, pred)) = compare(&b[p]) {
+            if eqz_wide == Some(true) {
+                return None;
+            }
+            let (rhs, start) = self.operand(p.checked_sub(1)?)?;
+            let (lhs, _) = self.operand(start.checked_sub(1)?)?;
+            let invariant = |o: Operand| match o {
+                Operand::Const(k) => Some(Limit::Const(k)),
+                Operand::Local(l) => (!self.writes.contains_key(&l)).then_some(Limit::Local(l)),
+            };
+            let pred = if negate { negated(pred)? } else { pred };
+            match (lhs, rhs) {
+                (Operand::Local(x), o) if self.induction(x).is_some() => {
+                    (x, invariant(o)?, pred, wide)
+                }
+                (o, Operand::Local(x)) if self.induction(x).is_some() => {
+                    (x, invariant(o)?, flip(pred), wide)
+                }
+                _ => return None,
+            }
+        } else {
+            // A test of the variable itself: `x != 0`, or with an `eqz`, `x == 0`.
+            let (Operand::Local(x), _) = self.operand(p)? else {
+                return None;
+            };
+            if negate {
+                return None; // continues while `x == 0`
+            }
+            (x, Limit::Const(0), Pred::Ne, eqz_wide.unwrap_or(false))
+        };
+        let (wide, step, w) = self.induction(ivar)?;
+        if wide != cmp_wide {
+            return None;
+        }
+        finish(Guard {
+            wide,
+            ivar,
             step,
-            limit: Limit::Const(0),
-            pred: Pred::Ne,
+            // Tested before it is updated: the k-th test sees `i0 + (k − 1)·c`.
+            pre: w > e,
+            limit,
+            pred,
             budget,
-        });
+        })
     }
-    if n < 4 {
-        return None;
-    }
-    let (cmp_wide, pred) = compare(&body[n - 2])?;
-    let (a, b) = (operand(&body[n - 4])?, operand(&body[n - 3])?);
-    let (ivar, limit, pred) = match (a, b) {
-        (Limit::Local(x), l) if induction(x).is_some() && invariant(l) => (x, l, pred),
-        (l, Limit::Local(x)) if induction(x).is_some() && invariant(l) => (x, l, flip(pred)),
-        _ => return None,
-    };
-    let (wide, step) = induction(ivar)?;
-    if wide != cmp_wide {
-        return None;
-    }
-    finish(Guard {
-        wide,
-        ivar,
-        step,
-        limit,
-        pred,
-        budget,
+}
+
+/// `!(i OP n)`, where that is again a test [`Guard`] can bound.
+fn negated(p: Pred) -> Option<Pred> {
+    Some(match p {
+        Pred::Ne => return None, // continues while `i == n`
+        Pred::Lt { signed } => Pred::Ge { signed },
+        Pred::Le { signed } => Pred::Gt { signed },
+        Pred::Gt { signed } => Pred::Le { signed },
+        Pred::Ge { signed } => Pred::Lt { signed },
     })
 }
 
@@ -284,118 +371,93 @@ impl Guard {
     /// values of its locals, ends within `budget` iterations.
     ///
     /// With `i0` the induction variable on entry and `a = |c|`, the `k`-th test sees
-    /// `i0 + k·c` (k ≥ 1; the update comes first). For `ne` it ends at the `k` with
-    /// `k·a = D` (`D = n − i0`, or `i0 − n` when counting down), so `a ≤ D ≤ budget·a` and
-    /// `a | D` suffice. For the ordered tests, `i` moves monotonically without wrapping for
-    /// `budget` steps when `i0` is at least `budget·a` from the end of its range, and the
-    /// condition fails by then when `i0 ± budget·a` is past `n`.
+    /// `i0 + k·c` (k ≥ 1; with the test before the update, see `budget` below). For `ne` the loop ends at the `k` with `k·a = D`
+    /// (`D = n − i0`, or `i0 − n` when counting down), so `a ≤ D ≤ budget·a` and `a | D`
+    /// suffice. For the ordered tests, `i` moves monotonically without wrapping for `budget`
+    /// steps when `i0` is at least `budget·a` from the end of its range, and the condition
+    /// fails by then when `i0 ± budget·a` is past `n`; counting down to an unsigned limit has
+    /// its own test (below).
     pub(crate) fn code(&self) -> Vec<G> {
         let a = self.step.unsigned_abs() as i64;
-        let ba = self.budget as i64 * a;
-        let n = match self.limit {
+        // Tested before the update, the first test sees `i0` itself: the tests after it are
+        // those of a loop updating first, with one iteration less.
+        let budget = self.budget - u64::from(self.pre);
+        let ba = budget as i64 * a;
+        let n = [match self.limit {
             Limit::Local(l) => G::LocalGet(l),
             Limit::Const(k) => G::Const(k),
-        };
-        let i = G::LocalGet(self.ivar);
-        let (max_s, min_s) = if self.wide {
+        }];
+        let i: &[G] = &[G::LocalGet(self.ivar)];
+        let (max, min) = if self.wide {
             (i64::MAX, i64::MIN)
         } else {
             (i64::from(i32::MAX), i64::from(i32::MIN))
         };
-        let bound = |signed: bool, up: bool| -> i64 {
-            match (signed, up) {
-                (true, true) => max_s - ba,
-                (true, false) => min_s + ba,
-                // As the width's bit pattern: u32::MAX − ba fits i32 as a negative number.
-                (false, true) => {
-                    if self.wide {
-                        (u64::MAX - ba as u64) as i64
-                    } else {
-                        i64::from((u32::MAX - ba as u32) as i32)
-                    }
-                }
-                (false, false) => unreachable!("unsigned count-downs have their own test"),
+        // As the width's bit pattern: `u32::MAX − ba` is a negative `i32`.
+        let umax_minus_ba = if self.wide {
+            (u64::MAX - ba as u64) as i64
+        } else {
+            i64::from((u32::MAX - ba as u32) as i32)
+        };
+        let mut c: Vec<G> = Vec::new();
+        let mut put = |parts: &[&[G]]| {
+            for p in parts {
+                c.extend_from_slice(p);
             }
         };
         match self.pred {
             Pred::Ne => {
-                let d = if self.step > 0 {
-                    [n, i, G::Sub]
+                let (x, y) = if self.step > 0 {
+                    (&n[..], i)
                 } else {
-                    [i, n, G::Sub]
+                    (i, &n[..])
                 };
-                let mut c = d.to_vec();
-                c.extend([G::Const(a), G::Sub, G::Const(ba - a), G::Le(false)]);
+                put(&[
+                    x,
+                    y,
+                    &[G::Sub, G::Const(a), G::Sub, G::Const(ba - a), G::Le(false)],
+                ]);
                 if a > 1 {
-                    c.extend(d);
-                    c.extend([G::Const(a - 1), G::And, G::Eqz, G::BothI32]);
+                    put(&[x, y, &[G::Sub, G::Const(a - 1), G::And, G::Eqz, G::BothI32]]);
                 }
-                c
             }
             Pred::Lt { signed } | Pred::Le { signed } => {
+                let bound = if signed { max - ba } else { umax_minus_ba };
                 let end = match self.pred {
                     Pred::Lt { .. } => G::Ge(signed),
                     _ => G::Gt(signed),
                 };
-                vec![
-                    i,
-                    G::Const(bound(signed, true)),
-                    G::Le(signed),
-                    i,
-                    G::Const(ba),
-                    G::Add,
-                    n,
-                    end,
-                    G::BothI32,
-                ]
+                put(&[i, &[G::Const(bound), G::Le(signed)]]);
+                put(&[i, &[G::Const(ba), G::Add], &n, &[end, G::BothI32]]);
             }
             // Counting down to an unsigned limit (`i > n`, `i >= n`): a range test like the
-            // signed one (`i0 ≥ budget·a`) would refuse the loops that start near zero,
-            // which are most of them.
-            // The loop ends within the budget when `i0` starts at most `budget·a` above `n`;
-            // it does not wrap below zero on the way when `n ≥ a − 1` (`>`, `i0 > n`) or
-            // `n ≥ a` (`>=`): the last value that continues is then at least `a`.
+            // signed one (`i0 ≥ budget·a`) would refuse the loops that start near zero, which
+            // are most of them. The loop ends within the budget when `i0` starts at most
+            // `budget·a` above `n`; it does not wrap below zero on the way when `n ≥ a − 1`
+            // (`>`, `i0 > n`) or `n ≥ a` (`>=`): the last value that continues is then at
+            // least `a`.
             Pred::Gt { signed: false } => {
-                let mut c = vec![i, n, G::Gt(false), i, n, G::Sub, G::Const(ba), G::Le(false)];
-                c.push(G::BothI32);
+                put(&[i, &n, &[G::Gt(false)]]);
+                put(&[i, &n, &[G::Sub, G::Const(ba), G::Le(false), G::BothI32]]);
                 if a > 1 {
-                    c.extend([n, G::Const(a - 1), G::Ge(false), G::BothI32]);
+                    put(&[&n, &[G::Const(a - 1), G::Ge(false), G::BothI32]]);
                 }
-                c
             }
-            Pred::Ge { signed: false } => vec![
-                i,
-                n,
-                G::Ge(false),
-                i,
-                n,
-                G::Sub,
-                G::Const(ba),
-                G::Lt(false),
-                G::BothI32,
-                n,
-                G::Const(a),
-                G::Ge(false),
-                G::BothI32,
-            ],
-            Pred::Gt { signed } | Pred::Ge { signed } => {
+            Pred::Ge { signed: false } => {
+                put(&[i, &n, &[G::Ge(false)]]);
+                put(&[i, &n, &[G::Sub, G::Const(ba), G::Lt(false), G::BothI32]]);
+                put(&[&n, &[G::Const(a), G::Ge(false), G::BothI32]]);
+            }
+            Pred::Gt { signed: true } | Pred::Ge { signed: true } => {
                 let end = match self.pred {
-                    Pred::Gt { .. } => G::Le(signed),
-                    _ => G::Lt(signed),
+                    Pred::Gt { .. } => G::Le(true),
+                    _ => G::Lt(true),
                 };
-                vec![
-                    i,
-                    G::Const(bound(signed, false)),
-                    G::Ge(signed),
-                    i,
-                    G::Const(ba),
-                    G::Sub,
-                    n,
-                    end,
-                    G::BothI32,
-                ]
+                put(&[i, &[G::Const(min + ba), G::Ge(true)]]);
+                put(&[i, &[G::Const(ba), G::Sub], &n, &[end, G::BothI32]]);
             }
         }
+        c
     }
 
     /// Whether a loop entered with `i0` and limit `n` runs at most `budget` iterations — the
@@ -411,9 +473,11 @@ impl Guard {
         };
         let norm_u = |v: i64| (v as u64) & mask;
         let norm_s = |v: i64| ((v as u64) << (64 - bits)) as i64 >> (64 - bits);
-        let (mut i, n) = (i0, n);
-        for _ in 0..self.budget {
-            i = norm_s(i.wrapping_add(self.step));
+        let mut i = norm_s(i0);
+        for k in 0..self.budget {
+            if !self.pre || k > 0 {
+                i = norm_s(i.wrapping_add(self.step));
+            }
             let go = match self.pred {
                 Pred::Ne => norm_u(i) != norm_u(n),
                 Pred::Lt { signed: true } => i < norm_s(n),
@@ -495,11 +559,12 @@ mod tests {
                     (Pred::Ge { signed }, &[-1, -2]),
                 ] {
                     for &step in steps {
-                        for budget in [5, 1000] {
+                        for (budget, pre) in [(5, false), (1000, false), (7, true)] {
                             v.push(Guard {
                                 wide,
                                 ivar: 0,
                                 step,
+                                pre,
                                 limit: Limit::Local(1),
                                 pred,
                                 budget,
@@ -632,6 +697,33 @@ mod tests {
             (g.ivar, g.step, g.pred, g.wide),
             (2, 8, Pred::Lt { signed: true }, true)
         );
+        // Leaving when a down-counter reaches zero, the way back unconditional (a `while`).
+        let g = analyze(&body(
+            "(loop (br_if 1 (i32.load (local.get 0)))
+               (br_if 1 (i32.eqz (local.tee 4 (i32.add (local.get 4) (i32.const -1)))))
+               (br 0))",
+        ))
+        .unwrap();
+        assert_eq!((g.ivar, g.step, g.pred, g.pre), (4, -1, Pred::Ne, false));
+        // The test before the update, leaving when `i >= n`: continues while `i < n`.
+        let g = analyze(&body(
+            "(loop (br_if 1 (i32.ge_s (local.get 0) (local.get 1)))
+               (local.set 0 (i32.add (local.get 0) (i32.const 1)))
+               (br 0))",
+        ))
+        .unwrap();
+        assert_eq!((g.pred, g.pre), (Pred::Lt { signed: true }, true));
+        // The way back first, then a branch out as the loop's last instruction; a second way
+        // back after the test is fine too.
+        assert!(
+            analyze(&body(
+                "(loop (local.set 0 (i32.add (local.get 0) (i32.const 4)))
+               (br_if 0 (i32.ne (local.get 0) (local.get 1)))
+               (br_if 0 (local.get 1))
+               (br 1))",
+            ))
+            .is_some()
+        );
         // Nested blocks and ifs (no way back inside them) are fine.
         assert!(analyze(&body(
             "(loop (block (br_if 0 (local.get 1)) (if (local.get 1) (then (nop)) (else (br 3))))
@@ -649,12 +741,24 @@ mod tests {
                 "(loop (call 0 (i32.const 0) (i32.const 0) (i64.const 0) (i64.const 0)) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
             ),
             (
-                "a second way back",
+                "a way back before the test",
                 "(loop (br_if 0 (local.get 1)) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
             ),
             (
                 "a way back inside a block",
                 "(loop (local.set 0 (i32.add (local.get 0) (i32.const 1))) (block (br_if 1 (i32.ne (local.get 0) (local.get 1)))))",
+            ),
+            (
+                "the update after the way back",
+                "(loop (br_if 1 (i32.ge_s (local.get 0) (local.get 1))) (if (local.get 1) (then (br 1))) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br 0))",
+            ),
+            (
+                "leaving when a counter is not zero",
+                "(loop (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 1 (local.get 0)) (br 0))",
+            ),
+            (
+                "leaving when i != n (continuing while i == n)",
+                "(loop (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 1 (i32.ne (local.get 0) (local.get 1))) (br 0))",
             ),
             (
                 "the variable written twice",

@@ -335,8 +335,9 @@ fn recursion_unwound_at_every_return_behaves_the_same() {
 }
 
 /// Counted leaf loops (v15): short ones run unpolled, long ones still poll at every
-/// iteration; both, and a loop carrying a value through its parameter, give the plain
-/// module's results also when unwound at every poll.
+/// iteration; both — a `do … while (++i != n)`, a loop carrying a value through its
+/// parameter, a `while (i < n)` leaving through a branch out — give the plain module's
+/// results also when unwound at every poll.
 #[test]
 fn counted_loops_poll_only_when_they_run_long() {
     // 256 `nop`s: the loops' budget is then 2^18 / ~270 ≈ 970 iterations.
@@ -356,6 +357,15 @@ fn counted_loops_poll_only_when_they_run_long() {
                      (i32.add (local.get $i))
                      (local.set $i (i32.add (local.get $i) (i32.const 1)))
                      (br_if 0 (i32.lt_u (local.get $i) (local.get $n)))))
+                 (func $count (param $n i32) (result i32) (local $i i32) (local $odd i32)
+                   (block
+                     (loop {pad}
+                       (br_if 1 (i32.ge_u (local.get $i) (local.get $n)))
+                       (local.set $odd (i32.add (local.get $odd) (i32.and (local.get $i) (i32.const 1))))
+                       (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                       (br 0)))
+                   (local.get $odd))
+                 (func (export "count") (result i32) (call $count (i32.const {n})))
                  (func (export "fill") (call $fill (i32.const 16) (i32.const {n})))
                  (func (export "sum") (result i32) (call $sum (i32.const {n}))))"#
         ))
@@ -368,12 +378,10 @@ fn counted_loops_poll_only_when_they_run_long() {
         let wasm = module(n);
         let out = instrument_any(&wasm).unwrap();
         let counting = instrument_any_counting(&wasm).unwrap();
-        assert_eq!(out.stats.counted_loops, 2);
+        assert_eq!(out.stats.counted_loops, 3);
         let (plain, plain_state, _) = run(&engine, &wasm, Mode::Plain).unwrap();
-        assert!(matches!(
-            &plain[..],
-            [Outcome::Values(_), Outcome::Values(_)]
-        ));
+        assert!(plain.iter().all(|o| matches!(o, Outcome::Values(_))));
+        assert_eq!(plain.len(), 3);
         for (mode, build) in [
             (Mode::Instrumented, &out.wasm),
             (Mode::ChurnLean, &out.wasm),
