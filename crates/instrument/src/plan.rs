@@ -149,6 +149,7 @@ pub(crate) fn plan(
                         };
                         if o.poll.is_some()
                             && !o.inner
+                            && body.range().len() <= crate::counted::MAX_FUNCTION
                             && let Some(g) = crate::counted::analyze(&body_ops[o.op + 1..])
                         {
                             counted.insert(o.op, g);
