@@ -121,14 +121,9 @@ pub(crate) fn analyze(body: &[Operator<'_>]) -> Option<Guard> {
                 w.1 = j;
                 w.2 &= depth == 0;
             }
+            op if is_call(op) => return None,
             Operator::Loop { .. }
             | Operator::TryTable { .. }
-            | Operator::Call { .. }
-            | Operator::CallIndirect { .. }
-            | Operator::CallRef { .. }
-            | Operator::ReturnCall { .. }
-            | Operator::ReturnCallIndirect { .. }
-            | Operator::ReturnCallRef { .. }
             | Operator::MemoryGrow { .. }
             | Operator::MemoryFill { .. }
             | Operator::MemoryCopy { .. }
@@ -317,6 +312,19 @@ fn finish(g: Guard) -> Option<Guard> {
         Pred::Gt { .. } | Pred::Ge { .. } => g.step < 0,
     };
     ok.then_some(g)
+}
+
+/// A call of any kind (a loop holding one is not a leaf).
+pub(crate) fn is_call(op: &Operator<'_>) -> bool {
+    matches!(
+        op,
+        Operator::Call { .. }
+            | Operator::CallIndirect { .. }
+            | Operator::CallRef { .. }
+            | Operator::ReturnCall { .. }
+            | Operator::ReturnCallIndirect { .. }
+            | Operator::ReturnCallRef { .. }
+    )
 }
 
 fn compare(op: &Operator<'_>) -> Option<(bool, Pred)> {

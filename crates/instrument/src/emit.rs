@@ -966,6 +966,31 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         Ok(())
     }
 
+    /// [`Self::plain`] for code that holds no site: a construct it opens or closes is a frame
+    /// that branches can name but nothing is saved for.
+    fn plain_tracked(&mut self, op: &Operator<'_>) -> Result<(), InstrumentError> {
+        self.plain(op)?;
+        match op {
+            Operator::Block { .. }
+            | Operator::Loop { .. }
+            | Operator::If { .. }
+            | Operator::TryTable { .. } => {
+                let level = self.depth - 1;
+                self.frames.push(Frame {
+                    relevant: false,
+                    level,
+                    seg: Seg::Closed,
+                    results: Vec::new(),
+                });
+            }
+            Operator::End => {
+                self.frames.pop();
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// A counted leaf loop of the lean copy (v15, `counted.rs`): `guard; if <loop's type>`,
     /// the loop copied without its poll, `else` — the polled loop follows, and its `end` also
     /// closes the `if`. `rd` reads on just after the loop's `loop`.
@@ -983,25 +1008,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         let base = self.frames.len();
         let mut op = lp.clone();
         loop {
-            self.plain(&op)?;
-            match op {
-                Operator::Block { .. }
-                | Operator::Loop { .. }
-                | Operator::If { .. }
-                | Operator::TryTable { .. } => {
-                    let level = self.depth - 1;
-                    self.frames.push(Frame {
-                        relevant: false,
-                        level,
-                        seg: Seg::Closed,
-                        results: Vec::new(),
-                    });
-                }
-                Operator::End => {
-                    self.frames.pop();
-                }
-                _ => {}
-            }
+            self.plain_tracked(&op)?;
             if self.frames.len() == base {
                 break;
             }
@@ -1321,25 +1328,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                 if relevant {
                     e.ensure_open();
                 }
-                e.plain(&op)?;
-                match op {
-                    Operator::Block { .. }
-                    | Operator::Loop { .. }
-                    | Operator::If { .. }
-                    | Operator::TryTable { .. } => {
-                        let level = e.depth - 1;
-                        e.frames.push(Frame {
-                            relevant: false,
-                            level,
-                            seg: Seg::Closed,
-                            results: Vec::new(),
-                        });
-                    }
-                    Operator::End => {
-                        e.frames.pop();
-                    }
-                    _ => {}
-                }
+                e.plain_tracked(&op)?;
                 v.op(offset, &op)?;
             }
         }

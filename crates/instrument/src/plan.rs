@@ -175,15 +175,8 @@ pub(crate) fn plan(
             }
             _ => {}
         }
-        if matches!(
-            op,
-            Operator::Call { .. }
-                | Operator::CallIndirect { .. }
-                | Operator::CallRef { .. }
-                | Operator::ReturnCall { .. }
-                | Operator::ReturnCallIndirect { .. }
-                | Operator::ReturnCallRef { .. }
-        ) && let Some(o) = open.last_mut()
+        if crate::counted::is_call(&op)
+            && let Some(o) = open.last_mut()
         {
             o.inner = true;
         }
