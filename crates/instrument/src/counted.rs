@@ -10,13 +10,15 @@
 //! * a leaf: no call of any kind, no nested loop, no instruction whose work grows with its
 //!   operands (`memory.grow`, `memory.fill` / `copy` / `init`, the table forms),
 //!   no `try_table`, at most [`MAX_BODY`] instructions;
-//! * with exactly one way back: a `br_if` to the loop as its last instruction, outside any
-//!   nested construct — so every iteration that continues runs the loop's top-level code;
-//! * whose condition compares an *induction variable* `i` with a limit `n`: `i` is a local
-//!   written exactly once in the loop, at its top level, as `i = i + c` (a constant `c`), and
-//!   `n` is a constant or a local the loop never writes. The `br_if` tests `i OP n` (`ne`,
-//!   `lt`/`le` with `c > 0`, `gt`/`ge` with `c < 0`, signed or unsigned, either operand
-//!   order) or `i != 0` (`br_if` on `i` itself).
+//! * with a *test* at its top level, before its first way back (so every iteration runs it):
+//!   a `br_if` that is that way back (`do … while`) or one that leaves the loop (`while`,
+//!   `for`); the code after the first way back may branch back again or anywhere;
+//! * whose test compares an *induction variable* `i` with a limit `n`: `i` is a local written
+//!   exactly once in the loop, at its top level before the first way back, as `i = i ± c` (a
+//!   constant `c`), and `n` is a constant or a local the loop never writes. The test is
+//!   `i OP n` (`ne`, `lt`/`le` counting up, `gt`/`ge` counting down, signed or unsigned,
+//!   either operand order, possibly under an `eqz`) or `i` against zero, reading `i` before
+//!   or after the update.
 //!
 //! For such a loop the values of `i` and `n` on entry decide how many iterations it can run at
 //! most; [`Guard`] turns that into a test the lean copy makes once, before the loop: if the
@@ -36,18 +38,19 @@ use wasmparser::Operator;
 /// 1.31–1.32x again. Its hot loops are not leaves anyway; numeric kernels are small.
 pub(crate) const MAX_FUNCTION: usize = 32 * 1024;
 /// Largest loop body (instructions) given an unpolled copy: the copy is code-size growth.
-pub(crate) const MAX_BODY: usize = 2048;
+const MAX_BODY: usize = 2048;
 /// Most loop-body instructions an unpolled copy may run: the budget is `WORK / body length`
 /// iterations (at most [`MAX_ITERATIONS`]).
-pub(crate) const WORK: u64 = 1 << 18;
+const WORK: u64 = 1 << 18;
 /// Most iterations an unpolled copy may run.
-pub(crate) const MAX_ITERATIONS: u64 = 1 << 16;
+const MAX_ITERATIONS: u64 = 1 << 16;
 /// Largest step `|c|` accepted: keeps `budget × |c|` far from overflowing either width.
 const MAX_STEP: u64 = 1 << 12;
 
-/// The loop's limit operand.
+/// An operand of a loop's test — the limit `n` of a [`Guard`]: a local (read, or written by a
+/// `local.tee`) or a constant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Limit {
+pub(crate) enum Operand {
     Local(u32),
     Const(i64),
 }
@@ -73,7 +76,7 @@ pub(crate) struct Guard {
     pub step: i64,
     /// The test reads the variable before the iteration's update (else after it).
     pub pre: bool,
-    pub limit: Limit,
+    pub limit: Operand,
     pub pred: Pred,
     /// Most iterations the unpolled copy may run.
     pub budget: u64,
@@ -177,13 +180,6 @@ struct Ctx<'b, 'a> {
     first_back: usize,
 }
 
-/// An operand of a test: a local (read, or written by a `local.tee`) or a constant.
-#[derive(Debug, Clone, Copy)]
-enum Operand {
-    Local(u32),
-    Const(i64),
-}
-
 impl Ctx<'_, '_> {
     /// `x` is an induction variable: written exactly once, at top level, before the first way
     /// back, as `x = x + c`. Its width, `c`, and where it is written.
@@ -252,8 +248,8 @@ impl Ctx<'_, '_> {
             let (rhs, start) = self.operand(p.checked_sub(1)?)?;
             let (lhs, _) = self.operand(start.checked_sub(1)?)?;
             let invariant = |o: Operand| match o {
-                Operand::Const(k) => Some(Limit::Const(k)),
-                Operand::Local(l) => (!self.writes.contains_key(&l)).then_some(Limit::Local(l)),
+                Operand::Const(_) => Some(o),
+                Operand::Local(l) => (!self.writes.contains_key(&l)).then_some(o),
             };
             let pred = if negate { negated(pred)? } else { pred };
             match (lhs, rhs) {
@@ -273,7 +269,7 @@ impl Ctx<'_, '_> {
             if negate {
                 return None; // continues while `x == 0`
             }
-            (x, Limit::Const(0), Pred::Ne, eqz_wide.unwrap_or(false))
+            (x, Operand::Const(0), Pred::Ne, eqz_wide.unwrap_or(false))
         };
         let (wide, step, w) = self.induction(ivar)?;
         if wide != cmp_wide {
@@ -315,7 +311,7 @@ fn finish(g: Guard) -> Option<Guard> {
 }
 
 /// A call of any kind (a loop holding one is not a leaf).
-pub(crate) fn is_call(op: &Operator<'_>) -> bool {
+fn is_call(op: &Operator<'_>) -> bool {
     matches!(
         op,
         Operator::Call { .. }
@@ -386,9 +382,9 @@ impl Guard {
     /// values of its locals, ends within `budget` iterations.
     ///
     /// With `i0` the induction variable on entry and `a = |c|`, the `k`-th test sees
-    /// `i0 + k·c` (k ≥ 1; with the test before the update, see `budget` below). For `ne` the loop ends at the `k` with `k·a = D`
-    /// (`D = n − i0`, or `i0 − n` when counting down), so `a ≤ D ≤ budget·a` and `a | D`
-    /// suffice. For the ordered tests, `i` moves monotonically without wrapping for `budget`
+    /// `i0 + k·c` (k ≥ 1; with the test before the update, see `budget` below). For `ne` the
+    /// loop ends at the `k` with `k·a = D` (`D = n − i0`, or `i0 − n` when counting down), so
+    /// `a ≤ D ≤ budget·a` and `a | D` suffice. For the ordered tests, `i` moves monotonically without wrapping for `budget`
     /// steps when `i0` is at least `budget·a` from the end of its range, and the condition
     /// fails by then when `i0 ± budget·a` is past `n`; counting down to an unsigned limit has
     /// its own test (below).
@@ -399,8 +395,8 @@ impl Guard {
         let budget = self.budget - u64::from(self.pre);
         let ba = budget as i64 * a;
         let n = [match self.limit {
-            Limit::Local(l) => G::LocalGet(l),
-            Limit::Const(k) => G::Const(k),
+            Operand::Local(l) => G::LocalGet(l),
+            Operand::Const(k) => G::Const(k),
         }];
         let i: &[G] = &[G::LocalGet(self.ivar)];
         let (max, min) = if self.wide {
@@ -475,9 +471,9 @@ impl Guard {
         c
     }
 
-    /// Whether a loop entered with `i0` and limit `n` runs at most `budget` iterations — the
-    /// guard's meaning, evaluated directly (tests compare it with [`Guard::code`] run in an
-    /// engine, and with a simulation of the loop).
+    /// Whether a loop entered with `i0` and limit `n` runs at most `budget` iterations, by
+    /// simulating its tests step by step — what [`Guard::code`] must imply (the tests run that
+    /// code in an evaluator and compare).
     #[cfg(test)]
     pub(crate) fn admits(&self, i0: i64, n: i64) -> bool {
         let bits = if self.wide { 64 } else { 32 };
@@ -580,7 +576,7 @@ mod tests {
                                 ivar: 0,
                                 step,
                                 pre,
-                                limit: Limit::Local(1),
+                                limit: Operand::Local(1),
                                 pred,
                                 budget,
                             });
@@ -691,7 +687,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (g.ivar, g.step, g.limit, g.pred, g.wide),
-            (0, 1, Limit::Local(1), Pred::Ne, false)
+            (0, 1, Operand::Local(1), Pred::Ne, false)
         );
         // A down-counter tested for zero.
         let g = analyze(&body(
@@ -700,7 +696,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (g.ivar, g.step, g.limit, g.pred),
-            (4, -1, Limit::Const(0), Pred::Ne)
+            (4, -1, Operand::Const(0), Pred::Ne)
         );
         // An i64 index, limit on the left: n > i is i < n.
         let g = analyze(&body(

@@ -54,8 +54,6 @@ struct Open {
     reachable: bool,
     then_hi: Option<u32>,
     poll: Option<u32>,
-    /// Holds a call or a loop (a loop that does is not a leaf).
-    inner: bool,
 }
 
 pub(crate) fn plan(
@@ -122,7 +120,6 @@ pub(crate) fn plan(
                     reachable,
                     then_hi: None,
                     poll: None,
-                    inner: false,
                 };
                 if reachable && matches!(op, Operator::Loop { .. }) {
                     o.poll = Some(next);
@@ -137,23 +134,20 @@ pub(crate) fn plan(
                 }
             }
             Operator::End => {
-                if let Some(o) = open.pop() {
-                    let is_loop = matches!(body_ops[o.op], Operator::Loop { .. });
-                    if let Some(p) = open.last_mut() {
-                        p.inner |= o.inner || is_loop;
-                    }
-                    if o.reachable && next > o.lo {
-                        ops[o.op] = OpPlan::Construct {
-                            then_hi: o.then_hi.unwrap_or(next),
-                            poll: o.poll,
-                        };
-                        if o.poll.is_some()
-                            && !o.inner
-                            && body.range().len() <= crate::counted::MAX_FUNCTION
-                            && let Some(g) = crate::counted::analyze(&body_ops[o.op + 1..])
-                        {
-                            counted.insert(o.op, g);
-                        }
+                if let Some(o) = open.pop()
+                    && o.reachable
+                    && next > o.lo
+                {
+                    ops[o.op] = OpPlan::Construct {
+                        then_hi: o.then_hi.unwrap_or(next),
+                        poll: o.poll,
+                    };
+                    // `body_ops` ends just before this `end`: the slice is the loop's body.
+                    if o.poll.is_some()
+                        && body.range().len() <= crate::counted::MAX_FUNCTION
+                        && let Some(g) = crate::counted::analyze(&body_ops[o.op + 1..])
+                    {
+                        counted.insert(o.op, g);
                     }
                 }
             }
@@ -174,11 +168,6 @@ pub(crate) fn plan(
                 };
             }
             _ => {}
-        }
-        if crate::counted::is_call(&op)
-            && let Some(o) = open.last_mut()
-        {
-            o.inner = true;
         }
         match this {
             OpPlan::Site(_) => next += 1,
