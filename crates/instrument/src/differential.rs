@@ -399,3 +399,53 @@ fn counted_loops_poll_only_when_they_run_long() {
         }
     }
 }
+
+/// Frame records larger than a page, on a stack several of them deep: an unwinding frame
+/// stores its record before it makes room for the next (v16), so the saved-stack memory
+/// starts as large as the largest record and grows by that much. Unwound at every safe point,
+/// the results are the plain module's.
+#[test]
+fn records_larger_than_a_page_unwind_and_rewind() {
+    // 9,000 live i64 locals: a 72 KB record, two of them on the stack (the second push
+    // grows the memory).
+    let n = 9_000;
+    let mut body = String::new();
+    for l in 0..n {
+        body += &format!("(local.set {} (i64.const {}))", l + 1, l * 7 + 1);
+    }
+    // Not a counted loop (its test masks the counter): it polls at every iteration.
+    body += "(loop (br_if 0 (i32.and (local.tee $k (i32.add (local.get $k) (i32.const 1))) (i32.const 3))))";
+    body += "(if (local.get $d) (then (local.set 1 (i64.add (local.get 1) (call $big (i32.sub (local.get $d) (i32.const 1)))))))";
+    let mut sum = "(local.get 1)".to_owned();
+    for l in 1..n {
+        sum = format!(
+            "(i64.add {sum} (i64.mul (local.get {}) (i64.const {})))",
+            l + 1,
+            l % 13
+        );
+    }
+    let wasm = wat::parse_str(format!(
+        r#"(module
+             (func $big (param $d i32) (result i64) (local i64) {locals} (local $k i32)
+               {body} {sum})
+             (func (export "big") (result i64) (call $big (i32.const 1))))"#,
+        locals = "(local i64)".repeat(n - 1)
+    ))
+    .unwrap();
+    let mut cfg = Config::new();
+    cfg.consume_fuel(true).wasm_multi_memory(true);
+    let engine = Engine::new(&cfg).unwrap();
+    let out = instrument_any(&wasm).unwrap();
+    let counting = instrument_any_counting(&wasm).unwrap();
+    let (plain, _, _) = run(&engine, &wasm, Mode::Plain).unwrap();
+    assert!(matches!(plain[..], [Outcome::Values(_)]), "{plain:?}");
+    for (mode, build) in [
+        (Mode::ChurnLean, &out.wasm),
+        (Mode::Churn(1), &counting.wasm),
+        (Mode::Churn(3), &counting.wasm),
+    ] {
+        let (outcomes, _, unwinds) = run(&engine, build, mode).unwrap();
+        assert_eq!(plain, outcomes, "{mode:?}");
+        assert!(unwinds >= 4, "{mode:?}: only {unwinds} unwinds");
+    }
+}

@@ -41,6 +41,9 @@ pub(crate) struct ModuleCtx<'a> {
     pub poll_func: u32,
     pub state_global: u32,
     pub sp_global: u32,
+    /// Immutable: the largest frame record in the module. The saved-stack memory always has
+    /// this much room above `sp` when an epilogue starts (see [`Emitter::epilogue`]).
+    pub room_global: u32,
     /// The counting build: lean polls call `ferry.poll` (see `instrument_counting`).
     pub counting: bool,
     pub ctl_memory: u32,
@@ -243,9 +246,8 @@ struct Emitter<'c, 'm, R> {
     offsets: Vec<u32>,
     /// Bytes of the record so far (header included).
     record_len: u32,
-    /// Positions in `out` of padded `i32.const`s to patch with the record size / pages.
+    /// Positions in `out` of padded `i32.const`s to patch with the record size.
     size_fixups: Vec<usize>,
-    grow_fixups: Vec<usize>,
     fid: i32,
     results: Vec<ValType>,
     /// Number of original locals (parameters and declared locals).
@@ -344,15 +346,11 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             .then_some(out)
     }
 
-    /// A padded `i32.const` whose value is patched to the record size (or its page count).
-    fn size_const(&mut self, pages: bool) {
+    /// A padded `i32.const` whose value is patched to the record size.
+    fn size_const(&mut self) {
         let at = self.out.len();
         self.out.extend_from_slice(&padded_i32(0));
-        if pages {
-            self.grow_fixups.push(at)
-        } else {
-            self.size_fixups.push(at)
-        }
+        self.size_fixups.push(at)
     }
 
     /// The frame's values (bottom first) with their absolute stack positions.
@@ -657,6 +655,13 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
 
     /// Epilogue `k`'s code (after its block's `end`): push the record — function index, the
     /// site in `idx`, the saved locals — and return placeholder results.
+    ///
+    /// The saved-stack memory always has room for the largest record above `sp` when an
+    /// epilogue starts (its minimum size is that record; an unwind starts at `sp = 0`), so the
+    /// record is stored first and the room for the next one (the caller's) is made after:
+    /// `memory.grow` is a call, and with the stores after it every saved value was live
+    /// across a call on the unwind path — Cranelift then kept loop-carried values in
+    /// callee-saved registers and copied them on every back edge of a polled loop (v16).
     fn epilogue(&mut self, k: usize) {
         let (sp, stack) = (self.ctx.sp_global, self.ctx.stack_memory);
         let m = |offset: u32, align: u32| MemArg {
@@ -664,18 +669,6 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             align,
             memory_index: stack,
         };
-        self.ins(I::GlobalGet(sp));
-        self.size_const(false);
-        self.ins(I::I32Add);
-        self.ins(I::MemorySize(stack));
-        self.ins(I::I32Const(16));
-        self.ins(I::I32Shl);
-        self.ins(I::I32GtU);
-        self.ins(I::If(BlockType::Empty));
-        self.size_const(true);
-        self.ins(I::MemoryGrow(stack));
-        self.ins(I::Drop);
-        self.ins(I::End);
         self.ins(I::GlobalGet(sp));
         self.ins(I::I32Const(self.fid));
         self.ins(I::I32Store(m(0, 2)));
@@ -690,9 +683,28 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             self.ins(store(t, m(off, size_of(t).trailing_zeros())));
         }
         self.ins(I::GlobalGet(sp));
-        self.size_const(false);
+        self.size_const();
         self.ins(I::I32Add);
         self.ins(I::GlobalSet(sp));
+        // Room for the largest record again: grow by its size (in pages, rounded up) when
+        // less is left (the record just pushed used at most that).
+        let room = self.ctx.room_global;
+        self.ins(I::GlobalGet(sp));
+        self.ins(I::GlobalGet(room));
+        self.ins(I::I32Add);
+        self.ins(I::MemorySize(stack));
+        self.ins(I::I32Const(16));
+        self.ins(I::I32Shl);
+        self.ins(I::I32GtU);
+        self.ins(I::If(BlockType::Empty));
+        self.ins(I::GlobalGet(room));
+        self.ins(I::I32Const(16));
+        self.ins(I::I32ShrU);
+        self.ins(I::I32Const(1));
+        self.ins(I::I32Add);
+        self.ins(I::MemoryGrow(stack));
+        self.ins(I::Drop);
+        self.ins(I::End);
         for r in self.results.clone() {
             self.ins(dummy(r));
         }
@@ -1128,7 +1140,6 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         offsets,
         record_len,
         size_fixups: Vec::new(),
-        grow_fixups: Vec::new(),
         fid: defined_index as i32,
         results: results.clone(),
         n_orig,
@@ -1348,9 +1359,6 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     let size = e.record_len.div_ceil(16) * 16;
     for at in std::mem::take(&mut e.size_fixups) {
         e.out[at..at + 6].copy_from_slice(&padded_i32(size as i32));
-    }
-    for at in std::mem::take(&mut e.grow_fixups) {
-        e.out[at..at + 6].copy_from_slice(&padded_i32((size / 65536 + 1) as i32));
     }
     let stack = |offset: u32, align: u32| MemArg {
         offset: u64::from(offset),

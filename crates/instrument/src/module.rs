@@ -327,6 +327,7 @@ fn instrument_inner(
         poll_func: n_imported,
         state_global: n_globals,
         sp_global: n_globals + 1,
+        room_global: n_globals + 2,
         counting,
         ctl_memory: n_memories,
         stack_memory: n_memories + 1,
@@ -343,6 +344,8 @@ fn instrument_inner(
         imported_funcs: n_imported,
     };
     let mut rewind_code = Vec::new();
+    // The largest frame record (bytes, as pushed): the room an epilogue may need.
+    let mut largest_record = 16u32;
     let mut hints = wasm_encoder::BranchHints::new();
     for (i, ((fv, body), facts)) in bodies.into_iter().zip(&facts).enumerate() {
         let defined_index = i as u32;
@@ -417,6 +420,7 @@ fn instrument_inner(
                 "function {defined_index}: the two copies disagree on the frame layout"
             )));
         }
+        largest_record = largest_record.max(layout.record_len().div_ceil(16) * 16);
         code.function(&lean);
         if !unlikely.is_empty() {
             // The lean copy keeps the function's index (after the one added import).
@@ -445,7 +449,7 @@ fn instrument_inner(
         interner,
         poll_type,
         (code, hints),
-        n_memories,
+        (n_memories, largest_record),
         &mutable_globals,
     )?;
     // The output is checked, so a transform bug surfaces here and not as a guest crash.
@@ -522,7 +526,7 @@ fn assemble(
     interner: TypeInterner,
     poll_type: u32,
     (code, hints): (wasm_encoder::CodeSection, wasm_encoder::BranchHints),
-    n_memories: u32,
+    (n_memories, largest_record): (u32, u32),
     mutable_globals: &[u32],
 ) -> Result<Vec<u8>, InstrumentError> {
     let err =
@@ -634,7 +638,7 @@ fn assemble(
     memories.memory(fixed(1));
     memories.memory(MemoryType {
         maximum: None,
-        ..fixed(1)
+        ..fixed(u64::from(largest_record.div_ceil(65536)))
     });
     let i32_mut = GlobalType {
         val_type: ValType::I32,
@@ -643,6 +647,13 @@ fn assemble(
     };
     globals.global(i32_mut, &ConstExpr::i32_const(0));
     globals.global(i32_mut, &ConstExpr::i32_const(0));
+    globals.global(
+        GlobalType {
+            mutable: false,
+            ..i32_mut
+        },
+        &ConstExpr::i32_const(largest_record as i32),
+    );
     exports.export(abi::CTL_MEMORY, ExportKind::Memory, ctx.ctl_memory);
     exports.export(abi::STACK_MEMORY, ExportKind::Memory, ctx.stack_memory);
     exports.export(abi::STATE_GLOBAL, ExportKind::Global, ctx.state_global);
