@@ -312,26 +312,36 @@ fn recursion_unwound_at_every_return_behaves_the_same() {
              (export "g" (global $g)))"#,
     )
     .unwrap();
-    let mut cfg = Config::new();
-    cfg.consume_fuel(true).wasm_multi_memory(true);
-    let engine = Engine::new(&cfg).unwrap();
     let out = instrument_any(&wasm).unwrap();
-    let counting = instrument_any_counting(&wasm).unwrap();
     assert_eq!(
         out.stats.entry_polls, 0,
         "every call in the cycle polls on return"
     );
-    let (plain, plain_state, _) = run(&engine, &wasm, Mode::Plain).unwrap();
+    churned_like_plain(&wasm, 2, 41);
+}
+
+/// Runs `wasm` plain, then instrumented and unwound at every safe point (the ordinary build)
+/// and at every first and every `nth` one (the counting build): the outcomes and the final
+/// state must be the plain run's, each churned run unwinding at least `min_unwinds` times.
+/// The plain outcomes.
+fn churned_like_plain(wasm: &[u8], nth: u64, min_unwinds: u64) -> Vec<Outcome> {
+    let mut cfg = Config::new();
+    cfg.consume_fuel(true).wasm_multi_memory(true);
+    let engine = Engine::new(&cfg).unwrap();
+    let out = instrument_any(wasm).unwrap();
+    let counting = instrument_any_counting(wasm).unwrap();
+    let (plain, plain_state, _) = run(&engine, wasm, Mode::Plain).unwrap();
     for (mode, build) in [
         (Mode::ChurnLean, &out.wasm),
         (Mode::Churn(1), &counting.wasm),
-        (Mode::Churn(2), &counting.wasm),
+        (Mode::Churn(nth), &counting.wasm),
     ] {
         let (outcomes, state, unwinds) = run(&engine, build, mode).unwrap();
         assert_eq!(plain, outcomes, "{mode:?}");
         assert_eq!(plain_state, state, "{mode:?}");
-        assert!(unwinds > 40, "{mode:?}: only {unwinds} unwinds");
+        assert!(unwinds >= min_unwinds, "{mode:?}: only {unwinds} unwinds");
     }
+    plain
 }
 
 /// Counted leaf loops (v15): short ones run unpolled, long ones still poll at every
@@ -432,20 +442,6 @@ fn records_larger_than_a_page_unwind_and_rewind() {
         locals = "(local i64)".repeat(n - 1)
     ))
     .unwrap();
-    let mut cfg = Config::new();
-    cfg.consume_fuel(true).wasm_multi_memory(true);
-    let engine = Engine::new(&cfg).unwrap();
-    let out = instrument_any(&wasm).unwrap();
-    let counting = instrument_any_counting(&wasm).unwrap();
-    let (plain, _, _) = run(&engine, &wasm, Mode::Plain).unwrap();
+    let plain = churned_like_plain(&wasm, 3, 4);
     assert!(matches!(plain[..], [Outcome::Values(_)]), "{plain:?}");
-    for (mode, build) in [
-        (Mode::ChurnLean, &out.wasm),
-        (Mode::Churn(1), &counting.wasm),
-        (Mode::Churn(3), &counting.wasm),
-    ] {
-        let (outcomes, _, unwinds) = run(&engine, build, mode).unwrap();
-        assert_eq!(plain, outcomes, "{mode:?}");
-        assert!(unwinds >= 4, "{mode:?}: only {unwinds} unwinds");
-    }
 }
