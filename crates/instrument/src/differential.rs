@@ -320,10 +320,10 @@ fn recursion_unwound_at_every_return_behaves_the_same() {
     churned_like_plain(&wasm, 2, 41);
 }
 
-/// Runs `wasm` plain, then instrumented and unwound at every safe point (the ordinary build)
-/// and at every first and every `nth` one (the counting build): the outcomes and the final
-/// state must be the plain run's, each churned run unwinding at least `min_unwinds` times.
-/// The plain outcomes.
+/// Runs `wasm` plain, then instrumented and unwound at every safe point (the ordinary build,
+/// and the counting build) and at every `nth` one (the counting build): the outcomes and the
+/// final state must be the plain run's, each churned run unwinding at least `min_unwinds`
+/// times. Returns the plain outcomes.
 fn churned_like_plain(wasm: &[u8], nth: u64, min_unwinds: u64) -> Vec<Outcome> {
     let mut cfg = Config::new();
     cfg.consume_fuel(true).wasm_multi_memory(true);

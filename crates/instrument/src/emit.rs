@@ -227,6 +227,16 @@ impl Layout {
     pub(crate) fn record_len(&self) -> u32 {
         self.record_len
     }
+
+    /// Bytes one record of this function takes on the saved stack.
+    pub(crate) fn record_size(&self) -> u32 {
+        record_size(self.record_len)
+    }
+}
+
+/// A record of `len` bytes as pushed: padded to 16.
+fn record_size(len: u32) -> u32 {
+    len.div_ceil(16) * 16
 }
 
 struct Emitter<'c, 'm, R> {
@@ -686,8 +696,8 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.size_const();
         self.ins(I::I32Add);
         self.ins(I::GlobalSet(sp));
-        // Room for the largest record again: grow by its size (in pages, rounded up) when
-        // less is left (the record just pushed used at most that).
+        // Room for the largest record again: when less is left (the record just pushed used
+        // at most that much), grow by more than its size in pages.
         let room = self.ctx.room_global;
         self.ins(I::GlobalGet(sp));
         self.ins(I::GlobalGet(room));
@@ -1356,7 +1366,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
     e.ins(I::End); // function
 
     // Every record of this function has the same size; patch it into the unwind paths.
-    let size = e.record_len.div_ceil(16) * 16;
+    let size = record_size(e.record_len);
     for at in std::mem::take(&mut e.size_fixups) {
         e.out[at..at + 6].copy_from_slice(&padded_i32(size as i32));
     }

@@ -420,7 +420,7 @@ fn instrument_inner(
                 "function {defined_index}: the two copies disagree on the frame layout"
             )));
         }
-        largest_record = largest_record.max(layout.record_len().div_ceil(16) * 16);
+        largest_record = largest_record.max(layout.record_size());
         code.function(&lean);
         if !unlikely.is_empty() {
             // The lean copy keeps the function's index (after the one added import).

@@ -205,16 +205,17 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 Some(p) => Some(
                     std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?,
                 ),
-                None => match found.stdlib {
-                    Some(zip) => Some(zip),
-                    None if known.is_some_and(|k| k.needs_stdlib) => {
-                        let Some(p) = stdlib_beside(&from, &version) else {
+                None => match (found.stdlib, known) {
+                    (Some(zip), _) => Some(zip),
+                    (None, Some(k)) if k.needs_stdlib => {
+                        let candidates = stdlib_candidates(&from, &version);
+                        let Some(p) = candidates.iter().find(|p| p.is_file()) else {
                             bail!(
                                 "{name} is {} and cannot start without its standard library, \
                                  which is not beside it (looked for {}); pass --stdlib ZIP \
                                  (the wheel's python-stdlib.zip), or install from the wheel",
-                                known.map_or("", |k| k.what),
-                                stdlib_candidates(&from, &version)
+                                k.what,
+                                candidates
                                     .iter()
                                     .map(|c| c.display().to_string())
                                     .collect::<Vec<_>>()
@@ -223,11 +224,11 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                         };
                         eprintln!("ferry: standard library: {}", p.display());
                         Some(
-                            std::fs::read(&p)
+                            std::fs::read(p)
                                 .with_context(|| format!("cannot read {}", p.display()))?,
                         )
                     }
-                    None => None,
+                    (None, _) => None,
                 },
             };
             if let Some(zip) = &stdlib {
@@ -302,12 +303,6 @@ fn stdlib_candidates(module: &Path, version: &str) -> Vec<PathBuf> {
         dir.join(&zip),
         dir.join("python-stdlib.zip"),
     ]
-}
-
-fn stdlib_beside(module: &Path, version: &str) -> Option<PathBuf> {
-    stdlib_candidates(module, version)
-        .into_iter()
-        .find(|p| p.is_file())
 }
 
 /// Refuse a "standard library" that is not a zip holding the `encodings` package, without
