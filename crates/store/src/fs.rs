@@ -34,6 +34,9 @@ pub struct FsStore {
     durable: bool,
     /// zstd level for new objects (`None`: stored raw). Never changes a κ.
     zstd: Option<i32>,
+    /// Set once the file system refused direct I/O (or by `FERRY_DIRECT_IO=off`): packs are
+    /// then written through the page cache.
+    no_direct: std::sync::atomic::AtomicBool,
     /// Objects held in packs, and how many live objects each pack still holds.
     packed: std::sync::RwLock<Packed>,
 }
@@ -85,6 +88,53 @@ const FSYNC_EACH_MAX: usize = 64;
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Block size for direct I/O: objects of packs written with it start at multiples of this.
+const DIRECT_ALIGN: usize = 4096;
+/// Smallest batch written with direct I/O (below, the page cache is as fast).
+const DIRECT_MIN: usize = 4 << 20;
+/// Objects hashed, then handed to a writer, at a time (64 memory chunks: 4 MiB).
+const DIRECT_SEGMENT: usize = 64;
+/// Threads writing a direct-I/O pack (requests in flight).
+const DIRECT_WRITERS: usize = 2;
+
+/// One block-aligned block (the header of a pack written with direct I/O).
+#[repr(C, align(4096))]
+struct Block([u8; DIRECT_ALIGN]);
+
+/// Writes `bufs` back to back from offset `at` with one `pwritev` (finishing a short write
+/// piece by piece).
+fn write_at_vectored(f: &File, bufs: &[&[u8]], at: u64) -> std::io::Result<()> {
+    let iov: Vec<libc::iovec> = bufs
+        .iter()
+        .map(|b| libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    // SAFETY: every iovec points at a live slice of its stated length, which is only read.
+    let n = unsafe {
+        libc::pwritev(
+            f.as_raw_fd(),
+            iov.as_ptr(),
+            iov.len() as libc::c_int,
+            at as libc::off_t,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let (mut done, mut buf_at) = (n as u64, at);
+    for b in bufs {
+        let len = b.len() as u64;
+        if done < len {
+            std::os::unix::fs::FileExt::write_all_at(f, &b[done as usize..], buf_at + done)?;
+        }
+        done = done.saturating_sub(len);
+        buf_at += len;
+    }
+    Ok(())
+}
+
 impl FsStore {
     /// Opens (creating if needed) a store at `root`.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
@@ -100,6 +150,9 @@ impl FsStore {
             packed: Default::default(),
             durable: true,
             zstd: None,
+            no_direct: std::env::var_os("FERRY_DIRECT_IO")
+                .is_some_and(|v| v == "off")
+                .into(),
         })
         .and_then(|s| {
             s.load_packs()?;
@@ -186,6 +239,19 @@ impl FsStore {
         self
     }
 
+    /// Writes every pack through the page cache, as when the file system refuses direct I/O
+    /// (also set by `FERRY_DIRECT_IO=off`).
+    pub fn without_direct_io(self) -> Self {
+        self.no_direct.store(true, Ordering::Relaxed);
+        self
+    }
+
+    /// Whether large batches of block-aligned objects are still written with direct I/O
+    /// (false once the file system refused it).
+    pub fn direct_io(&self) -> bool {
+        !self.no_direct.load(Ordering::Relaxed)
+    }
+
     /// Fault injection for tests: after `n` more new objects, every write fails as if the disk
     /// were full.
     pub fn fail_writes_after(&self, n: u64) {
@@ -207,6 +273,166 @@ impl FsStore {
         self.root.join("refs").join(name)
     }
 
+    fn tmp_path(&self) -> PathBuf {
+        self.root.join("tmp").join(format!(
+            "{}-{}.tmp",
+            std::process::id(),
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+
+    /// Whether `put_many` writes `blobs` with direct I/O: a durable store without
+    /// compression, a file system that takes it, at least [`DIRECT_MIN`] bytes, every blob
+    /// block-aligned in memory and a whole number of blocks long (memory chunks are).
+    fn direct_candidate(&self, blobs: &[&[u8]]) -> bool {
+        self.durable
+            && self.zstd.is_none()
+            && !self.no_direct.load(Ordering::Relaxed)
+            && blobs.iter().map(|b| b.len()).sum::<usize>() >= DIRECT_MIN
+            && blobs
+                .iter()
+                .all(|b| (b.as_ptr() as usize) % DIRECT_ALIGN == 0 && b.len() % DIRECT_ALIGN == 0)
+    }
+
+    /// `put_many` with direct I/O (`O_DIRECT`: from the blobs' memory straight to the disk —
+    /// no copy into the page cache, no dirty pages for `sync` to wait on), hashing and writing
+    /// at once: blobs are hashed [`DIRECT_SEGMENT`] at a time on every core, and the new ones
+    /// of each segment go to [`DIRECT_WRITERS`] threads that write them into one pack while
+    /// the next segment is hashed. A blob counts as stored when a pack holds it (loose objects
+    /// are not looked up: a copy in a pack as well costs space, never correctness).
+    /// `Ok(None)`: the file system refused direct I/O; nothing was stored.
+    fn put_many_direct(&self, blobs: &[&[u8]]) -> Result<Option<Vec<Kappa>>, StoreError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let refused = |e: &std::io::Error| e.raw_os_error() == Some(libc::EINVAL);
+        let tmp = self.tmp_path();
+        let f = match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&tmp)
+        {
+            Ok(f) => f,
+            Err(e) if refused(&e) => {
+                self.no_direct.store(true, Ordering::Relaxed);
+                return Ok(None);
+            }
+            Err(e) => return Err(StoreError::io("create", &tmp)(e)),
+        };
+        let mut ks = Vec::with_capacity(blobs.len());
+        let mut objects: Vec<pack::Packable<'_>> = Vec::new();
+        let refused_late = std::cell::Cell::new(false);
+        let result = (|| -> Result<(), StoreError> {
+            let io = |e| StoreError::io("write", &tmp)(e);
+            // Reserving the most the pack can take lets the writers proceed without extending
+            // the file (it is cut to its length at the end); a file system without
+            // `fallocate` allocates as they write.
+            let most = DIRECT_ALIGN as u64 + blobs.iter().map(|b| b.len() as u64).sum::<u64>();
+            // SAFETY: fallocate on a descriptor we own.
+            let _ = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, most as libc::off_t) };
+            let (header, _, _) = pack::layout(&[], DIRECT_ALIGN as u64);
+            let mut head = Box::new(Block([0; DIRECT_ALIGN]));
+            head.0.copy_from_slice(&header);
+            std::os::unix::fs::FileExt::write_all_at(&f, &head.0, 0).map_err(io)?;
+            let mut at = DIRECT_ALIGN as u64;
+            let mut seen = BTreeSet::new();
+            let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, Vec<&[u8]>)>(DIRECT_WRITERS);
+            let rx = std::sync::Mutex::new(rx);
+            std::thread::scope(|s| {
+                let writers: Vec<_> = (0..DIRECT_WRITERS)
+                    .map(|_| {
+                        let (f, rx) = (&f, &rx);
+                        s.spawn(move || {
+                            // After a failure, keep taking jobs so the sender never blocks.
+                            let mut failed = None;
+                            while let Ok((at, bufs)) = rx
+                                .lock()
+                                .map_or_else(|p| p.into_inner().recv(), |r| r.recv())
+                            {
+                                if failed.is_none() {
+                                    failed = write_at_vectored(f, &bufs, at).err();
+                                }
+                            }
+                            failed.map_or(Ok(()), Err)
+                        })
+                    })
+                    .collect();
+                let mut hashed = Ok(());
+                for segment in blobs.chunks(DIRECT_SEGMENT) {
+                    let segment_ks = hash_all(segment);
+                    let mut job = Vec::new();
+                    let job_at = at;
+                    for (k, b) in segment_ks.iter().zip(segment) {
+                        if !self.packed().slots.contains_key(k) && seen.insert(*k) {
+                            objects.push((*k, *b, b.len() as u32, false));
+                            job.push(*b);
+                            at += b.len() as u64;
+                        }
+                    }
+                    ks.extend(segment_ks);
+                    if job.is_empty() {
+                        continue;
+                    }
+                    if let Err(e) = self.take_writes(job.len() as u64, &tmp) {
+                        hashed = Err(e);
+                        break;
+                    }
+                    if tx.send((job_at, job)).is_err() {
+                        break;
+                    }
+                }
+                drop(tx);
+                let mut written = Ok(());
+                for w in writers {
+                    if let Err(e) = w.join().expect("pack writer thread") {
+                        written = written.and(Err(e));
+                    }
+                }
+                hashed?;
+                written.map_err(|e| {
+                    refused_late.set(refused(&e));
+                    io(e)
+                })
+            })?;
+            f.set_len(at).map_err(io)
+        })();
+        drop(f);
+        if result.is_err() || objects.is_empty() {
+            let _ = fs::remove_file(&tmp);
+        }
+        if refused_late.get() {
+            self.no_direct.store(true, Ordering::Relaxed);
+            return Ok(None);
+        }
+        result?;
+        if objects.is_empty() {
+            return Ok(Some(ks));
+        }
+        let (_, idx_bytes, pack_len) = pack::layout(&objects, DIRECT_ALIGN as u64);
+        self.finish_pack(&tmp, &idx_bytes, pack_len)?;
+        Ok(Some(ks))
+    }
+
+    /// Moves a written pack from `tmp` into `packs/` (named after its index), writes the
+    /// index beside it and makes its objects readable.
+    fn finish_pack(&self, tmp: &Path, idx_bytes: &[u8], pack_len: u64) -> Result<(), StoreError> {
+        let id = Kappa::of(idx_bytes).to_hex();
+        let dir = self.root.join("packs");
+        let pack_path = dir.join(format!("{}.pack", &id[..24]));
+        let idx_path = dir.join(format!("{}.idx", &id[..24]));
+        if let Err(e) = fs::rename(tmp, &pack_path) {
+            let _ = fs::remove_file(tmp);
+            return Err(StoreError::io("rename into", &pack_path)(e));
+        }
+        self.write_atomic(&idx_path, idx_bytes, false)?;
+        self.unsynced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend([pack_path.clone(), idx_path]);
+        let entries = pack::decode_index(&dir, idx_bytes, pack_len)?;
+        self.packed_mut().add(&pack_path, entries);
+        Ok(())
+    }
+
     fn write_atomic(&self, dest: &Path, bytes: &[u8], sync: bool) -> Result<(), StoreError> {
         self.write_parts_atomic(dest, &[bytes], sync)
     }
@@ -218,11 +444,7 @@ impl FsStore {
         parts: &[&[u8]],
         sync: bool,
     ) -> Result<(), StoreError> {
-        let tmp = self.root.join("tmp").join(format!(
-            "{}-{}.tmp",
-            std::process::id(),
-            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
+        let tmp = self.tmp_path();
         let result = (|| {
             let mut f = File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
             for part in parts {
@@ -358,6 +580,11 @@ impl Store for FsStore {
     }
 
     fn put_many(&self, blobs: &[&[u8]]) -> Result<Vec<Kappa>, StoreError> {
+        if self.direct_candidate(blobs)
+            && let Some(ks) = self.put_many_direct(blobs)?
+        {
+            return Ok(ks);
+        }
         let ks = hash_all(blobs);
         let mut seen = BTreeSet::new();
         let new: Vec<(Kappa, &[u8])> = ks
@@ -400,7 +627,7 @@ impl Store for FsStore {
                 None => (*k, *b, b.len() as u32, false),
             })
             .collect();
-        let (header, idx_bytes, pack_len) = pack::layout(&objects);
+        let (header, idx_bytes, pack_len) = pack::layout(&objects, pack::PACK_HEADER);
         let id = Kappa::of(&idx_bytes).to_hex();
         let dir = self.root.join("packs");
         let pack_path = dir.join(format!("{}.pack", &id[..24]));

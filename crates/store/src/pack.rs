@@ -4,7 +4,9 @@
 //! metadata work. [`crate::Store::put_many`] on an [`crate::FsStore`] instead appends the new
 //! objects of a batch to one pack and writes an index beside it:
 //!
-//! * `packs/<id>.pack` — `FERRYPCK` + `u32` version (1), then the stored bytes back to back;
+//! * `packs/<id>.pack` — `FERRYPCK` + `u32` version (1), then the stored bytes back to back
+//!   (a pack written with direct I/O pads its header with zeros to 4096 bytes, so every
+//!   object of 4 KiB multiples starts on a block boundary; readers only follow the index);
 //! * `packs/<id>.idx`  — `FERRYIDX` + `u32` version (1) + `u32` count, then `count` entries
 //!   sorted by κ: `[32-byte κ][u64 offset][u32 stored length][u32 length][u8 codec]`
 //!   (little-endian; codec 0 = raw, 1 = zstd — compression never changes κ, which is the hash
@@ -50,15 +52,18 @@ pub(crate) type Packable<'a> = (Kappa, &'a [u8], u32, bool);
 /// One entry of an index: κ, offset, stored length, object length, zstd.
 pub(crate) type Entry = (Kappa, u64, u32, u32, bool);
 
-/// Lays out a pack for `objects` (κ unique): returns the pack's header, its index bytes and
-/// its total length. The pack file is the header followed by the stored bytes in the given
-/// order, so large batches are written without being copied into one buffer.
-pub(crate) fn layout(objects: &[Packable<'_>]) -> (Vec<u8>, Vec<u8>, u64) {
-    let mut header = Vec::with_capacity(PACK_HEADER as usize);
-    header.extend_from_slice(PACK_MAGIC);
-    header.extend_from_slice(&VERSION.to_le_bytes());
+/// Lays out a pack for `objects` (κ unique) whose first object starts at `data_start` (at
+/// least [`PACK_HEADER`]; the bytes between are zero): returns the pack's header (padding
+/// included), its index bytes and its total length. The pack file is the header followed by
+/// the stored bytes in the given order, so large batches are written without being copied
+/// into one buffer.
+pub(crate) fn layout(objects: &[Packable<'_>], data_start: u64) -> (Vec<u8>, Vec<u8>, u64) {
+    debug_assert!(data_start >= PACK_HEADER);
+    let mut header = vec![0; data_start as usize];
+    header[..8].copy_from_slice(PACK_MAGIC);
+    header[8..12].copy_from_slice(&VERSION.to_le_bytes());
     let mut entries: Vec<Entry> = Vec::with_capacity(objects.len());
-    let mut at = PACK_HEADER;
+    let mut at = data_start;
     for (k, b, len, zstd) in objects {
         entries.push((*k, at, b.len() as u32, *len, *zstd));
         at += b.len() as u64;

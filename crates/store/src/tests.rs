@@ -148,6 +148,104 @@ fn put_many_and_read_into_follow_the_contract() {
     }
 }
 
+/// 64 KiB of block-aligned memory, as a guest's memory chunk is.
+#[repr(C, align(4096))]
+struct Chunk([u8; 65536]);
+
+#[test]
+fn large_aligned_batches_go_to_disk_directly_and_read_back_the_same() {
+    // 96 chunks (6 MiB, above the direct-I/O threshold), 80 distinct.
+    let chunks: Vec<Chunk> = (0..96u32)
+        .map(|i| {
+            let mut c = Chunk([0; 65536]);
+            for (j, w) in c.0.chunks_mut(4).enumerate() {
+                w.copy_from_slice(&((i % 80) * 7919 + j as u32).to_le_bytes());
+            }
+            c
+        })
+        .collect();
+    let refs: Vec<&[u8]> = chunks.iter().map(|c| c.0.as_slice()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let direct = FsStore::open(dir.path().join("direct")).unwrap();
+    let buffered = FsStore::open(dir.path().join("buffered"))
+        .unwrap()
+        .without_direct_io();
+    let ks = direct.put_many(&refs).unwrap();
+    assert!(
+        direct.direct_io(),
+        "the file system under {} refused O_DIRECT",
+        dir.path().display()
+    );
+    assert_eq!(buffered.put_many(&refs).unwrap(), ks, "same κ either way");
+    for (k, b) in ks.iter().zip(&refs) {
+        assert_eq!(*k, Kappa::of(b));
+    }
+    assert_eq!(direct.list().unwrap(), buffered.list().unwrap());
+    assert_eq!(direct.list().unwrap().len(), 80, "duplicates stored once");
+
+    // One pack: a 4 KiB header, then the 80 distinct chunks, each on a block boundary (the
+    // file reserved up front is cut to that length).
+    let packs = dir.path().join("direct/packs");
+    let files: Vec<_> = std::fs::read_dir(&packs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let pack = files
+        .iter()
+        .find(|p| p.extension().unwrap() == "pack")
+        .unwrap();
+    let bytes = std::fs::read(pack).unwrap();
+    assert_eq!(bytes.len(), 4096 + 80 * 65536);
+    assert_eq!(&bytes[..8], b"FERRYPCK");
+    let idx = std::fs::read(pack.with_extension("idx")).unwrap();
+    let entries = pack::decode_index(pack, &idx, bytes.len() as u64).unwrap();
+    assert!(entries.iter().all(|e| e.1 % 4096 == 0 && e.2 == 65536));
+    assert!(
+        dir.path()
+            .join("direct/tmp")
+            .read_dir()
+            .unwrap()
+            .next()
+            .is_none()
+    );
+
+    // Read back, also after reopening; a second batch of the same chunks writes nothing.
+    let reopened = FsStore::open(dir.path().join("direct")).unwrap();
+    for (k, b) in ks.iter().zip(&refs) {
+        let mut out = vec![0; 65536];
+        reopened.read_into(k, &mut out).unwrap();
+        assert_eq!(&out, b);
+    }
+    assert_eq!(reopened.put_many(&refs).unwrap(), ks);
+    assert_eq!(std::fs::read_dir(&packs).unwrap().count(), 2);
+}
+
+#[test]
+fn a_full_disk_during_a_direct_batch_stores_nothing() {
+    let chunks: Vec<Chunk> = (0..128u8).map(|i| Chunk([i; 65536])).collect();
+    let refs: Vec<&[u8]> = chunks.iter().map(|c| c.0.as_slice()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let s = FsStore::open(dir.path()).unwrap();
+    s.fail_writes_after(100);
+    let e = s.put_many(&refs).unwrap_err();
+    assert!(e.to_string().contains("No space left"), "{e}");
+    assert!(s.list().unwrap().is_empty());
+    assert!(
+        dir.path()
+            .join("packs")
+            .read_dir()
+            .unwrap()
+            .next()
+            .is_none()
+    );
+    assert!(dir.path().join("tmp").read_dir().unwrap().next().is_none());
+    assert!(s.direct_io(), "a full disk is not a refusal of direct I/O");
+    s.fail_writes_after(u64::MAX);
+    let ks = s.put_many(&refs).unwrap();
+    assert_eq!(s.get(&ks[127]).unwrap(), refs[127]);
+}
+
 #[test]
 fn packs_survive_reopening_and_corruption_is_detected() {
     let dir = tempfile::tempdir().unwrap();
