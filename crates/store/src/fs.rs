@@ -289,9 +289,10 @@ impl FsStore {
             && self.zstd.is_none()
             && !self.no_direct.load(Ordering::Relaxed)
             && blobs.iter().map(|b| b.len()).sum::<usize>() >= DIRECT_MIN
-            && blobs
-                .iter()
-                .all(|b| (b.as_ptr() as usize) % DIRECT_ALIGN == 0 && b.len() % DIRECT_ALIGN == 0)
+            && blobs.iter().all(|b| {
+                (b.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
+                    && b.len().is_multiple_of(DIRECT_ALIGN)
+            })
     }
 
     /// `put_many` with direct I/O (`O_DIRECT`: from the blobs' memory straight to the disk —
