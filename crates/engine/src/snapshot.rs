@@ -117,10 +117,14 @@ pub fn read_output(store: &dyn Store, k: &Kappa) -> Result<Vec<u8>, EngineError>
 /// ([`crate::dirty`]). A snapshot then hashes and stores only the chunks under written pages;
 /// the others keep their κ. Where tracking is unavailable (or `FERRY_DIRTY=off`), every
 /// snapshot hashes the whole memory. `FERRY_VERIFY_DIRTY=1` also hashes everything and
-/// fails the snapshot if tracking missed a change (the tests run with it).
+/// fails the snapshot if tracking missed a change (the tests run with it). Mounted
+/// directories are re-imported at every snapshot, reading only files that changed since this
+/// run last stored them ([`ferry_wasi::tree::ImportCache`]).
 #[derive(Debug, Default)]
 pub(crate) struct Incremental {
     memories: Vec<Option<Tracked>>,
+    /// Mounted files already stored by this run's snapshots.
+    trees: ferry_wasi::tree::ImportCache,
 }
 
 #[derive(Debug)]
@@ -315,12 +319,44 @@ pub(crate) fn write(
     let host = inst.host();
     host.wasi.flush();
     host.wasi.sync_files();
-    let mut trees = Vec::new();
-    let mut caps = Vec::new();
-    for (guest, root, _) in host.wasi.mounts() {
-        trees.push(ferry_wasi::tree::import(store, &root).map_err(|e| fail("mount", &e))?);
-        caps.push(format!("mount:{guest}"));
-    }
+    let mounts = host.wasi.mounts();
+    let mut caps: Vec<String> = mounts
+        .iter()
+        .map(|(guest, _, _)| format!("mount:{guest}"))
+        .collect();
+
+    // Mounted directories are imported on another thread while the memories are written: the
+    // one reads and hashes files, the other mostly waits for the disk.
+    let started = std::time::Instant::now();
+    let mut tree_cache = std::mem::take(&mut dirty.trees);
+    let (trees, memories) = std::thread::scope(|s| {
+        let importer = s.spawn(|| {
+            mounts
+                .iter()
+                .map(|(_, root, _)| ferry_wasi::tree::import_cached(store, root, &mut tree_cache))
+                .collect::<Result<Vec<_>, _>>()
+        });
+        let mut memories = Vec::new();
+        for i in 0.. {
+            let name = abi::memory_export(i);
+            if inst.memory(&name).is_none() {
+                break;
+            }
+            match dirty.write(inst, i as usize, store) {
+                Ok(k) => memories.push(k),
+                Err(e) => {
+                    let _ = importer.join();
+                    return (Ok(Vec::new()), Err(fail("memory", &e)));
+                }
+            }
+        }
+        let trees = importer.join().expect("mount import thread");
+        (trees.map_err(|e| fail("mount", &e)), Ok(memories))
+    });
+    dirty.trees = tree_cache;
+    let (trees, memories) = (trees?, memories?);
+
+    let host = inst.host();
     let wasi: WasiState = host.wasi.capture(&trees).map_err(|e| fail("wasi", &e))?;
     let output = match host.wasi.output_log() {
         Some(log) => Some(write_output(store, &log.bytes()).map_err(|e| fail("output", &e))?),
@@ -343,20 +379,6 @@ pub(crate) fn write(
         }
     }
     globals.sort_by_key(|g| g.index);
-
-    let started = std::time::Instant::now();
-    let mut memories = Vec::new();
-    for i in 0.. {
-        let name = abi::memory_export(i);
-        if inst.memory(&name).is_none() {
-            break;
-        }
-        memories.push(
-            dirty
-                .write(inst, i as usize, store)
-                .map_err(|e| fail("memory", &e))?,
-        );
-    }
 
     let (kind, v) = ferry_object::header::<Snapshot>();
     let snap = Snapshot {
@@ -389,7 +411,7 @@ pub(crate) fn write(
         .map_err(|e| fail("snapshot", &e))?;
     let stored = started.elapsed();
     store.sync().map_err(|e| fail("sync", &e))?;
-    info!(snapshot = %k, memory_ms = stored.as_millis(), total_ms = started.elapsed().as_millis(), "snapshot written");
+    info!(snapshot = %k, written_ms = stored.as_millis(), total_ms = started.elapsed().as_millis(), "snapshot written");
     Ok(k)
 }
 

@@ -191,3 +191,45 @@ fn files_in_a_mount_and_no_way_out() {
     let f = state.fds.iter().find(|(n, _)| i64::from(*n) == fd).unwrap();
     assert_eq!((f.1.path.as_str(), f.1.offset), ("in.txt", 8));
 }
+
+#[test]
+fn a_cached_import_reads_only_files_that_changed() {
+    use crate::tree::{ImportCache, import, import_cached};
+    let store = ferry_store::MemStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    std::fs::write(dir.path().join("a.txt"), b"first").unwrap();
+    std::fs::write(dir.path().join("sub/b.bin"), vec![7; 100_000]).unwrap();
+
+    let mut cache = ImportCache::trusting_recent_files();
+    let k1 = import_cached(&store, dir.path(), &mut cache).unwrap();
+    assert_eq!(
+        k1,
+        import(&store, dir.path()).unwrap(),
+        "same tree as uncached"
+    );
+    assert_eq!(cache.files_read(), 2);
+    assert_eq!(import_cached(&store, dir.path(), &mut cache).unwrap(), k1);
+    assert_eq!(cache.files_read(), 2, "nothing changed: nothing read");
+
+    // Same length, new content: the times differ, so it is read again. (The modification
+    // time is set apart explicitly: this cache trusts even files written within the same
+    // timestamp tick, which the default one does not.)
+    std::fs::write(dir.path().join("a.txt"), b"other").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(dir.path().join("a.txt"))
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    let k2 = import_cached(&store, dir.path(), &mut cache).unwrap();
+    assert_eq!(cache.files_read(), 3);
+    assert_ne!(k2, k1);
+    assert_eq!(k2, import(&store, dir.path()).unwrap());
+
+    // A file written just now is not trusted by the default cache: read every time.
+    let mut cautious = ImportCache::default();
+    import_cached(&store, dir.path(), &mut cautious).unwrap();
+    import_cached(&store, dir.path(), &mut cautious).unwrap();
+    assert_eq!(cautious.files_read(), 4);
+}

@@ -1,9 +1,11 @@
 //! Mounted directories as content-addressed trees: import a host directory into the store,
 //! materialize a tree back into an empty directory.
 
+use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_kappa::Kappa;
 use ferry_object::{Tree, TreeEntry};
@@ -33,10 +35,113 @@ fn io(p: &Path) -> impl FnOnce(std::io::Error) -> TreeError + '_ {
 
 /// Stores the content of `dir` and returns the κ of its tree.
 pub fn import(store: &dyn Store, dir: &Path) -> Result<Kappa, TreeError> {
-    import_at(store, dir, 0)
+    import_cached(store, dir, &mut ImportCache::default())
 }
 
-fn import_at(store: &dyn Store, dir: &Path, depth: usize) -> Result<Kappa, TreeError> {
+/// [`import`] that skips reading files `cache` has seen unchanged, and remembers the files it
+/// reads. A session's snapshots import its mounts again each time; a 50 MB standard library
+/// is then read and hashed once, not at every snapshot.
+pub fn import_cached(
+    store: &dyn Store,
+    dir: &Path,
+    cache: &mut ImportCache,
+) -> Result<Kappa, TreeError> {
+    import_at(store, dir, 0, cache)
+}
+
+/// Files an import stored, by path, with what identified their content then: device, inode,
+/// length, modification and status-change times (nanoseconds). A file is taken as unchanged
+/// while all of these are; the status-change time cannot be set back by a program, and a
+/// file is only remembered once its times are [`SETTLED`] old, so a write in the same
+/// timestamp tick as the read cannot go unseen.
+#[derive(Debug, Default)]
+pub struct ImportCache {
+    files: HashMap<PathBuf, (Stamp, Kappa)>,
+    /// Files read so far (for tests and diagnostics).
+    reads: u64,
+    /// Remember files modified less than this long ago too (tests only).
+    settled: Option<Duration>,
+}
+
+/// How old a file's times must be before [`ImportCache`] trusts them.
+pub const SETTLED: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(md: &fs::Metadata) -> Self {
+        Self {
+            dev: md.dev(),
+            ino: md.ino(),
+            len: md.len(),
+            mtime: (md.mtime(), md.mtime_nsec()),
+            ctime: (md.ctime(), md.ctime_nsec()),
+        }
+    }
+
+    /// Whether both times lie at least `age` in the past.
+    fn older_than(&self, age: Duration) -> bool {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let limit = now.saturating_sub(age);
+        [self.mtime, self.ctime].iter().all(|&(s, ns)| {
+            u64::try_from(s)
+                .is_ok_and(|s| Duration::new(s, ns.clamp(0, 999_999_999) as u32) <= limit)
+        })
+    }
+}
+
+impl ImportCache {
+    /// A cache that also trusts files modified less than [`SETTLED`] ago (tests only).
+    #[doc(hidden)]
+    pub fn trusting_recent_files() -> Self {
+        Self {
+            settled: Some(Duration::ZERO),
+            ..Self::default()
+        }
+    }
+
+    /// Files read (not taken from the cache) so far.
+    pub fn files_read(&self) -> u64 {
+        self.reads
+    }
+
+    /// The κ of the file at `p`, reading it only when it may have changed.
+    fn file(&mut self, store: &dyn Store, p: &Path, md: &fs::Metadata) -> Result<Kappa, TreeError> {
+        let stamp = Stamp::of(md);
+        if let Some((seen, k)) = self.files.get(p)
+            && *seen == stamp
+            && store.has(k)?
+        {
+            return Ok(*k);
+        }
+        self.reads += 1;
+        let bytes = fs::read(p).map_err(io(p))?;
+        let k = store.put(&bytes)?;
+        let after = fs::symlink_metadata(p).map(|m| Stamp::of(&m)).ok();
+        if after == Some(stamp) && stamp.older_than(self.settled.unwrap_or(SETTLED)) {
+            self.files.insert(p.to_path_buf(), (stamp, k));
+        } else {
+            self.files.remove(p);
+        }
+        Ok(k)
+    }
+}
+
+fn import_at(
+    store: &dyn Store,
+    dir: &Path,
+    depth: usize,
+    cache: &mut ImportCache,
+) -> Result<Kappa, TreeError> {
     if depth > MAX_DEPTH {
         return Err(TreeError::TooDeep(dir.display().to_string()));
     }
@@ -54,7 +159,7 @@ fn import_at(store: &dyn Store, dir: &Path, depth: usize) -> Result<Kappa, TreeE
         let entry = if md.is_dir() {
             TreeEntry {
                 mode: "dir".into(),
-                object: import_at(store, &p, depth + 1)?,
+                object: import_at(store, &p, depth + 1, cache)?,
             }
         } else if md.file_type().is_symlink() {
             let t = fs::read_link(&p).map_err(io(&p))?;
@@ -63,7 +168,7 @@ fn import_at(store: &dyn Store, dir: &Path, depth: usize) -> Result<Kappa, TreeE
                 object: store.put(t.to_string_lossy().as_bytes())?,
             }
         } else if md.is_file() {
-            let bytes = fs::read(&p).map_err(io(&p))?;
+            let object = cache.file(store, &p, &md)?;
             let mode = if md.permissions().mode() & 0o111 != 0 {
                 "exec"
             } else {
@@ -71,7 +176,7 @@ fn import_at(store: &dyn Store, dir: &Path, depth: usize) -> Result<Kappa, TreeE
             };
             TreeEntry {
                 mode: mode.into(),
-                object: store.put(&bytes)?,
+                object,
             }
         } else {
             continue;
