@@ -233,3 +233,21 @@ fn a_cached_import_reads_only_files_that_changed() {
     import_cached(&store, dir.path(), &mut cautious).unwrap();
     assert_eq!(cautious.files_read(), 4);
 }
+
+#[test]
+fn a_mounted_file_over_the_limit_is_refused_before_it_is_read() {
+    let store = ferry_store::MemStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let f = std::fs::File::create(dir.path().join("huge.bin")).unwrap();
+    f.set_len(crate::tree::MAX_FILE + 1).unwrap(); // sparse: no disk, no memory
+    let e = crate::tree::import(&store, dir.path()).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("huge.bin") && msg.contains("1073741825-byte file"),
+        "{msg}"
+    );
+    assert!(
+        ferry_store::Store::list(&store).unwrap().is_empty(),
+        "nothing stored"
+    );
+}

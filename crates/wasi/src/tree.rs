@@ -13,6 +13,8 @@ use ferry_store::Store;
 
 /// Deepest directory nesting imported or materialized.
 pub const MAX_DEPTH: usize = 64;
+/// Largest file imported from a mount (1 GiB): each is read whole into memory when stored.
+pub const MAX_FILE: u64 = 1 << 30;
 
 /// Why a tree could not be imported or materialized.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +29,11 @@ pub enum TreeError {
     TooDeep(String),
     #[error("tree entry name `{0}` is not a plain file name")]
     BadName(String),
+    #[error(
+        "{0}: a {1}-byte file; snapshots store mounted files of up to {MAX_FILE} bytes (read \
+         whole into memory)"
+    )]
+    TooLarge(String, u64),
 }
 
 fn io(p: &Path) -> impl FnOnce(std::io::Error) -> TreeError + '_ {
@@ -122,6 +129,9 @@ impl ImportCache {
             && store.has(k)?
         {
             return Ok(*k);
+        }
+        if md.len() > MAX_FILE {
+            return Err(TreeError::TooLarge(p.display().to_string(), md.len()));
         }
         self.reads += 1;
         let bytes = fs::read(p).map_err(io(p))?;
