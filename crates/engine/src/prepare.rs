@@ -141,6 +141,9 @@ impl Runtime {
                     ));
                 }
                 let k = store.put(&out.wasm)?;
+                // Durable before a ref names it (after a crash, a ref to a torn object would
+                // make every later run fail instead of instrumenting again).
+                store.sync()?;
                 let eh = crate::uses_exceptions(&out.wasm);
                 let value = Some(RefValue {
                     epoch: 0,

@@ -502,8 +502,11 @@ pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
     let stack = store
         .get(&snapshot.stack)
         .map_err(|e| EngineError::refused(Stage::Verifying, e))?;
+    // Re-hashed without being kept: a resume with the compiled code cached runs without the
+    // module's bytes (reading a 100 MB interpreter into memory only to hash it took ~90 ms of
+    // every CPython resume).
     store
-        .get(&snapshot.module)
+        .check(&snapshot.module)
         .map_err(|e| EngineError::refused(Stage::Verifying, e))?;
     if snapshot.instrument_version != INSTRUMENT_VERSION {
         return Err(EngineError::refused(

@@ -207,6 +207,42 @@ impl FsStore {
         Ok(())
     }
 
+    /// [`Self::verify`] over a stream (`zstd`: read errors mean a damaged zstd stream).
+    fn verify_stream(
+        kappa: &Kappa,
+        mut r: impl Read,
+        where_: &Path,
+        zstd: bool,
+    ) -> Result<(), StoreError> {
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = vec![0; 1 << 20];
+        loop {
+            let n = match r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) if zstd => {
+                    return Err(StoreError::Corrupt {
+                        kappa: *kappa,
+                        actual: Kappa::of(b""),
+                        where_: format!("{} (not a valid zstd stream)", where_.display()),
+                    });
+                }
+                Err(e) => return Err(StoreError::io("read", where_)(e)),
+            };
+            hasher.update(&buf[..n]);
+        }
+        let actual = Kappa::from_bytes(*hasher.finalize().as_bytes());
+        if actual != *kappa {
+            return Err(StoreError::Corrupt {
+                kappa: *kappa,
+                actual,
+                where_: where_.display().to_string(),
+            });
+        }
+        Ok(())
+    }
+
     fn verify(kappa: &Kappa, bytes: &[u8], where_: &Path) -> Result<(), StoreError> {
         let actual = Kappa::of(bytes);
         if actual != *kappa {
@@ -562,6 +598,28 @@ impl Store for FsStore {
         pack::read(&slot, &mut b)?;
         Self::verify(kappa, &b, &slot.pack)?;
         Ok(b)
+    }
+
+    /// Loose objects are hashed as they are read, a MiB at a time (a 100 MB module is checked
+    /// without a 100 MB buffer); packed ones are small and read whole.
+    fn check(&self, kappa: &Kappa) -> Result<(), StoreError> {
+        let p = self.object_path(kappa);
+        match File::open(&p) {
+            Ok(f) => return Self::verify_stream(kappa, f, &p, false),
+            Err(e) if e.kind() != ErrorKind::NotFound => return Err(StoreError::io("read", &p)(e)),
+            Err(_) => {}
+        }
+        let z = zst_path(&p);
+        match File::open(&z) {
+            Ok(f) => {
+                let decoder =
+                    zstd::stream::read::Decoder::new(f).map_err(StoreError::io("read", &z))?;
+                return Self::verify_stream(kappa, decoder.take(MAX_LOOSE + 1), &z, true);
+            }
+            Err(e) if e.kind() != ErrorKind::NotFound => return Err(StoreError::io("read", &z)(e)),
+            Err(_) => {}
+        }
+        self.get(kappa).map(drop)
     }
 
     fn read_into(&self, kappa: &Kappa, out: &mut [u8]) -> Result<(), StoreError> {

@@ -61,6 +61,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn read_into(&self, kappa: &Kappa, out: &mut [u8]) -> Result<(), StoreError> {
         copy_exact(kappa, &self.get(kappa)?, out)
     }
+    /// Re-hashes κ's stored bytes without keeping them: `Ok` exactly when [`Store::get`] would
+    /// succeed (the same `NotFound` and `Corrupt` errors otherwise).
+    fn check(&self, kappa: &Kappa) -> Result<(), StoreError> {
+        self.get(kappa).map(drop)
+    }
     /// Damage found while opening the store (unreadable pack files), for `verify`.
     fn problems(&self) -> Vec<String> {
         Vec::new()

@@ -82,6 +82,43 @@ fn refs_compare_and_swap() {
 }
 
 #[test]
+fn check_agrees_with_get() {
+    for (s, _d) in stores() {
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        for bytes in [&b"small"[..], &big] {
+            let k = s.put(bytes).unwrap();
+            s.check(&k).unwrap();
+        }
+        let missing = Kappa::of(b"absent");
+        assert!(matches!(s.check(&missing), Err(StoreError::NotFound(m)) if m == missing));
+    }
+    // Damaged loose objects, raw and compressed: refused as `get` refuses them.
+    let dir = tempfile::tempdir().unwrap();
+    for s in [
+        FsStore::open(dir.path().join("raw")).unwrap(),
+        FsStore::open(dir.path().join("zst")).unwrap().with_zstd(3),
+    ] {
+        let bytes = vec![42u8; 2_000_000];
+        let k = s.put(&bytes).unwrap();
+        let p = s.object_path(&k);
+        let p = if p.exists() {
+            p
+        } else {
+            p.with_file_name(format!("{}.zst", p.file_name().unwrap().to_string_lossy()))
+        };
+        let mut stored = std::fs::read(&p).unwrap();
+        let n = stored.len();
+        stored[n / 2] ^= 1;
+        std::fs::write(&p, &stored).unwrap();
+        assert!(matches!(s.get(&k), Err(StoreError::Corrupt { .. })));
+        assert!(
+            matches!(s.check(&k), Err(StoreError::Corrupt { .. })),
+            "{p:?}"
+        );
+    }
+}
+
+#[test]
 fn fs_store_detects_corruption_and_truncation() {
     let dir = tempfile::tempdir().unwrap();
     let s = FsStore::open(dir.path()).unwrap();

@@ -234,6 +234,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             if let Some(zip) = &stdlib {
                 check_stdlib(zip)?;
                 let lib = store.put(zip)?;
+                store.sync()?;
                 set_ref(&store, &format!("python-lib/{version}"), lib)?;
                 stdlib_dir(settings, &store, &version, lib)?;
             } else {
@@ -246,8 +247,12 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             let k = store.put(&wasm)?;
             // A reactor build is entered through its `run` (noted once, so a run need not
             // read the module).
-            if let Some(main) = reactor_entry(&wasm) {
-                let m = store.put(main.as_bytes())?;
+            let main = reactor_entry(&wasm)
+                .map(|main| store.put(main.as_bytes()))
+                .transpose()?;
+            // The objects are durable before any ref names them.
+            store.sync()?;
+            if let Some(m) = main {
                 set_ref(&store, &format!("python-main/{}", k.to_hex()), m)?;
             }
             set_ref(&store, &format!("python/{version}"), k)?;
@@ -405,7 +410,13 @@ pub fn stdlib_dir(
             .with_context(|| format!("cannot create {}", dir.display()))?;
         let bytes = store.get(&lib)?;
         let tmp = dir.join(".partial");
-        std::fs::write(&tmp, &bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+        // Synced before the rename: a crash must not leave a torn zip under the final name.
+        std::fs::File::create(&tmp)
+            .and_then(|mut f| {
+                std::io::Write::write_all(&mut f, &bytes)?;
+                f.sync_all()
+            })
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
         std::fs::rename(&tmp, &file)?;
     }
     Ok(dir)
