@@ -232,19 +232,19 @@ impl FsStore {
             };
             hasher.update(&buf[..n]);
         }
-        let actual = Kappa::from_bytes(*hasher.finalize().as_bytes());
-        if actual != *kappa {
-            return Err(StoreError::Corrupt {
-                kappa: *kappa,
-                actual,
-                where_: where_.display().to_string(),
-            });
-        }
-        Ok(())
+        Self::matches(
+            kappa,
+            Kappa::from_bytes(*hasher.finalize().as_bytes()),
+            where_,
+        )
     }
 
     fn verify(kappa: &Kappa, bytes: &[u8], where_: &Path) -> Result<(), StoreError> {
-        let actual = Kappa::of(bytes);
+        Self::matches(kappa, Kappa::of(bytes), where_)
+    }
+
+    /// `Corrupt` unless the bytes stored for `kappa` at `where_` hashed to it.
+    fn matches(kappa: &Kappa, actual: Kappa, where_: &Path) -> Result<(), StoreError> {
         if actual != *kappa {
             return Err(StoreError::Corrupt {
                 kappa: *kappa,
@@ -481,15 +481,8 @@ impl FsStore {
         parts: &[&[u8]],
         sync: bool,
     ) -> Result<(), StoreError> {
-        let tmp = self.tmp_path();
+        let tmp = self.write_tmp(parts, sync)?;
         let result = (|| {
-            let mut f = File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
-            for part in parts {
-                f.write_all(part).map_err(StoreError::io("write", &tmp))?;
-            }
-            if sync {
-                f.sync_data().map_err(StoreError::io("sync", &tmp))?;
-            }
             if let Some(parent) = dest.parent() {
                 fs::create_dir_all(parent).map_err(StoreError::io("create directory", parent))?;
             }
@@ -499,6 +492,29 @@ impl FsStore {
             let _ = fs::remove_file(&tmp);
         }
         result
+    }
+
+    /// Writes the concatenation of `parts` to a new file in `tmp/` (removed again if that
+    /// fails) and returns its path.
+    fn write_tmp(&self, parts: &[&[u8]], sync: bool) -> Result<PathBuf, StoreError> {
+        let tmp = self.tmp_path();
+        let result = (|| {
+            let mut f = File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
+            for part in parts {
+                f.write_all(part).map_err(StoreError::io("write", &tmp))?;
+            }
+            if sync {
+                f.sync_data().map_err(StoreError::io("sync", &tmp))?;
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => Ok(tmp),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
     }
 
     fn lock_refs(&self) -> Result<File, StoreError> {
@@ -687,22 +703,12 @@ impl Store for FsStore {
             })
             .collect();
         let (header, idx_bytes, pack_len) = pack::layout(&objects, pack::PACK_HEADER);
-        let id = Kappa::of(&idx_bytes).to_hex();
-        let dir = self.root.join("packs");
-        let pack_path = dir.join(format!("{}.pack", &id[..24]));
-        let idx_path = dir.join(format!("{}.idx", &id[..24]));
-        self.take_writes(new.len() as u64, &pack_path)?;
+        self.take_writes(new.len() as u64, &self.root.join("packs"))?;
         let parts: Vec<&[u8]> = std::iter::once(header.as_slice())
             .chain(objects.iter().map(|o| o.1))
             .collect();
-        self.write_parts_atomic(&pack_path, &parts, false)?;
-        self.write_atomic(&idx_path, &idx_bytes, false)?;
-        self.unsynced
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend([pack_path.clone(), idx_path]);
-        let entries = pack::decode_index(&dir, &idx_bytes, pack_len)?;
-        self.packed_mut().add(&pack_path, entries);
+        let tmp = self.write_tmp(&parts, false)?;
+        self.finish_pack(&tmp, &idx_bytes, pack_len)?;
         Ok(ks)
     }
 
