@@ -366,9 +366,8 @@ impl FsStore {
             let most = DIRECT_ALIGN as u64 + blobs.iter().map(|b| b.len() as u64).sum::<u64>();
             // SAFETY: fallocate on a descriptor we own.
             let _ = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, most as libc::off_t) };
-            let (header, _, _) = pack::layout(&[], DIRECT_ALIGN as u64);
             let mut head = Box::new(Block([0; DIRECT_ALIGN]));
-            head.0.copy_from_slice(&header);
+            head.0.copy_from_slice(&pack::header(DIRECT_ALIGN as u64));
             std::os::unix::fs::FileExt::write_all_at(&f, &head.0, 0).map_err(io)?;
             let mut at = DIRECT_ALIGN as u64;
             let mut seen = BTreeSet::new();

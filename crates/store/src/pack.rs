@@ -52,16 +52,23 @@ pub(crate) type Packable<'a> = (Kappa, &'a [u8], u32, bool);
 /// One entry of an index: κ, offset, stored length, object length, zstd.
 pub(crate) type Entry = (Kappa, u64, u32, u32, bool);
 
+/// A pack's header: magic and version, zero-padded to `data_start` bytes (at least
+/// [`PACK_HEADER`]), where its first object starts.
+pub(crate) fn header(data_start: u64) -> Vec<u8> {
+    debug_assert!(data_start >= PACK_HEADER);
+    let mut header = vec![0; data_start as usize];
+    header[..8].copy_from_slice(PACK_MAGIC);
+    header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    header
+}
+
 /// Lays out a pack for `objects` (κ unique) whose first object starts at `data_start` (at
 /// least [`PACK_HEADER`]; the bytes between are zero): returns the pack's header (padding
 /// included), its index bytes and its total length. The pack file is the header followed by
 /// the stored bytes in the given order, so large batches are written without being copied
 /// into one buffer.
 pub(crate) fn layout(objects: &[Packable<'_>], data_start: u64) -> (Vec<u8>, Vec<u8>, u64) {
-    debug_assert!(data_start >= PACK_HEADER);
-    let mut header = vec![0; data_start as usize];
-    header[..8].copy_from_slice(PACK_MAGIC);
-    header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    let header = header(data_start);
     let mut entries: Vec<Entry> = Vec::with_capacity(objects.len());
     let mut at = data_start;
     for (k, b, len, zstd) in objects {

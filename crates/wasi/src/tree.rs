@@ -66,7 +66,7 @@ pub struct ImportCache {
     files: HashMap<PathBuf, (Stamp, Kappa)>,
     /// Files read so far (for tests and diagnostics).
     reads: u64,
-    /// Remember files modified less than this long ago too (tests only).
+    /// How old files must be to be remembered ([`SETTLED`] unless a test says otherwise).
     settled: Option<Duration>,
 }
 
@@ -107,9 +107,9 @@ impl Stamp {
 }
 
 impl ImportCache {
-    /// A cache that also trusts files modified less than [`SETTLED`] ago (tests only).
-    #[doc(hidden)]
-    pub fn trusting_recent_files() -> Self {
+    /// A cache that also trusts files modified less than [`SETTLED`] ago.
+    #[cfg(test)]
+    pub(crate) fn trusting_recent_files() -> Self {
         Self {
             settled: Some(Duration::ZERO),
             ..Self::default()
