@@ -410,6 +410,80 @@ fn counted_loops_poll_only_when_they_run_long() {
     }
 }
 
+/// `n` live `i64` locals (1..=n) set, then `tail`, then their weighted sum: a function whose
+/// frame record is `8 n` bytes wherever it unwinds.
+fn wide_body(n: usize, tail: &str) -> String {
+    let mut body = String::new();
+    for l in 0..n {
+        body += &format!("(local.set {} (i64.const {}))", l + 1, l * 7 + 1);
+    }
+    body += tail;
+    let mut sum = "(local.get 1)".to_owned();
+    for l in 1..n {
+        sum = format!(
+            "(i64.add {sum} (i64.mul (local.get {}) (i64.const {})))",
+            l + 1,
+            l % 13
+        );
+    }
+    body + &sum
+}
+
+/// Not a counted loop (its test masks the counter): it polls at every iteration.
+const POLLED_LOOP: &str = "(loop (br_if 0 (i32.and (local.tee $k (i32.add (local.get $k) (i32.const 1))) (i32.const 3))))";
+
+/// Whether defined function `i`'s lean copy (code entry `i` of the instrumented module) grows
+/// a memory.
+fn lean_copy_grows(wasm: &[u8], i: usize) -> bool {
+    let mut bodies = wasmparser::Parser::new(0)
+        .parse_all(wasm)
+        .filter_map(|p| match p.unwrap() {
+            wasmparser::Payload::CodeSectionEntry(b) => Some(b),
+            _ => None,
+        });
+    let body = bodies.nth(i).expect("code entry");
+    let mut ops = body.get_operators_reader().unwrap();
+    let mut grows = false;
+    while !ops.eof() {
+        grows |= matches!(ops.read().unwrap(), wasmparser::Operator::MemoryGrow { .. });
+    }
+    grows
+}
+
+/// A function whose only unwind points are loop polls is always the innermost frame of an
+/// unwind (v17): its lean copy pushes its record at `sp = 0` and grows nothing (no call: the
+/// compiler sees a leaf), and the saved-stack memory starts with room for that record and the
+/// largest other one. Records larger than a page — the leaf's, and two callers' above it —
+/// unwound at every safe point give the plain module's results. The leaf is called before
+/// its caller's own loop, so the first unwind starts in it, before any epilogue has grown the
+/// memory (with room for one record only, the caller's push would trap).
+#[test]
+fn a_function_that_only_polls_in_loops_grows_nothing() {
+    let n = 9_000;
+    let locals = "(local i64)".repeat(n - 1);
+    let call = "(if (local.get $d) (then (local.set 1 (i64.add (local.get 1) \
+                (call $big (i32.sub (local.get $d) (i32.const 1)))))))";
+    let wasm = wat::parse_str(format!(
+        r#"(module
+             (func $leaf (param i32) (result i64) (local i64) {locals} (local $k i32)
+               {leaf})
+             (func $big (param $d i32) (result i64) (local i64) {locals} (local $k i32)
+               {big})
+             (func (export "big") (result i64) (call $big (i32.const 1))))"#,
+        leaf = wide_body(n, POLLED_LOOP),
+        big = wide_body(
+            n,
+            &format!("(local.set 2 (call $leaf (i32.const 0))){POLLED_LOOP}{call}")
+        ),
+    ))
+    .unwrap();
+    let out = instrument_any(&wasm).unwrap();
+    assert!(!lean_copy_grows(&out.wasm, 0), "the leaf grows the stack");
+    assert!(lean_copy_grows(&out.wasm, 1), "its caller does not");
+    let plain = churned_like_plain(&wasm, 3, 6);
+    assert!(matches!(plain[..], [Outcome::Values(_)]), "{plain:?}");
+}
+
 /// Frame records larger than a page, on a stack several of them deep: an unwinding frame
 /// stores its record before it makes room for the next (v16), so the saved-stack memory
 /// starts as large as the largest record and grows by that much. Unwound at every safe point,
@@ -419,27 +493,17 @@ fn records_larger_than_a_page_unwind_and_rewind() {
     // 9,000 live i64 locals: a 72 KB record, two of them on the stack (the second push
     // grows the memory).
     let n = 9_000;
-    let mut body = String::new();
-    for l in 0..n {
-        body += &format!("(local.set {} (i64.const {}))", l + 1, l * 7 + 1);
-    }
-    // Not a counted loop (its test masks the counter): it polls at every iteration.
-    body += "(loop (br_if 0 (i32.and (local.tee $k (i32.add (local.get $k) (i32.const 1))) (i32.const 3))))";
-    body += "(if (local.get $d) (then (local.set 1 (i64.add (local.get 1) (call $big (i32.sub (local.get $d) (i32.const 1)))))))";
-    let mut sum = "(local.get 1)".to_owned();
-    for l in 1..n {
-        sum = format!(
-            "(i64.add {sum} (i64.mul (local.get {}) (i64.const {})))",
-            l + 1,
-            l % 13
-        );
-    }
+    let tail = format!(
+        "{POLLED_LOOP}(if (local.get $d) (then (local.set 1 (i64.add (local.get 1) \
+         (call $big (i32.sub (local.get $d) (i32.const 1)))))))"
+    );
     let wasm = wat::parse_str(format!(
         r#"(module
              (func $big (param $d i32) (result i64) (local i64) {locals} (local $k i32)
-               {body} {sum})
+               {body})
              (func (export "big") (result i64) (call $big (i32.const 1))))"#,
-        locals = "(local i64)".repeat(n - 1)
+        locals = "(local i64)".repeat(n - 1),
+        body = wide_body(n, &tail),
     ))
     .unwrap();
     let plain = churned_like_plain(&wasm, 3, 4);

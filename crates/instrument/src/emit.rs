@@ -270,6 +270,11 @@ struct Emitter<'c, 'm, R> {
     /// epilogue (`k` = index): a site branches to epilogue `k` with its number in `idx`.
     epilogues: Vec<Vec<u32>>,
     epilogue_of: HashMap<Vec<u32>, u32>,
+    /// Some unwind point of this copy may run with other frames' records below `sp` (a call
+    /// site), so its epilogues make room for the caller's record after pushing their own.
+    /// A copy whose only unwind points are the lean copy's loop polls is always the innermost
+    /// frame of an unwind, at `sp = 0`, and makes none (v17): see [`Emitter::epilogue`].
+    deeper: bool,
     /// Return polls left out (a reference is live after their call, or an indirect call's
     /// result would overwrite its saved table index): the function must poll on entry
     /// instead.
@@ -646,11 +651,13 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     fn save_and_return(&mut self, site: u32, saved: &[u32]) {
         self.ins(I::I32Const(site as i32));
         self.ins(I::LocalSet(self.idx));
-        self.branch_to_epilogue(saved);
+        self.branch_to_epilogue(saved, true);
     }
 
-    /// Branches to the shared epilogue that saves `saved` (the site already in `idx`).
-    fn branch_to_epilogue(&mut self, saved: &[u32]) {
+    /// Branches to the shared epilogue that saves `saved` (the site already in `idx`);
+    /// `deeper`: this site may unwind with records already below `sp` (anything but a lean
+    /// loop poll, which starts the unwind at `sp = 0`).
+    fn branch_to_epilogue(&mut self, saved: &[u32], deeper: bool) {
         let k = match self.epilogue_of.get(saved) {
             Some(&k) => k,
             None => {
@@ -660,6 +667,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
                 k
             }
         };
+        self.deeper |= deeper;
         self.ins(I::Br(self.depth + k));
     }
 
@@ -672,6 +680,16 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     /// `memory.grow` is a call, and with the stores after it every saved value was live
     /// across a call on the unwind path — Cranelift then kept loop-carried values in
     /// callee-saved registers and copied them on every back edge of a polled loop (v16).
+    ///
+    /// A lean copy whose only unwind points are loop polls is the innermost frame of any
+    /// unwind it takes part in — it starts the unwind, at `sp = 0` — so its epilogues make no
+    /// room at all (v17): the memory's minimum size is twice the largest record, so the
+    /// caller's epilogue still finds room for its own. Without the `memory.grow` such a
+    /// function makes no call, and Cranelift compiles a leaf (`memcmp`, a compression kernel)
+    /// without the stack-limit check every non-leaf function's prologue runs. (Only whole
+    /// functions: leaving the call out of some epilogues of a function that calls anyway
+    /// moved its register allocation about at random — LZ4's main loop +2%, zstd's
+    /// `ZSTD_decompressSequences` −12%.)
     fn epilogue(&mut self, k: usize) {
         let (sp, stack) = (self.ctx.sp_global, self.ctx.stack_memory);
         let m = |offset: u32, align: u32| MemArg {
@@ -696,6 +714,13 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.size_const();
         self.ins(I::I32Add);
         self.ins(I::GlobalSet(sp));
+        if !self.deeper {
+            for r in self.results.clone() {
+                self.ins(dummy(r));
+            }
+            self.ins(I::Return);
+            return;
+        }
         // Room for the largest record again: when less is left (the record just pushed used
         // at most that much), grow by more than its size in pages.
         let room = self.ctx.room_global;
@@ -776,7 +801,9 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::GlobalSet(self.ctx.state_global));
         self.ins(I::I32Const(0));
         self.ins(I::GlobalSet(self.ctx.sp_global));
-        self.save_and_return(site, saved);
+        self.ins(I::I32Const(site as i32));
+        self.ins(I::LocalSet(self.idx));
+        self.branch_to_epilogue(saved, false);
         self.ins(I::End);
     }
 
@@ -852,7 +879,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
             self.ins(I::GlobalSet(sp));
             self.ins(I::I32Const(abi::STATE_UNWIND));
             self.ins(I::GlobalSet(state));
-            self.branch_to_epilogue(&both);
+            self.branch_to_epilogue(&both, true);
             self.ins(I::End);
             return Ok(());
         }
@@ -1157,6 +1184,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
         unlikely: Vec::new(),
         epilogues: Vec::new(),
         epilogue_of: HashMap::new(),
+        deeper: false,
         unsaved_return_polls: 0,
         versioned: Vec::new(),
     };

@@ -638,7 +638,9 @@ fn assemble(
     memories.memory(fixed(1));
     memories.memory(MemoryType {
         maximum: None,
-        ..fixed(u64::from(largest_record.div_ceil(65536)))
+        // Room for an innermost frame's record (pushed at 0 without growing the memory) and
+        // its caller's (see `emit::Emitter::epilogue`).
+        ..fixed(u64::from((2 * largest_record).div_ceil(65536)))
     });
     let i32_mut = GlobalType {
         val_type: ValType::I32,
