@@ -649,9 +649,14 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     /// The epilogues are blocks around `$done`, epilogue 0 innermost, so from depth `d`
     /// epilogue `k` is `br (d + k)` whatever their final number.
     fn save_and_return(&mut self, site: u32, saved: &[u32]) {
+        self.unwind_from(site, saved, true);
+    }
+
+    /// [`Emitter::save_and_return`] with `deeper` as in [`Emitter::branch_to_epilogue`].
+    fn unwind_from(&mut self, site: u32, saved: &[u32], deeper: bool) {
         self.ins(I::I32Const(site as i32));
         self.ins(I::LocalSet(self.idx));
-        self.branch_to_epilogue(saved, true);
+        self.branch_to_epilogue(saved, deeper);
     }
 
     /// Branches to the shared epilogue that saves `saved` (the site already in `idx`);
@@ -801,9 +806,7 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         self.ins(I::GlobalSet(self.ctx.state_global));
         self.ins(I::I32Const(0));
         self.ins(I::GlobalSet(self.ctx.sp_global));
-        self.ins(I::I32Const(site as i32));
-        self.ins(I::LocalSet(self.idx));
-        self.branch_to_epilogue(saved, false);
+        self.unwind_from(site, saved, false);
         self.ins(I::End);
     }
 

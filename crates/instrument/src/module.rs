@@ -640,7 +640,7 @@ fn assemble(
         maximum: None,
         // Room for an innermost frame's record (pushed at 0 without growing the memory) and
         // its caller's (see `emit::Emitter::epilogue`).
-        ..fixed(u64::from((2 * largest_record).div_ceil(65536)))
+        ..fixed((2 * u64::from(largest_record)).div_ceil(65536))
     });
     let i32_mut = GlobalType {
         val_type: ValType::I32,
