@@ -119,6 +119,8 @@ pub struct Execution<'a> {
     pub prepared: &'a Prepared,
     pub control: Arc<Control>,
     pub session: Session,
+    /// The session's lease, held until the guest exits or is suspended.
+    pub lease: session::Lease,
     pub meta: SnapshotMeta,
     pub checkpoint_every: Option<Duration>,
 }
@@ -126,6 +128,8 @@ pub struct Execution<'a> {
 impl Execution<'_> {
     /// Runs the guest to exit or suspension and returns ferry's exit code.
     pub fn execute(mut self, wasi: WasiCtx, start: Start) -> Result<ExitCode> {
+        // Released on return, after the session's last record is written.
+        let _lease = self.lease;
         // What `ferry resume` must be given again (a Python runtime's standard library is
         // granted by resume itself).
         let grants: String = wasi

@@ -1,9 +1,11 @@
 //! Local sessions: one per `ferry run` lineage, recorded as a small JSON file (for `ps` and
 //! signalling) and a ref `session/<id>` naming its latest snapshot.
 
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use crate::settings::Settings;
@@ -23,9 +25,92 @@ fn path(settings: &Settings, id: &str) -> PathBuf {
     settings.sessions_dir().join(format!("{id}.json"))
 }
 
-/// A new session id: 8 hex digits.
-pub fn new_id() -> String {
-    format!("{:08x}", rand::random::<u32>())
+fn lock_path(settings: &Settings, id: &str) -> PathBuf {
+    settings.sessions_dir().join(format!("{id}.lock"))
+}
+
+/// `id` if it can name a session: 1–64 of `[A-Za-z0-9_-]`, the rule a space applies too (it
+/// names files, so nothing else may reach the file system).
+pub fn checked_id(id: &str) -> Result<&str> {
+    if ferry_space::api::valid_id(id) {
+        Ok(id)
+    } else {
+        bail!("`{id}` is not a session id (1-64 of A-Z a-z 0-9 _ -)")
+    }
+}
+
+/// A process's claim to run a session: an exclusive POSIX record lock on
+/// `sessions/<id>.lock`, held for as long as the process lives. The kernel drops it when the
+/// process ends, however it ends, so a lease never outlives its holder and another process
+/// can ask who holds it ([`holder`]) without trusting a recorded pid. (A POSIX lock is also
+/// dropped when its process closes *any* descriptor of the file, so the holding process never
+/// opens the lock file a second time: [`holder`] is for other processes.)
+#[derive(Debug)]
+pub struct Lease {
+    _file: File,
+}
+
+fn lock_file(settings: &Settings, id: &str, create: bool) -> std::io::Result<File> {
+    if create {
+        let dir = settings.sessions_dir();
+        std::fs::create_dir_all(&dir)?;
+    }
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .open(lock_path(settings, id))
+}
+
+fn write_lock() -> libc::flock {
+    // SAFETY: `flock` is plain old data; all-zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl
+}
+
+/// Takes session `id`'s lease, or says which process holds it (`Err(pid)`).
+pub fn lease(settings: &Settings, id: &str) -> Result<std::result::Result<Lease, u32>> {
+    let file = lock_file(settings, id, true)
+        .with_context(|| format!("opening {}", lock_path(settings, id).display()))?;
+    let fl = write_lock();
+    // SAFETY: a valid descriptor and a valid `flock` for the duration of the call.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &fl) } == 0 {
+        return Ok(Ok(Lease { _file: file }));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EACCES | libc::EAGAIN) => Ok(Err(holder(settings, id).unwrap_or(0))),
+        _ => Err(e).with_context(|| format!("locking {}", lock_path(settings, id).display())),
+    }
+}
+
+/// The process running session `id`, if one does (it holds the session's lease).
+pub fn holder(settings: &Settings, id: &str) -> Option<u32> {
+    let file = lock_file(settings, id, false).ok()?;
+    let mut fl = write_lock();
+    // SAFETY: a valid descriptor and a valid `flock` the call fills in.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut fl) } != 0
+        || fl.l_type == libc::F_UNLCK as libc::c_short
+    {
+        return None;
+    }
+    // A holder in another pid namespace reads as pid 0: running, pid unknown here.
+    Some(u32::try_from(fl.l_pid).unwrap_or(0))
+}
+
+/// A new session: an id of 8 random hex digits no session has had yet, and its lease.
+pub fn fresh(settings: &Settings) -> Result<(String, Lease)> {
+    loop {
+        let id = format!("{:08x}", rand::random::<u32>());
+        if let Ok(lease) = lease(settings, &id)?
+            && !path(settings, &id).exists()
+        {
+            return Ok((id, lease));
+        }
+    }
 }
 
 pub fn save(settings: &Settings, s: &Session) -> Result<()> {
@@ -36,7 +121,8 @@ pub fn save(settings: &Settings, s: &Session) -> Result<()> {
         "memory": s.memory, "last_snapshot": s.last_snapshot,
     });
     let p = path(settings, &s.id);
-    let tmp = p.with_extension("tmp");
+    // Each writer its own temporary file: `ferry ps` may read while a session writes.
+    let tmp = p.with_extension(format!("{}.tmp", std::process::id()));
     std::fs::write(&tmp, serde_json::to_vec_pretty(&v)?)?;
     std::fs::rename(&tmp, &p)?;
     Ok(())
@@ -72,10 +158,4 @@ pub fn list(settings: &Settings) -> Result<Vec<Session>> {
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(out)
-}
-
-/// Whether process `pid` is alive.
-pub fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    pid != 0 && unsafe { libc::kill(pid as i32, 0) } == 0
 }

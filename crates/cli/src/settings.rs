@@ -40,13 +40,32 @@ impl Settings {
         })
     }
 
+    /// The store, held open (shared with other ferry processes) until dropped.
     pub fn open_store(&self) -> Result<FsStore> {
-        let store = FsStore::open(&self.store_dir).with_context(|| {
-            format!(
-                "cannot use the store at {} (set --store or FERRY_STORE)",
-                self.store_dir.display()
+        let dir = &self.store_dir;
+        self.configure(FsStore::open_waiting(dir, &|| {
+            eprintln!(
+                "ferry: waiting for `ferry store gc` to finish with {}",
+                dir.display()
             )
-        })?;
+        }))
+    }
+
+    /// The store for `store gc`: refused while another process has it open.
+    pub fn open_store_exclusive(&self) -> Result<FsStore> {
+        self.configure(FsStore::open_exclusive(&self.store_dir))
+    }
+
+    fn configure(&self, opened: Result<FsStore, ferry_store::StoreError>) -> Result<FsStore> {
+        let store = match opened {
+            Err(e @ ferry_store::StoreError::InUse(_)) => return Err(e.into()),
+            other => other.with_context(|| {
+                format!(
+                    "cannot use the store at {} (set --store or FERRY_STORE)",
+                    self.store_dir.display()
+                )
+            })?,
+        };
         // FERRY_ZSTD=LEVEL compresses new objects (κ is unchanged; reads decompress).
         let store = match std::env::var("FERRY_ZSTD")
             .ok()

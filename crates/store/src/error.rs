@@ -49,6 +49,12 @@ pub enum StoreError {
     Ambiguous(String, usize),
     #[error("remote store: {0}")]
     Remote(String),
+    #[error(
+        "the store at {} is in use by another ferry process (a running session, `ferry serve`, \
+         an import, …); run this again when nothing else uses it",
+        .0.display()
+    )]
+    InUse(PathBuf),
 }
 
 impl StoreError {

@@ -2,7 +2,9 @@
 //!
 //! Layout under the root: `objects/<first 2 hex>/<other 62 hex>` (one file per object),
 //! `packs/<id>.{pack,idx}` (objects written together by `put_many`, see [`crate::pack`]),
-//! `refs/<name>` (text: `<epoch> blake3:<hex>`), `tmp/` for writes in progress, `refs.lock`.
+//! `refs/<name>` (text: `<epoch> blake3:<hex>`), `tmp/` for writes in progress, `refs.lock`,
+//! `gc.lock` (every open store holds a shared `flock` on it; garbage collection needs it
+//! exclusively, see [`FsStore::open_exclusive`]).
 //! Writes go to a temp file in `tmp/` and are renamed into place, so a failed write (a full
 //! disk) never leaves a partial object under its κ. Durability is batched: [`Store::sync`]
 //! (`syncfs`) runs once per snapshot before its ref is updated; an object torn by a power loss
@@ -39,6 +41,8 @@ pub struct FsStore {
     no_direct: std::sync::atomic::AtomicBool,
     /// Objects held in packs, and how many live objects each pack still holds.
     packed: std::sync::RwLock<Packed>,
+    /// `gc.lock`, held shared (or, for garbage collection, exclusively) while this is open.
+    _in_use: File,
 }
 
 #[derive(Debug, Default)]
@@ -135,15 +139,81 @@ fn write_at_vectored(f: &File, bufs: &[&[u8]], at: u64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `root/gc.lock`, locked with `how` (`LOCK_SH` or `LOCK_EX`) without waiting: `Ok(None)`
+/// when another process holds a conflicting lock.
+fn lock_in_use(root: &Path, how: libc::c_int) -> Result<Option<File>, StoreError> {
+    let p = root.join("gc.lock");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&p)
+        .map_err(StoreError::io("open", &p))?;
+    // SAFETY: flock on a file descriptor we own; released when `f` is closed.
+    if unsafe { libc::flock(f.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
+        return Ok(Some(f));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(None);
+    }
+    Err(StoreError::io("lock", &p)(e))
+}
+
 impl FsStore {
-    /// Opens (creating if needed) a store at `root`.
+    /// Opens (creating if needed) a store at `root`, waiting while a garbage collection runs.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
-        let root = root.into();
+        Self::open_waiting(root, &|| {})
+    }
+
+    /// [`FsStore::open`], calling `on_wait` first if it must wait for a garbage collection.
+    ///
+    /// An open store holds a shared lock on `gc.lock` for as long as it lives, so a
+    /// collection never deletes an object this process has written and not yet named with a
+    /// ref (a snapshot's chunks are written before its ref).
+    pub fn open_waiting(root: impl Into<PathBuf>, on_wait: &dyn Fn()) -> Result<Self, StoreError> {
+        let root = Self::create(root.into())?;
+        let in_use = match lock_in_use(&root, libc::LOCK_SH)? {
+            Some(f) => f,
+            None => {
+                on_wait();
+                let p = root.join("gc.lock");
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .map_err(StoreError::io("open", &p))?;
+                // SAFETY: as in `lock_in_use`, waiting this time.
+                if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) } != 0 {
+                    return Err(StoreError::io("lock", &p)(std::io::Error::last_os_error()));
+                }
+                f
+            }
+        };
+        Self::with_lock(root, in_use)
+    }
+
+    /// Opens the store at `root` for garbage collection: only when no other process has it
+    /// open ([`StoreError::InUse`] otherwise), and no other process can open it meanwhile
+    /// (they wait).
+    pub fn open_exclusive(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
+        let root = Self::create(root.into())?;
+        match lock_in_use(&root, libc::LOCK_EX)? {
+            Some(f) => Self::with_lock(root, f),
+            None => Err(StoreError::InUse(root)),
+        }
+    }
+
+    fn create(root: PathBuf) -> Result<PathBuf, StoreError> {
         for sub in ["objects", "refs", "tmp", "packs"] {
             let p = root.join(sub);
             fs::create_dir_all(&p).map_err(StoreError::io("create store directory", &p))?;
         }
+        Ok(root)
+    }
+
+    fn with_lock(root: PathBuf, in_use: File) -> Result<Self, StoreError> {
         Ok(Self {
+            _in_use: in_use,
             root,
             unsynced: Default::default(),
             writes_left: AtomicU64::new(u64::MAX),

@@ -19,6 +19,38 @@ fn stores() -> Vec<(Box<dyn Store>, tempfile::TempDir)> {
     ]
 }
 
+/// Garbage collection opens the store alone: refused while another handle is open, and a
+/// handle opened meanwhile waits (saying so) until the collection is done.
+#[test]
+fn an_exclusive_open_excludes_every_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let shared = FsStore::open(&root).unwrap();
+    let also = FsStore::open(&root).unwrap();
+    assert!(matches!(
+        FsStore::open_exclusive(&root),
+        Err(StoreError::InUse(_))
+    ));
+    drop((shared, also));
+    let gc = FsStore::open_exclusive(&root).unwrap();
+    let waited = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let opener = s.spawn(|| {
+            FsStore::open_waiting(&root, &|| {
+                waited.store(true, std::sync::atomic::Ordering::SeqCst)
+            })
+            .map(|_| ())
+        });
+        while !waited.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!opener.is_finished(), "opened while the collection ran");
+        drop(gc);
+        opener.join().unwrap().unwrap();
+    });
+}
+
 #[test]
 fn put_get_is_identity_and_idempotent() {
     for (s, _d) in stores() {

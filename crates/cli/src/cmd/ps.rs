@@ -17,7 +17,7 @@ pub fn run(settings: &Settings, _a: Args) -> Result<ExitCode> {
         "SESSION", "PROGRAM", "STATE", "MEMORY"
     );
     for s in sessions {
-        let state = if s.state == "running" && !session::alive(s.pid) {
+        let state = if s.state == "running" && session::holder(settings, &s.id).is_none() {
             "lost".to_owned()
         } else {
             s.state

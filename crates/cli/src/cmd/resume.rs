@@ -110,8 +110,10 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         )?);
     }
 
-    // Admitting: every mount granted and unchanged; the module re-derives to the same κ.
+    // Admitting: one process at a time continues a session; every mount granted and
+    // unchanged; the module re-derives to the same κ.
     tracing::info!(snapshot = %k, "admitting");
+    let (id, lease) = continuing_session(settings, &store, &k)?;
     for m in &loaded.wasi.mounts {
         let grant = grants.iter().find(|g| g.guest_path == m.guest_path).ok_or_else(|| {
             refused(
@@ -152,13 +154,12 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     )
     .map_err(|e| refused(Stage::Admitting, e))?;
     let program = loaded.snapshot.program.clone();
-    let id = owning_session(&store, &k).unwrap_or_else(session::new_id);
     let sess = Session {
         id,
         program: program.clone(),
         pid: 0,
         state: "running".into(),
-        memory: 0,
+        memory: loaded.memory_bytes(),
         last_snapshot: Some(k.to_string()),
     };
     let meta = SnapshotMeta {
@@ -174,13 +175,47 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         prepared: &prepared,
         control,
         session: sess,
+        lease,
         meta,
         checkpoint_every: a.guest.checkpoint_every,
     }
     .execute(wasi, Start::Restore(Box::new(loaded)))
 }
 
-/// The session whose latest snapshot is κ, so a resumed run keeps its session id.
+/// Which session the resumed guest continues, with its lease: the session whose latest
+/// snapshot κ is, so a resumed run keeps its id — refused while another process runs it
+/// (two copies of one guest would both write its output and files). A snapshot no session
+/// ends at, or one whose session already ran on from it to its exit, starts a new session.
+fn continuing_session(
+    settings: &Settings,
+    store: &dyn Store,
+    k: &ferry_kappa::Kappa,
+) -> Result<(String, session::Lease)> {
+    if let Some(id) = owning_session(store, k) {
+        let exited = session::load(settings, &id).is_ok_and(|s| s.state.starts_with("exited"));
+        if !exited {
+            return match session::lease(settings, &id)? {
+                Ok(lease) => Ok((id, lease)),
+                Err(pid) => Err(refused(
+                    Stage::Admitting,
+                    format!(
+                        "session `{id}` is already running from this snapshot (pid {pid}); \
+                         suspend it first (`ferry suspend {id}`) or let it finish"
+                    ),
+                )),
+            };
+        }
+        let (new, lease) = session::fresh(settings)?;
+        eprintln!(
+            "ferry: session `{id}` already ran on from this snapshot to its exit; \
+             this run is a new session `{new}`"
+        );
+        return Ok((new, lease));
+    }
+    session::fresh(settings)
+}
+
+/// The session whose latest snapshot is κ.
 fn owning_session(store: &dyn Store, k: &ferry_kappa::Kappa) -> Option<String> {
     store
         .list_refs()

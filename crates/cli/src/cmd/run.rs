@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow, bail};
 use ferry_engine::{Control, Runtime, SnapshotMeta, Start};
 use ferry_wasi::WasiCtx;
 
@@ -161,6 +161,14 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let mut mounts = a.guest.mounts()?;
     let env = a.guest.env()?;
     let store = settings.open_store()?;
+    // The session's name first: a refusal should not wait for a long preparation.
+    let (id, lease) = match a.session.as_deref() {
+        Some(id) => {
+            let lease = claim_name(settings, session::checked_id(id)?)?;
+            (id.to_owned(), lease)
+        }
+        None => session::fresh(settings)?,
+    };
     let t = target(settings, &store, &a)?;
     for m in t.mounts {
         if !mounts.iter().any(|g| g.guest_path == m.guest_path) {
@@ -187,7 +195,6 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         control.interrupt(),
     )
     .map_err(anyhow::Error::msg)?;
-    let id = a.session.unwrap_or_else(session::new_id);
     let sess = Session {
         id,
         program: name.clone(),
@@ -203,6 +210,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         prepared: &prepared,
         control,
         session: sess,
+        lease,
         meta: SnapshotMeta {
             main,
             ..SnapshotMeta::fresh(name)
@@ -210,6 +218,30 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         checkpoint_every: a.guest.checkpoint_every,
     }
     .execute(wasi, Start::Fresh)
+}
+
+/// The lease of a session named with `--session`: refused while that session runs, and
+/// while it has a snapshot to resume from (a new run would take its name, and with it the
+/// only ref keeping that snapshot from `ferry store gc`). An exited session's name is free.
+fn claim_name(settings: &Settings, id: &str) -> Result<session::Lease> {
+    let lease = session::lease(settings, id)?.map_err(|pid| {
+        anyhow!("session `{id}` is running (pid {pid}); pick another --session name")
+    })?;
+    if let Ok(old) = session::load(settings, id)
+        && !old.state.starts_with("exited")
+        && let Some(k) = old.last_snapshot
+    {
+        bail!(
+            "session `{id}` exists ({}, last snapshot {k}); resume it with `ferry resume {k}`, \
+             or pick another --session name",
+            if old.state == "running" {
+                "lost"
+            } else {
+                &old.state
+            }
+        );
+    }
+    Ok(lease)
 }
 
 /// `python -m MODULE` under a Python runtime, with no mounts (the interactive session).

@@ -25,14 +25,25 @@ pub enum Kind {
 }
 
 pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
-    let s = session::load(settings, &a.session)?;
-    if s.state != "running" || !session::alive(s.pid) {
-        bail!(
+    let s = session::load(settings, session::checked_id(&a.session)?)?;
+    // The process holding the session's lease, not the pid on record: a recorded pid may
+    // since belong to another program.
+    let pid = match session::holder(settings, &s.id) {
+        Some(pid) if pid != 0 => pid,
+        Some(_) => bail!(
+            "session `{}` is running in another pid namespace; signal it from there",
+            s.id
+        ),
+        None => bail!(
             "session `{}` is not running (state: {}); see `ferry ps`",
             s.id,
-            s.state
-        );
-    }
+            if s.state == "running" {
+                "lost"
+            } else {
+                &s.state
+            }
+        ),
+    };
     let before = s.last_snapshot.clone();
     let sig = if kind == Kind::Checkpoint {
         libc::SIGUSR1
@@ -40,18 +51,20 @@ pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
         libc::SIGTERM
     };
     // SAFETY: sending a signal to a process id read from our own session file.
-    if unsafe { libc::kill(s.pid as i32, sig) } != 0 {
+    if unsafe { libc::kill(pid as i32, sig) } != 0 {
         bail!(
             "cannot signal session `{}` (pid {}): {}",
             s.id,
-            s.pid,
+            pid,
             std::io::Error::last_os_error()
         );
     }
     let deadline = Instant::now() + Duration::from_secs(a.timeout);
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
-        let now = session::load(settings, &a.session)?;
+        // Asked before reading the record: a holder gone by then has written its last word.
+        let gone = session::holder(settings, &s.id).is_none();
+        let now = session::load(settings, &s.id)?;
         let new_snapshot = now.last_snapshot.is_some() && now.last_snapshot != before;
         let done = match kind {
             Kind::Checkpoint => new_snapshot,
@@ -62,7 +75,7 @@ pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
             println!("{k}");
             return Ok(ExitCode::SUCCESS);
         }
-        if !session::alive(now.pid) || now.state.starts_with("exited") {
+        if gone || now.state.starts_with("exited") {
             bail!(
                 "session `{}` ended ({}) before writing a snapshot",
                 now.id,

@@ -14,7 +14,7 @@ pub enum Command {
     /// Re-hash every object; report corrupt or missing ones (exit 1 if any).
     Verify,
     /// Delete objects no ref reaches (sessions' snapshots and their history, imported
-    /// snapshots, prepared modules).
+    /// snapshots, prepared modules). Refused while another ferry process uses the store.
     Gc {
         /// Only report what would be deleted.
         #[arg(long)]
@@ -23,10 +23,11 @@ pub enum Command {
 }
 
 pub fn run(settings: &Settings, c: Command) -> Result<ExitCode> {
-    let store = settings.open_store()?;
     match c {
-        Command::Verify => verify(&store),
-        Command::Gc { dry_run } => gc(&store, dry_run),
+        Command::Verify => verify(&settings.open_store()?),
+        // Alone with the store: another process may have written objects it has not yet
+        // named with a ref (a snapshot's chunks go before its ref).
+        Command::Gc { dry_run } => gc(&settings.open_store_exclusive()?, dry_run),
     }
 }
 

@@ -152,6 +152,80 @@ fn suspend_from_another_terminal() {
     assert_eq!(all, plain.stdout);
 }
 
+/// One process at a time continues a session: a second `resume` of the snapshot a running
+/// session continues from, or a `run` taking a live or resumable session's name, is refused
+/// before the guest runs (two copies would both write its output), and the first copy's
+/// output is still whole.
+#[test]
+fn a_session_runs_in_one_process_at_a_time() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "300"];
+    let plain = env.plain(&args);
+    let (_, err, code) = env.output(&["run", "--session", "../job", g.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("`../job` is not a session id"), "{err}");
+
+    let (first, k) = crate::harness::run_and_suspend(
+        &env,
+        &[&["--session", "job"][..], &args[..]].concat(),
+        300,
+    );
+    let (_, err, code) = env.output(&[&["run", "--session", "job"][..], &args[..]].concat());
+    assert_eq!(code, 1);
+    assert!(err.contains("session `job` exists (suspended"), "{err}");
+
+    let resumed = env
+        .ferry()
+        .args(["resume", &k])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !env.output(&["ps"]).0.contains("running") {
+        assert!(std::time::Instant::now() < deadline, "the resume never ran");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (out, err, code) = env.output(&["resume", &k]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("refused while admitting")
+            && err.contains(&format!(
+                "session `job` is already running from this snapshot (pid {})",
+                resumed.id()
+            )),
+        "{err}"
+    );
+    let (_, err, code) = env.output(&[&["run", "--session", "job"][..], &args[..]].concat());
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!("session `job` is running (pid {})", resumed.id())),
+        "{err}"
+    );
+
+    let (k2, err, code) = env.output(&["suspend", "job"]);
+    assert_eq!(code, 0, "{err}");
+    let second = resumed.wait_with_output().unwrap();
+    assert_eq!(second.status.code(), Some(75));
+    let (_, err, code) = env.output(&["suspend", "job"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("session `job` is not running (state: suspended)"),
+        "{err}"
+    );
+    let mut all = first;
+    all.extend(second.stdout);
+    all.extend(crate::harness::resume_to_end(&env, k2.trim()));
+    assert_eq!(all, plain.stdout);
+    let (ps, _, _) = env.output(&["ps"]);
+    assert!(
+        ps.lines()
+            .any(|l| l.starts_with("job ") && l.contains("exited(0)")),
+        "{ps}"
+    );
+}
+
 #[test]
 fn disk_full_during_snapshots_keeps_the_guest_running() {
     let env = Env::new();

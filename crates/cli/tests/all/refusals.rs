@@ -222,7 +222,12 @@ fn gc_deletes_only_what_no_session_reaches() {
     let orphan = {
         use ferry_store::Store;
         let store = ferry_store::FsStore::open(env.store()).unwrap();
-        store.put(b"nobody refers to me").unwrap()
+        let orphan = store.put(b"nobody refers to me").unwrap();
+        // Another process has the store open (it may be about to name that object).
+        let (_, err, code) = env.output(&["store", "gc"]);
+        assert_eq!(code, 1);
+        assert!(err.contains("is in use by another ferry process"), "{err}");
+        orphan
     };
     let (out, _, code) = env.output(&["store", "gc", "--dry-run"]);
     assert_eq!(code, 0);
