@@ -10,6 +10,7 @@ use ferry_kappa::Kappa;
 use ferry_store::{FsStore, RefValue, Store};
 use ferry_wasi::{HostClock, MountSpec, Stdio, WasiCtx};
 
+use crate::replay::Replays;
 use crate::session::{self, Session};
 use crate::settings::Settings;
 
@@ -121,6 +122,8 @@ pub struct Execution<'a> {
     pub session: Session,
     /// The session's lease, held until the guest exits or is suspended.
     pub lease: session::Lease,
+    /// Output a lost run already wrote (resuming a lost session), skipped as it is written.
+    pub replays: Replays,
     pub meta: SnapshotMeta,
     pub checkpoint_every: Option<Duration>,
 }
@@ -165,15 +168,19 @@ impl Execution<'_> {
         let settings = self.settings;
         let meta = self.meta.clone();
         let mut sess = self.session.clone();
+        let replays = self.replays.clone();
         let outcome = on_guest_thread(move || {
             let mut on_snapshot = |r: Result<Kappa, ferry_engine::EngineError>, why: Request| {
                 match r {
                     Ok(k) => {
-                        if let Err(e) = record(settings, store, &mut sess, k, why) {
-                            eprintln!("ferry: snapshot {k} written but not recorded: {e:#}");
-                        }
+                        // Said before the output files' ends are noted: with stderr in the
+                        // same file as stdout, the note then follows this line.
                         if why == Request::Checkpoint {
                             eprintln!("ferry: checkpoint {k}");
+                        }
+                        sess.outputs = replays.marks();
+                        if let Err(e) = record(settings, store, &mut sess, k, why) {
+                            eprintln!("ferry: snapshot {k} written but not recorded: {e:#}");
                         }
                     }
                     Err(e) => eprintln!(

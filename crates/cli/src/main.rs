@@ -2,6 +2,7 @@
 
 mod cmd;
 mod guest;
+mod replay;
 mod session;
 mod settings;
 

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 
+use crate::replay::OutputMark;
 use crate::settings::Settings;
 
 /// What `ps` shows about a session.
@@ -19,6 +20,8 @@ pub struct Session {
     pub state: String,
     pub memory: u64,
     pub last_snapshot: Option<String>,
+    /// Where ferry's output files ended when `last_snapshot` was recorded.
+    pub outputs: Vec<OutputMark>,
 }
 
 fn path(settings: &Settings, id: &str) -> PathBuf {
@@ -119,6 +122,9 @@ pub fn save(settings: &Settings, s: &Session) -> Result<()> {
     let v = json!({
         "id": s.id, "program": s.program, "pid": s.pid, "state": s.state,
         "memory": s.memory, "last_snapshot": s.last_snapshot,
+        "outputs": s.outputs.iter().map(|m| json!({
+            "fd": m.fd, "dev": m.dev, "ino": m.ino, "end": m.end,
+        })).collect::<Vec<_>>(),
     });
     let p = path(settings, &s.id);
     // Each writer its own temporary file: `ferry ps` may read while a session writes.
@@ -140,6 +146,21 @@ pub fn load(settings: &Settings, id: &str) -> Result<Session> {
         state: v["state"].as_str().unwrap_or("?").to_owned(),
         memory: v["memory"].as_u64().unwrap_or(0),
         last_snapshot: v["last_snapshot"].as_str().map(str::to_owned),
+        outputs: v["outputs"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|m| {
+                        Some(OutputMark {
+                            fd: i32::try_from(m["fd"].as_i64()?).ok()?,
+                            dev: m["dev"].as_u64()?,
+                            ino: m["ino"].as_u64()?,
+                            end: m["end"].as_u64()?,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     })
 }
 

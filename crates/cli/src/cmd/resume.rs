@@ -10,6 +10,7 @@ use ferry_store::{MemStore, Store};
 use ferry_wasi::{MountSpec, WasiCtx};
 
 use crate::guest::{self, Execution};
+use crate::replay::Replays;
 use crate::session::{self, Session};
 use crate::settings::Settings;
 
@@ -113,7 +114,14 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     // Admitting: one process at a time continues a session; every mount granted and
     // unchanged; the module re-derives to the same κ.
     tracing::info!(snapshot = %k, "admitting");
-    let (id, lease) = continuing_session(settings, &store, &k)?;
+    let (id, lease, before) = continuing_session(settings, &store, &k)?;
+    // A lost session's output files may hold what it wrote after this snapshot.
+    let replays = match &before {
+        Some(b) if b.state == "running" && b.last_snapshot == Some(k.to_string()) => {
+            Replays::from_marks(&b.outputs)
+        }
+        _ => Replays::default(),
+    };
     for m in &loaded.wasi.mounts {
         let grant = grants.iter().find(|g| g.guest_path == m.guest_path).ok_or_else(|| {
             refused(
@@ -145,10 +153,20 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         loaded.wasi.env.push((key, value));
     }
 
+    let mut stdio = ferry_wasi::Stdio::inherit_resumed(loaded.wasi.stdin_bytes);
+    if replays.pending() > 0 {
+        eprintln!(
+            "ferry: session `{id}` was lost after this snapshot; the {} bytes of output it wrote \
+             since are already in the output file and are not written again",
+            replays.pending()
+        );
+        stdio.stdout = replays.wrap(1, stdio.stdout);
+        stdio.stderr = replays.wrap(2, stdio.stderr);
+    }
     let wasi = WasiCtx::restore(
         &loaded.wasi,
         grants,
-        ferry_wasi::Stdio::inherit_resumed(loaded.wasi.stdin_bytes),
+        stdio,
         guest::host_clock(),
         control.interrupt(),
     )
@@ -161,6 +179,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         state: "running".into(),
         memory: loaded.memory_bytes(),
         last_snapshot: Some(k.to_string()),
+        outputs: replays.marks(),
     };
     let meta = SnapshotMeta {
         program,
@@ -176,6 +195,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         control,
         session: sess,
         lease,
+        replays,
         meta,
         checkpoint_every: a.guest.checkpoint_every,
     }
@@ -186,16 +206,22 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
 /// snapshot κ is, so a resumed run keeps its id — refused while another process runs it
 /// (two copies of one guest would both write its output and files). A snapshot no session
 /// ends at, or one whose session already ran on from it to its exit, starts a new session.
+///
+/// With the lease, the session's record as it was: a session recorded as running whose lease
+/// was free had lost its process.
 fn continuing_session(
     settings: &Settings,
     store: &dyn Store,
     k: &ferry_kappa::Kappa,
-) -> Result<(String, session::Lease)> {
+) -> Result<(String, session::Lease, Option<Session>)> {
     if let Some(id) = owning_session(store, k) {
-        let exited = session::load(settings, &id).is_ok_and(|s| s.state.starts_with("exited"));
+        let before = session::load(settings, &id).ok();
+        let exited = before
+            .as_ref()
+            .is_some_and(|s| s.state.starts_with("exited"));
         if !exited {
             return match session::lease(settings, &id)? {
-                Ok(lease) => Ok((id, lease)),
+                Ok(lease) => Ok((id, lease, before)),
                 Err(pid) => Err(refused(
                     Stage::Admitting,
                     format!(
@@ -210,9 +236,10 @@ fn continuing_session(
             "ferry: session `{id}` already ran on from this snapshot to its exit; \
              this run is a new session `{new}`"
         );
-        return Ok((new, lease));
+        return Ok((new, lease, None));
     }
-    session::fresh(settings)
+    let (id, lease) = session::fresh(settings)?;
+    Ok((id, lease, None))
 }
 
 /// The session whose latest snapshot is κ.

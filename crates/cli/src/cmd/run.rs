@@ -202,6 +202,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         state: "running".into(),
         memory: 0,
         last_snapshot: None,
+        outputs: Vec::new(),
     };
     Execution {
         settings,
@@ -211,6 +212,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         control,
         session: sess,
         lease,
+        replays: Default::default(),
         meta: SnapshotMeta {
             main,
             ..SnapshotMeta::fresh(name)

@@ -226,6 +226,120 @@ fn a_session_runs_in_one_process_at_a_time() {
     );
 }
 
+/// `ferry run --session job` with stdout appended to `out.txt`, checkpointed once, then killed
+/// (SIGKILL: no snapshot, no last word) once the file holds output written after the
+/// checkpoint: (the checkpoint's κ, the file, how long the file was at the checkpoint).
+fn lost_after_a_checkpoint(env: &Env, args: &[&str]) -> (String, std::path::PathBuf, u64) {
+    let out = env.path("out.txt");
+    let append = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&out)
+            .unwrap()
+    };
+    let mut child = env
+        .ferry()
+        .args(["run", "--session", "job"])
+        .args(args)
+        .stdout(append())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !env.output(&["ps"]).0.contains("running") {
+        assert!(std::time::Instant::now() < deadline, "never ran");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (k, err, code) = env.output(&["checkpoint", "job"]);
+    assert_eq!(code, 0, "{err}");
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.store().join("sessions/job.json")).unwrap())
+            .unwrap();
+    let end = record["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["fd"] == 1)
+        .expect("stdout's end noted with the checkpoint")["end"]
+        .as_u64()
+        .unwrap();
+    while std::fs::metadata(&out).unwrap().len() <= end {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no output after the checkpoint"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (ps, _, _) = env.output(&["ps"]);
+    assert!(ps.contains("lost"), "{ps}");
+    (k.trim().to_owned(), out, end)
+}
+
+/// After a crash, resuming the lost session's last snapshot with stdout appended to the same
+/// file (`>>`) writes nothing twice: the output the lost run wrote after the snapshot is
+/// matched, not repeated, and the file ends up as an uninterrupted run's output.
+#[test]
+fn output_a_lost_run_wrote_after_its_last_snapshot_is_not_written_twice() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "300"];
+    let plain = env.plain(&args);
+    let (k, out, _) = lost_after_a_checkpoint(&env, &args);
+    let file = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
+    let resumed = env
+        .ferry()
+        .args(["resume", &k])
+        .stdout(file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert_eq!(resumed.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("session `job` was lost after this snapshot"),
+        "{err}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&std::fs::read(&out).unwrap()),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+}
+
+/// What a lost run wrote is never overwritten: where the resumed guest writes something else
+/// (here the file was edited), ferry says so and appends from there on.
+#[test]
+fn output_that_differs_from_the_lost_run_is_appended_with_a_warning() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "300"];
+    let plain = env.plain(&args);
+    let (k, out, end) = lost_after_a_checkpoint(&env, &args);
+    let mut before = std::fs::read(&out).unwrap();
+    before[end as usize] ^= 0x20;
+    std::fs::write(&out, &before).unwrap();
+    let file = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
+    let resumed = env
+        .ferry()
+        .args(["resume", &k])
+        .stdout(file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert_eq!(resumed.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("output differs from what the lost run wrote"),
+        "{err}"
+    );
+    let after = std::fs::read(&out).unwrap();
+    assert!(
+        after.starts_with(&before),
+        "the lost run's output was changed"
+    );
+    assert_eq!(after[before.len()..], plain.stdout[end as usize..]);
+}
+
 #[test]
 fn disk_full_during_snapshots_keeps_the_guest_running() {
     let env = Env::new();
