@@ -24,6 +24,9 @@ pub struct Session {
     pub outputs: Vec<OutputMark>,
 }
 
+/// Version of the session record (`sessions/<id>.json`).
+const FORMAT_VERSION: u32 = 1;
+
 fn path(settings: &Settings, id: &str) -> PathBuf {
     settings.sessions_dir().join(format!("{id}.json"))
 }
@@ -120,6 +123,7 @@ pub fn save(settings: &Settings, s: &Session) -> Result<()> {
     let dir = settings.sessions_dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let v = json!({
+        "format": "ferry.session", "v": FORMAT_VERSION,
         "id": s.id, "program": s.program, "pid": s.pid, "state": s.state,
         "memory": s.memory, "last_snapshot": s.last_snapshot,
         "outputs": s.outputs.iter().map(|m| json!({
@@ -139,6 +143,15 @@ pub fn load(settings: &Settings, id: &str) -> Result<Session> {
     let bytes = std::fs::read(&p).with_context(|| format!("no session `{id}` (see `ferry ps`)"))?;
     let v: serde_json::Value =
         serde_json::from_slice(&bytes).with_context(|| format!("reading {}", p.display()))?;
+    // Records written before the version field are version 1.
+    let version = v["v"].as_u64().unwrap_or(1);
+    if version > u64::from(FORMAT_VERSION) {
+        bail!(
+            "{} is session record version {version}; this ferry reads up to {FORMAT_VERSION} \
+             (a newer ferry wrote it)",
+            p.display()
+        );
+    }
     Ok(Session {
         id: v["id"].as_str().unwrap_or(id).to_owned(),
         program: v["program"].as_str().unwrap_or("?").to_owned(),
