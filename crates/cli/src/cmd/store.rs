@@ -38,7 +38,13 @@ fn verify(store: &dyn Store) -> Result<ExitCode> {
         bad += 1;
         eprintln!("ferry: {p}");
     }
-    for k in &all {
+    let mut last = std::time::Instant::now();
+    for (i, k) in all.iter().enumerate() {
+        // A big store takes a while: say how far it got, about once a second.
+        if last.elapsed() >= std::time::Duration::from_secs(1) {
+            last = std::time::Instant::now();
+            eprintln!("ferry: verified {i} of {} objects", all.len());
+        }
         // Hashed as it streams: an instrumented interpreter is hundreds of MB.
         match store.check(k) {
             Ok(()) => {}
