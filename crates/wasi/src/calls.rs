@@ -623,7 +623,12 @@ impl WasiCtx {
             };
             // SAFETY: one valid pollfd, count 1.
             let r = unsafe { libc::poll(&mut p, 1, 5) };
-            if r != 0 {
+            // A signal (the very SIGINT asking for a suspend, when it lands on this thread)
+            // interrupts the poll: that is no sign of input. Reading then would block until
+            // input or end of file arrived, and the snapshot would hold the read's result.
+            let interrupted =
+                r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+            if r != 0 && !interrupted {
                 return Ok(());
             }
             if !self.rewinding && (self.interrupt)() {

@@ -115,12 +115,17 @@ struct RawStdin;
 
 impl Read for RawStdin {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        // SAFETY: reads into a buffer we own, at most its length, from fd 0.
-        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
+        loop {
+            // SAFETY: reads into a buffer we own, at most its length, from fd 0.
+            let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = std::io::Error::last_os_error();
+            // A signal for ferry (suspend, checkpoint) is not the guest's business.
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
     }
 }

@@ -142,6 +142,72 @@ fn a_sleep_interrupted_by_a_suspend_keeps_its_deadline() {
     assert_eq!(c.sleep_deadline, None);
 }
 
+/// A signal landing on the guest's thread while it waits for stdin (the very SIGINT that asks
+/// for a suspend may) is not input: the wait goes on and the suspend is served. (It used to
+/// be taken for input: a read then blocked until input or end of file came, and the snapshot
+/// held what that read returned.)
+#[test]
+fn a_signal_during_a_stdin_wait_is_not_input() {
+    use std::os::fd::FromRawFd;
+    extern "C" fn ignore(_: libc::c_int) {}
+    let mut fds = [0; 2];
+    // SAFETY: a handler that does nothing, installed without SA_RESTART; a new pipe.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = ignore as extern "C" fn(libc::c_int) as usize;
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+    }
+    let (read_end, write_end) = (fds[0], fds[1]);
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let flag = interrupt.clone();
+    let stdio = Stdio {
+        // SAFETY: the pipe's read end, owned from here on.
+        stdin: Box::new(unsafe { std::fs::File::from_raw_fd(read_end) }),
+        stdin_fd: Some(read_end),
+        terminals: [false; 3],
+        log: None,
+        stdout: Box::new(std::io::sink()),
+        stderr: Box::new(std::io::sink()),
+    };
+    let mut c = WasiCtx::new(
+        vec!["prog".into()],
+        vec![],
+        vec![],
+        stdio,
+        Box::new(FakeClock::default()),
+        Arc::new(move || flag.load(Ordering::SeqCst)),
+    )
+    .unwrap();
+    // SAFETY: this thread's own id.
+    let me = unsafe { libc::pthread_self() };
+    let flag = interrupt.clone();
+    let helper = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // SAFETY: signals a live thread (the test waits for this one before returning).
+        unsafe { libc::pthread_kill(me, libc::SIGUSR2) };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        flag.store(true, Ordering::SeqCst);
+        // Input never comes; the pipe closes much later.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        // SAFETY: the write end, owned by this thread.
+        unsafe { libc::close(write_end) };
+    });
+    let mut mem = vec![0u8; 128];
+    // One iovec at 0: 16 bytes at 64; the count goes to 32.
+    mem[0..4].copy_from_slice(&64u32.to_le_bytes());
+    mem[4..8].copy_from_slice(&16u32.to_le_bytes());
+    let started = std::time::Instant::now();
+    let r = c.call("fd_read", &mut mem, &[0, 0, 1, 32]);
+    assert!(matches!(r, Err(HostError::Unwind)), "{r:?}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "waited {:?} for input that was never coming",
+        started.elapsed()
+    );
+    helper.join().unwrap();
+}
+
 #[test]
 fn files_in_a_mount_and_no_way_out() {
     let d = tempfile::tempdir().unwrap();
