@@ -103,8 +103,25 @@ pub fn spawn_guest<'scope, T: Send + 'scope>(
     std::thread::Builder::new()
         .name("guest".into())
         .stack_size(GUEST_THREAD_STACK)
-        .spawn_scoped(scope, f)
+        .spawn_scoped(scope, || {
+            block_control_signals();
+            f()
+        })
         .expect("spawning the guest thread")
+}
+
+/// Keeps ferry's control signals (suspend, checkpoint) off the calling thread: the kernel
+/// hands them to another thread, so the guest's blocking calls are not interrupted by them.
+fn block_control_signals() {
+    // SAFETY: builds a signal set we own and changes only this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGUSR1] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
 }
 
 /// Runs `f` on a guest thread (see [`spawn_guest`]) and waits for it.
