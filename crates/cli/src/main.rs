@@ -45,6 +45,9 @@ enum Command {
     Suspend(cmd::signal::Args),
     /// List sessions (local ones, or a space's with --space).
     Ps(cmd::ps::Args),
+    /// Forget local sessions (not running; resumable ones with --force), so `ferry store gc`
+    /// can reclaim their snapshots.
+    Rm(cmd::rm::Args),
     /// Print a space's session output (with --space); --follow keeps streaming, across moves.
     Logs(cmd::remote::LogsArgs),
     /// Wait for a space's session to stop wherever it moved; exits with the guest's code.
@@ -116,6 +119,10 @@ fn main() -> ExitCode {
         Command::Suspend(a) => cmd::signal::run(&settings, a, cmd::signal::Kind::Suspend),
         Command::Ps(_) if settings.space.is_some() => cmd::remote::ps(&settings),
         Command::Ps(a) => cmd::ps::run(&settings, a),
+        Command::Rm(_) if settings.space.is_some() => Err(anyhow::anyhow!(
+            "`ferry rm` forgets local sessions; a space keeps its own"
+        )),
+        Command::Rm(a) => cmd::rm::run(&settings, a),
         Command::Logs(a) => cmd::remote::logs(&settings, a),
         Command::Wait(a) => cmd::remote::wait(&settings, a),
         Command::Kill(a) => cmd::remote::stop(&settings, &a.session, "kill"),

@@ -177,6 +177,19 @@ pub fn load(settings: &Settings, id: &str) -> Result<Session> {
     })
 }
 
+/// Deletes session `id`'s record and lock file (its lease must be held by the caller).
+pub fn remove(settings: &Settings, id: &str) -> Result<()> {
+    for p in [path(settings, id), lock_path(settings, id)] {
+        match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", p.display()));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 pub fn list(settings: &Settings) -> Result<Vec<Session>> {
     let mut out = Vec::new();
     let Ok(rd) = std::fs::read_dir(settings.sessions_dir()) else {

@@ -8,6 +8,7 @@ pub mod ps;
 pub mod python;
 pub mod remote;
 pub mod resume;
+pub mod rm;
 pub mod run;
 pub mod signal;
 pub mod space;

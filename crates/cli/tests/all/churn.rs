@@ -204,6 +204,9 @@ fn a_session_runs_in_one_process_at_a_time() {
         "{err}"
     );
 
+    let (_, err, code) = env.output(&["rm", "--force", "job"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("session `job` is running (pid"), "{err}");
     let (k2, err, code) = env.output(&["suspend", "job"]);
     assert_eq!(code, 0, "{err}");
     let second = resumed.wait_with_output().unwrap();

@@ -216,6 +216,51 @@ fn module_mismatch_is_refused_while_admitting() {
     );
 }
 
+/// `ferry rm` forgets finished sessions; a resumable one only with --force, after which
+/// `store gc` reclaims its snapshot.
+#[test]
+fn rm_forgets_sessions_and_gc_reclaims_their_snapshots() {
+    let (env, k) = suspended_counter();
+    let g = guest("wasm/cpu.wasm");
+    let (_, err, code) = env.output(&["run", "--session", "done", g.to_str().unwrap(), "--", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let (ps, _, _) = env.output(&["ps"]);
+    let suspended = ps
+        .lines()
+        .find(|l| l.contains("suspended"))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("the suspended session")
+        .to_owned();
+    let (out, err, code) = env.output(&["rm", "done"]);
+    assert_eq!((code, out.as_str()), (0, "removed done\n"), "{err}");
+    let (_, err, code) = env.output(&["rm", &suspended]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!(
+            "session `{suspended}` can still be resumed (suspended"
+        )),
+        "{err}"
+    );
+    let (_, err, code) = env.output(&["rm", "../x"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("is not a session id"), "{err}");
+    // Still resumable until forced.
+    let (_, _, code) = env.output(&["store", "gc"]);
+    assert_eq!(code, 0);
+    let (_, err, code) = env.output(&["inspect", &k]);
+    assert_eq!(code, 0, "{err}");
+    let (_, err, code) = env.output(&["rm", "--force", &suspended]);
+    assert_eq!(code, 0, "{err}");
+    let (ps, _, _) = env.output(&["ps"]);
+    assert!(!ps.contains(&suspended) && !ps.contains("done"), "{ps}");
+    let (out, _, code) = env.output(&["store", "gc"]);
+    assert_eq!(code, 0);
+    assert!(!out.starts_with("deleted 0 "), "{out}");
+    let (_, err, code) = env.output(&["resume", &k]);
+    assert_eq!(code, 1);
+    assert!(err.contains("refused while resolving"), "{err}");
+}
+
 #[test]
 fn gc_deletes_only_what_no_session_reaches() {
     let (env, k) = suspended_counter();

@@ -1,0 +1,60 @@
+//! `ferry rm SESSION...`: forget local sessions, so `ferry store gc` can reclaim their
+//! snapshots.
+
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use ferry_store::Store;
+
+use crate::session;
+use crate::settings::Settings;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Session ids (see `ferry ps`).
+    #[arg(required = true, value_name = "SESSION")]
+    sessions: Vec<String>,
+    /// Also forget sessions that could still be resumed (suspended, or lost in a crash): their
+    /// snapshots go at the next `ferry store gc`.
+    #[arg(long)]
+    force: bool,
+}
+
+pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
+    let store = settings.open_store()?;
+    for id in &a.sessions {
+        let id = session::checked_id(id)?;
+        let s = session::load(settings, id)?;
+        // Held until the session is gone: nothing resumes it meanwhile.
+        let _lease = match session::lease(settings, id)? {
+            Ok(lease) => lease,
+            Err(pid) => bail!(
+                "session `{id}` is running (pid {pid}); suspend it (`ferry suspend {id}`) or let \
+                 it finish first"
+            ),
+        };
+        if let Some(k) = &s.last_snapshot
+            && !s.state.starts_with("exited")
+            && !a.force
+        {
+            let state = if s.state == "running" {
+                "lost"
+            } else {
+                &s.state
+            };
+            bail!(
+                "session `{id}` can still be resumed ({state}, last snapshot {k}); `ferry rm \
+                 --force {id}` forgets it, and its snapshots go at the next `ferry store gc`"
+            );
+        }
+        // The ref first: if ferry stops halfway, `ps` still lists the session and `rm` can be
+        // run again.
+        let name = format!("session/{id}");
+        if let Some(current) = store.get_ref(&name)? {
+            store.cas_ref(&name, Some(current), None)?;
+        }
+        session::remove(settings, id)?;
+        println!("removed {id}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
