@@ -29,6 +29,8 @@ pub trait ObjectKind: Serialize + DeserializeOwned {
 pub enum ObjectError {
     #[error(transparent)]
     Codec(#[from] CodecError),
+    #[error("{0}, not a ferry object")]
+    NotAnObject(&'static str),
     #[error("expected a `{expected}` object, found `{found}`")]
     WrongKind {
         expected: &'static str,
@@ -62,8 +64,18 @@ pub fn decode<T: ObjectKind>(bytes: &[u8]) -> Result<T, ObjectError> {
         return Err(CodecError::TooLarge(bytes.len()).into());
     }
     ferry_kappa::codec::check_depth(bytes)?;
-    let header: Header = serde_ipld_dagcbor::from_slice(bytes)
-        .map_err(|e| CodecError::Decode(format!("no kind/version header: {e}")))?;
+    // Blobs are stored beside objects: name what was given instead, when it is one.
+    if bytes.starts_with(b"\0asm") {
+        return Err(ObjectError::NotAnObject("a WebAssembly module"));
+    }
+    let header: Header = serde_ipld_dagcbor::from_slice(bytes).map_err(|e| {
+        if bytes.first().is_some_and(|b| b >> 5 != 5) {
+            // Not even a CBOR map: raw bytes (a memory chunk, a saved stack, a file).
+            ObjectError::NotAnObject("raw bytes (a memory chunk, a saved stack or a file)")
+        } else {
+            CodecError::Decode(format!("no kind/version header: {e}")).into()
+        }
+    })?;
     if header.kind != T::KIND {
         return Err(ObjectError::WrongKind {
             expected: T::KIND,

@@ -95,6 +95,23 @@ fn suspended_counter() -> (Env, String) {
     (env, k)
 }
 
+/// Given the κ of something that is not a snapshot (here its module), resume says what it is.
+#[test]
+fn a_kappa_that_is_not_a_snapshot_is_named() {
+    let (env, k) = suspended_counter();
+    let (out, _, code) = env.output(&["inspect", "--json", &k]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let module = v["module"].as_str().unwrap().to_owned();
+    let (_, err, code) = env.output(&["resume", &module]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("refused while verifying")
+            && err.contains("a WebAssembly module, not a ferry object"),
+        "{err}"
+    );
+}
+
 #[test]
 fn corrupted_or_truncated_objects_are_detected_not_resumed() {
     let (env, k) = suspended_counter();
