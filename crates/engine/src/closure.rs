@@ -27,8 +27,25 @@ pub fn snapshot_closure(
     with_history: bool,
     out: &mut BTreeSet<Kappa>,
 ) -> Result<(), ClosureError> {
+    let snapshots = if with_history { usize::MAX } else { 1 };
+    snapshots_closure(store, k, snapshots, out)
+}
+
+/// Adds the closure of snapshot κ and of its ancestors to `out`, `snapshots` snapshots in all
+/// (1: κ alone). History already pruned (a parent no longer stored) ends the walk.
+pub fn snapshots_closure(
+    store: &dyn Store,
+    k: &Kappa,
+    snapshots: usize,
+    out: &mut BTreeSet<Kappa>,
+) -> Result<(), ClosureError> {
     let mut next = Some(*k);
+    let mut left = snapshots;
     while let Some(k) = next.take() {
+        if left == 0 {
+            break;
+        }
+        left -= 1;
         if !out.insert(k) {
             break;
         }
@@ -48,9 +65,7 @@ pub fn snapshot_closure(
         for m in &w.mounts {
             tree_closure(store, &m.tree, out, 0)?;
         }
-        if with_history {
-            next = s.parent.filter(|p| store.has(p).unwrap_or(false));
-        }
+        next = s.parent.filter(|p| store.has(p).unwrap_or(false));
     }
     Ok(())
 }

@@ -73,7 +73,15 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     println!(
         "generation   {}  parent {}",
         s.generation,
-        s.parent.map_or("-".into(), |p| p.fmt_short())
+        s.parent
+            .map_or("-".into(), |p| if store.has(&p).unwrap_or(false) {
+                p.fmt_short()
+            } else {
+                format!(
+                    "{} (no longer stored: history pruned by `store gc --keep`)",
+                    p.fmt_short()
+                )
+            })
     );
     println!(
         "module       {}  (instrumented {} v{})",

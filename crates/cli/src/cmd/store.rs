@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use ferry_engine::closure::snapshot_closure;
+use ferry_engine::closure::{snapshot_closure, snapshots_closure};
 use ferry_store::{Store, StoreError};
 
 use crate::settings::Settings;
@@ -19,6 +19,10 @@ pub enum Command {
         /// Only report what would be deleted.
         #[arg(long)]
         dry_run: bool,
+        /// Keep only the newest N snapshots of each session and imported snapshot (the latest
+        /// and its N-1 ancestors); older checkpoints are deleted. Default: the whole history.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        keep: Option<u64>,
     },
 }
 
@@ -27,7 +31,11 @@ pub fn run(settings: &Settings, c: Command) -> Result<ExitCode> {
         Command::Verify => verify(&settings.open_store()?),
         // Alone with the store: another process may have written objects it has not yet
         // named with a ref (a snapshot's chunks go before its ref).
-        Command::Gc { dry_run } => gc(&settings.open_store_exclusive()?, dry_run),
+        Command::Gc { dry_run, keep } => gc(
+            &settings.open_store_exclusive()?,
+            dry_run,
+            keep.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        ),
     }
 }
 
@@ -75,11 +83,11 @@ fn verify(store: &dyn Store) -> Result<ExitCode> {
     })
 }
 
-fn gc(store: &dyn Store, dry_run: bool) -> Result<ExitCode> {
+fn gc(store: &dyn Store, dry_run: bool, keep: usize) -> Result<ExitCode> {
     let mut live = BTreeSet::new();
     for (name, r) in store.list_refs()? {
         if name.starts_with("session/") || name.starts_with("snapshot/") {
-            snapshot_closure(store, &r.target, true, &mut live)?;
+            snapshots_closure(store, &r.target, keep, &mut live)?;
         } else {
             live.insert(r.target);
         }

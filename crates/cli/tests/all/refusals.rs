@@ -278,6 +278,50 @@ fn rm_forgets_sessions_and_gc_reclaims_their_snapshots() {
     assert!(err.contains("refused while resolving"), "{err}");
 }
 
+/// `store gc --keep N` keeps the newest N snapshots of each session: older checkpoints go,
+/// and the session still resumes to an uninterrupted run's output.
+#[test]
+fn gc_keep_prunes_old_checkpoints() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "300"];
+    let plain = env.plain(&args);
+    let (first, k) = crate::harness::run_and_suspend(
+        &env,
+        &[&["--checkpoint-every", "100ms"][..], &args[..]].concat(),
+        1000,
+    );
+    let mut chain = vec![k.clone()];
+    loop {
+        let (out, _, code) = env.output(&["inspect", "--json", chain.last().unwrap()]);
+        assert_eq!(code, 0);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        match v["parent"].as_str() {
+            Some(p) => chain.push(p.to_owned()),
+            None => break,
+        }
+    }
+    assert!(chain.len() >= 4, "{chain:?}");
+    let (_, err, code) = env.output(&["store", "gc", "--keep", "0"]);
+    assert_eq!(code, 2, "{err}");
+    let (out, err, code) = env.output(&["store", "gc", "--keep", "2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.starts_with("deleted 0 "), "{out}");
+    for (i, s) in chain.iter().enumerate() {
+        let (_, err, code) = env.output(&["inspect", s]);
+        assert_eq!(
+            code,
+            if i < 2 { 0 } else { 1 },
+            "snapshot {i} of the chain: {err}"
+        );
+    }
+    let (o, e, code) = env.output(&["store", "verify"]);
+    assert_eq!(code, 0, "{o}{e}");
+    let mut all = first;
+    all.extend(crate::harness::resume_to_end(&env, &k));
+    assert_eq!(all, plain.stdout);
+}
+
 #[test]
 fn gc_deletes_only_what_no_session_reaches() {
     let (env, k) = suspended_counter();
