@@ -123,9 +123,14 @@ pub fn read_output(store: &dyn Store, k: &Kappa) -> Result<Vec<u8>, EngineError>
 #[derive(Debug, Default)]
 pub(crate) struct Incremental {
     memories: Vec<Option<Tracked>>,
-    /// Mounted files already stored by this run's snapshots.
+    /// Mounted files already stored, by this run's snapshots or by earlier runs (the store's
+    /// `import-cache`, read at the first snapshot).
     trees: ferry_wasi::tree::ImportCache,
+    trees_loaded: bool,
 }
+
+/// The store's cache file remembering mounted files it holds (see [`Store::load_cache`]).
+const IMPORT_CACHE: &str = "import-cache";
 
 #[derive(Debug)]
 struct Tracked {
@@ -329,12 +334,31 @@ pub(crate) fn write(
     // one reads and hashes files, the other mostly waits for the disk.
     let started = std::time::Instant::now();
     let mut tree_cache = std::mem::take(&mut dirty.trees);
+    let load_saved = !std::mem::replace(&mut dirty.trees_loaded, true);
     let (trees, memories) = std::thread::scope(|s| {
         let importer = s.spawn(|| {
-            mounts
+            // What earlier runs stored (a 50 MB standard library, a data set) is not read
+            // again at this run's first snapshot either, while unchanged.
+            if load_saved
+                && !mounts.is_empty()
+                && let Some(saved) = store
+                    .load_cache(IMPORT_CACHE)
+                    .and_then(|b| ferry_wasi::tree::ImportCache::decode(&b))
+            {
+                tree_cache.absorb(saved);
+            }
+            let read_before = tree_cache.files_read();
+            let trees = mounts
                 .iter()
                 .map(|(_, root, _)| ferry_wasi::tree::import_cached(store, root, &mut tree_cache))
-                .collect::<Result<Vec<_>, _>>()
+                .collect::<Result<Vec<_>, _>>();
+            if trees.is_ok()
+                && tree_cache.files_read() > read_before
+                && let Err(e) = store.save_cache(IMPORT_CACHE, &tree_cache.encode())
+            {
+                tracing::warn!("could not save the mount import cache: {e}");
+            }
+            trees
         });
         let mut memories = Vec::new();
         for i in 0.. {

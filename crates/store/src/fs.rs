@@ -4,7 +4,8 @@
 //! `packs/<id>.{pack,idx}` (objects written together by `put_many`, see [`crate::pack`]),
 //! `refs/<name>` (text: `<epoch> blake3:<hex>`), `tmp/` for writes in progress, `refs.lock`,
 //! `gc.lock` (every open store holds a shared `flock` on it; garbage collection needs it
-//! exclusively, see [`FsStore::open_exclusive`]).
+//! exclusively, see [`FsStore::open_exclusive`]), `cache/` (host-local cache files, see
+//! [`Store::load_cache`]).
 //! Writes go to a temp file in `tmp/` and are renamed into place, so a failed write (a full
 //! disk) never leaves a partial object under its κ. Durability is batched: [`Store::sync`]
 //! (`syncfs`) runs once per snapshot before its ref is updated; an object torn by a power loss
@@ -137,6 +138,11 @@ fn write_at_vectored(f: &File, bufs: &[&[u8]], at: u64) -> std::io::Result<()> {
         buf_at += len;
     }
     Ok(())
+}
+
+/// A cache file name: `[a-z-]+`, so it names a file in `cache/` and nothing else.
+fn cache_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'-')
 }
 
 /// `root/gc.lock`, locked with `how` (`LOCK_SH` or `LOCK_EX`) without waiting: `Ok(None)`
@@ -854,6 +860,26 @@ impl Store for FsStore {
                 _ => Ok(()),
             },
         }
+    }
+
+    fn load_cache(&self, name: &str) -> Option<Vec<u8>> {
+        if !cache_name(name) {
+            return None;
+        }
+        fs::read(self.root.join("cache").join(name)).ok()
+    }
+
+    fn save_cache(&self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        if !cache_name(name) {
+            return Err(StoreError::BadRefName(name.to_owned()));
+        }
+        let dir = self.root.join("cache");
+        fs::create_dir_all(&dir).map_err(StoreError::io("create", &dir))?;
+        // Each writer its own temporary name; the rename makes the new file whole at once.
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        fs::write(&tmp, bytes).map_err(StoreError::io("write", &tmp))?;
+        let p = dir.join(name);
+        fs::rename(&tmp, &p).map_err(StoreError::io("rename", &p))
     }
 
     fn problems(&self) -> Vec<String> {

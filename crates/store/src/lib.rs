@@ -70,6 +70,19 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn problems(&self) -> Vec<String> {
         Vec::new()
     }
+    /// A host-local cache file kept beside the store (never an object, never sent anywhere):
+    /// its bytes, if there is one named `name` (`[a-z-]+`). Stores without a place for such
+    /// files have none.
+    fn load_cache(&self, name: &str) -> Option<Vec<u8>> {
+        let _ = name;
+        None
+    }
+    /// Replaces cache file `name` (see [`Store::load_cache`]); not made durable — losing it
+    /// only costs a re-read.
+    fn save_cache(&self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let _ = (name, bytes);
+        Ok(())
+    }
     /// Makes every completed `put` durable (objects are written without a sync each, so a
     /// snapshot of many chunks pays for one sync, not thousands).
     fn sync(&self) -> Result<(), StoreError> {

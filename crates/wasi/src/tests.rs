@@ -300,6 +300,52 @@ fn a_cached_import_reads_only_files_that_changed() {
     assert_eq!(cautious.files_read(), 4);
 }
 
+/// What one run's cache remembers survives encoding: a later run that starts from it reads
+/// nothing unchanged, and reads a file that changed since. Bytes that are not a saved cache
+/// decode to nothing, without panicking.
+#[test]
+fn a_saved_import_cache_spares_the_next_run_its_reads() {
+    use crate::tree::{ImportCache, import_cached};
+    let store = ferry_store::MemStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::write(root.join("lib.zip"), vec![1; 200_000]).unwrap();
+    std::fs::write(root.join("data.txt"), b"v1").unwrap();
+    let mut first = ImportCache::trusting_recent_files();
+    let k = import_cached(&store, &root, &mut first).unwrap();
+    assert_eq!(first.files_read(), 2);
+    let saved = first.encode();
+
+    let mut next = ImportCache::decode(&saved).expect("a saved cache");
+    assert_eq!(import_cached(&store, &root, &mut next).unwrap(), k);
+    assert_eq!(next.files_read(), 0, "unchanged files are not read again");
+    std::fs::write(root.join("data.txt"), b"v2").unwrap();
+    let mut after = ImportCache::decode(&saved).unwrap();
+    assert_ne!(import_cached(&store, &root, &mut after).unwrap(), k);
+    assert_eq!(after.files_read(), 1, "only the changed file is read");
+
+    assert!(ImportCache::decode(b"").is_none());
+    assert!(ImportCache::decode(&saved[..saved.len() - 1]).is_none());
+    let mut longer = saved.clone();
+    longer.push(0);
+    assert!(ImportCache::decode(&longer).is_none());
+    let mut other_version = saved.clone();
+    other_version[8] = 2;
+    assert!(ImportCache::decode(&other_version).is_none());
+}
+
+proptest::proptest! {
+    #[test]
+    fn arbitrary_bytes_never_make_an_import_cache_panic(
+        data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)
+    ) {
+        let _ = crate::tree::ImportCache::decode(&data);
+        let mut framed = b"FERRYIMC\x01\x00\x00\x00".to_vec();
+        framed.extend_from_slice(&data);
+        let _ = crate::tree::ImportCache::decode(&framed);
+    }
+}
+
 #[test]
 fn a_mounted_file_over_the_limit_is_refused_before_it_is_read() {
     let store = ferry_store::MemStore::new();

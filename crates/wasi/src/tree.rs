@@ -106,7 +106,107 @@ impl Stamp {
     }
 }
 
+/// Most files a saved [`ImportCache`] keeps (the rest are read again when next seen).
+pub const MAX_SAVED: usize = 200_000;
+const CACHE_MAGIC: &[u8; 8] = b"FERRYIMC";
+const CACHE_VERSION: u32 = 1;
+const MAX_PATH: usize = 4096;
+
 impl ImportCache {
+    /// The files remembered, as bytes for [`ImportCache::decode`] (at most [`MAX_SAVED`]):
+    /// `"FERRYIMC"`, u32 version 1, u32 count, then per file u16 path length, the absolute
+    /// path's bytes, u64 device, inode and length, i64 seconds and nanoseconds of the
+    /// modification and status-change times, the 32-byte κ; little-endian.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut files: Vec<_> = self
+            .files
+            .iter()
+            .filter(|(p, _)| p.is_absolute() && p.as_os_str().len() <= MAX_PATH)
+            .take(MAX_SAVED)
+            .collect();
+        files.sort_by(|a, b| a.0.cmp(b.0));
+        let mut out = Vec::with_capacity(16 + files.len() * 120);
+        out.extend_from_slice(CACHE_MAGIC);
+        out.extend_from_slice(&CACHE_VERSION.to_le_bytes());
+        out.extend_from_slice(&(files.len() as u32).to_le_bytes());
+        for (p, (st, k)) in files {
+            let path = std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str());
+            out.extend_from_slice(&(path.len() as u16).to_le_bytes());
+            out.extend_from_slice(path);
+            for v in [st.dev, st.ino, st.len] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            for v in [st.mtime.0, st.mtime.1, st.ctime.0, st.ctime.1] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            out.extend_from_slice(k.as_bytes());
+        }
+        out
+    }
+
+    /// A cache from [`ImportCache::encode`]'s bytes; `None` for anything else (another
+    /// version, a torn or altered file): a cache only ever saves reading, so doubt drops it.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut r = bytes;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (head, rest) = r.split_at_checked(n)?;
+            r = rest;
+            Some(head)
+        };
+        if take(8)? != CACHE_MAGIC || u32::from_le_bytes(take(4)?.try_into().ok()?) != CACHE_VERSION
+        {
+            return None;
+        }
+        let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        if count > MAX_SAVED {
+            return None;
+        }
+        let mut files = HashMap::with_capacity(count.min(bytes.len() / 90));
+        for _ in 0..count {
+            let len = u16::from_le_bytes(take(2)?.try_into().ok()?) as usize;
+            if len > MAX_PATH {
+                return None;
+            }
+            let path = PathBuf::from(
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(take(len)?),
+            );
+            if !path.is_absolute() {
+                return None;
+            }
+            let mut u = [0u64; 3];
+            for v in &mut u {
+                *v = u64::from_le_bytes(take(8)?.try_into().ok()?);
+            }
+            let mut t = [0i64; 4];
+            for v in &mut t {
+                *v = i64::from_le_bytes(take(8)?.try_into().ok()?);
+            }
+            let k = Kappa::from_bytes(take(32)?.try_into().ok()?);
+            let stamp = Stamp {
+                dev: u[0],
+                ino: u[1],
+                len: u[2],
+                mtime: (t[0], t[1]),
+                ctime: (t[2], t[3]),
+            };
+            files.insert(path, (stamp, k));
+        }
+        if !r.is_empty() {
+            return None;
+        }
+        Some(Self {
+            files,
+            ..Self::default()
+        })
+    }
+
+    /// Adds what `other` remembers of files this cache has no word on.
+    pub fn absorb(&mut self, other: Self) {
+        for (p, v) in other.files {
+            self.files.entry(p).or_insert(v);
+        }
+    }
+
     /// A cache that also trusts files modified less than [`SETTLED`] ago.
     #[cfg(test)]
     pub(crate) fn trusting_recent_files() -> Self {
