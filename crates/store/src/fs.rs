@@ -875,8 +875,15 @@ impl Store for FsStore {
         }
         let dir = self.root.join("cache");
         fs::create_dir_all(&dir).map_err(StoreError::io("create", &dir))?;
-        // Each writer its own temporary name; the rename makes the new file whole at once.
-        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        // Each write its own temporary file (threads of one process too: two writes into one
+        // file could interleave into something that still decodes); the rename makes the new
+        // file whole at once.
+        static WRITES: AtomicU64 = AtomicU64::new(0);
+        let tmp = dir.join(format!(
+            ".{name}.{}.{}",
+            std::process::id(),
+            WRITES.fetch_add(1, Ordering::Relaxed)
+        ));
         fs::write(&tmp, bytes).map_err(StoreError::io("write", &tmp))?;
         let p = dir.join(name);
         fs::rename(&tmp, &p).map_err(StoreError::io("rename", &p))
