@@ -129,9 +129,6 @@ pub(crate) struct Incremental {
     trees_loaded: bool,
 }
 
-/// The store's cache file remembering mounted files it holds (see [`Store::load_cache`]).
-const IMPORT_CACHE: &str = "import-cache";
-
 #[derive(Debug)]
 struct Tracked {
     tracker: crate::dirty::Tracker,
@@ -339,13 +336,8 @@ pub(crate) fn write(
         let importer = s.spawn(|| {
             // What earlier runs stored (a 50 MB standard library, a data set) is not read
             // again at this run's first snapshot either, while unchanged.
-            if load_saved
-                && !mounts.is_empty()
-                && let Some(saved) = store
-                    .load_cache(IMPORT_CACHE)
-                    .and_then(|b| ferry_wasi::tree::ImportCache::decode(&b))
-            {
-                tree_cache.absorb(saved);
+            if load_saved && !mounts.is_empty() {
+                tree_cache.absorb(ferry_wasi::tree::ImportCache::saved_in(store));
             }
             let read_before = tree_cache.files_read();
             let trees = mounts
@@ -354,7 +346,8 @@ pub(crate) fn write(
                 .collect::<Result<Vec<_>, _>>();
             if trees.is_ok()
                 && tree_cache.files_read() > read_before
-                && let Err(e) = store.save_cache(IMPORT_CACHE, &tree_cache.encode())
+                && let Err(e) =
+                    store.save_cache(ferry_wasi::tree::IMPORT_CACHE_FILE, &tree_cache.encode())
             {
                 tracing::warn!("could not save the mount import cache: {e}");
             }

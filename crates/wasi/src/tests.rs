@@ -324,6 +324,29 @@ fn a_saved_import_cache_spares_the_next_run_its_reads() {
     assert_ne!(import_cached(&store, &root, &mut after).unwrap(), k);
     assert_eq!(after.files_read(), 1, "only the changed file is read");
 
+    // What a resume compares: the same κ, nothing stored, unchanged files not read.
+    let mut probe = ImportCache::decode(&saved).unwrap();
+    let stored = ferry_store::Store::list(&store).unwrap().len();
+    let now = crate::tree::tree_kappa(&store, &root, &mut probe).unwrap();
+    assert_eq!(
+        now,
+        import_cached(&store, &root, &mut ImportCache::default()).unwrap()
+    );
+    assert_eq!(probe.files_read(), 1, "only the changed file is read");
+    std::fs::write(root.join("data.txt"), b"v3").unwrap();
+    let mut probe = ImportCache::decode(&saved).unwrap();
+    let before = ferry_store::Store::list(&store).unwrap().len();
+    assert_ne!(
+        crate::tree::tree_kappa(&store, &root, &mut probe).unwrap(),
+        now
+    );
+    assert_eq!(
+        ferry_store::Store::list(&store).unwrap().len(),
+        before,
+        "nothing stored"
+    );
+    assert!(stored <= before);
+
     assert!(ImportCache::decode(b"").is_none());
     assert!(ImportCache::decode(&saved[..saved.len() - 1]).is_none());
     let mut longer = saved.clone();

@@ -53,7 +53,42 @@ pub fn import_cached(
     dir: &Path,
     cache: &mut ImportCache,
 ) -> Result<Kappa, TreeError> {
-    import_at(store, dir, 0, cache)
+    import_at(Sink::Store(store), dir, 0, cache)
+}
+
+/// The κ of the tree [`import_cached`] would store for `dir`, storing nothing: what a resume
+/// compares with a snapshot's tree. Files `cache` has seen unchanged, whose κ `store` holds,
+/// are not read.
+pub fn tree_kappa(
+    store: &dyn Store,
+    dir: &Path,
+    cache: &mut ImportCache,
+) -> Result<Kappa, TreeError> {
+    import_at(Sink::HashOnly(store), dir, 0, cache)
+}
+
+/// Where an import puts what it reads.
+#[derive(Clone, Copy)]
+enum Sink<'a> {
+    /// Into the store.
+    Store(&'a dyn Store),
+    /// Nowhere: only the κ are wanted (the store is asked what it holds).
+    HashOnly(&'a dyn Store),
+}
+
+impl Sink<'_> {
+    fn put(self, bytes: &[u8]) -> Result<Kappa, ferry_store::StoreError> {
+        match self {
+            Sink::Store(s) => s.put(bytes),
+            Sink::HashOnly(_) => Ok(Kappa::of(bytes)),
+        }
+    }
+
+    fn has(self, k: &Kappa) -> Result<bool, ferry_store::StoreError> {
+        match self {
+            Sink::Store(s) | Sink::HashOnly(s) => s.has(k),
+        }
+    }
 }
 
 /// Files an import stored, by path, with what identified their content then: device, inode,
@@ -105,6 +140,9 @@ impl Stamp {
         })
     }
 }
+
+/// The name of the store's cache file holding an [`ImportCache`] ([`Store::load_cache`]).
+pub const IMPORT_CACHE_FILE: &str = "import-cache";
 
 /// Most files a saved [`ImportCache`] keeps (the rest are read again when next seen).
 pub const MAX_SAVED: usize = 200_000;
@@ -200,6 +238,14 @@ impl ImportCache {
         })
     }
 
+    /// The cache `store` keeps ([`IMPORT_CACHE_FILE`]), or an empty one.
+    pub fn saved_in(store: &dyn Store) -> Self {
+        store
+            .load_cache(IMPORT_CACHE_FILE)
+            .and_then(|b| Self::decode(&b))
+            .unwrap_or_default()
+    }
+
     /// Adds what `other` remembers of files this cache has no word on.
     pub fn absorb(&mut self, other: Self) {
         for (p, v) in other.files {
@@ -222,7 +268,7 @@ impl ImportCache {
     }
 
     /// The κ of the file at `p`, reading it only when it may have changed.
-    fn file(&mut self, store: &dyn Store, p: &Path, md: &fs::Metadata) -> Result<Kappa, TreeError> {
+    fn file(&mut self, store: Sink<'_>, p: &Path, md: &fs::Metadata) -> Result<Kappa, TreeError> {
         let stamp = Stamp::of(md);
         if let Some((seen, k)) = self.files.get(p)
             && *seen == stamp
@@ -247,7 +293,7 @@ impl ImportCache {
 }
 
 fn import_at(
-    store: &dyn Store,
+    store: Sink<'_>,
     dir: &Path,
     depth: usize,
     cache: &mut ImportCache,

@@ -41,8 +41,11 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     let module = t.module.store(&store).with_context(|| t.name.clone())?;
     let mut objects = BTreeSet::from([module]);
     let mut requests = Vec::new();
+    // Files an earlier snapshot or upload stored, unchanged since, are not read again.
+    let mut known = ferry_wasi::tree::ImportCache::saved_in(&store);
+    let read_before = known.files_read();
     for m in &mounts {
-        let tree = ferry_wasi::tree::import(&store, &m.host_dir)
+        let tree = ferry_wasi::tree::import_cached(&store, &m.host_dir, &mut known)
             .with_context(|| format!("cannot read {}", m.host_dir.display()))?;
         ferry_engine::closure::tree_closure(&store, &tree, &mut objects, 0)
             .map_err(|e| anyhow!("{e}"))?;
@@ -51,6 +54,14 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
             tree: tree.to_string(),
             read_only: m.read_only,
         });
+    }
+    if known.files_read() > read_before {
+        // Only a cache: failing to keep it costs a re-read next time.
+        let _ = ferry_store::Store::save_cache(
+            &store,
+            ferry_wasi::tree::IMPORT_CACHE_FILE,
+            &known.encode(),
+        );
     }
     let remote = c.store();
     let objects: Vec<_> = objects.into_iter().collect();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow};
 use ferry_engine::{Control, EngineError, Runtime, SnapshotMeta, Stage, Start, snapshot};
-use ferry_store::{MemStore, Store};
+use ferry_store::Store;
 use ferry_wasi::{MountSpec, WasiCtx};
 
 use crate::guest::{self, Execution};
@@ -51,6 +51,7 @@ fn admit_mount(
     m: &ferry_object::Mount,
     grant: &MountSpec,
     allow_changed: bool,
+    known: &mut ferry_wasi::tree::ImportCache,
 ) -> Result<()> {
     let dir = &grant.host_dir;
     let empty = !dir.exists()
@@ -67,7 +68,9 @@ fn admit_mount(
         })?;
         return Ok(());
     }
-    let now = ferry_wasi::tree::import(&MemStore::new(), dir)
+    // Files a snapshot stored and that have not changed since are not read again (a 52 MB
+    // standard library, a data set): the store's import cache knows them.
+    let now = ferry_wasi::tree::tree_kappa(store, dir, known)
         .with_context(|| format!("reading {}", dir.display()))?;
     if now != m.tree && !allow_changed {
         return Err(refused(
@@ -122,6 +125,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         }
         _ => Replays::default(),
     };
+    let mut known = ferry_wasi::tree::ImportCache::saved_in(&store);
     for m in &loaded.wasi.mounts {
         let grant = grants.iter().find(|g| g.guest_path == m.guest_path).ok_or_else(|| {
             refused(
@@ -133,7 +137,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 ),
             )
         })?;
-        admit_mount(&store, m, grant, a.allow_changed_dirs)?;
+        admit_mount(&store, m, grant, a.allow_changed_dirs, &mut known)?;
     }
     let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;
     let prepared = runtime.prepare_kappa(&store, loaded.snapshot.module, &|msg| {
