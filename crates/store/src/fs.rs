@@ -145,16 +145,21 @@ fn cache_name(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'-')
 }
 
+/// Opens (creating if needed) a file that is only ever locked, never read.
+fn lock_file(p: &Path) -> Result<File, StoreError> {
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(p)
+        .map_err(StoreError::io("open", p))
+}
+
 /// `root/gc.lock`, locked with `how` (`LOCK_SH` or `LOCK_EX`) without waiting: `Ok(None)`
 /// when another process holds a conflicting lock.
 fn lock_in_use(root: &Path, how: libc::c_int) -> Result<Option<File>, StoreError> {
     let p = root.join("gc.lock");
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&p)
-        .map_err(StoreError::io("open", &p))?;
+    let f = lock_file(&p)?;
     // SAFETY: flock on a file descriptor we own; released when `f` is closed.
     if unsafe { libc::flock(f.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
         return Ok(Some(f));
@@ -184,10 +189,7 @@ impl FsStore {
             None => {
                 on_wait();
                 let p = root.join("gc.lock");
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(&p)
-                    .map_err(StoreError::io("open", &p))?;
+                let f = lock_file(&p)?;
                 // SAFETY: as in `lock_in_use`, waiting this time.
                 if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) } != 0 {
                     return Err(StoreError::io("lock", &p)(std::io::Error::last_os_error()));
@@ -594,12 +596,7 @@ impl FsStore {
 
     fn lock_refs(&self) -> Result<File, StoreError> {
         let p = self.root.join("refs.lock");
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&p)
-            .map_err(StoreError::io("open", &p))?;
+        let f = lock_file(&p)?;
         // SAFETY: flock on a file descriptor we own; released when `f` is closed.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
             return Err(StoreError::io("lock", &p)(std::io::Error::last_os_error()));

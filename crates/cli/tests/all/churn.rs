@@ -182,11 +182,7 @@ fn a_session_runs_in_one_process_at_a_time() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !env.output(&["ps"]).0.contains("running") {
-        assert!(std::time::Instant::now() < deadline, "the resume never ran");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    crate::harness::wait_until_running(&env);
     let (out, err, code) = env.output(&["resume", &k]);
     assert_eq!(code, 1, "{out}");
     assert!(
@@ -249,11 +245,8 @@ fn lost_after_a_checkpoint(env: &Env, args: &[&str]) -> (String, std::path::Path
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    crate::harness::wait_until_running(env);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !env.output(&["ps"]).0.contains("running") {
-        assert!(std::time::Instant::now() < deadline, "never ran");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
     let (k, err, code) = env.output(&["checkpoint", "job"]);
     assert_eq!(code, 0, "{err}");
     let record: serde_json::Value =
@@ -281,6 +274,20 @@ fn lost_after_a_checkpoint(env: &Env, args: &[&str]) -> (String, std::path::Path
     (k.trim().to_owned(), out, end)
 }
 
+/// `ferry resume κ >> out` to the guest's exit (code 0): ferry's stderr.
+fn resume_appending(env: &Env, k: &str, out: &std::path::Path) -> String {
+    let file = std::fs::OpenOptions::new().append(true).open(out).unwrap();
+    let resumed = env
+        .ferry()
+        .args(["resume", k])
+        .stdout(file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&resumed.stderr).into_owned();
+    assert_eq!(resumed.status.code(), Some(0), "{err}");
+    err
+}
+
 /// After a crash, resuming the lost session's last snapshot with stdout appended to the same
 /// file (`>>`) writes nothing twice: the output the lost run wrote after the snapshot is
 /// matched, not repeated, and the file ends up as an uninterrupted run's output.
@@ -291,15 +298,7 @@ fn output_a_lost_run_wrote_after_its_last_snapshot_is_not_written_twice() {
     let args = [g.to_str().unwrap(), "--", "300"];
     let plain = env.plain(&args);
     let (k, out, _) = lost_after_a_checkpoint(&env, &args);
-    let file = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
-    let resumed = env
-        .ferry()
-        .args(["resume", &k])
-        .stdout(file)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&resumed.stderr);
-    assert_eq!(resumed.status.code(), Some(0), "{err}");
+    let err = resume_appending(&env, &k, &out);
     assert!(
         err.contains("session `job` was lost after this snapshot"),
         "{err}"
@@ -322,15 +321,7 @@ fn output_that_differs_from_the_lost_run_is_appended_with_a_warning() {
     let mut before = std::fs::read(&out).unwrap();
     before[end as usize] ^= 0x20;
     std::fs::write(&out, &before).unwrap();
-    let file = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
-    let resumed = env
-        .ferry()
-        .args(["resume", &k])
-        .stdout(file)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&resumed.stderr);
-    assert_eq!(resumed.status.code(), Some(0), "{err}");
+    let err = resume_appending(&env, &k, &out);
     assert!(
         err.contains("output differs from what the lost run wrote"),
         "{err}"

@@ -291,6 +291,15 @@ pub fn assert_same_run(churned: &Seen, plain: &Seen, min_suspends: usize) {
     assert_eq!(churned.code, plain.code, "exit code differs");
 }
 
+/// Waits (up to 30 s) until `ferry ps` in `env` shows a running session.
+pub fn wait_until_running(env: &Env) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !env.output(&["ps"]).0.contains("running") {
+        assert!(std::time::Instant::now() < deadline, "no session ever ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `ferry resume κ` in `env` to the guest's exit (code 0): its stdout.
 pub fn resume_to_end(env: &Env, k: &str) -> Vec<u8> {
     let out = env
