@@ -16,8 +16,10 @@ pub fn run(settings: &Settings, _a: Args) -> Result<ExitCode> {
         "{:<10} {:<20} {:<12} {:>10}  LAST SNAPSHOT",
         "SESSION", "PROGRAM", "STATE", "MEMORY"
     );
+    let mut lost = false;
     for s in sessions {
         let state = if s.state == "running" && session::holder(settings, &s.id).is_none() {
+            lost = true;
             "lost".to_owned()
         } else {
             s.state
@@ -34,6 +36,12 @@ pub fn run(settings: &Settings, _a: Args) -> Result<ExitCode> {
         println!(
             "{:<10} {:<20} {:<12} {:>10}  {}",
             s.id, s.program, state, mem, snap
+        );
+    }
+    if lost {
+        eprintln!(
+            "ferry: lost: the process ended without a last snapshot (a crash, a kill); \
+             `ferry resume` its last snapshot to continue from there"
         );
     }
     Ok(ExitCode::SUCCESS)
