@@ -219,22 +219,27 @@ fn continuing_session(
     k: &ferry_kappa::Kappa,
 ) -> Result<(String, session::Lease, Option<Session>)> {
     if let Some(id) = owning_session(store, k) {
-        let before = session::load(settings, &id).ok();
-        let exited = before
-            .as_ref()
-            .is_some_and(|s| s.state.starts_with("exited"));
-        if !exited {
-            return match session::lease(settings, &id)? {
-                Ok(lease) => Ok((id, lease, before)),
-                Err(pid) => Err(refused(
+        let lease = match session::lease(settings, &id)? {
+            Ok(lease) => lease,
+            Err(pid) => {
+                return Err(refused(
                     Stage::Admitting,
                     format!(
                         "session `{id}` is already running from this snapshot (pid {pid}); \
                          suspend it first (`ferry suspend {id}`) or let it finish"
                     ),
-                )),
-            };
+                ));
+            }
+        };
+        // Read under the lease: no other process writes the record now.
+        let before = session::load(settings, &id).ok();
+        if !before
+            .as_ref()
+            .is_some_and(|s| s.state.starts_with("exited"))
+        {
+            return Ok((id, lease, before));
         }
+        drop(lease);
         let (new, lease) = session::fresh(settings)?;
         eprintln!(
             "ferry: session `{id}` already ran on from this snapshot to its exit; \
