@@ -22,6 +22,10 @@ pub struct OutputMark {
     pub dev: u64,
     pub ino: u64,
     pub end: u64,
+    /// Bytes past `end` that a lost run wrote and the guest had not written again yet (a
+    /// replay still under way when the snapshot was taken): the next resume goes on matching
+    /// them, lost or not.
+    pub tail: u64,
 }
 
 /// Device and inode of `fd` when it is a regular file.
@@ -69,10 +73,11 @@ impl Replay {
 pub struct Replays(Vec<(i32, Arc<Mutex<Replay>>)>);
 
 impl Replays {
-    /// Replays for the output files among fds 1 and 2 that `marks` (the lost session's last
+    /// Replays for the output files among fds 1 and 2 that `marks` (the session's last
     /// record) says ended earlier than they do now, opened for appending (`>>`) and the same
-    /// files as then.
-    pub fn from_marks(marks: &[OutputMark]) -> Self {
+    /// files as then: all that follows the mark when the session was `lost`, else only a
+    /// replay's unfinished tail.
+    pub fn from_marks(marks: &[OutputMark], lost: bool) -> Self {
         let mut out: Vec<(i32, Arc<Mutex<Replay>>)> = Vec::new();
         for m in marks {
             let Some(id) = regular_file(m.fd) else {
@@ -81,6 +86,9 @@ impl Replays {
             // SAFETY: F_GETFL on a descriptor number reads its flags.
             let flags = unsafe { libc::fcntl(m.fd, libc::F_GETFL) };
             if id != (m.dev, m.ino) || flags < 0 || flags & libc::O_APPEND == 0 {
+                continue;
+            }
+            if !lost && m.tail == 0 {
                 continue;
             }
             if let Some((_, shared)) = out.iter().find(|(_, r)| r.lock().expect("replay").id == id)
@@ -99,13 +107,18 @@ impl Replays {
             if (meta.dev(), meta.ino()) != id || meta.len() <= m.end {
                 continue;
             }
+            let len = if lost {
+                meta.len() - m.end
+            } else {
+                m.tail.min(meta.len() - m.end)
+            };
             out.push((
                 m.fd,
                 Arc::new(Mutex::new(Replay {
                     file,
                     id,
                     start: m.end,
-                    len: meta.len() - m.end,
+                    len,
                     pos: 0,
                     active: true,
                 })),
@@ -147,20 +160,31 @@ impl Replays {
             let Some((dev, ino)) = regular_file(fd) else {
                 continue;
             };
-            let end = match self.0.iter().find(|(f, _)| *f == fd) {
-                Some((_, r)) if r.lock().expect("replay").active => {
-                    r.lock().expect("replay").logical_end()
-                }
-                _ => {
+            let active = self
+                .0
+                .iter()
+                .find(|(f, _)| *f == fd)
+                .map(|(_, r)| r.lock().expect("replay"))
+                .filter(|r| r.active)
+                .map(|r| (r.logical_end(), r.len - r.pos));
+            let (end, tail) = match active {
+                Some(at) => at,
+                None => {
                     // SAFETY: lseek with SEEK_CUR only reads the descriptor's offset.
                     let at = unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) };
                     match u64::try_from(at) {
-                        Ok(at) => at,
+                        Ok(at) => (at, 0),
                         Err(_) => continue,
                     }
                 }
             };
-            out.push(OutputMark { fd, dev, ino, end });
+            out.push(OutputMark {
+                fd,
+                dev,
+                ino,
+                end,
+                tail,
+            });
         }
         out
     }

@@ -127,7 +127,7 @@ pub fn save(settings: &Settings, s: &Session) -> Result<()> {
         "id": s.id, "program": s.program, "pid": s.pid, "state": s.state,
         "memory": s.memory, "last_snapshot": s.last_snapshot,
         "outputs": s.outputs.iter().map(|m| json!({
-            "fd": m.fd, "dev": m.dev, "ino": m.ino, "end": m.end,
+            "fd": m.fd, "dev": m.dev, "ino": m.ino, "end": m.end, "tail": m.tail,
         })).collect::<Vec<_>>(),
     });
     let p = path(settings, &s.id);
@@ -169,6 +169,7 @@ pub fn load(settings: &Settings, id: &str) -> Result<Session> {
                             dev: m["dev"].as_u64()?,
                             ino: m["ino"].as_u64()?,
                             end: m["end"].as_u64()?,
+                            tail: m["tail"].as_u64().unwrap_or(0),
                         })
                     })
                     .collect()

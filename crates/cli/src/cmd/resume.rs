@@ -118,10 +118,11 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     // unchanged; the module re-derives to the same κ.
     tracing::info!(snapshot = %k, "admitting");
     let (id, lease, before) = continuing_session(settings, &store, &k)?;
-    // A lost session's output files may hold what it wrote after this snapshot.
+    // A lost session's output files may hold what it wrote after this snapshot (and a
+    // replay cut short by a suspend, what it had not matched yet).
     let replays = match &before {
-        Some(b) if b.state == "running" && b.last_snapshot == Some(k.to_string()) => {
-            Replays::from_marks(&b.outputs)
+        Some(b) if b.last_snapshot == Some(k.to_string()) => {
+            Replays::from_marks(&b.outputs, b.state == "running")
         }
         _ => Replays::default(),
     };
@@ -160,8 +161,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let mut stdio = ferry_wasi::Stdio::inherit_resumed(loaded.wasi.stdin_bytes);
     if replays.pending() > 0 {
         eprintln!(
-            "ferry: session `{id}` was lost after this snapshot; the {} bytes of output it wrote \
-             since are already in the output file and are not written again",
+            "ferry: the {} bytes of output a lost run of session `{id}` wrote past this snapshot \
+             are already in the output file and are not written again",
             replays.pending()
         );
         stdio.stdout = replays.wrap(1, stdio.stdout);

@@ -229,6 +229,15 @@ fn a_session_runs_in_one_process_at_a_time() {
 /// (SIGKILL: no snapshot, no last word) once the file holds output written after the
 /// checkpoint: (the checkpoint's κ, the file, how long the file was at the checkpoint).
 fn lost_after_a_checkpoint(env: &Env, args: &[&str]) -> (String, std::path::PathBuf, u64) {
+    lost_after_a_checkpoint_with(env, args, 1)
+}
+
+/// [`lost_after_a_checkpoint`], killed once at least `tail` bytes follow the checkpoint.
+fn lost_after_a_checkpoint_with(
+    env: &Env,
+    args: &[&str],
+    tail: u64,
+) -> (String, std::path::PathBuf, u64) {
     let out = env.path("out.txt");
     let append = || {
         std::fs::OpenOptions::new()
@@ -260,7 +269,7 @@ fn lost_after_a_checkpoint(env: &Env, args: &[&str]) -> (String, std::path::Path
         .expect("stdout's end noted with the checkpoint")["end"]
         .as_u64()
         .unwrap();
-    while std::fs::metadata(&out).unwrap().len() <= end {
+    while std::fs::metadata(&out).unwrap().len() < end + tail {
         assert!(
             std::time::Instant::now() < deadline,
             "no output after the checkpoint"
@@ -300,9 +309,60 @@ fn output_a_lost_run_wrote_after_its_last_snapshot_is_not_written_twice() {
     let (k, out, _) = lost_after_a_checkpoint(&env, &args);
     let err = resume_appending(&env, &k, &out);
     assert!(
-        err.contains("session `job` was lost after this snapshot"),
+        err.contains("a lost run of session `job` wrote past this snapshot"),
         "{err}"
     );
+    assert_eq!(
+        String::from_utf8_lossy(&std::fs::read(&out).unwrap()),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+}
+
+/// A resume of a lost session that is itself suspended before its guest has written again
+/// all the lost run wrote leaves the rest to be matched by the next resume: nothing twice.
+#[test]
+fn a_replay_cut_short_by_a_suspend_goes_on_at_the_next_resume() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "300"];
+    let plain = env.plain(&args);
+    // ~6 KB is ~2 s of this guest's output: the resume is suspended well before it is matched.
+    let (k, out, _) = lost_after_a_checkpoint_with(&env, &args, 6000);
+    let file = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
+    let child = env
+        .ferry()
+        .args(["resume", &k])
+        .stdout(file)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let first = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(75), "{err}");
+    let k2 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("suspended "))
+        .unwrap()
+        .to_owned();
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.store().join("sessions/job.json")).unwrap())
+            .unwrap();
+    let stdout_mark = record["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["fd"] == 1)
+        .unwrap()
+        .clone();
+    assert!(
+        stdout_mark["tail"].as_u64().unwrap() > 0,
+        "suspended after the replay had ended: {stdout_mark}"
+    );
+    let err = resume_appending(&env, &k2, &out);
+    assert!(err.contains("are not written again"), "{err}");
     assert_eq!(
         String::from_utf8_lossy(&std::fs::read(&out).unwrap()),
         String::from_utf8_lossy(&plain.stdout)
