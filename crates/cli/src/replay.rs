@@ -38,6 +38,21 @@ fn regular_file(fd: i32) -> Option<(u64, u64)> {
     Some((st.st_dev, st.st_ino))
 }
 
+/// Where the next write to `fd` lands: the file's end when it is open for appending (its
+/// offset says nothing until this process has written through it), else its offset.
+fn end_of(fd: i32) -> Option<u64> {
+    // SAFETY: F_GETFL reads the descriptor's flags; fstat fills a zeroed buffer we own;
+    // lseek with SEEK_CUR only reads the offset.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 && flags & libc::O_APPEND != 0 {
+            let mut st: libc::stat = std::mem::zeroed();
+            return (libc::fstat(fd, &mut st) == 0).then(|| st.st_size as u64);
+        }
+        u64::try_from(libc::lseek(fd, 0, libc::SEEK_CUR)).ok()
+    }
+}
+
 /// One output file being replayed: its bytes from `start` on were written by the lost run.
 #[derive(Debug)]
 pub struct Replay {
@@ -167,16 +182,9 @@ impl Replays {
                 .map(|(_, r)| r.lock().expect("replay"))
                 .filter(|r| r.active)
                 .map(|r| (r.logical_end(), r.len - r.pos));
-            let (end, tail) = match active {
+            let (end, tail) = match active.or_else(|| end_of(fd).map(|at| (at, 0))) {
                 Some(at) => at,
-                None => {
-                    // SAFETY: lseek with SEEK_CUR only reads the descriptor's offset.
-                    let at = unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) };
-                    match u64::try_from(at) {
-                        Ok(at) => (at, 0),
-                        Err(_) => continue,
-                    }
-                }
+                None => continue,
             };
             out.push(OutputMark {
                 fd,

@@ -369,6 +369,76 @@ fn a_replay_cut_short_by_a_suspend_goes_on_at_the_next_resume() {
     );
 }
 
+/// Crash churn: a guest checkpointing every 100 ms is killed (SIGKILL: no last snapshot) at
+/// random moments, five times, each time resumed from its session's last snapshot in a new
+/// process with stdout appended to the same file — during a replay too. The file ends up
+/// byte for byte an uninterrupted run's output.
+#[test]
+fn killed_again_and_again_the_output_is_still_whole_and_once() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "400"];
+    let plain = env.plain(&args);
+    let out = env.path("out.txt");
+    let record = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(env.store().join("sessions/job.json")).unwrap())
+            .unwrap()
+    };
+    let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut step: Vec<String> = ["run", "--session", "job", "--checkpoint-every", "100ms"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(args.iter().map(|s| s.to_string()))
+        .collect();
+    let mut kills = 0;
+    loop {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&out)
+            .unwrap();
+        let mut child = env
+            .ferry()
+            .args(&step)
+            .stdout(file)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        if kills < 5 {
+            if kills == 0 {
+                // The first run must have a snapshot to come back to.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                while !std::fs::read(env.store().join("sessions/job.json"))
+                    .is_ok_and(|b| !b.is_empty() && record()["last_snapshot"].is_string())
+                {
+                    assert!(std::time::Instant::now() < deadline, "no checkpoint");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            std::thread::sleep(std::time::Duration::from_millis(150 + rng % 500));
+            child.kill().unwrap();
+            let status = child.wait().unwrap();
+            if status.code() == Some(0) {
+                break; // it finished first
+            }
+            kills += 1;
+            let k = record()["last_snapshot"].as_str().unwrap().to_owned();
+            step = vec!["resume".into(), k];
+            continue;
+        }
+        assert_eq!(child.wait().unwrap().code(), Some(0));
+        break;
+    }
+    assert!(kills >= 3, "only {kills} kills landed");
+    assert_eq!(
+        String::from_utf8_lossy(&std::fs::read(&out).unwrap()),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+}
+
 /// What a lost run wrote is never overwritten: where the resumed guest writes something else
 /// (here the file was edited), ferry says so and appends from there on.
 #[test]
