@@ -47,7 +47,7 @@ fn end_of(fd: i32) -> Option<u64> {
         let flags = libc::fcntl(fd, libc::F_GETFL);
         if flags >= 0 && flags & libc::O_APPEND != 0 {
             let mut st: libc::stat = std::mem::zeroed();
-            return (libc::fstat(fd, &mut st) == 0).then(|| st.st_size as u64);
+            return (libc::fstat(fd, &mut st) == 0).then_some(st.st_size as u64);
         }
         u64::try_from(libc::lseek(fd, 0, libc::SEEK_CUR)).ok()
     }
