@@ -5,7 +5,8 @@
 //! power cut) after writing more output, the file holds bytes past the mark that the resumed
 //! guest will write again. Resuming such a *lost* session's last snapshot with the output
 //! appended to the same file (`>>`), ferry compares what the guest writes with what the file
-//! already holds past the mark: while they agree nothing is written (the bytes are there);
+//! already holds past the mark: while they agree nothing is written (the bytes are there;
+//! lines of ferry's own among them, `ferry: …`, are stepped over);
 //! from the first byte that differs, or once the old bytes are used up, output is written as
 //! usual. Nothing in the file is ever overwritten or removed: a guest that does not write the
 //! same bytes again (clocks, randomness) gets a warning, and what the lost run wrote stays.
@@ -80,6 +81,21 @@ impl Replay {
         let mut old = vec![0u8; n];
         self.file.read_exact_at(&mut old, self.start + self.pos)?;
         Ok(old.iter().zip(buf).take_while(|(a, b)| a == b).count())
+    }
+
+    /// The length of a line of ferry's own (`ferry: …\n`, at most 1 KiB) starting at the match
+    /// position, if there is one: with stderr in the same file as stdout, the lost run's
+    /// messages (a checkpoint's, say) sit between its output bytes, and the guest will not
+    /// write them again.
+    fn own_line(&self) -> std::io::Result<Option<u64>> {
+        const PREFIX: &[u8] = b"ferry: ";
+        let n = (self.len - self.pos).min(1024) as usize;
+        let mut old = vec![0u8; n];
+        self.file.read_exact_at(&mut old, self.start + self.pos)?;
+        if !old.starts_with(PREFIX) {
+            return Ok(None);
+        }
+        Ok(old.iter().position(|&b| b == b'\n').map(|i| i as u64 + 1))
     }
 }
 
@@ -210,9 +226,19 @@ impl Write for ReplayWriter {
             drop(r);
             return self.inner.write(buf);
         }
-        let same = r.matching(buf)?;
-        r.pos += same as u64;
-        let rest = &buf[same..];
+        let mut rest = buf;
+        loop {
+            let same = r.matching(rest)?;
+            r.pos += same as u64;
+            rest = &rest[same..];
+            if rest.is_empty() || r.pos == r.len {
+                break;
+            }
+            match r.own_line()? {
+                Some(skip) => r.pos += skip,
+                None => break,
+            }
+        }
         if r.pos == r.len {
             r.active = false;
         } else if !rest.is_empty() {

@@ -229,29 +229,25 @@ fn a_session_runs_in_one_process_at_a_time() {
 /// (SIGKILL: no snapshot, no last word) once the file holds output written after the
 /// checkpoint: (the checkpoint's κ, the file, how long the file was at the checkpoint).
 fn lost_after_a_checkpoint(env: &Env, args: &[&str]) -> (String, std::path::PathBuf, u64) {
-    lost_after_a_checkpoint_with(env, args, 1)
+    lost_after_a_checkpoint_with(env, args, 1, false)
 }
 
-/// [`lost_after_a_checkpoint`], killed once at least `tail` bytes follow the checkpoint.
+/// [`lost_after_a_checkpoint`], killed once at least `tail` bytes follow the checkpoint;
+/// `merged`: stderr goes to the same file (`> out 2>&1`).
 fn lost_after_a_checkpoint_with(
     env: &Env,
     args: &[&str],
     tail: u64,
+    merged: bool,
 ) -> (String, std::path::PathBuf, u64) {
     let out = env.path("out.txt");
-    let append = || {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&out)
-            .unwrap()
-    };
+    let (stdout, stderr) = appending(&out, merged);
     let mut child = env
         .ferry()
         .args(["run", "--session", "job"])
         .args(args)
-        .stdout(append())
-        .stderr(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
         .spawn()
         .unwrap();
     crate::harness::wait_until_running(env);
@@ -281,6 +277,85 @@ fn lost_after_a_checkpoint_with(
     let (ps, _, _) = env.output(&["ps"]);
     assert!(ps.contains("lost"), "{ps}");
     (k.trim().to_owned(), out, end)
+}
+
+/// Stdout appended to `out` (created if missing), and stderr: the same open file when
+/// `merged`, else nowhere.
+fn appending(out: &std::path::Path, merged: bool) -> (std::process::Stdio, std::process::Stdio) {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out)
+        .unwrap();
+    let err = if merged {
+        std::process::Stdio::from(file.try_clone().unwrap())
+    } else {
+        std::process::Stdio::null()
+    };
+    (file.into(), err)
+}
+
+/// `text` without ferry's own lines (`ferry: …\n`, wherever they start): what the guest wrote
+/// into a file that had stderr in it too.
+fn without_ferry_lines(text: &str) -> String {
+    let mut seen = text.to_owned();
+    while let Some(at) = seen.find("ferry: ") {
+        let end = seen[at..].find('\n').map_or(seen.len(), |e| at + e + 1);
+        seen.replace_range(at..end, "");
+    }
+    seen
+}
+
+/// Lines of ferry's own in what a lost run left are stepped over: a resume of a lost session
+/// says so on stderr (here the same file), writes on, and is lost in turn before any
+/// checkpoint; the next resume finds that line between the guest's bytes and still writes
+/// nothing twice.
+#[test]
+fn ferry_lines_in_a_lost_runs_output_are_stepped_over() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "300"];
+    let plain = env.plain(&args);
+    let (k, out, _) = lost_after_a_checkpoint_with(&env, &args, 1, true);
+    let (stdout, stderr) = appending(&out, true);
+    let mut again = env
+        .ferry()
+        .args(["resume", &k])
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let said = |f: &std::path::Path| {
+        String::from_utf8_lossy(&std::fs::read(f).unwrap()).contains("are not written again")
+    };
+    while !said(&out) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the resume said nothing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Let it write on past its message, then lose it too (no checkpoint: the record still
+    // names the same snapshot).
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    again.kill().unwrap();
+    again.wait().unwrap();
+    let (stdout, stderr) = appending(&out, true);
+    let last = env
+        .ferry()
+        .args(["resume", &k])
+        .stdout(stdout)
+        .stderr(stderr)
+        .status()
+        .unwrap();
+    assert_eq!(last.code(), Some(0));
+    let seen = String::from_utf8(std::fs::read(&out).unwrap()).unwrap();
+    assert!(!seen.contains("output differs"), "{seen}");
+    assert_eq!(
+        without_ferry_lines(&seen),
+        String::from_utf8_lossy(&plain.stdout)
+    );
 }
 
 /// `ferry resume κ >> out` to the guest's exit (code 0): ferry's stderr.
@@ -327,7 +402,7 @@ fn a_replay_cut_short_by_a_suspend_goes_on_at_the_next_resume() {
     let args = [g.to_str().unwrap(), "--", "300"];
     let plain = env.plain(&args);
     // ~6 KB is ~2 s of this guest's output: the resume is suspended well before it is matched.
-    let (k, out, _) = lost_after_a_checkpoint_with(&env, &args, 6000);
+    let (k, out, _) = lost_after_a_checkpoint_with(&env, &args, 6000, false);
     let file = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
     let child = env
         .ferry()
@@ -375,6 +450,18 @@ fn a_replay_cut_short_by_a_suspend_goes_on_at_the_next_resume() {
 /// byte for byte an uninterrupted run's output.
 #[test]
 fn killed_again_and_again_the_output_is_still_whole_and_once() {
+    crash_churn(false);
+}
+
+/// The same with stderr in the same file (`> out 2>&1`): ferry's own lines (each checkpoint
+/// says so) sit between the guest's bytes, mid-line too; the guest's output is still whole
+/// and once, and only ferry's lines come between.
+#[test]
+fn killed_again_and_again_with_stderr_in_the_same_file() {
+    crash_churn(true);
+}
+
+fn crash_churn(merged: bool) {
     let env = Env::new();
     let g = guest("wasm/cpu.wasm");
     let args = [g.to_str().unwrap(), "--", "400"];
@@ -392,16 +479,12 @@ fn killed_again_and_again_the_output_is_still_whole_and_once() {
         .collect();
     let mut kills = 0;
     loop {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&out)
-            .unwrap();
+        let (stdout, stderr) = appending(&out, merged);
         let mut child = env
             .ferry()
             .args(&step)
-            .stdout(file)
-            .stderr(std::process::Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
             .spawn()
             .unwrap();
         if kills < 5 {
@@ -433,10 +516,13 @@ fn killed_again_and_again_the_output_is_still_whole_and_once() {
         break;
     }
     assert!(kills >= 3, "only {kills} kills landed");
-    assert_eq!(
-        String::from_utf8_lossy(&std::fs::read(&out).unwrap()),
-        String::from_utf8_lossy(&plain.stdout)
-    );
+    let seen = String::from_utf8(std::fs::read(&out).unwrap()).unwrap();
+    let seen = if merged {
+        without_ferry_lines(&seen)
+    } else {
+        seen
+    };
+    assert_eq!(seen, String::from_utf8_lossy(&plain.stdout));
 }
 
 /// What a lost run wrote is never overwritten: where the resumed guest writes something else
