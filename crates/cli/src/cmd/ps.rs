@@ -8,10 +8,35 @@ use crate::session;
 use crate::settings::Settings;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// One JSON array of sessions: id, program, state, pid (while running), memory bytes,
+    /// last snapshot (its full κ).
+    #[arg(long)]
+    json: bool,
+}
 
-pub fn run(settings: &Settings, _a: Args) -> Result<ExitCode> {
+pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let sessions = session::list(settings)?;
+    if a.json {
+        let rows: Vec<_> = sessions
+            .iter()
+            .map(|s| {
+                let holder = session::holder(settings, &s.id);
+                let state = if s.state == "running" && holder.is_none() {
+                    "lost"
+                } else {
+                    &s.state
+                };
+                serde_json::json!({
+                    "id": s.id, "program": s.program, "state": state,
+                    "pid": holder.filter(|&p| p != 0), "memory": s.memory,
+                    "last_snapshot": s.last_snapshot,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     println!(
         "{:<10} {:<20} {:<12} {:>10}  LAST SNAPSHOT",
         "SESSION", "PROGRAM", "STATE", "MEMORY"

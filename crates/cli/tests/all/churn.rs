@@ -183,6 +183,15 @@ fn a_session_runs_in_one_process_at_a_time() {
         .spawn()
         .unwrap();
     crate::harness::wait_until_running(&env);
+    let (ps, _, _) = env.output(&["ps", "--json"]);
+    let ps: Vec<serde_json::Value> = serde_json::from_str(&ps).unwrap();
+    let job = ps
+        .iter()
+        .find(|s| s["id"] == "job")
+        .expect("job in ps --json");
+    assert_eq!(job["state"], "running");
+    assert_eq!(job["pid"], resumed.id());
+    assert_eq!(job["last_snapshot"], k.as_str());
     let (out, err, code) = env.output(&["resume", &k]);
     assert_eq!(code, 1, "{out}");
     assert!(
