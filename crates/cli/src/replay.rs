@@ -39,14 +39,19 @@ fn regular_file(fd: i32) -> Option<(u64, u64)> {
     Some((st.st_dev, st.st_ino))
 }
 
+/// Whether `fd` is open for appending (`>>`).
+fn appending(fd: i32) -> bool {
+    // SAFETY: F_GETFL on a descriptor number reads its flags.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_APPEND != 0
+}
+
 /// Where the next write to `fd` lands: the file's end when it is open for appending (its
 /// offset says nothing until this process has written through it), else its offset.
 fn end_of(fd: i32) -> Option<u64> {
-    // SAFETY: F_GETFL reads the descriptor's flags; fstat fills a zeroed buffer we own;
-    // lseek with SEEK_CUR only reads the offset.
+    // SAFETY: fstat fills a zeroed buffer we own; lseek with SEEK_CUR only reads the offset.
     unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags >= 0 && flags & libc::O_APPEND != 0 {
+        if appending(fd) {
             let mut st: libc::stat = std::mem::zeroed();
             return (libc::fstat(fd, &mut st) == 0).then_some(st.st_size as u64);
         }
@@ -73,13 +78,17 @@ impl Replay {
         self.start + self.pos
     }
 
-    /// How many leading bytes of `buf` the file already holds at the match position.
-    fn matching(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = buf
-            .len()
-            .min(usize::try_from(self.len - self.pos).unwrap_or(usize::MAX));
+    /// Up to `n` of the lost run's bytes from the match position on.
+    fn old_bytes(&self, n: usize) -> std::io::Result<Vec<u8>> {
+        let n = n.min(usize::try_from(self.len - self.pos).unwrap_or(usize::MAX));
         let mut old = vec![0u8; n];
         self.file.read_exact_at(&mut old, self.start + self.pos)?;
+        Ok(old)
+    }
+
+    /// How many leading bytes of `buf` the file already holds at the match position.
+    fn matching(&self, buf: &[u8]) -> std::io::Result<usize> {
+        let old = self.old_bytes(buf.len())?;
         Ok(old.iter().zip(buf).take_while(|(a, b)| a == b).count())
     }
 
@@ -89,9 +98,7 @@ impl Replay {
     /// write them again.
     fn own_line(&self) -> std::io::Result<Option<u64>> {
         const PREFIX: &[u8] = b"ferry: ";
-        let n = (self.len - self.pos).min(1024) as usize;
-        let mut old = vec![0u8; n];
-        self.file.read_exact_at(&mut old, self.start + self.pos)?;
+        let old = self.old_bytes(1024)?;
         if !old.starts_with(PREFIX) {
             return Ok(None);
         }
@@ -114,9 +121,7 @@ impl Replays {
             let Some(id) = regular_file(m.fd) else {
                 continue;
             };
-            // SAFETY: F_GETFL on a descriptor number reads its flags.
-            let flags = unsafe { libc::fcntl(m.fd, libc::F_GETFL) };
-            if id != (m.dev, m.ino) || flags < 0 || flags & libc::O_APPEND == 0 {
+            if id != (m.dev, m.ino) || !appending(m.fd) {
                 continue;
             }
             if !lost && m.tail == 0 {

@@ -24,6 +24,18 @@ pub struct Session {
     pub outputs: Vec<OutputMark>,
 }
 
+impl Session {
+    /// The state to show: a session recorded as running whose process is gone (no one holds
+    /// its lease: `running` is false) is `lost`.
+    pub fn shown_state(&self, running: bool) -> &str {
+        if self.state == "running" && !running {
+            "lost"
+        } else {
+            &self.state
+        }
+    }
+}
+
 /// Version of the session record (`sessions/<id>.json`).
 const FORMAT_VERSION: u32 = 1;
 
@@ -38,11 +50,7 @@ fn lock_path(settings: &Settings, id: &str) -> PathBuf {
 /// `id` if it can name a session: 1–64 of `[A-Za-z0-9_-]`, the rule a space applies too (it
 /// names files, so nothing else may reach the file system).
 pub fn checked_id(id: &str) -> Result<&str> {
-    if ferry_space::api::valid_id(id) {
-        Ok(id)
-    } else {
-        bail!("`{id}` is not a session id (1-64 of A-Z a-z 0-9 _ -)")
-    }
+    ferry_space::api::session_id(id).map_err(|e| anyhow::anyhow!(e.msg))
 }
 
 /// A process's claim to run a session: an exclusive POSIX record lock on

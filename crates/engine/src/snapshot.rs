@@ -346,8 +346,7 @@ pub(crate) fn write(
                 .collect::<Result<Vec<_>, _>>();
             if trees.is_ok()
                 && tree_cache.files_read() > read_before
-                && let Err(e) =
-                    store.save_cache(ferry_wasi::tree::IMPORT_CACHE_FILE, &tree_cache.encode())
+                && let Err(e) = tree_cache.save_in(store)
             {
                 tracing::warn!("could not save the mount import cache: {e}");
             }

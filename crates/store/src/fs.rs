@@ -155,13 +155,13 @@ fn lock_file(p: &Path) -> Result<File, StoreError> {
         .map_err(StoreError::io("open", p))
 }
 
-/// `root/gc.lock`, locked with `how` (`LOCK_SH` or `LOCK_EX`) without waiting: `Ok(None)`
-/// when another process holds a conflicting lock.
+/// `root/gc.lock`, locked with `how` (`LOCK_SH` or `LOCK_EX`, with `LOCK_NB` not to wait):
+/// `Ok(None)` when it would have to wait for another process's conflicting lock.
 fn lock_in_use(root: &Path, how: libc::c_int) -> Result<Option<File>, StoreError> {
     let p = root.join("gc.lock");
     let f = lock_file(&p)?;
     // SAFETY: flock on a file descriptor we own; released when `f` is closed.
-    if unsafe { libc::flock(f.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
+    if unsafe { libc::flock(f.as_raw_fd(), how) } == 0 {
         return Ok(Some(f));
     }
     let e = std::io::Error::last_os_error();
@@ -184,17 +184,12 @@ impl FsStore {
     /// ref (a snapshot's chunks are written before its ref).
     pub fn open_waiting(root: impl Into<PathBuf>, on_wait: &dyn Fn()) -> Result<Self, StoreError> {
         let root = Self::create(root.into())?;
-        let in_use = match lock_in_use(&root, libc::LOCK_SH)? {
+        let in_use = match lock_in_use(&root, libc::LOCK_SH | libc::LOCK_NB)? {
             Some(f) => f,
             None => {
                 on_wait();
-                let p = root.join("gc.lock");
-                let f = lock_file(&p)?;
-                // SAFETY: as in `lock_in_use`, waiting this time.
-                if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) } != 0 {
-                    return Err(StoreError::io("lock", &p)(std::io::Error::last_os_error()));
-                }
-                f
+                // Without LOCK_NB the lock is taken or fails: never `None`.
+                lock_in_use(&root, libc::LOCK_SH)?.ok_or(StoreError::InUse(root.clone()))?
             }
         };
         Self::with_lock(root, in_use)
@@ -205,7 +200,7 @@ impl FsStore {
     /// (they wait).
     pub fn open_exclusive(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
         let root = Self::create(root.into())?;
-        match lock_in_use(&root, libc::LOCK_EX)? {
+        match lock_in_use(&root, libc::LOCK_EX | libc::LOCK_NB)? {
             Some(f) => Self::with_lock(root, f),
             None => Err(StoreError::InUse(root)),
         }

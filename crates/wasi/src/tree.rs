@@ -246,6 +246,11 @@ impl ImportCache {
             .unwrap_or_default()
     }
 
+    /// Keeps this cache in `store` ([`IMPORT_CACHE_FILE`]) for later runs.
+    pub fn save_in(&self, store: &dyn Store) -> Result<(), ferry_store::StoreError> {
+        store.save_cache(IMPORT_CACHE_FILE, &self.encode())
+    }
+
     /// Adds what `other` remembers of files this cache has no word on.
     pub fn absorb(&mut self, other: Self) {
         for (p, v) in other.files {

@@ -22,13 +22,9 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             .iter()
             .map(|s| {
                 let holder = session::holder(settings, &s.id);
-                let state = if s.state == "running" && holder.is_none() {
-                    "lost"
-                } else {
-                    &s.state
-                };
                 serde_json::json!({
-                    "id": s.id, "program": s.program, "state": state,
+                    "id": s.id, "program": s.program,
+                    "state": s.shown_state(holder.is_some()),
                     "pid": holder.filter(|&p| p != 0), "memory": s.memory,
                     "last_snapshot": s.last_snapshot,
                 })
@@ -42,15 +38,12 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         "SESSION", "PROGRAM", "STATE", "MEMORY"
     );
     let mut lost = false;
-    for s in sessions {
-        let state = if s.state == "running" && session::holder(settings, &s.id).is_none() {
-            lost = true;
-            "lost".to_owned()
-        } else {
-            s.state
-        };
+    for s in &sessions {
+        let state = s.shown_state(session::holder(settings, &s.id).is_some());
+        lost |= state == "lost";
         let snap = s
             .last_snapshot
+            .as_deref()
             .map(|k| k.chars().take(19).collect::<String>())
             .unwrap_or_else(|| "-".into());
         let mem = match s.memory {

@@ -57,11 +57,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     }
     if known.files_read() > read_before {
         // Only a cache: failing to keep it costs a re-read next time.
-        let _ = ferry_store::Store::save_cache(
-            &store,
-            ferry_wasi::tree::IMPORT_CACHE_FILE,
-            &known.encode(),
-        );
+        let _ = known.save_in(&store);
     }
     let remote = c.store();
     let objects: Vec<_> = objects.into_iter().collect();

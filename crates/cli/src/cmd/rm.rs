@@ -37,14 +37,11 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             && !s.state.starts_with("exited")
             && !a.force
         {
-            let state = if s.state == "running" {
-                "lost"
-            } else {
-                &s.state
-            };
+            // We hold the lease: a session recorded as running has lost its process.
             bail!(
-                "session `{id}` can still be resumed ({state}, last snapshot {k}); `ferry rm \
-                 --force {id}` forgets it, and its snapshots go at the next `ferry store gc`"
+                "session `{id}` can still be resumed ({}, last snapshot {k}); `ferry rm \
+                 --force {id}` forgets it, and its snapshots go at the next `ferry store gc`",
+                s.shown_state(false)
             );
         }
         // The ref first: if ferry stops halfway, `ps` still lists the session and `rm` can be

@@ -231,16 +231,13 @@ fn claim_name(settings: &Settings, id: &str) -> Result<session::Lease> {
     })?;
     if let Ok(old) = session::load(settings, id)
         && !old.state.starts_with("exited")
-        && let Some(k) = old.last_snapshot
+        && let Some(k) = &old.last_snapshot
     {
+        // We hold the lease: a session recorded as running has lost its process.
         bail!(
             "session `{id}` exists ({}, last snapshot {k}); resume it with `ferry resume {k}`, \
              or pick another --session name",
-            if old.state == "running" {
-                "lost"
-            } else {
-                &old.state
-            }
+            old.shown_state(false)
         );
     }
     Ok(lease)

@@ -37,11 +37,7 @@ pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
         None => bail!(
             "session `{}` is not running (state: {}); see `ferry ps`",
             s.id,
-            if s.state == "running" {
-                "lost"
-            } else {
-                &s.state
-            }
+            s.shown_state(false)
         ),
     };
     let before = s.last_snapshot.clone();
