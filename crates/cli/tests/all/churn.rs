@@ -50,9 +50,7 @@ fn c_heap_of_256_mib() {
     assert_eq!(churned.stdout, plain.stdout);
     assert_eq!(churned.code, plain.code);
     // The last snapshot holds the whole heap.
-    let (out, _, code) = env.output(&["inspect", "--json", churned.snapshots.last().unwrap()]);
-    assert_eq!(code, 0);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v = env.inspect_json(churned.snapshots.last().unwrap());
     let bytes = v["memories"][0]["bytes"].as_u64().unwrap();
     assert!(bytes >= 256 << 20, "memory image is only {bytes} bytes");
 }
@@ -263,15 +261,7 @@ fn lost_after_a_checkpoint_with(
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let (k, err, code) = env.output(&["checkpoint", "job"]);
     assert_eq!(code, 0, "{err}");
-    let record: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(env.store().join("sessions/job.json")).unwrap())
-            .unwrap();
-    let end = record["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["fd"] == 1)
-        .expect("stdout's end noted with the checkpoint")["end"]
+    let end = stdout_mark(&env.session_record("job"))["end"]
         .as_u64()
         .unwrap();
     while std::fs::metadata(&out).unwrap().len() < end + tail {
@@ -286,6 +276,17 @@ fn lost_after_a_checkpoint_with(
     let (ps, _, _) = env.output(&["ps"]);
     assert!(ps.contains("lost"), "{ps}");
     (k.trim().to_owned(), out, end)
+}
+
+/// The stdout (fd 1) entry of a session record's output marks.
+fn stdout_mark(record: &serde_json::Value) -> serde_json::Value {
+    record["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["fd"] == 1)
+        .expect("stdout's end noted with the snapshot")
+        .clone()
 }
 
 /// Stdout appended to `out` (created if missing), and stderr: the same open file when
@@ -424,26 +425,11 @@ fn a_replay_cut_short_by_a_suspend_goes_on_at_the_next_resume() {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let first = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&first.stderr);
-    assert_eq!(first.status.code(), Some(75), "{err}");
-    let k2 = err
-        .lines()
-        .find_map(|l| l.strip_prefix("suspended "))
-        .unwrap()
-        .to_owned();
-    let record: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(env.store().join("sessions/job.json")).unwrap())
-            .unwrap();
-    let stdout_mark = record["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["fd"] == 1)
-        .unwrap()
-        .clone();
+    let k2 = crate::harness::suspended_kappa(&first);
+    let mark = stdout_mark(&env.session_record("job"));
     assert!(
-        stdout_mark["tail"].as_u64().unwrap() > 0,
-        "suspended after the replay had ended: {stdout_mark}"
+        mark["tail"].as_u64().unwrap() > 0,
+        "suspended after the replay had ended: {mark}"
     );
     let err = resume_appending(&env, &k2, &out);
     assert!(err.contains("are not written again"), "{err}");
@@ -476,10 +462,6 @@ fn crash_churn(merged: bool) {
     let args = [g.to_str().unwrap(), "--", "400"];
     let plain = env.plain(&args);
     let out = env.path("out.txt");
-    let record = || -> serde_json::Value {
-        serde_json::from_slice(&std::fs::read(env.store().join("sessions/job.json")).unwrap())
-            .unwrap()
-    };
     let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut step: Vec<String> = ["run", "--session", "job", "--checkpoint-every", "100ms"]
         .iter()
@@ -500,8 +482,8 @@ fn crash_churn(merged: bool) {
             if kills == 0 {
                 // The first run must have a snapshot to come back to.
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-                while !std::fs::read(env.store().join("sessions/job.json"))
-                    .is_ok_and(|b| !b.is_empty() && record()["last_snapshot"].is_string())
+                while !env.store().join("sessions/job.json").exists()
+                    || !env.session_record("job")["last_snapshot"].is_string()
                 {
                     assert!(std::time::Instant::now() < deadline, "no checkpoint");
                     std::thread::sleep(std::time::Duration::from_millis(10));
@@ -517,7 +499,10 @@ fn crash_churn(merged: bool) {
                 break; // it finished first
             }
             kills += 1;
-            let k = record()["last_snapshot"].as_str().unwrap().to_owned();
+            let k = env.session_record("job")["last_snapshot"]
+                .as_str()
+                .unwrap()
+                .to_owned();
             step = vec!["resume".into(), k];
             continue;
         }

@@ -115,12 +115,20 @@ impl Env {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
         let out = child.wait_with_output().expect("wait ferry");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(75), "not suspended: {err}");
-        err.lines()
-            .find_map(|l| l.strip_prefix("suspended "))
-            .expect("snapshot line")
-            .to_owned()
+        suspended_kappa(&out)
+    }
+
+    /// `ferry inspect --json κ`, which must succeed.
+    pub fn inspect_json(&self, k: &str) -> serde_json::Value {
+        let (out, err, code) = self.output(&["inspect", "--json", k]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(&out).expect("inspect --json prints JSON")
+    }
+
+    /// Session `id`'s record (`sessions/<id>.json`).
+    pub fn session_record(&self, id: &str) -> serde_json::Value {
+        let p = self.store().join("sessions").join(format!("{id}.json"));
+        serde_json::from_slice(&std::fs::read(p).expect("session record")).expect("JSON")
     }
 
     /// `ferry run` without interruption.
@@ -339,14 +347,18 @@ pub fn run_and_suspend(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String) {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().expect("wait ferry");
+    let k = suspended_kappa(&out);
+    (out.stdout, k)
+}
+
+/// The κ a ferry that exited suspended (code 75) printed on its `suspended κ` line.
+pub fn suspended_kappa(out: &std::process::Output) -> String {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(75), "not suspended: {err}");
-    let k = err
-        .lines()
+    err.lines()
         .find_map(|l| l.strip_prefix("suspended "))
         .expect("snapshot line")
-        .to_owned();
-    (out.stdout, k)
+        .to_owned()
 }
 
 /// Every file under `dir`, with contents, sorted (to compare directories).

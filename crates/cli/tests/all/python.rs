@@ -252,13 +252,7 @@ fn an_interactive_session_keeps_its_names_across_a_move() {
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let first = child.wait_with_output().unwrap();
     drop(first_stdin);
-    let err = String::from_utf8_lossy(&first.stderr);
-    assert_eq!(first.status.code(), Some(75), "{err}");
-    let k = err
-        .lines()
-        .find_map(|l| l.strip_prefix("suspended "))
-        .unwrap()
-        .to_owned();
+    let k = crate::harness::suspended_kappa(&first);
     let mut resumed = env
         .ferry()
         .args(["resume", &k])

@@ -99,9 +99,7 @@ fn suspended_counter() -> (Env, String) {
 #[test]
 fn a_kappa_that_is_not_a_snapshot_is_named() {
     let (env, k) = suspended_counter();
-    let (out, _, code) = env.output(&["inspect", "--json", &k]);
-    assert_eq!(code, 0);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v = env.inspect_json(&k);
     let module = v["module"].as_str().unwrap().to_owned();
     let (_, err, code) = env.output(&["resume", &module]);
     assert_eq!(code, 1);
@@ -115,9 +113,7 @@ fn a_kappa_that_is_not_a_snapshot_is_named() {
 #[test]
 fn corrupted_or_truncated_objects_are_detected_not_resumed() {
     let (env, k) = suspended_counter();
-    let (out, _, code) = env.output(&["inspect", "--json", &k]);
-    assert_eq!(code, 0);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v = env.inspect_json(&k);
     let mem = v["memories"][0]["kappa"].as_str().unwrap().to_owned();
     // Corrupt the memory image object on disk.
     let hex = &mem["blake3:".len()..];
@@ -293,9 +289,7 @@ fn gc_keep_prunes_old_checkpoints() {
     );
     let mut chain = vec![k.clone()];
     loop {
-        let (out, _, code) = env.output(&["inspect", "--json", chain.last().unwrap()]);
-        assert_eq!(code, 0);
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let v = env.inspect_json(chain.last().unwrap());
         match v["parent"].as_str() {
             Some(p) => chain.push(p.to_owned()),
             None => break,
