@@ -8,7 +8,9 @@ mod settings;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Suspend a running WebAssembly (WASI) program — call stack and all — and resume it later,
 /// in another process or on another machine.
@@ -81,7 +83,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(guest_args_last(std::env::args_os().collect()));
     let filter = if cli.verbose { "info" } else { "warn" };
     let log = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -144,6 +146,71 @@ fn main() -> ExitCode {
     }
 }
 
+/// `ferry run PROGRAM ARGS…`, `ferry run -c CODE ARGS…` and `ferry run -m MODULE ARGS…` as
+/// `python` and `docker run` have them: everything after the program, code or module belongs to
+/// it, options such as `--help` or `-v` too. clap takes options wherever they are, so a `--`
+/// goes in after the program (or the code or module), unless one is there already.
+fn guest_args_last(mut argv: Vec<OsString>) -> Vec<OsString> {
+    let cli = Cli::command();
+    let Some(run) = cli.find_subcommand("run") else {
+        return argv;
+    };
+    let takes_value = |token: &str| {
+        cli.get_arguments()
+            .chain(run.get_arguments())
+            .filter(|a| a.get_action().takes_values())
+            .any(|a| {
+                token.strip_prefix("--").map_or_else(
+                    || {
+                        let mut chars = token.chars();
+                        chars.next() == Some('-')
+                            && a.get_short() == chars.next()
+                            && chars.next().is_none()
+                    },
+                    |long| a.get_long() == Some(long),
+                )
+            })
+    };
+    let mut i = 1;
+    let mut in_run = false;
+    while i < argv.len() {
+        let Some(token) = argv[i].to_str() else {
+            return argv;
+        };
+        if token == "--" {
+            return argv;
+        }
+        // Where the guest's arguments start, if this is the program, `-c CODE` or `-m MODULE`.
+        let end = if !token.starts_with('-') || token == "-" {
+            if in_run {
+                Some(i + 1)
+            } else if token == "run" {
+                in_run = true;
+                i += 1;
+                continue;
+            } else {
+                return argv; // another command
+            }
+        } else if in_run && (token.starts_with("-c") || token.starts_with("-m")) {
+            Some(if token.len() == 2 { i + 2 } else { i + 1 })
+        } else {
+            None
+        };
+        if let Some(end) = end {
+            if argv.get(end).is_some_and(|t| t != "--") {
+                argv.insert(end, "--".into());
+            }
+            return argv;
+        }
+        i += if !token.contains('=') && takes_value(token) {
+            2
+        } else {
+            1
+        };
+    }
+    argv
+}
+
 fn report(e: &anyhow::Error) -> ExitCode {
     if let Some(io) = e.downcast_ref::<std::io::Error>()
         && io.kind() == std::io::ErrorKind::BrokenPipe
@@ -156,4 +223,49 @@ fn report(e: &anyhow::Error) -> ExitCode {
     }
     eprintln!("{msg}");
     ExitCode::FAILURE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn after(args: &str) -> String {
+        let argv = args.split(' ').map(OsString::from).collect();
+        let out: Vec<String> = guest_args_last(argv)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        out.join(" ")
+    }
+
+    #[test]
+    fn what_follows_the_program_is_the_programs() {
+        assert_eq!(after("ferry run s.py -v x"), "ferry run s.py -- -v x");
+        assert_eq!(after("ferry run s.py -- -v"), "ferry run s.py -- -v");
+        assert_eq!(after("ferry run s.py"), "ferry run s.py");
+        assert_eq!(
+            after("ferry --store S run --env A=1 --dir D p.wasm --help"),
+            "ferry --store S run --env A=1 --dir D p.wasm -- --help"
+        );
+        // An option's value is not the program.
+        assert_eq!(
+            after("ferry run --session s --engine=jit -v p.wasm 1"),
+            "ferry run --session s --engine=jit -v p.wasm -- 1"
+        );
+        assert_eq!(
+            after("ferry run -m json.tool -h"),
+            "ferry run -m json.tool -- -h"
+        );
+        assert_eq!(after("ferry run -cprint(1) x"), "ferry run -cprint(1) -- x");
+        assert_eq!(
+            after("ferry run --python 3.12 -c pass"),
+            "ferry run --python 3.12 -c pass"
+        );
+        // Other commands are left alone.
+        assert_eq!(
+            after("ferry resume --dir a::b k"),
+            "ferry resume --dir a::b k"
+        );
+        assert_eq!(after("ferry python list -v"), "ferry python list -v");
+    }
 }

@@ -73,7 +73,6 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     }
     let mut args = vec![t.name.clone()];
     args.extend(t.args);
-    args.extend(a.args);
     let info = c
         .run(&RunRequest {
             module: module.to_string(),

@@ -1,4 +1,4 @@
-//! `ferry run PROG.wasm [-- ARGS]`
+//! `ferry run PROG.wasm [ARGS]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,11 +23,11 @@ pub struct Args {
     /// Python: the runtime version to use (see `ferry python list`) [default: the default one].
     #[arg(long, value_name = "X.Y")]
     python: Option<String>,
-    /// Python: run this code (`python -c CODE`).
-    #[arg(short = 'c', value_name = "CODE", conflicts_with_all = ["module", "program"])]
+    /// Python: run this code (`python -c CODE [ARGS]`).
+    #[arg(short = 'c', value_name = "CODE", conflicts_with = "module")]
     code: Option<String>,
-    /// Python: run this module (`python -m MODULE`).
-    #[arg(short = 'm', value_name = "MODULE", conflicts_with = "program")]
+    /// Python: run this module (`python -m MODULE [ARGS]`).
+    #[arg(short = 'm', value_name = "MODULE")]
     module: Option<String>,
     /// The WebAssembly (wasm32-wasip1) command module (`.wasm`, or `.wat` text), or a Python
     /// script (`.py`: runs under the Python runtime, its directory mounted at the same path).
@@ -37,9 +37,10 @@ pub struct Args {
     /// after `_initialize`, `() -> i32` (its result is the exit code) or `() -> ()`.
     #[arg(long, value_name = "EXPORT")]
     invoke: Option<String>,
-    /// Arguments for the program (after `--`).
-    #[arg(last = true)]
-    pub args: Vec<String>,
+    /// Arguments for the program: everything after it goes to the program, options too
+    /// (`ferry run s.py -v` passes `-v` to the script); a `--` right after it is dropped.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
 }
 
 /// What to run: module bytes, the program's name, arguments after it, extra mounts, and a
@@ -64,11 +65,20 @@ pub fn target(settings: &Settings, store: &dyn ferry_store::Store, a: &Args) -> 
             main: rt.main,
         })
     };
+    // Everything after the program is the program's (a `--` right after it is clap's).
+    let rest = &a.args[..];
+    // With -c/-m there is no program: what clap took for one is the first argument.
+    let lead = |flag: &str, value: &str| {
+        let mut lead = vec![flag.to_string(), value.to_string()];
+        lead.extend(a.program.iter().map(|p| p.display().to_string()));
+        lead.extend(rest.iter().cloned());
+        lead
+    };
     if let Some(code) = &a.code {
-        return python(vec!["-c".into(), code.clone()], vec![]);
+        return python(lead("-c", code), vec![]);
     }
     if let Some(module) = &a.module {
-        return python(vec!["-m".into(), module.clone()], vec![]);
+        return python(lead("-m", module), vec![]);
     }
     let program = a
         .program
@@ -90,7 +100,9 @@ pub fn target(settings: &Settings, store: &dyn ferry_store::Store, a: &Args) -> 
             read_only: false,
         };
         let mounts = vec![mount(dir.display().to_string()), mount(".".into())];
-        return python(vec![script.display().to_string()], mounts);
+        let mut lead = vec![script.display().to_string()];
+        lead.extend(rest.iter().cloned());
+        return python(lead, mounts);
     }
     let mut wasm =
         std::fs::read(program).with_context(|| format!("cannot read {}", program.display()))?;
@@ -105,7 +117,7 @@ pub fn target(settings: &Settings, store: &dyn ferry_store::Store, a: &Args) -> 
     Ok(Target {
         module: Module::Bytes(wasm),
         name,
-        args: vec![],
+        args: rest.to_vec(),
         mounts: vec![],
         main: a.invoke.clone(),
     })
@@ -185,7 +197,6 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
 
     let mut args = vec![name.clone()];
     args.extend(t.args);
-    args.extend(a.args);
     let wasi = WasiCtx::new(
         args,
         env,

@@ -203,6 +203,19 @@ fn run_a_script_with_an_installed_runtime_and_move_it() {
     );
     let (out, _, code) = env.output(&["run", "-c", "print(6 * 7)"]);
     assert_eq!((out.as_str(), code), ("42\n", 0));
+    // As with `python`: what follows the script, code or module is its own, options too.
+    let (_, err, code) = env.output(&["run", script.to_str().unwrap(), "-v", "--store", "x"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read_to_string(app.join("note.txt")).unwrap(),
+        "-v --store x"
+    );
+    let argv = "import sys; print(sys.argv)";
+    let (out, _, code) = env.output(&["run", "-c", argv, "--help", "-", "--"]);
+    assert_eq!((out.as_str(), code), ("['-c', '--help', '-', '--']\n", 0));
+    let (out, _, code) = env.output(&["run", "-m", "json.tool", "--help"]);
+    assert!(out.starts_with("usage: python -m json.tool"), "{out}");
+    assert_eq!(code, 0);
 
     // Suspended and resumed like any program (the mounts are granted again).
     let looped = app.join("loop.py");
