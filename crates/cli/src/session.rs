@@ -27,6 +27,11 @@ pub struct Session {
 impl Session {
     /// The state to show: a session recorded as running whose process is gone (no one holds
     /// its lease: `running` is false) is `lost`.
+    /// Its program ran to its end (`exited(N)`): nothing left to resume or stop.
+    pub fn exited(&self) -> bool {
+        self.state.starts_with("exited")
+    }
+
     pub fn shown_state(&self, running: bool) -> &str {
         if self.state == "running" && !running {
             "lost"

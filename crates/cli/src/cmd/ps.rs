@@ -13,10 +13,19 @@ pub struct Args {
     /// last snapshot (its full κ).
     #[arg(long)]
     json: bool,
+    /// Also list sessions whose program exited (hidden by default, as they pile up: every
+    /// `ferry run` is a session; `ferry rm --exited` forgets them).
+    #[arg(long, short)]
+    all: bool,
 }
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
-    let sessions = session::list(settings)?;
+    let mut sessions = session::list(settings)?;
+    let listed = sessions.len();
+    if !a.all {
+        sessions.retain(|s| !s.exited());
+    }
+    let hidden = listed - sessions.len();
     if a.json {
         let rows: Vec<_> = sessions
             .iter()
@@ -54,6 +63,13 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         println!(
             "{:<10} {:<20} {:<12} {:>10}  {}",
             s.id, s.program, state, mem, snap
+        );
+    }
+    if hidden > 0 {
+        eprintln!(
+            "ferry: {hidden} exited session{} not shown (`ferry ps --all`; `ferry rm --exited` \
+             forgets them)",
+            if hidden == 1 { "" } else { "s" }
         );
     }
     if lost {

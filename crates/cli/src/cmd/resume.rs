@@ -234,10 +234,7 @@ fn continuing_session(
         };
         // Read under the lease: no other process writes the record now.
         let before = session::load(settings, &id).ok();
-        if !before
-            .as_ref()
-            .is_some_and(|s| s.state.starts_with("exited"))
-        {
+        if !before.as_ref().is_some_and(|s| s.exited()) {
             return Ok((id, lease, before));
         }
         drop(lease);

@@ -12,8 +12,11 @@ use crate::settings::Settings;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Session ids (see `ferry ps`).
-    #[arg(required = true, value_name = "SESSION")]
+    #[arg(required_unless_present = "exited", value_name = "SESSION")]
     sessions: Vec<String>,
+    /// Forget every session whose program exited (see `ferry ps --all`).
+    #[arg(long)]
+    exited: bool,
     /// Also forget sessions that could still be resumed (suspended, or lost in a crash): their
     /// snapshots go at the next `ferry store gc`.
     #[arg(long)]
@@ -22,7 +25,16 @@ pub struct Args {
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let store = settings.open_store()?;
-    for id in &a.sessions {
+    let mut ids = a.sessions.clone();
+    if a.exited {
+        ids.extend(
+            session::list(settings)?
+                .into_iter()
+                .filter(|s| s.exited() && !a.sessions.contains(&s.id))
+                .map(|s| s.id),
+        );
+    }
+    for id in &ids {
         let id = session::checked_id(id)?;
         let s = session::load(settings, id)?;
         // Held until the session is gone: nothing resumes it meanwhile.
@@ -34,7 +46,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             ),
         };
         if let Some(k) = &s.last_snapshot
-            && !s.state.starts_with("exited")
+            && !s.exited()
             && !a.force
         {
             // We hold the lease: a session recorded as running has lost its process.

@@ -241,7 +241,7 @@ fn claim_name(settings: &Settings, id: &str) -> Result<session::Lease> {
         anyhow!("session `{id}` is running (pid {pid}); pick another --session name")
     })?;
     if let Ok(old) = session::load(settings, id)
-        && !old.state.starts_with("exited")
+        && !old.exited()
         && let Some(k) = &old.last_snapshot
     {
         // We hold the lease: a session recorded as running has lost its process.

@@ -71,7 +71,7 @@ pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
             println!("{k}");
             return Ok(ExitCode::SUCCESS);
         }
-        if gone || now.state.starts_with("exited") {
+        if gone || now.exited() {
             bail!(
                 "session `{}` ended ({}) before writing a snapshot",
                 now.id,

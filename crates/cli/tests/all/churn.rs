@@ -224,12 +224,25 @@ fn a_session_runs_in_one_process_at_a_time() {
     all.extend(second.stdout);
     all.extend(crate::harness::resume_to_end(&env, k2.trim()));
     assert_eq!(all, plain.stdout);
-    let (ps, _, _) = env.output(&["ps"]);
+    // Exited sessions are listed only with --all, and `rm --exited` forgets them.
+    let (ps, err, _) = env.output(&["ps"]);
+    assert!(!ps.contains("job "), "{ps}");
+    assert!(
+        err.contains("exited session") && err.contains("not shown"),
+        "{err}"
+    );
+    let (ps, _, _) = env.output(&["ps", "--all"]);
     assert!(
         ps.lines()
             .any(|l| l.starts_with("job ") && l.contains("exited(0)")),
         "{ps}"
     );
+    let (out, err, code) = env.output(&["rm", "--exited"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().any(|l| l == "removed job"), "{out}");
+    let (ps, err, _) = env.output(&["ps", "--all"]);
+    assert_eq!(ps.lines().count(), 1, "only the header: {ps}");
+    assert!(err.is_empty(), "{err}");
 }
 
 /// `ferry run --session job` with stdout appended to `out.txt`, checkpointed once, then killed
