@@ -108,6 +108,45 @@ impl Settings {
             })
     }
 
+    /// Refuses to mount `host_dir` when it holds ferry's store or compiled-code cache (or lies
+    /// inside one): a snapshot carries what its mounts hold, so it would copy the store into
+    /// itself, and the guest could rewrite the objects it is resumed from.
+    pub fn check_mount(&self, host_dir: &std::path::Path, what: &str) -> Result<()> {
+        // Paths not there yet (a store or cache made on first use) are taken as written.
+        let full = |p: &std::path::Path| p.canonicalize().or_else(|_| std::path::absolute(p));
+        let Ok(mount) = full(host_dir) else {
+            return Ok(());
+        };
+        for (name, dir) in [
+            ("store", &self.store_dir),
+            ("compiled-code cache", &self.compiled_cache()),
+        ] {
+            let Ok(dir) = full(dir) else {
+                continue;
+            };
+            if dir.starts_with(&mount) || mount.starts_with(&dir) {
+                anyhow::bail!(
+                    "cannot mount {} ({what}): ferry's {name} {} is {} it, and a snapshot carries \
+                     what its mounts hold; give ferry a {name} elsewhere ({}) or mount a \
+                     directory that does not hold it",
+                    mount.display(),
+                    dir.display(),
+                    if dir.starts_with(&mount) {
+                        "inside"
+                    } else {
+                        "around"
+                    },
+                    if name == "store" {
+                        "--store or FERRY_STORE"
+                    } else {
+                        "FERRY_CACHE"
+                    },
+                );
+            }
+        }
+        Ok(())
+    }
+
     pub fn sessions_dir(&self) -> PathBuf {
         self.store_dir.join("sessions")
     }

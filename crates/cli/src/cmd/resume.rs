@@ -91,6 +91,9 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
     guest::install_signals(&control)?;
     let mut grants = a.guest.mounts()?;
+    for g in &grants {
+        settings.check_mount(&g.host_dir, &format!("--dir for `{}`", g.guest_path))?;
+    }
     let env = a.guest.env()?;
     let store = settings.open_store()?;
     let k = store

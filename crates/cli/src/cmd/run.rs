@@ -92,6 +92,10 @@ pub fn target(settings: &Settings, store: &dyn ferry_store::Store, a: &Args) -> 
             .parent()
             .expect("a file has a directory")
             .to_path_buf();
+        settings.check_mount(
+            &dir,
+            "the script's directory; put the script in a directory of its own",
+        )?;
         // At its own path (so the script sees where it lives) and as `.` (so relative paths
         // work, as they would from that directory).
         let mount = |guest_path: String| ferry_wasi::MountSpec {
@@ -171,6 +175,9 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
     guest::install_signals(&control)?;
     let mut mounts = a.guest.mounts()?;
+    for m in &mounts {
+        settings.check_mount(&m.host_dir, &format!("--dir for `{}`", m.guest_path))?;
+    }
     let env = a.guest.env()?;
     let store = settings.open_store()?;
     // The session's name first: a refusal should not wait for a long preparation.

@@ -12,6 +12,36 @@ fn not_wasm_is_refused() {
     assert!(err.contains("not a WebAssembly module"), "{err}");
 }
 
+/// A mount holding ferry's own store would be copied into every snapshot (and the guest could
+/// rewrite the objects it resumes from): refused for `--dir`, a script's directory, a resume's
+/// grant — and for a store not created yet.
+#[test]
+fn a_mount_holding_the_store_is_refused() {
+    let env = Env::new().with_var("FERRY_CACHE", "/nonexistent/ferry-cache");
+    let g = guest("wasm/cpu.wasm");
+    let root = env.path("");
+    let around = format!("{}::/data", root.display());
+    let (_, err, code) = env.output(&["run", "--dir", &around, g.to_str().unwrap(), "1"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("--dir for `/data`): ferry's store") && err.contains("is inside it"),
+        "{err}"
+    );
+    assert!(!env.store().exists(), "nothing was made");
+    let script = env.path("s.py");
+    std::fs::write(&script, "print(1)\n").unwrap();
+    let (_, err, code) = env.output(&["run", script.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("put the script in a directory of its own"),
+        "{err}"
+    );
+    let inside = format!("{}::/data", env.store().join("x").display());
+    let (_, err, code) = env.output(&["resume", "--dir", &inside, "blake3:0000"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("is around it"), "{err}");
+}
+
 #[test]
 fn component_and_missing_start_are_refused() {
     let env = Env::new();
