@@ -172,6 +172,7 @@ impl Execution<'_> {
                 }
             });
         }
+        starting();
         self.session.pid = std::process::id();
         self.session.state = "running".into();
         session::save(self.settings, &self.session)?;
@@ -271,8 +272,22 @@ fn record(
 /// Routes SIGINT/SIGTERM to a suspend request and SIGUSR1 to a checkpoint request. Installed
 /// before any slow preparation, so a signal that arrives early is served at the first safe
 /// point instead of killing the process. A third SIGINT/SIGTERM exits without a snapshot.
-pub fn install_signals(control: &Arc<Control>) -> Result<()> {
+/// Until the guest starts (a run) or continues (a resume), what an interrupt stops: there is
+/// nothing to save yet, and preparing a big module for the first time takes minutes, so
+/// Ctrl-C then ends ferry at once, saying this. `None` once the guest is under way.
+static BEFORE_START: std::sync::Mutex<Option<&'static str>> = std::sync::Mutex::new(None);
+
+/// The guest is about to run: from now on an interrupt suspends it.
+pub fn starting() {
+    *BEFORE_START.lock().unwrap_or_else(|p| p.into_inner()) = None;
+}
+
+/// SIGINT and SIGTERM ask `control` for a suspend (a third one exits at once); SIGUSR1 for a
+/// checkpoint. Before [`starting`], SIGINT or SIGTERM ends ferry straight away, printing
+/// `before_start` ("interrupted before …; nothing to resume").
+pub fn install_signals(control: &Arc<Control>, before_start: &'static str) -> Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
+    *BEFORE_START.lock().unwrap_or_else(|p| p.into_inner()) = Some(before_start);
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1])
         .context("installing signal handlers")?;
     let c = control.clone();
@@ -282,6 +297,15 @@ pub fn install_signals(control: &Arc<Control>) -> Result<()> {
             match sig {
                 SIGUSR1 => c.request(Request::Checkpoint),
                 _ => {
+                    // Held while exiting, so the guest cannot start meanwhile.
+                    let before = BEFORE_START.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(note) = *before {
+                        eprintln!("ferry: interrupted {note}");
+                        // Ended by the signal, as a shell expects of an interrupted program.
+                        let _ = signal_hook::low_level::emulate_default_handler(sig);
+                        std::process::exit(128 + sig);
+                    }
+                    drop(before);
                     interrupts += 1;
                     if interrupts >= 3 {
                         eprintln!("ferry: interrupted again; exiting without a snapshot");

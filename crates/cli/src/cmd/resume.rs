@@ -89,7 +89,10 @@ fn admit_mount(
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
-    guest::install_signals(&control)?;
+    guest::install_signals(
+        &control,
+        "before the program continued: its snapshot is as it was, resume it again later",
+    )?;
     let mut grants = a.guest.mounts()?;
     for g in &grants {
         settings.check_mount(&g.host_dir, &format!("--dir for `{}`", g.guest_path))?;

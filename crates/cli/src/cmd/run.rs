@@ -173,7 +173,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
-    guest::install_signals(&control)?;
+    guest::install_signals(
+        &control,
+        "before the program started: nothing ran, nothing to resume",
+    )?;
     let mut mounts = a.guest.mounts()?;
     for m in &mounts {
         settings.check_mount(&m.host_dir, &format!("--dir for `{}`", m.guest_path))?;

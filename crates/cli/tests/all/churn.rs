@@ -627,6 +627,44 @@ fn cached_guest(file: &str, script: &str) -> std::path::PathBuf {
     p
 }
 
+/// Ctrl-C while ferry prepares a program (compiling the instrumented SQLite shell into an empty
+/// cache takes a second or two; a big interpreter's first compile, minutes) ends ferry then and there: the
+/// program has not run, so there is nothing to save, and no session is left behind.
+#[test]
+fn an_interrupt_before_the_program_starts_ends_ferry_at_once() {
+    use std::io::BufRead;
+    let sqlite = cached_guest("sqlite3-3.52.0.wasm", "scripts/fetch-sqlite.sh");
+    let cache = tempfile::tempdir().unwrap();
+    let env = Env::new().with_var("FERRY_CACHE", cache.path().to_str().unwrap());
+    let mut child = env
+        .ferry()
+        .args(["run", sqlite.to_str().unwrap(), ":memory:"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut lines = String::new();
+    while !lines.contains("compiling") {
+        assert!(err.read_line(&mut lines).unwrap() > 0, "{lines}");
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    std::io::Read::read_to_string(&mut err, &mut lines).unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGINT),
+        "{lines}"
+    );
+    assert!(
+        lines.contains("ferry: interrupted before the program started: nothing ran"),
+        "{lines}"
+    );
+    let (ps, _, _) = env.output(&["ps", "--all"]);
+    assert_eq!(ps.lines().count(), 1, "no session: {ps}");
+}
+
 /// The SQLite shell (built by scripts/fetch-sqlite.sh, which scripts/setup.sh runs) running a
 /// SQL workload on an in-memory database: a real program nobody here wrote.
 #[test]

@@ -103,19 +103,7 @@ impl Env {
 
     /// `ferry run`, interrupted once after `delay_ms`: the κ of its snapshot (not resumed).
     pub fn suspend_once(&self, run_args: &[&str], delay_ms: u64) -> String {
-        let child = self
-            .ferry()
-            .arg("run")
-            .args(run_args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn ferry");
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        let out = child.wait_with_output().expect("wait ferry");
-        suspended_kappa(&out)
+        run_and_suspend(self, run_args, delay_ms).1
     }
 
     /// `ferry inspect --json κ`, which must succeed.
@@ -334,21 +322,35 @@ pub fn loop_py_app(env: &Env) -> String {
 }
 
 /// `ferry run ARGS` in `env`, interrupted after `ms`: (its stdout so far, the snapshot κ).
+/// An interrupt that lands before the guest has started (a cold compiled-code cache, a loaded
+/// machine) ends ferry with nothing run; the run is then tried again, waiting twice as long.
 pub fn run_and_suspend(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String) {
-    let child = env
-        .ferry()
-        .arg("run")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ferry");
-    std::thread::sleep(Duration::from_millis(ms));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().expect("wait ferry");
-    let k = suspended_kappa(&out);
-    (out.stdout, k)
+    let mut ms = ms;
+    for _ in 0..8 {
+        let child = env
+            .ferry()
+            .arg("run")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ferry");
+        std::thread::sleep(Duration::from_millis(ms));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let out = child.wait_with_output().expect("wait ferry");
+        if std::os::unix::process::ExitStatusExt::signal(&out.status) == Some(libc::SIGINT) {
+            assert!(
+                out.stdout.is_empty(),
+                "the guest ran before ferry died of SIGINT"
+            );
+            ms *= 2;
+            continue;
+        }
+        let k = suspended_kappa(&out);
+        return (out.stdout, k);
+    }
+    panic!("ferry keeps being interrupted before the guest starts");
 }
 
 /// The κ a ferry that exited suspended (code 75) printed on its `suspended κ` line.
