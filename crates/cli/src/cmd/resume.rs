@@ -21,7 +21,9 @@ pub struct Args {
     /// Resume even if a mounted host directory changed since the snapshot.
     #[arg(long)]
     allow_changed_dirs: bool,
-    /// The snapshot: `blake3:<hex>` or a unique prefix of it (with --space: the session id).
+    /// The snapshot: `blake3:<hex>` or a unique prefix of it, or a session's id (its last
+    /// snapshot; a session named so wins over a κ prefix). With --space: the session id.
+    #[arg(value_name = "SNAPSHOT|SESSION")]
     snapshot: String,
 }
 
@@ -34,6 +36,34 @@ impl Args {
     /// The engine named with --engine / $FERRY_ENGINE, if any.
     pub fn engine(&self) -> Option<ferry_engine::EngineKind> {
         self.guest.engine
+    }
+}
+
+/// `what`'s last snapshot if `what` names a local session (not a `blake3:` κ): refused when
+/// that session has nothing to continue (it exited, or never wrote a snapshot).
+fn by_session(settings: &Settings, what: &str) -> Result<Option<String>> {
+    if what.starts_with("blake3:") || session::checked_id(what).is_err() {
+        return Ok(None);
+    }
+    let Ok(s) = session::load(settings, what) else {
+        return Ok(None);
+    };
+    match &s.last_snapshot {
+        Some(_) if s.exited() => Err(refused(
+            Stage::Resolving,
+            format!(
+                "session `{what}` ran to its end ({}); nothing to continue (`ferry ps --all`)",
+                s.state
+            ),
+        )),
+        Some(k) => Ok(Some(k.clone())),
+        None => Err(refused(
+            Stage::Resolving,
+            format!(
+                "session `{what}` has no snapshot to resume from (state: {})",
+                s.shown_state(session::holder(settings, what).is_some())
+            ),
+        )),
     }
 }
 
@@ -99,8 +129,9 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     }
     let env = a.guest.env()?;
     let store = settings.open_store()?;
+    let named = by_session(settings, &a.snapshot)?;
     let k = store
-        .resolve(&a.snapshot)
+        .resolve(named.as_deref().unwrap_or(&a.snapshot))
         .map_err(|e| refused(Stage::Resolving, e))?;
     let mut loaded = snapshot::load(&store, k)?;
     // A registered Python runtime's standard library is granted again without asking.

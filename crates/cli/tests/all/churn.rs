@@ -143,11 +143,18 @@ fn suspend_from_another_terminal() {
     assert_eq!(first.status.code(), Some(75));
     let k = k.trim();
     assert!(String::from_utf8_lossy(&first.stderr).contains(&format!("suspended {k}")));
-    let rest = env.ferry().args(["resume", k]).output().unwrap();
+    // Resumed by the session's name: its last snapshot.
+    let rest = env.ferry().args(["resume", "job1"]).output().unwrap();
     assert_eq!(rest.status.code(), Some(0));
     let mut all = first.stdout;
     all.extend(rest.stdout);
     assert_eq!(all, plain.stdout);
+    let (_, err, code) = env.output(&["resume", "job1"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("session `job1` ran to its end (exited(0)); nothing to continue"),
+        "{err}"
+    );
 }
 
 /// One process at a time continues a session: a second `resume` of the snapshot a running
