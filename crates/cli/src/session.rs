@@ -41,6 +41,33 @@ impl Session {
     }
 }
 
+/// The last snapshot of the local session `what` names, if it names one (a `blake3:` κ never
+/// does; a session id wins over a κ prefix spelled the same). An error, saying why, when that
+/// session has no snapshot, or (unless `exited_ok`) ran to its end: nothing to continue.
+pub fn named_snapshot(
+    settings: &Settings,
+    what: &str,
+    exited_ok: bool,
+) -> Result<Option<String>, String> {
+    if what.starts_with("blake3:") || checked_id(what).is_err() {
+        return Ok(None);
+    }
+    let Ok(s) = load(settings, what) else {
+        return Ok(None);
+    };
+    match &s.last_snapshot {
+        Some(_) if s.exited() && !exited_ok => Err(format!(
+            "session `{what}` ran to its end ({}); nothing to continue (`ferry ps --all`)",
+            s.state
+        )),
+        Some(k) => Ok(Some(k.clone())),
+        None => Err(format!(
+            "session `{what}` has no snapshot (state: {})",
+            s.shown_state(holder(settings, what).is_some())
+        )),
+    }
+}
+
 /// Version of the session record (`sessions/<id>.json`).
 const FORMAT_VERSION: u32 = 1;
 

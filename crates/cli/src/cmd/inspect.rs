@@ -11,16 +11,26 @@ use crate::settings::Settings;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The snapshot: `blake3:<hex>` or a unique prefix.
+    /// The snapshot: `blake3:<hex>` or a unique prefix, or a session id (its last snapshot).
+    #[arg(value_name = "SNAPSHOT|SESSION")]
     snapshot: String,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// List the snapshot and the earlier ones of its run (its parents), newest first: any of
+    /// them can be resumed.
+    #[arg(long)]
+    history: bool,
 }
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let store = settings.open_store()?;
-    let k = store.resolve(&a.snapshot)?;
+    let named =
+        crate::session::named_snapshot(settings, &a.snapshot, true).map_err(anyhow::Error::msg)?;
+    let k = store.resolve(named.as_deref().unwrap_or(&a.snapshot))?;
+    if a.history {
+        return history(&store, k, a.json);
+    }
     let s: Snapshot =
         ferry_object::decode(&store.get(&k)?).with_context(|| format!("{k} is not a snapshot"))?;
     let w: WasiState = ferry_object::decode(&store.get(&s.wasi)?)?;
@@ -125,5 +135,60 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         "stdio        {} bytes out, {} bytes err, {} bytes in",
         w.stdout_bytes, w.stderr_bytes, w.stdin_bytes
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--history`: the snapshot and its parents, newest first, until the first snapshot of the
+/// run or one `store gc --keep` pruned.
+fn history(store: &dyn Store, newest: ferry_kappa::Kappa, json: bool) -> Result<ExitCode> {
+    let mut rows = Vec::new();
+    let mut next = Some(newest);
+    let mut pruned = None;
+    while let Some(k) = next {
+        if !store.has(&k)? {
+            pruned = Some(k);
+            break;
+        }
+        let s: Snapshot = ferry_object::decode(&store.get(&k)?)
+            .with_context(|| format!("{k} is not a snapshot"))?;
+        let w: WasiState = ferry_object::decode(&store.get(&s.wasi)?)?;
+        let mut memory = 0;
+        for m in &s.memories {
+            memory += ferry_object::decode::<MemoryImage>(&store.get(m)?)?.len;
+        }
+        rows.push(json!({
+            "snapshot": k.to_string(), "generation": s.generation, "memory": memory,
+            "stdout_bytes": w.stdout_bytes, "stderr_bytes": w.stderr_bytes,
+        }));
+        // Bounded by the store: each parent is an older generation.
+        next = s.parent.filter(|_| rows.len() < 1_000_000);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:>10}  {:<19}  {:>10}  {:>12}",
+        "GENERATION", "SNAPSHOT", "MEMORY", "OUTPUT"
+    );
+    for r in &rows {
+        let k = r["snapshot"].as_str().unwrap_or_default();
+        println!(
+            "{:>10}  {:<19}  {:>6} MiB  {:>12}",
+            r["generation"].as_u64().unwrap_or(0),
+            k.chars().take(19).collect::<String>(),
+            r["memory"].as_u64().unwrap_or(0) >> 20,
+            format!(
+                "{} B",
+                r["stdout_bytes"].as_u64().unwrap_or(0) + r["stderr_bytes"].as_u64().unwrap_or(0)
+            ),
+        );
+    }
+    if let Some(k) = pruned {
+        println!(
+            "(older snapshots, from {}, were pruned by `store gc --keep`)",
+            k.fmt_short()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -75,7 +75,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     if lost {
         eprintln!(
             "ferry: lost: the process ended without a last snapshot (a crash, a kill); \
-             `ferry resume` its last snapshot to continue from there"
+             `ferry resume SESSION` continues from the last snapshot it wrote"
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -39,34 +39,6 @@ impl Args {
     }
 }
 
-/// `what`'s last snapshot if `what` names a local session (not a `blake3:` κ): refused when
-/// that session has nothing to continue (it exited, or never wrote a snapshot).
-fn by_session(settings: &Settings, what: &str) -> Result<Option<String>> {
-    if what.starts_with("blake3:") || session::checked_id(what).is_err() {
-        return Ok(None);
-    }
-    let Ok(s) = session::load(settings, what) else {
-        return Ok(None);
-    };
-    match &s.last_snapshot {
-        Some(_) if s.exited() => Err(refused(
-            Stage::Resolving,
-            format!(
-                "session `{what}` ran to its end ({}); nothing to continue (`ferry ps --all`)",
-                s.state
-            ),
-        )),
-        Some(k) => Ok(Some(k.clone())),
-        None => Err(refused(
-            Stage::Resolving,
-            format!(
-                "session `{what}` has no snapshot to resume from (state: {})",
-                s.shown_state(session::holder(settings, what).is_some())
-            ),
-        )),
-    }
-}
-
 fn refused(stage: Stage, why: impl std::fmt::Display) -> anyhow::Error {
     anyhow!(EngineError::Refused {
         stage,
@@ -129,7 +101,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     }
     let env = a.guest.env()?;
     let store = settings.open_store()?;
-    let named = by_session(settings, &a.snapshot)?;
+    let named = session::named_snapshot(settings, &a.snapshot, false)
+        .map_err(|why| refused(Stage::Resolving, why))?;
     let k = store
         .resolve(named.as_deref().unwrap_or(&a.snapshot))
         .map_err(|e| refused(Stage::Resolving, e))?;

@@ -326,6 +326,15 @@ fn gc_keep_prunes_old_checkpoints() {
         }
     }
     assert!(chain.len() >= 4, "{chain:?}");
+    let history = |k: &str| {
+        let (out, err, code) = env.output(&["inspect", "--history", "--json", k]);
+        assert_eq!(code, 0, "{err}");
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+        rows.iter()
+            .map(|r| r["snapshot"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(history(&k), chain, "--history walks the parents");
     let (_, err, code) = env.output(&["store", "gc", "--keep", "0"]);
     assert_eq!(code, 2, "{err}");
     let (out, err, code) = env.output(&["store", "gc", "--keep", "2"]);
@@ -339,6 +348,15 @@ fn gc_keep_prunes_old_checkpoints() {
             "snapshot {i} of the chain: {err}"
         );
     }
+    assert_eq!(history(&k), chain[..2]);
+    let (out, _, _) = env.output(&["inspect", "--history", &k]);
+    assert!(
+        out.contains(&format!(
+            "(older snapshots, from {}, were pruned",
+            &chain[2][..19]
+        )),
+        "{out}"
+    );
     let (o, e, code) = env.output(&["store", "verify"]);
     assert_eq!(code, 0, "{o}{e}");
     let mut all = first;
