@@ -74,6 +74,7 @@ pub fn parse_dir(s: &str) -> Result<MountSpec> {
         guest_path: guest,
         host_dir: host.into(),
         read_only: false,
+        host_bound: false,
     })
 }
 
@@ -155,11 +156,11 @@ impl Execution<'_> {
         let grants: String = wasi
             .mounts()
             .into_iter()
-            .filter(|(guest, _, _)| guest != crate::cmd::python::STDLIB_GUEST)
-            .map(|(guest, host, _)| {
+            .filter(|m| m.guest_path != crate::cmd::python::STDLIB_GUEST)
+            .map(|m| {
                 format!(
                     "--dir {} ",
-                    shell_word(&format!("{}::{guest}", host.display()))
+                    shell_word(&format!("{}::{}", m.host_dir.display(), m.guest_path))
                 )
             })
             .collect();

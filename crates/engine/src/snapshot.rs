@@ -322,10 +322,15 @@ pub(crate) fn write(
     host.wasi.flush();
     host.wasi.sync_files();
     let mounts = host.wasi.mounts();
+    // A host-bound mount asks for the host's directory itself (`bind:`), not for its content.
     let mut caps: Vec<String> = mounts
         .iter()
-        .map(|(guest, _, _)| format!("mount:{guest}"))
+        .map(|m| {
+            let how = if m.host_bound { "bind" } else { "mount" };
+            format!("{how}:{}", m.guest_path)
+        })
         .collect();
+    let host_bound = mounts.iter().any(|m| m.host_bound);
 
     // Mounted directories are imported on another thread while the memories are written: the
     // one reads and hashes files, the other mostly waits for the disk.
@@ -342,7 +347,10 @@ pub(crate) fn write(
             let read_before = tree_cache.files_read();
             let trees = mounts
                 .iter()
-                .map(|(_, root, _)| ferry_wasi::tree::import_cached(store, root, &mut tree_cache))
+                .map(|m| match m.host_bound {
+                    true => ferry_wasi::tree::empty(store),
+                    false => ferry_wasi::tree::import_cached(store, &m.host_dir, &mut tree_cache),
+                })
                 .collect::<Result<Vec<_>, _>>();
             if trees.is_ok()
                 && tree_cache.files_read() > read_before
@@ -415,7 +423,7 @@ pub(crate) fn write(
             runtime: HOST_CONTRACT.into(),
             engine_class: prepared.engine_class.into(),
             capabilities: caps,
-            host_bound: false,
+            host_bound,
         },
         parent: meta.parent,
         generation: meta.generation + 1,

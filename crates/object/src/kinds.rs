@@ -189,9 +189,18 @@ pub struct Mount {
     pub guest_path: String,
     /// The host directory at capture: a hint for humans, never authority.
     pub host_hint: String,
-    /// Content of the directory at capture.
+    /// Content of the directory at capture (the empty tree when `host_bound`).
     pub tree: Kappa,
     pub read_only: bool,
+    /// A pass-through mount (`ferry run --bind`): the guest used the host's directory as it
+    /// was, and the snapshot does not carry its content. Absent when false, so snapshots
+    /// without one encode as before; a ferry that predates the field refuses the object.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub host_bound: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// One open file descriptor.

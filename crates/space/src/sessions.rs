@@ -401,6 +401,7 @@ impl Sessions {
             guest_path: guest.to_owned(),
             host_dir: dir,
             read_only: grant.read_only,
+            host_bound: false,
         })
     }
 
@@ -420,6 +421,15 @@ impl Sessions {
         policy
             .memory(loaded.memory_bytes())
             .map_err(ApiError::forbidden)?;
+        // A space grants mounts from a snapshot's trees; a host-bound mount has none to give.
+        if let Some(m) = loaded.wasi.mounts.iter().find(|m| m.host_bound) {
+            return Err(ApiError::unprocessable(format!(
+                "snapshot {k} is host-bound: `{}` was the host directory {} passed through \
+                 (`ferry run --bind`), which the snapshot does not carry; resume it with \
+                 `ferry resume` on a machine that has that directory",
+                m.guest_path, m.host_hint
+            )));
+        }
         let grants = loaded
             .wasi
             .mounts

@@ -136,6 +136,8 @@ pub struct MountSpec {
     pub guest_path: String,
     pub host_dir: PathBuf,
     pub read_only: bool,
+    /// Pass-through: snapshots do not carry the directory's content (they are host-bound).
+    pub host_bound: bool,
 }
 
 #[derive(Debug)]
@@ -144,6 +146,7 @@ pub(crate) struct MountRt {
     /// Canonical host directory.
     pub root: PathBuf,
     pub read_only: bool,
+    pub host_bound: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,7 +290,11 @@ impl WasiCtx {
                         m.guest_path, m.host_hint, m.guest_path
                     )
                 })?;
-            ordered.push(grant.clone());
+            // Whether it is carried is the snapshot's to say; the grant gives the directory.
+            ordered.push(MountSpec {
+                host_bound: m.host_bound,
+                ..grant.clone()
+            });
         }
         let mut ctx = Self::new(
             state.args.clone(),
@@ -334,10 +341,16 @@ impl WasiCtx {
     }
 
     /// The mounts, in order: `(guest path, canonical host dir, read-only)`.
-    pub fn mounts(&self) -> Vec<(String, PathBuf, bool)> {
+    /// Each mount as a spec: guest path, canonical host directory, read-only, host-bound.
+    pub fn mounts(&self) -> Vec<MountSpec> {
         self.mounts
             .iter()
-            .map(|m| (m.guest_path.clone(), m.root.clone(), m.read_only))
+            .map(|m| MountSpec {
+                guest_path: m.guest_path.clone(),
+                host_dir: m.root.clone(),
+                read_only: m.read_only,
+                host_bound: m.host_bound,
+            })
             .collect()
     }
 
@@ -376,6 +389,7 @@ impl WasiCtx {
                     host_hint: m.root.display().to_string(),
                     tree: *t,
                     read_only: m.read_only,
+                    host_bound: m.host_bound,
                 })
                 .collect(),
             fds,
@@ -439,6 +453,7 @@ impl MountRt {
             guest_path: m.guest_path,
             root,
             read_only: m.read_only,
+            host_bound: m.host_bound,
         })
     }
 }

@@ -216,6 +216,7 @@ fn files_in_a_mount_and_no_way_out() {
         guest_path: "/data".into(),
         host_dir: d.path().into(),
         read_only: false,
+        host_bound: false,
     };
     let mut c = ctx(
         vec![m],

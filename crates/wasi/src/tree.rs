@@ -40,6 +40,17 @@ fn io(p: &Path) -> impl FnOnce(std::io::Error) -> TreeError + '_ {
     move |e| TreeError::Io(p.display().to_string(), e)
 }
 
+/// Stores the tree with no entries (what a host-bound mount records) and returns its κ.
+pub fn empty(store: &dyn Store) -> Result<Kappa, TreeError> {
+    let (kind, v) = ferry_object::header::<Tree>();
+    let tree = Tree {
+        kind,
+        v,
+        entries: Default::default(),
+    };
+    Ok(store.put(&ferry_object::encode(&tree))?)
+}
+
 /// Stores the content of `dir` and returns the κ of its tree.
 pub fn import(store: &dyn Store, dir: &Path) -> Result<Kappa, TreeError> {
     import_cached(store, dir, &mut ImportCache::default())

@@ -167,6 +167,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             guest_path: guest.into(),
             host_dir: host,
             read_only: false,
+            host_bound: false,
         }])
     };
     let optional = [
@@ -258,6 +259,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             guest_path: "/usr/local/lib".into(),
             host_dir: py315.as_ref().expect("checked").join("lib"),
             read_only: true,
+            host_bound: false,
         });
         Ok(m)
     };
@@ -885,11 +887,13 @@ fn python_figures(
             guest_path: "/usr/local/lib".into(),
             host_dir: py.join("lib"),
             read_only: true,
+            host_bound: false,
         },
         MountSpec {
             guest_path: "/app".into(),
             host_dir: app.clone(),
             read_only: false,
+            host_bound: false,
         },
     ];
     let prepared = rt.prepare(store, wasm, &|m| eprintln!("ferry bench: {m}"))?;

@@ -211,6 +211,7 @@ impl Runner<'_> {
                 guest_path: g.to_owned(),
                 host_dir: h.to_owned(),
                 read_only: false,
+                host_bound: false,
             })
             .into_iter()
             .collect();

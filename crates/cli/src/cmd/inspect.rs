@@ -58,7 +58,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         },
         "capability_request": {
             "mounts": w.mounts.iter().map(|m| json!({"guest_path": m.guest_path, "tree": m.tree.to_string(),
-                "host_hint": m.host_hint, "read_only": m.read_only})).collect::<Vec<_>>(),
+                "host_hint": m.host_hint, "read_only": m.read_only, "host_bound": m.host_bound})).collect::<Vec<_>>(),
             "env": w.env.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
         },
         "args": w.args,
@@ -124,12 +124,19 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         s.globals.len()
     );
     for m in &w.mounts {
-        println!(
-            "mount        {} (was {}) tree {}",
-            m.guest_path,
-            m.host_hint,
-            m.tree.fmt_short()
-        );
+        if m.host_bound {
+            println!(
+                "mount        {} (was {}) passed through: content not carried",
+                m.guest_path, m.host_hint
+            );
+        } else {
+            println!(
+                "mount        {} (was {}) tree {}",
+                m.guest_path,
+                m.host_hint,
+                m.tree.fmt_short()
+            );
+        }
     }
     println!(
         "stdio        {} bytes out, {} bytes err, {} bytes in",

@@ -520,6 +520,7 @@ fn stdlib_mount(
         guest_path: STDLIB_GUEST.into(),
         host_dir: stdlib_dir(settings, store, version, lib.target)?,
         read_only: true,
+        host_bound: false,
     }))
 }
 

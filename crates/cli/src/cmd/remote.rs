@@ -30,6 +30,11 @@ fn api(e: ferry_space::api::ApiError) -> anyhow::Error {
 /// trees; only what the space lacks), starts the session, prints its id.
 pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     let c = client(settings)?;
+    anyhow::ensure!(
+        a.bound()?.is_empty(),
+        "a space cannot reach this machine's directories: --bind is for local runs (--dir \
+         sends a directory's content)"
+    );
     let store = settings.open_store()?;
     let t = crate::cmd::run::target(settings, &store, &a)?;
     let mut mounts = a.guest.mounts()?;

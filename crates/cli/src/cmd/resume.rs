@@ -138,16 +138,41 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     };
     let mut known = ferry_wasi::tree::ImportCache::saved_in(&store);
     for m in &loaded.wasi.mounts {
-        let grant = grants.iter().find(|g| g.guest_path == m.guest_path).ok_or_else(|| {
-            refused(
-                Stage::Admitting,
-                format!(
-                    "the snapshot needs a directory mounted at `{}` (it was {}); grant one with \
-                     --dir HOST::{}",
-                    m.guest_path, m.host_hint, m.guest_path
-                ),
-            )
-        })?;
+        let grant = grants
+            .iter()
+            .find(|g| g.guest_path == m.guest_path)
+            .ok_or_else(|| {
+                refused(
+                    Stage::Admitting,
+                    format!(
+                        "the snapshot needs a directory mounted at `{}` (it was {}{}); grant one \
+                     with --dir HOST::{}",
+                        m.guest_path,
+                        m.host_hint,
+                        if m.host_bound {
+                            ", passed through: the snapshot does not carry its content"
+                        } else {
+                            ""
+                        },
+                        m.guest_path
+                    ),
+                )
+            })?;
+        if m.host_bound {
+            // Passed through: the guest goes on with the directory as it is now.
+            if !grant.host_dir.is_dir() {
+                return Err(refused(
+                    Stage::Admitting,
+                    format!(
+                        "`{}` is passed through to the host directory {}, which is not there \
+                         (the snapshot does not carry its content)",
+                        m.guest_path,
+                        grant.host_dir.display()
+                    ),
+                ));
+            }
+            continue;
+        }
         admit_mount(&store, m, grant, a.allow_changed_dirs, &mut known)?;
     }
     let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;

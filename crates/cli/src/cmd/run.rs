@@ -20,6 +20,12 @@ pub struct Args {
     /// Session id (default: random).
     #[arg(long)]
     pub session: Option<String>,
+    /// Pass a host directory through: HOST::GUEST (or DIR). The guest uses it as it is, and
+    /// snapshots do not carry its content (a data set too big to copy into each snapshot):
+    /// they are host-bound, and resume only where that directory is granted again (`resume
+    /// --dir`), never in a space. Binding a script's directory passes its mounts through.
+    #[arg(long = "bind", value_name = "HOST::GUEST")]
+    binds: Vec<String>,
     /// Python: the runtime version to use (see `ferry python list`) [default: the default one].
     #[arg(long, value_name = "X.Y")]
     python: Option<String>,
@@ -41,6 +47,21 @@ pub struct Args {
     /// (`ferry run s.py -v` passes `-v` to the script); a `--` right after it is dropped.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<String>,
+}
+
+impl Args {
+    /// The `--bind` mounts.
+    pub fn bound(&self) -> Result<Vec<ferry_wasi::MountSpec>> {
+        self.binds
+            .iter()
+            .map(|b| {
+                Ok(ferry_wasi::MountSpec {
+                    host_bound: true,
+                    ..guest::parse_dir(b)?
+                })
+            })
+            .collect()
+    }
 }
 
 /// What to run: module bytes, the program's name, arguments after it, extra mounts, and a
@@ -98,10 +119,16 @@ pub fn target(settings: &Settings, store: &dyn ferry_store::Store, a: &Args) -> 
         )?;
         // At its own path (so the script sees where it lives) and as `.` (so relative paths
         // work, as they would from that directory).
+        // Passed through if a --bind names the same directory.
+        let host_bound = a
+            .bound()?
+            .iter()
+            .any(|b| b.host_dir.canonicalize().is_ok_and(|h| h == dir));
         let mount = |guest_path: String| ferry_wasi::MountSpec {
             guest_path,
             host_dir: dir.clone(),
             read_only: false,
+            host_bound,
         };
         let mounts = vec![mount(dir.display().to_string()), mount(".".into())];
         let mut lead = vec![script.display().to_string()];
@@ -178,8 +205,10 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         "before the program started: nothing ran, nothing to resume",
     )?;
     let mut mounts = a.guest.mounts()?;
+    mounts.extend(a.bound()?);
     for m in &mounts {
-        settings.check_mount(&m.host_dir, &format!("--dir for `{}`", m.guest_path))?;
+        let how = if m.host_bound { "--bind" } else { "--dir" };
+        settings.check_mount(&m.host_dir, &format!("{how} for `{}`", m.guest_path))?;
     }
     let env = a.guest.env()?;
     let store = settings.open_store()?;
@@ -273,6 +302,7 @@ pub fn python_module(
     let a = Args {
         guest: guest::GuestArgs::default(),
         session: None,
+        binds: Vec::new(),
         python,
         code: None,
         module: Some(module.to_owned()),

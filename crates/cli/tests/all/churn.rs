@@ -83,6 +83,57 @@ fn c_file_io_in_a_mount() {
     );
 }
 
+/// `--bind` passes a host directory through: the guest's files are the same as with an
+/// imported mount across suspends, but snapshots do not carry the directory (they say they
+/// are host-bound), so a change to it does not stop a resume; a space, which can only give a
+/// session the directories it is sent, refuses it.
+#[test]
+fn a_bound_directory_is_passed_through_and_not_carried() {
+    let env = Env::new().with_var("FERRY_TOKEN", crate::harness::SPACE_TOKEN);
+    let g = guest("wasm/files.wasm");
+    let plain_dir = env.path("plain-data");
+    let bound_dir = env.path("bound-data");
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    std::fs::create_dir_all(&bound_dir).unwrap();
+    let pd = format!("{}::/data", plain_dir.display());
+    let bd = format!("{}::/data", bound_dir.display());
+    let plain = env.plain(&["--dir", &pd, g.to_str().unwrap(), "/data", "300"]);
+    let churned = env.churn(
+        &["--bind", &bd, g.to_str().unwrap(), "/data", "300"],
+        &["--dir", &bd],
+        3,
+        9,
+        (100, 300),
+    );
+    assert_eq!(churned.stdout, plain.stdout);
+    assert_eq!(dir_contents(&bound_dir), dir_contents(&plain_dir));
+
+    let k = env.suspend_once(&["--bind", &bd, g.to_str().unwrap(), "/data", "300"], 400);
+    let v = env.inspect_json(&k);
+    assert_eq!(v["profile"]["host_bound"], true, "{v}");
+    assert_eq!(
+        v["profile"]["capabilities"],
+        serde_json::json!(["bind:/data"])
+    );
+    assert_eq!(v["capability_request"]["mounts"][0]["host_bound"], true);
+    // Changed under the suspended guest: an imported mount would refuse this resume.
+    std::fs::write(bound_dir.join("added-later.txt"), "x").unwrap();
+    let (_, err, code) = env.output(&["resume", &k]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("passed through: the snapshot does not carry its content"),
+        "{err}"
+    );
+    let (_, err, code) = env.output(&["resume", "--dir", &bd, &k]);
+    assert_eq!(code, 0, "{err}");
+
+    // A space can only give a session the directories it is sent.
+    let server = crate::harness::SpaceProc::start(&[]);
+    let (_, err, code) = env.output(&["--space", &server.url, "run", "--bind", &bd, "x.wasm"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--bind is for local runs"), "{err}");
+}
+
 #[test]
 fn periodic_checkpoints_leave_output_alone_and_each_resumes_to_the_rest() {
     let env = Env::new();
