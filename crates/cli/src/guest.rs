@@ -118,7 +118,7 @@ fn block_control_signals() {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGUSR1] {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1] {
             libc::sigaddset(&mut set, sig);
         }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
@@ -283,14 +283,23 @@ pub fn starting() {
     *BEFORE_START.lock().unwrap_or_else(|p| p.into_inner()) = None;
 }
 
-/// SIGINT and SIGTERM ask `control` for a suspend (a third one exits at once); SIGUSR1 for a
-/// checkpoint. Before [`starting`], SIGINT or SIGTERM ends ferry straight away, printing
-/// `before_start` ("interrupted before …; nothing to resume").
+/// SIGINT, SIGTERM and SIGHUP ask `control` for a suspend (a third one exits at once);
+/// SIGUSR1 for a checkpoint. Before [`starting`], any of the first three ends ferry straight
+/// away, printing `before_start` ("interrupted before …; nothing to resume").
+///
+/// SIGHUP is a terminal going away (a closed window, a dropped ssh connection): the session
+/// is suspended rather than lost, and `ferry resume SESSION` continues it later.
 pub fn install_signals(control: &Arc<Control>, before_start: &'static str) -> Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
     *BEFORE_START.lock().unwrap_or_else(|p| p.into_inner()) = Some(before_start);
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1])
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1])
         .context("installing signal handlers")?;
+    // Asked now: once the terminal hangs up it no longer answers as one.
+    // SAFETY: isatty only inspects descriptors 1 and 2.
+    let terminals: Vec<i32> = [1, 2]
+        .into_iter()
+        .filter(|&fd| unsafe { libc::isatty(fd) } == 1)
+        .collect();
     let c = control.clone();
     std::thread::spawn(move || {
         let mut interrupts = 0;
@@ -298,6 +307,9 @@ pub fn install_signals(control: &Arc<Control>, before_start: &'static str) -> Re
             match sig {
                 SIGUSR1 => c.request(Request::Checkpoint),
                 _ => {
+                    if sig == SIGHUP {
+                        terminal_gone(&terminals);
+                    }
                     // Held while exiting, so the guest cannot start meanwhile.
                     let before = BEFORE_START.lock().unwrap_or_else(|p| p.into_inner());
                     if let Some(note) = *before {
@@ -318,6 +330,25 @@ pub fn install_signals(control: &Arc<Control>, before_start: &'static str) -> Re
         }
     });
     Ok(())
+}
+
+/// After a hangup, those of stdout and stderr that were the terminal (`terminals`) go to
+/// /dev/null: writing to a hung-up terminal fails (the guest would see EIO on its way to the
+/// safe point, and ferry's own last lines would panic), and nothing written there can be seen
+/// any more. Files and pipes are left alone.
+fn terminal_gone(terminals: &[i32]) {
+    // SAFETY: opening /dev/null and duplicating it over descriptors 1 and 2, which this
+    // process owns for its whole life; the descriptor opened here is closed again.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
+        if null < 0 {
+            return;
+        }
+        for &fd in terminals {
+            libc::dup2(null, fd);
+        }
+        libc::close(null);
+    }
 }
 
 /// `w` as one shell word (quoted when it holds anything but plain path characters).

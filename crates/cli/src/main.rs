@@ -37,7 +37,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a WASI program; Ctrl-C (SIGINT/SIGTERM) suspends it at the next safe point.
+    /// Run a WASI program; Ctrl-C (SIGINT, SIGTERM, or SIGHUP: the terminal closed) suspends it
+    /// at the next safe point.
     Run(cmd::run::Args),
     /// Continue a suspended program from its snapshot.
     Resume(cmd::resume::Args),

@@ -208,6 +208,91 @@ fn suspend_from_another_terminal() {
     );
 }
 
+/// A hangup (the terminal closed, the ssh connection dropped) suspends the session instead of
+/// losing it, and `ferry resume SESSION` goes on from there. ferry runs on a pseudo-terminal
+/// it has as controlling terminal (stdout and stderr on it), as in a terminal window; closing
+/// the other end is the hangup. What the guest wrote before is on the terminal; the resume's
+/// output is the rest of an uninterrupted run's.
+#[test]
+fn a_hangup_suspends_the_session() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "200"];
+    let plain = env.plain(&args);
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty fills in two descriptors we then own.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty");
+    // Not inherited: ferry holding the other end open would keep the terminal from hanging up.
+    for fd in [master, slave] {
+        // SAFETY: sets a flag on a descriptor we own.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    // SAFETY: both are open descriptors owned from here on.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut cmd = env.ferry();
+    cmd.args(["run", "--session", "hup"])
+        .args(args)
+        .stdout(slave.try_clone().unwrap())
+        .stderr(slave.try_clone().unwrap());
+    // SAFETY: between fork and exec only async-signal-safe calls: a new session whose
+    // controlling terminal is the pty (its stdout).
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(1, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(slave);
+    crate::harness::wait_until_running(&env);
+    // Read the terminal for a while (a full one would block the guest), then hang up.
+    // SAFETY: sets a flag on a descriptor we own.
+    unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&master),
+            libc::F_SETFL,
+            libc::O_NONBLOCK,
+        )
+    };
+    let mut term = std::fs::File::from(master);
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(300);
+    while std::time::Instant::now() < until {
+        let mut buf = [0u8; 4096];
+        match std::io::Read::read(&mut term, &mut buf) {
+            Ok(n) if n > 0 => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            _ => break,
+        }
+    }
+    drop(term);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(75), "suspended, not killed: {status}");
+    let rec = env.session_record("hup");
+    assert_eq!(rec["state"], "suspended", "{rec}");
+    let k = rec["last_snapshot"].as_str().unwrap();
+    let at = env.inspect_json(k)["stdio"]["stdout_bytes"]
+        .as_u64()
+        .unwrap() as usize;
+    let rest = env.ferry().args(["resume", "hup"]).output().unwrap();
+    assert_eq!(rest.status.code(), Some(0));
+    assert_eq!(rest.stdout, plain.stdout[at..]);
+}
+
 /// One process at a time continues a session: a second `resume` of the snapshot a running
 /// session continues from, or a `run` taking a live or resumable session's name, is refused
 /// before the guest runs (two copies would both write its output), and the first copy's
