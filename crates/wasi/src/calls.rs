@@ -461,7 +461,7 @@ impl WasiCtx {
             _ => return Ok(Errno::Badf),
         }
         let host = tri!(self.fd_host_path_any(fd));
-        self.set_times(&host, atim, mtim, flags)
+        self.set_times(&host, atim, mtim, flags, true)
     }
 
     #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
@@ -477,32 +477,53 @@ impl WasiCtx {
     ) -> R {
         let follow = lookup & LOOKUP_FOLLOW != 0;
         let (_, _, host) = tri!(self.guest_path(m, fd, ptr, len, follow));
-        self.set_times(&host, atim, mtim, flags)
+        self.set_times(&host, atim, mtim, flags, follow)
     }
 
-    /// `fd_filestat_set_times` / `path_filestat_set_times` on `host`.
-    fn set_times(&mut self, host: &std::path::Path, atim: u64, mtim: u64, flags: u16) -> R {
+    /// `fd_filestat_set_times` / `path_filestat_set_times` on `host`; a symlink itself unless
+    /// `follow`.
+    fn set_times(
+        &mut self,
+        host: &std::path::Path,
+        atim: u64,
+        mtim: u64,
+        flags: u16,
+        follow: bool,
+    ) -> R {
         if flags & (FSTFLAG_ATIM | FSTFLAG_ATIM_NOW) == FSTFLAG_ATIM | FSTFLAG_ATIM_NOW
             || flags & (FSTFLAG_MTIM | FSTFLAG_MTIM_NOW) == FSTFLAG_MTIM | FSTFLAG_MTIM_NOW
             || flags & !0xF != 0
         {
             return Ok(Errno::Inval);
         }
-        let at = |ns: u64| std::time::UNIX_EPOCH + Duration::from_nanos(ns);
-        let now = at(self.clock.realtime_ns());
-        let mut times = fs::FileTimes::new();
-        if flags & FSTFLAG_ATIM != 0 {
-            times = times.set_accessed(at(atim));
-        } else if flags & FSTFLAG_ATIM_NOW != 0 {
-            times = times.set_accessed(now);
+        let now = self.clock.realtime_ns();
+        let spec = |ns: u64| libc::timespec {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        };
+        let omit = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        };
+        let pick = |set: u16, set_now: u16, ns: u64| match () {
+            _ if flags & set != 0 => spec(ns),
+            _ if flags & set_now != 0 => spec(now),
+            _ => omit,
+        };
+        let times = [
+            pick(FSTFLAG_ATIM, FSTFLAG_ATIM_NOW, atim),
+            pick(FSTFLAG_MTIM, FSTFLAG_MTIM_NOW, mtim),
+        ];
+        let path = tri!(
+            std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(host.as_os_str()))
+                .map_err(|_| Errno::Inval)
+        );
+        let nofollow = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
+        // SAFETY: a NUL-terminated path and two timespecs that outlive the call.
+        if unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), nofollow) } != 0
+        {
+            return Ok(Errno::from(std::io::Error::last_os_error()));
         }
-        if flags & FSTFLAG_MTIM != 0 {
-            times = times.set_modified(at(mtim));
-        } else if flags & FSTFLAG_MTIM_NOW != 0 {
-            times = times.set_modified(now);
-        }
-        let f = tri!(File::open(host));
-        tri!(f.set_times(times));
         Ok(Errno::Success)
     }
 
@@ -911,6 +932,10 @@ impl WasiCtx {
         let (m2, _, to) = tri!(self.guest_path(m, new_fd, np, nl, false));
         if self.read_only(m1) || self.read_only(m2) {
             return Ok(Errno::Rofs);
+        }
+        // Following a link that leads nowhere finds no file to link (not the link itself).
+        if follow {
+            tri!(fs::metadata(&from));
         }
         if tri!(fs::symlink_metadata(&from)).is_dir() {
             return Ok(Errno::Perm);

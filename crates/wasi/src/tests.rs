@@ -208,6 +208,53 @@ fn a_signal_during_a_stdin_wait_is_not_input() {
     helper.join().unwrap();
 }
 
+/// Setting times without `LOOKUP_FOLLOW` sets a symlink's own, not its target's; linking
+/// through a link that leads nowhere finds no file (the official suite's `symlink_filestat`
+/// and `path_link`).
+#[test]
+fn symlinks_themselves_and_what_they_lead_to() {
+    use std::os::unix::fs::MetadataExt;
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("file"), "x").unwrap();
+    std::os::unix::fs::symlink("file", d.path().join("link")).unwrap();
+    std::os::unix::fs::symlink("nowhere", d.path().join("dangling")).unwrap();
+    let m = MountSpec {
+        guest_path: "/data".into(),
+        host_dir: d.path().into(),
+        read_only: false,
+        host_bound: false,
+    };
+    let mut c = ctx(
+        vec![m],
+        FakeClock::default(),
+        Buf::default(),
+        Arc::default(),
+    );
+    let mut mem = vec![0u8; 4096];
+    let file_mtime = std::fs::metadata(d.path().join("file")).unwrap().mtime();
+    let (p, n) = put_str(&mut mem, 100, "link");
+    // path_filestat_set_times(fd 3, no follow, "link", atim 0, mtim 1e9 ns, MTIM)
+    let r = c.call(
+        "path_filestat_set_times",
+        &mut mem,
+        &[3, 0, p, n, 0, 1_000_000_000, 4],
+    );
+    assert_eq!(r.unwrap(), 0);
+    let link = std::fs::symlink_metadata(d.path().join("link")).unwrap();
+    assert_eq!(link.mtime(), 1, "the link's own time");
+    assert_eq!(
+        std::fs::metadata(d.path().join("file")).unwrap().mtime(),
+        file_mtime,
+        "its target untouched"
+    );
+    // path_link(fd 3, follow, "dangling", fd 3, "new")
+    let (p, n) = put_str(&mut mem, 100, "dangling");
+    let (q, k) = put_str(&mut mem, 200, "new");
+    let r = c.call("path_link", &mut mem, &[3, 1, p, n, 3, q, k]);
+    assert_eq!(r.unwrap(), Errno::Noent as i32);
+    assert!(std::fs::symlink_metadata(d.path().join("new")).is_err());
+}
+
 #[test]
 fn files_in_a_mount_and_no_way_out() {
     let d = tempfile::tempdir().unwrap();
