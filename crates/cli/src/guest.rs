@@ -1,5 +1,6 @@
 //! What `run` and `resume` share: signals, the guest thread, snapshots reported to the user.
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,6 +145,111 @@ pub struct Execution<'a> {
     pub replays: Replays,
     pub meta: SnapshotMeta,
     pub checkpoint_every: Option<Duration>,
+    /// The line the guest has begun on stdout and not ended (recorded with each snapshot).
+    pub open_line: OpenLine,
+}
+
+/// The line a guest has begun on its terminal and not ended yet — a prompt waiting for
+/// input (CPython writes its `>>> ` to stderr, a C program's `printf("> ")` goes to stdout) —
+/// at most [`OpenLine::MAX`] bytes (its end), and the stream (1 or 2) that wrote last.
+/// Recorded with each snapshot so that a resume on a terminal can show it again: the terminal
+/// that showed it may be gone, and the guest, waiting for input, will not print it again.
+#[derive(Debug, Clone, Default)]
+pub struct OpenLine(Arc<std::sync::Mutex<(i32, Vec<u8>)>>);
+
+impl OpenLine {
+    pub const MAX: usize = 256;
+
+    /// One that starts as `line`, last written by `fd` (the prompt recorded with the snapshot
+    /// being resumed).
+    pub fn new(fd: i32, line: &str) -> Self {
+        let l = Self::default();
+        l.note(fd, line.as_bytes());
+        l
+    }
+
+    /// `out` (the guest's stream `fd`), noting what passes through it.
+    pub fn wrap(&self, fd: i32, out: Box<dyn Write + Send>) -> Box<dyn Write + Send> {
+        Box::new(Noting {
+            out,
+            fd,
+            line: self.clone(),
+        })
+    }
+
+    /// `input` (the guest's stdin): a line read from a terminal ends the line on it (the
+    /// terminal echoed it, newline and all).
+    pub fn wrap_input(
+        &self,
+        input: Box<dyn std::io::Read + Send>,
+    ) -> Box<dyn std::io::Read + Send> {
+        Box::new(Reading {
+            input,
+            line: self.clone(),
+        })
+    }
+
+    /// The stream that wrote last, and the line so far (lossy UTF-8).
+    pub fn get(&self) -> (i32, String) {
+        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        (g.0, String::from_utf8_lossy(&g.1).into_owned())
+    }
+
+    fn note(&self, fd: i32, written: &[u8]) {
+        if written.is_empty() {
+            return;
+        }
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 = fd;
+        let line = &mut g.1;
+        match written.iter().rposition(|&b| b == b'\n') {
+            Some(end) => {
+                line.clear();
+                line.extend_from_slice(&written[end + 1..]);
+            }
+            None => line.extend_from_slice(written),
+        }
+        let over = line.len().saturating_sub(Self::MAX);
+        line.drain(..over);
+    }
+}
+
+struct Reading {
+    input: Box<dyn std::io::Read + Send>,
+    line: OpenLine,
+}
+
+impl std::io::Read for Reading {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.input.read(buf)?;
+        if buf[..n].contains(&b'\n') {
+            self.line
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .1
+                .clear();
+        }
+        Ok(n)
+    }
+}
+
+struct Noting {
+    out: Box<dyn Write + Send>,
+    fd: i32,
+    line: OpenLine,
+}
+
+impl Write for Noting {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.line.note(self.fd, &buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 impl Execution<'_> {
@@ -188,6 +294,7 @@ impl Execution<'_> {
         let meta = self.meta.clone();
         let mut sess = self.session.clone();
         let replays = self.replays.clone();
+        let open_line = self.open_line.clone();
         let outcome = on_guest_thread(move || {
             let mut on_snapshot = |r: Result<Kappa, ferry_engine::EngineError>, why: Request| {
                 match r {
@@ -198,6 +305,7 @@ impl Execution<'_> {
                             eprintln!("ferry: checkpoint {k}");
                         }
                         sess.outputs = replays.marks();
+                        (sess.prompt_fd, sess.prompt) = open_line.get();
                         if let Err(e) = record(settings, store, &mut sess, k, why) {
                             eprintln!("ferry: snapshot {k} written but not recorded: {e:#}");
                         }
@@ -270,9 +378,6 @@ fn record(
     session::save(settings, s)
 }
 
-/// Routes SIGINT/SIGTERM to a suspend request and SIGUSR1 to a checkpoint request. Installed
-/// before any slow preparation, so a signal that arrives early is served at the first safe
-/// point instead of killing the process. A third SIGINT/SIGTERM exits without a snapshot.
 /// Until the guest starts (a run) or continues (a resume), what an interrupt stops: there is
 /// nothing to save yet, and preparing a big module for the first time takes minutes, so
 /// Ctrl-C then ends ferry at once, saying this. `None` once the guest is under way.

@@ -22,6 +22,11 @@ pub struct Session {
     pub last_snapshot: Option<String>,
     /// Where ferry's output files ended when `last_snapshot` was recorded.
     pub outputs: Vec<OutputMark>,
+    /// The line the guest had begun on stdout and not ended at `last_snapshot` (a prompt):
+    /// shown again when that snapshot is resumed on a terminal.
+    pub prompt: String,
+    /// The stream (1 or 2) that wrote it.
+    pub prompt_fd: i32,
 }
 
 impl Session {
@@ -169,6 +174,7 @@ pub fn save(settings: &Settings, s: &Session) -> Result<()> {
         "outputs": s.outputs.iter().map(|m| json!({
             "fd": m.fd, "dev": m.dev, "ino": m.ino, "end": m.end, "tail": m.tail,
         })).collect::<Vec<_>>(),
+        "prompt": s.prompt, "prompt_fd": s.prompt_fd,
     });
     let p = path(settings, &s.id);
     // Each writer its own temporary file: `ferry ps` may read while a session writes.
@@ -215,6 +221,10 @@ pub fn load(settings: &Settings, id: &str) -> Result<Session> {
                     .collect()
             })
             .unwrap_or_default(),
+        prompt: v["prompt"].as_str().unwrap_or_default().to_owned(),
+        prompt_fd: v["prompt_fd"]
+            .as_i64()
+            .map_or(1, |fd| if fd == 2 { 2 } else { 1 }),
     })
 }
 

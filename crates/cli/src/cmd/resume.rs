@@ -203,6 +203,16 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         stdio.stdout = replays.wrap(1, stdio.stdout);
         stdio.stderr = replays.wrap(2, stdio.stderr);
     }
+    // The line the guest had begun when it stopped (a prompt), if this session recorded it.
+    let open_line = before
+        .as_ref()
+        .filter(|b| b.last_snapshot == Some(k.to_string()))
+        .map_or_else(guest::OpenLine::default, |b| {
+            guest::OpenLine::new(b.prompt_fd, &b.prompt)
+        });
+    stdio.stdout = open_line.wrap(1, stdio.stdout);
+    stdio.stderr = open_line.wrap(2, stdio.stderr);
+    stdio.stdin = open_line.wrap_input(stdio.stdin);
     let wasi = WasiCtx::restore(
         &loaded.wasi,
         grants,
@@ -220,6 +230,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         memory: loaded.memory_bytes(),
         last_snapshot: Some(k.to_string()),
         outputs: replays.marks(),
+        prompt: open_line.get().1,
+        prompt_fd: open_line.get().0,
     };
     let meta = SnapshotMeta {
         program,
@@ -227,7 +239,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         generation: loaded.snapshot.generation,
         main: None,
     };
-    Execution {
+    let execution = Execution {
         settings,
         store: &store,
         runtime: &runtime,
@@ -238,8 +250,25 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         replays,
         meta,
         checkpoint_every: a.guest.checkpoint_every,
+        open_line: open_line.clone(),
+    };
+    // On a terminal, the prompt the guest showed before it stopped is shown again: it waits
+    // for input and will not print it again. (Only there: a file or pipe holds it already.)
+    match open_line.get() {
+        (2, prompt)
+            if !prompt.is_empty() && std::io::IsTerminal::is_terminal(&std::io::stderr()) =>
+        {
+            eprint!("{prompt}");
+        }
+        (_, prompt)
+            if !prompt.is_empty() && std::io::IsTerminal::is_terminal(&std::io::stdout()) =>
+        {
+            print!("{prompt}");
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+        }
+        _ => {}
     }
-    .execute(wasi, Start::Restore(Box::new(loaded)))
+    execution.execute(wasi, Start::Restore(Box::new(loaded)))
 }
 
 /// Which session the resumed guest continues, with its lease: the session whose latest

@@ -236,11 +236,16 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
 
     let mut args = vec![name.clone()];
     args.extend(t.args);
+    let open_line = guest::OpenLine::default();
+    let mut stdio = guest::stdio();
+    stdio.stdout = open_line.wrap(1, stdio.stdout);
+    stdio.stderr = open_line.wrap(2, stdio.stderr);
+    stdio.stdin = open_line.wrap_input(stdio.stdin);
     let wasi = WasiCtx::new(
         args,
         env,
         mounts,
-        guest::stdio(),
+        stdio,
         guest::host_clock(),
         control.interrupt(),
     )
@@ -253,6 +258,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         memory: 0,
         last_snapshot: None,
         outputs: Vec::new(),
+        prompt: String::new(),
+        prompt_fd: 1,
     };
     Execution {
         settings,
@@ -268,6 +275,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             ..SnapshotMeta::fresh(name)
         },
         checkpoint_every: a.guest.checkpoint_every,
+        open_line,
     }
     .execute(wasi, Start::Fresh)
 }

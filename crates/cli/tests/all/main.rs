@@ -12,4 +12,5 @@ mod migrate;
 mod python;
 mod refusals;
 mod space;
+mod terminal;
 mod wasi_testsuite;
