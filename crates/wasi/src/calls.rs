@@ -636,6 +636,7 @@ impl WasiCtx {
         let Some(fd) = self.stdio.stdin_fd else {
             return Ok(());
         };
+        let mut hung_up: Option<std::time::Instant> = None;
         loop {
             let mut p = libc::pollfd {
                 fd,
@@ -649,6 +650,19 @@ impl WasiCtx {
             // input or end of file arrived, and the snapshot would hold the read's result.
             let interrupted =
                 r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
+            // A terminal that hung up (a closed window, a dropped ssh connection) reads as end
+            // of input, which would end an interactive guest; the hangup also asks for a
+            // suspend (SIGHUP), so wait for that (a few seconds at most) instead.
+            if r > 0 && p.revents & libc::POLLHUP != 0 && self.stdio.terminals[0] {
+                let since = *hung_up.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() < Duration::from_secs(3) {
+                    if !self.rewinding && (self.interrupt)() {
+                        return Err(HostError::Unwind);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+            }
             if r != 0 && !interrupted {
                 return Ok(());
             }

@@ -167,7 +167,8 @@ const PROMPTER: &str = r#"(module
 
 /// A session suspended while it waits at its prompt shows that prompt again when it is
 /// resumed on a terminal (it will not print it again itself), and goes on from there: what
-/// was typed before is not read twice.
+/// was typed before is not read twice. A hangup while it waits is a suspend too, not the end
+/// of its input (a hung-up terminal reads as end of file).
 #[test]
 fn a_resumed_session_shows_its_prompt_again() {
     let env = Env::new();
@@ -186,6 +187,16 @@ fn a_resumed_session_shows_its_prompt_again() {
     assert_eq!(first, b"> ", "the prompt first, before any input");
     on.type_in(b"two\n");
     on.read_until(b"got two\r\n> ");
+    assert_eq!(
+        on.hang_up().code(),
+        Some(75),
+        "a hangup at the prompt suspends"
+    );
+
+    let mut on = OnTerminal::spawn(&env, &["resume", "rep"]);
+    on.read_until(b"> ");
+    on.type_in(b"three\n");
+    on.read_until(b"got three\r\n> ");
     on.type_in(b"\x04"); // end of input
     assert_eq!(on.wait().code(), Some(0));
 }
