@@ -208,6 +208,22 @@ fn a_signal_during_a_stdin_wait_is_not_input() {
     helper.join().unwrap();
 }
 
+/// A context with `dir` mounted (read-write, carried) at `/data`, as fd 3.
+fn mounted_at_data(dir: &std::path::Path) -> WasiCtx {
+    let m = MountSpec {
+        guest_path: "/data".into(),
+        host_dir: dir.into(),
+        read_only: false,
+        host_bound: false,
+    };
+    ctx(
+        vec![m],
+        FakeClock::default(),
+        Buf::default(),
+        Arc::default(),
+    )
+}
+
 /// Setting times without `LOOKUP_FOLLOW` sets a symlink's own, not its target's; linking
 /// through a link that leads nowhere finds no file (the official suite's `symlink_filestat`
 /// and `path_link`).
@@ -218,18 +234,7 @@ fn symlinks_themselves_and_what_they_lead_to() {
     std::fs::write(d.path().join("file"), "x").unwrap();
     std::os::unix::fs::symlink("file", d.path().join("link")).unwrap();
     std::os::unix::fs::symlink("nowhere", d.path().join("dangling")).unwrap();
-    let m = MountSpec {
-        guest_path: "/data".into(),
-        host_dir: d.path().into(),
-        read_only: false,
-        host_bound: false,
-    };
-    let mut c = ctx(
-        vec![m],
-        FakeClock::default(),
-        Buf::default(),
-        Arc::default(),
-    );
+    let mut c = mounted_at_data(d.path());
     let mut mem = vec![0u8; 4096];
     let file_mtime = std::fs::metadata(d.path().join("file")).unwrap().mtime();
     let (p, n) = put_str(&mut mem, 100, "link");
@@ -259,18 +264,7 @@ fn symlinks_themselves_and_what_they_lead_to() {
 fn files_in_a_mount_and_no_way_out() {
     let d = tempfile::tempdir().unwrap();
     std::fs::write(d.path().join("in.txt"), "contents").unwrap();
-    let m = MountSpec {
-        guest_path: "/data".into(),
-        host_dir: d.path().into(),
-        read_only: false,
-        host_bound: false,
-    };
-    let mut c = ctx(
-        vec![m],
-        FakeClock::default(),
-        Buf::default(),
-        Arc::default(),
-    );
+    let mut c = mounted_at_data(d.path());
     let mut mem = vec![0u8; 4096];
     let (p, n) = put_str(&mut mem, 100, "in.txt");
     // path_open(fd 3, follow, path, oflags 0, rights read, 0, fdflags 0, out)
