@@ -222,6 +222,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     )
     .map_err(|e| refused(Stage::Admitting, e))?;
     let program = loaded.snapshot.program.clone();
+    let (prompt_fd, prompt) = open_line.get();
     let sess = Session {
         id,
         program: program.clone(),
@@ -230,8 +231,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         memory: loaded.memory_bytes(),
         last_snapshot: Some(k.to_string()),
         outputs: replays.marks(),
-        prompt: open_line.get().1,
-        prompt_fd: open_line.get().0,
+        prompt,
+        prompt_fd,
     };
     let meta = SnapshotMeta {
         program,
@@ -260,7 +261,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         {
             eprint!("{prompt}");
         }
-        (_, prompt)
+        (1, prompt)
             if !prompt.is_empty() && std::io::IsTerminal::is_terminal(&std::io::stdout()) =>
         {
             print!("{prompt}");

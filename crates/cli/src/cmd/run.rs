@@ -117,13 +117,13 @@ pub fn target(settings: &Settings, store: &dyn ferry_store::Store, a: &Args) -> 
             &dir,
             "the script's directory; put the script in a directory of its own",
         )?;
-        // At its own path (so the script sees where it lives) and as `.` (so relative paths
-        // work, as they would from that directory).
         // Passed through if a --bind names the same directory.
         let host_bound = a
             .bound()?
             .iter()
             .any(|b| b.host_dir.canonicalize().is_ok_and(|h| h == dir));
+        // At its own path (so the script sees where it lives) and as `.` (so relative paths
+        // work, as they would from that directory).
         let mount = |guest_path: String| ferry_wasi::MountSpec {
             guest_path,
             host_dir: dir.clone(),
