@@ -145,7 +145,7 @@ pub struct Execution<'a> {
     pub replays: Replays,
     pub meta: SnapshotMeta,
     pub checkpoint_every: Option<Duration>,
-    /// The line the guest has begun on stdout and not ended (recorded with each snapshot).
+    /// The line the guest has begun on its terminal and not ended (recorded with each snapshot).
     pub open_line: OpenLine,
 }
 
