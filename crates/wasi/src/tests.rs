@@ -300,6 +300,28 @@ fn files_in_a_mount_and_no_way_out() {
     assert_eq!((f.1.path.as_str(), f.1.offset), ("in.txt", 8));
 }
 
+/// A file ferry has just written itself from a stored object (a runtime's standard library)
+/// is known at once: even the first import after it (a fresh file, its times not settled)
+/// does not read it, and the tree is the same as a reading import's.
+#[test]
+fn a_file_ferry_wrote_itself_is_not_read_again() {
+    use ferry_store::Store;
+
+    use crate::tree::{ImportCache, import, import_cached};
+    let store = ferry_store::MemStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let zip = vec![3u8; 50_000];
+    let k = store.put(&zip).unwrap();
+    std::fs::write(dir.path().join("python315.zip"), &zip).unwrap();
+    let mut cache = ImportCache::default();
+    cache
+        .remember_written(&dir.path().join("python315.zip"), k)
+        .unwrap();
+    let tree = import_cached(&store, &dir.path().canonicalize().unwrap(), &mut cache).unwrap();
+    assert_eq!(cache.files_read(), 0);
+    assert_eq!(tree, import(&store, dir.path()).unwrap());
+}
+
 #[test]
 fn a_cached_import_reads_only_files_that_changed() {
     use crate::tree::{ImportCache, import, import_cached};

@@ -278,6 +278,17 @@ impl ImportCache {
         }
     }
 
+    /// Remembers the file at `p` as holding κ `k` at once, without waiting for its times to
+    /// settle: for a file ferry itself has just written whole from that object, in a
+    /// directory of its own that nothing else writes (a Python runtime's standard library
+    /// under `<store>/runtimes/`), so even the first snapshot that mounts it need not read it.
+    pub fn remember_written(&mut self, p: &Path, k: Kappa) -> std::io::Result<()> {
+        let p = p.canonicalize()?;
+        let md = fs::symlink_metadata(&p)?;
+        self.files.insert(p, (Stamp::of(&md), k));
+        Ok(())
+    }
+
     /// Files read (not taken from the cache) so far.
     pub fn files_read(&self) -> u64 {
         self.reads

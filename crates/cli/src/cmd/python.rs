@@ -476,6 +476,13 @@ pub fn stdlib_dir(
     lib: Kappa,
 ) -> Result<PathBuf> {
     let dir = settings.store_dir.join("runtimes").join(lib.to_hex());
+    place_stdlib(store, &dir, version, lib)?;
+    Ok(dir)
+}
+
+/// Writes standard library `lib` (stored) into `dir` as `python<XY>.zip`, unless it is there,
+/// and tells the store's import cache, so that not even a run's first snapshot reads it.
+pub fn place_stdlib(store: &dyn Store, dir: &Path, version: &str, lib: Kappa) -> Result<()> {
     let file = dir.join(format!("python{}.zip", version.replace('.', "")));
     if !file.exists() {
         std::fs::create_dir_all(&dir)
@@ -490,8 +497,13 @@ pub fn stdlib_dir(
             })
             .with_context(|| format!("cannot write {}", tmp.display()))?;
         std::fs::rename(&tmp, &file)?;
+        // A run's first snapshot imports this directory: it need not read the zip again.
+        let mut known = ferry_wasi::tree::ImportCache::saved_in(store);
+        if known.remember_written(&file, lib).is_ok() {
+            let _ = known.save_in(store);
+        }
     }
-    Ok(dir)
+    Ok(())
 }
 
 /// The versions (`python/<X.Y>` refs) that name `module`.
