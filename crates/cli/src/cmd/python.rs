@@ -485,8 +485,7 @@ pub fn stdlib_dir(
 pub fn place_stdlib(store: &dyn Store, dir: &Path, version: &str, lib: Kappa) -> Result<()> {
     let file = dir.join(format!("python{}.zip", version.replace('.', "")));
     if !file.exists() {
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let bytes = store.get(&lib)?;
         let tmp = dir.join(".partial");
         // Synced before the rename: a crash must not leave a torn zip under the final name.
