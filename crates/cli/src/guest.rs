@@ -119,7 +119,7 @@ fn block_control_signals() {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1] {
+        for sig in CONTROL_SIGNALS {
             libc::sigaddset(&mut set, sig);
         }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
@@ -168,25 +168,37 @@ impl OpenLine {
         l
     }
 
-    /// `out` (the guest's stream `fd`), noting what passes through it.
-    pub fn wrap(&self, fd: i32, out: Box<dyn Write + Send>) -> Box<dyn Write + Send> {
-        Box::new(Noting {
-            out,
-            fd,
-            line: self.clone(),
-        })
-    }
-
-    /// `input` (the guest's stdin): a line read from a terminal ends the line on it (the
-    /// terminal echoed it, newline and all).
-    pub fn wrap_input(
-        &self,
-        input: Box<dyn std::io::Read + Send>,
-    ) -> Box<dyn std::io::Read + Send> {
-        Box::new(Reading {
+    /// Notes what the guest writes to `stdio`'s stdout and stderr, and ends the line when it
+    /// reads a line from stdin (a terminal echoed it, newline and all).
+    pub fn attach(&self, stdio: &mut ferry_wasi::Stdio) {
+        for (fd, out) in [(1, &mut stdio.stdout), (2, &mut stdio.stderr)] {
+            let inner = std::mem::replace(out, Box::new(std::io::sink()));
+            *out = Box::new(Noting {
+                out: inner,
+                fd,
+                line: self.clone(),
+            });
+        }
+        let input = std::mem::replace(&mut stdio.stdin, Box::new(std::io::empty()));
+        stdio.stdin = Box::new(Reading {
             input,
             line: self.clone(),
-        })
+        });
+    }
+
+    /// Shows the line again on the terminal its stream is, if it is one (a file or a pipe
+    /// holds it already): a resumed guest waiting at its prompt will not print it again.
+    pub fn show_again(&self) {
+        use std::io::IsTerminal;
+        match self.get() {
+            (_, line) if line.is_empty() => {}
+            (2, line) if std::io::stderr().is_terminal() => eprint!("{line}"),
+            (1, line) if std::io::stdout().is_terminal() => {
+                print!("{line}");
+                let _ = std::io::stdout().flush();
+            }
+            _ => {}
+        }
     }
 
     /// The stream that wrote last, and the line so far (lossy UTF-8).
@@ -223,12 +235,8 @@ impl std::io::Read for Reading {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.input.read(buf)?;
         if buf[..n].contains(&b'\n') {
-            self.line
-                .0
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .1
-                .clear();
+            // The terminal echoed the line: the one on it has ended.
+            self.line.note(0, b"\n");
         }
         Ok(n)
     }
@@ -368,15 +376,15 @@ fn record(
         s.state = "suspended".into();
     }
     if let Ok(snap) = ferry_object::decode::<ferry_object::Snapshot>(&store.get(&k)?) {
-        s.memory = 0;
-        for m in &snap.memories {
-            if let Ok(img) = ferry_object::decode::<ferry_object::MemoryImage>(&store.get(m)?) {
-                s.memory += img.len;
-            }
-        }
+        s.memory = crate::cmd::inspect::memory_len(store, &snap)?;
     }
     session::save(settings, s)
 }
+
+/// The signals that control a guest: SIGINT, SIGTERM and SIGHUP ask for a suspend, SIGUSR1
+/// for a checkpoint ([`install_signals`]); the guest thread blocks them all.
+const CONTROL_SIGNALS: [libc::c_int; 4] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1];
 
 /// Until the guest starts (a run) or continues (a resume), what an interrupt stops: there is
 /// nothing to save yet, and preparing a big module for the first time takes minutes, so
@@ -395,9 +403,9 @@ pub fn starting() {
 /// SIGHUP is a terminal going away (a closed window, a dropped ssh connection): the session
 /// is suspended rather than lost, and `ferry resume SESSION` continues it later.
 pub fn install_signals(control: &Arc<Control>, before_start: &'static str) -> Result<()> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+    use signal_hook::consts::{SIGHUP, SIGUSR1};
     *BEFORE_START.lock().unwrap_or_else(|p| p.into_inner()) = Some(before_start);
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1])
+    let mut signals = signal_hook::iterator::Signals::new(CONTROL_SIGNALS)
         .context("installing signal handlers")?;
     // Asked now: once the terminal hangs up it no longer answers as one.
     // SAFETY: isatty only inspects descriptors 1 and 2.

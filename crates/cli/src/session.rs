@@ -22,21 +22,21 @@ pub struct Session {
     pub last_snapshot: Option<String>,
     /// Where ferry's output files ended when `last_snapshot` was recorded.
     pub outputs: Vec<OutputMark>,
-    /// The line the guest had begun on stdout and not ended at `last_snapshot` (a prompt):
-    /// shown again when that snapshot is resumed on a terminal.
+    /// The line the guest had begun on its terminal (stdout or stderr) and not ended at
+    /// `last_snapshot` (a prompt): shown again when that snapshot is resumed on a terminal.
     pub prompt: String,
     /// The stream (1 or 2) that wrote it.
     pub prompt_fd: i32,
 }
 
 impl Session {
-    /// The state to show: a session recorded as running whose process is gone (no one holds
-    /// its lease: `running` is false) is `lost`.
     /// Its program ran to its end (`exited(N)`): nothing left to resume or stop.
     pub fn exited(&self) -> bool {
         self.state.starts_with("exited")
     }
 
+    /// The state to show: a session recorded as running whose process is gone (no one holds
+    /// its lease: `running` is false) is `lost`.
     pub fn shown_state(&self, running: bool) -> &str {
         if self.state == "running" && !running {
             "lost"

@@ -653,21 +653,22 @@ impl WasiCtx {
             // A terminal that hung up (a closed window, a dropped ssh connection) reads as end
             // of input, which would end an interactive guest; the hangup also asks for a
             // suspend (SIGHUP), so wait for that (a few seconds at most) instead.
-            if r > 0 && p.revents & libc::POLLHUP != 0 && self.stdio.terminals[0] {
-                let since = *hung_up.get_or_insert_with(std::time::Instant::now);
-                if since.elapsed() < Duration::from_secs(3) {
-                    if !self.rewinding && (self.interrupt)() {
-                        return Err(HostError::Unwind);
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                    continue;
-                }
-            }
-            if r != 0 && !interrupted {
+            let awaiting_hangup = r > 0
+                && p.revents & libc::POLLHUP != 0
+                && self.stdio.terminals[0]
+                && hung_up
+                    .get_or_insert_with(std::time::Instant::now)
+                    .elapsed()
+                    < Duration::from_secs(3);
+            if r != 0 && !interrupted && !awaiting_hangup {
                 return Ok(());
             }
             if !self.rewinding && (self.interrupt)() {
                 return Err(HostError::Unwind);
+            }
+            if awaiting_hangup {
+                // poll answers at once on a hung-up terminal.
+                std::thread::sleep(Duration::from_millis(5));
             }
         }
     }

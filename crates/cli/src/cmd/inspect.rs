@@ -159,10 +159,7 @@ fn history(store: &dyn Store, newest: ferry_kappa::Kappa, json: bool) -> Result<
         let s: Snapshot = ferry_object::decode(&store.get(&k)?)
             .with_context(|| format!("{k} is not a snapshot"))?;
         let w: WasiState = ferry_object::decode(&store.get(&s.wasi)?)?;
-        let mut memory = 0;
-        for m in &s.memories {
-            memory += ferry_object::decode::<MemoryImage>(&store.get(m)?)?.len;
-        }
+        let memory = memory_len(store, &s)?;
         rows.push(json!({
             "snapshot": k.to_string(), "generation": s.generation, "memory": memory,
             "stdout_bytes": w.stdout_bytes, "stderr_bytes": w.stderr_bytes,
@@ -198,4 +195,13 @@ fn history(store: &dyn Store, newest: ferry_kappa::Kappa, json: bool) -> Result<
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The size of snapshot `s`'s memories, in bytes.
+pub fn memory_len(store: &dyn Store, s: &Snapshot) -> Result<u64> {
+    let mut len = 0;
+    for m in &s.memories {
+        len += ferry_object::decode::<MemoryImage>(&store.get(m)?)?.len;
+    }
+    Ok(len)
 }

@@ -130,11 +130,13 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let (id, lease, before) = continuing_session(settings, &store, &k)?;
     // A lost session's output files may hold what it wrote after this snapshot (and a
     // replay cut short by a suspend, what it had not matched yet).
-    let replays = match &before {
-        Some(b) if b.last_snapshot == Some(k.to_string()) => {
-            Replays::from_marks(&b.outputs, b.state == "running")
-        }
-        _ => Replays::default(),
+    // The session's record of this very snapshot (not of a later one).
+    let continued = before
+        .as_ref()
+        .filter(|b| b.last_snapshot == Some(k.to_string()));
+    let replays = match continued {
+        Some(b) => Replays::from_marks(&b.outputs, b.state == "running"),
+        None => Replays::default(),
     };
     let mut known = ferry_wasi::tree::ImportCache::saved_in(&store);
     for m in &loaded.wasi.mounts {
@@ -204,15 +206,10 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         stdio.stderr = replays.wrap(2, stdio.stderr);
     }
     // The line the guest had begun when it stopped (a prompt), if this session recorded it.
-    let open_line = before
-        .as_ref()
-        .filter(|b| b.last_snapshot == Some(k.to_string()))
-        .map_or_else(guest::OpenLine::default, |b| {
-            guest::OpenLine::new(b.prompt_fd, &b.prompt)
-        });
-    stdio.stdout = open_line.wrap(1, stdio.stdout);
-    stdio.stderr = open_line.wrap(2, stdio.stderr);
-    stdio.stdin = open_line.wrap_input(stdio.stdin);
+    let open_line = continued.map_or_else(guest::OpenLine::default, |b| {
+        guest::OpenLine::new(b.prompt_fd, &b.prompt)
+    });
+    open_line.attach(&mut stdio);
     let wasi = WasiCtx::restore(
         &loaded.wasi,
         grants,
@@ -223,6 +220,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     .map_err(|e| refused(Stage::Admitting, e))?;
     let program = loaded.snapshot.program.clone();
     let (prompt_fd, prompt) = open_line.get();
+    open_line.show_again();
     let sess = Session {
         id,
         program: program.clone(),
@@ -240,7 +238,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         generation: loaded.snapshot.generation,
         main: None,
     };
-    let execution = Execution {
+    Execution {
         settings,
         store: &store,
         runtime: &runtime,
@@ -251,25 +249,9 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         replays,
         meta,
         checkpoint_every: a.guest.checkpoint_every,
-        open_line: open_line.clone(),
-    };
-    // On a terminal, the prompt the guest showed before it stopped is shown again: it waits
-    // for input and will not print it again. (Only there: a file or pipe holds it already.)
-    match open_line.get() {
-        (2, prompt)
-            if !prompt.is_empty() && std::io::IsTerminal::is_terminal(&std::io::stderr()) =>
-        {
-            eprint!("{prompt}");
-        }
-        (1, prompt)
-            if !prompt.is_empty() && std::io::IsTerminal::is_terminal(&std::io::stdout()) =>
-        {
-            print!("{prompt}");
-            let _ = std::io::Write::flush(&mut std::io::stdout());
-        }
-        _ => {}
+        open_line,
     }
-    execution.execute(wasi, Start::Restore(Box::new(loaded)))
+    .execute(wasi, Start::Restore(Box::new(loaded)))
 }
 
 /// Which session the resumed guest continues, with its lease: the session whose latest

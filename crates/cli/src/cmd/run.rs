@@ -238,9 +238,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     args.extend(t.args);
     let open_line = guest::OpenLine::default();
     let mut stdio = guest::stdio();
-    stdio.stdout = open_line.wrap(1, stdio.stdout);
-    stdio.stderr = open_line.wrap(2, stdio.stderr);
-    stdio.stdin = open_line.wrap_input(stdio.stdin);
+    open_line.attach(&mut stdio);
     let wasi = WasiCtx::new(
         args,
         env,
