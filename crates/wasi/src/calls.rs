@@ -122,9 +122,14 @@ const FILE_RIGHTS: u64 = RIGHT_FD_DATASYNC
     | RIGHT_FD_FILESTAT_SET_SIZE
     | RIGHT_FD_FILESTAT_SET_TIMES
     | RIGHT_POLL_FD_READWRITE;
-/// What a directory descriptor may do: the path operations and readdir (rights 9-20 and
-/// 24-26) and its own metadata; not read, write, seek or truncate.
-const DIR_RIGHTS: u64 = (0xFFF << 9)
+/// `path_filestat_set_size`: the right to open with `O_TRUNC` through a directory.
+const RIGHT_PATH_FILESTAT_SET_SIZE: u64 = 1 << 19;
+/// What a directory descriptor reports it may do: the path operations and readdir (rights
+/// 9-20 and 24-26) and its own metadata; not read, write, seek or truncate. Like wasmtime's,
+/// it does not report `path_filestat_set_size`, although `O_TRUNC` works: rights cannot be
+/// narrowed here (`fd_fdstat_set_rights` answers `NOTSUP`), and a descriptor that reports a
+/// right invites a guest to narrow it (the official suite's `truncation_rights` does).
+const DIR_RIGHTS: u64 = ((0xFFF << 9) & !RIGHT_PATH_FILESTAT_SET_SIZE)
     | (0x7 << 24)
     | RIGHT_FD_FDSTAT_SET_FLAGS
     | RIGHT_FD_SYNC
