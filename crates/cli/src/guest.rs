@@ -88,6 +88,63 @@ pub fn parse_env(s: &str) -> Result<(String, String)> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
+/// The files ferry's own stdout and stderr are (`ferry run … > out.txt 2> err.txt`), by
+/// their canonical paths: a mount leaves them out of its snapshots
+/// ([`WasiCtx::leave_out`]), since ferry writes to them after each snapshot.
+pub fn own_output_files() -> Vec<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    for fd in [1, 2] {
+        let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{fd}")) else {
+            continue;
+        };
+        // The open file itself, and the path that names it now (a file deleted or replaced
+        // since it was opened is no one's concern).
+        let (Ok(open), Ok(named)) = (
+            std::fs::metadata(format!("/proc/self/fd/{fd}")),
+            std::fs::metadata(&path),
+        ) else {
+            continue;
+        };
+        if open.is_file() && (open.dev(), open.ino()) == (named.dev(), named.ino()) {
+            let path = path.canonicalize().unwrap_or(path);
+            if !out.contains(&path) {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// Warns, from a thread of its own (a big directory takes a while to walk, and the guest need
+/// not wait), about a file in a carried mount too large for a snapshot: otherwise the first
+/// suspend, perhaps hours later, is when the user would learn it.
+pub fn warn_uncarriable(wasi: &WasiCtx) {
+    let mut mounts: Vec<(std::path::PathBuf, Vec<std::path::PathBuf>, String)> = Vec::new();
+    for (m, skip) in wasi.mounts().into_iter().zip(wasi.not_carried()) {
+        if !m.host_bound && !mounts.iter().any(|(d, _, _)| *d == m.host_dir) {
+            mounts.push((m.host_dir, skip, m.guest_path));
+        }
+    }
+    if mounts.is_empty() {
+        return;
+    }
+    std::thread::spawn(move || {
+        for (dir, skip, guest) in mounts {
+            if let Some((file, len)) = ferry_wasi::tree::first_too_large(&dir, &skip) {
+                eprintln!(
+                    "ferry: warning: {} ({len} bytes) is larger than a snapshot can carry \
+                     ({} bytes): suspending fails while it is there; pass its directory \
+                     through instead (--bind {}::{guest}; snapshots then leave it on this host)",
+                    file.display(),
+                    ferry_wasi::tree::MAX_FILE,
+                    dir.display()
+                );
+            }
+        }
+    });
+}
+
 pub fn host_clock() -> Box<HostClock> {
     Box::new(HostClock::default())
 }

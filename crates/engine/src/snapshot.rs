@@ -331,6 +331,7 @@ pub(crate) fn write(
         })
         .collect();
     let host_bound = mounts.iter().any(|m| m.host_bound);
+    let not_carried = host.wasi.not_carried();
 
     // Mounted directories are imported on another thread while the memories are written: the
     // one reads and hashes files, the other mostly waits for the disk.
@@ -347,9 +348,12 @@ pub(crate) fn write(
             let read_before = tree_cache.files_read();
             let trees = mounts
                 .iter()
-                .map(|m| match m.host_bound {
+                .zip(&not_carried)
+                .map(|(m, skip)| match m.host_bound {
                     true => ferry_wasi::tree::empty(store),
-                    false => ferry_wasi::tree::import_cached(store, &m.host_dir, &mut tree_cache),
+                    false => {
+                        ferry_wasi::tree::import_cached(store, &m.host_dir, &mut tree_cache, skip)
+                    }
                 })
                 .collect::<Result<Vec<_>, _>>();
             if trees.is_ok()

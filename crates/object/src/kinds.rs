@@ -197,7 +197,16 @@ pub struct Mount {
     /// without one encode as before; a ferry that predates the field refuses the object.
     #[serde(default, skip_serializing_if = "is_false")]
     pub host_bound: bool,
+    /// Files in the directory that ferry's own stdout or stderr went to during the run
+    /// (`ferry run prog > out.txt` inside a mount): mount-relative paths, at most
+    /// [`MAX_NOT_CARRIED`]. The tree leaves them out and a resume does not compare them —
+    /// ferry appends to them after the snapshot. Absent when empty, as for `host_bound`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_carried: Vec<String>,
 }
+
+/// Most files one mount may leave out of its tree ([`Mount::not_carried`]).
+pub const MAX_NOT_CARRIED: usize = 16;
 
 fn is_false(b: &bool) -> bool {
     !*b

@@ -1,10 +1,10 @@
 //! The virtual WASI state of one guest, and its capture and restore.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::IsTerminal;
 use std::io::{Read, Seek, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -147,6 +147,8 @@ pub(crate) struct MountRt {
     pub root: PathBuf,
     pub read_only: bool,
     pub host_bound: bool,
+    /// Mount-relative paths of files ferry's own stdout or stderr went to: not carried.
+    pub not_carried: BTreeSet<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,6 +306,25 @@ impl WasiCtx {
             clock,
             interrupt,
         )?;
+        for (rt, m) in ctx.mounts.iter_mut().zip(&state.mounts) {
+            if m.not_carried.len() > ferry_object::MAX_NOT_CARRIED {
+                return Err(format!(
+                    "mount `{}` leaves out {} files (at most {} are allowed)",
+                    m.guest_path,
+                    m.not_carried.len(),
+                    ferry_object::MAX_NOT_CARRIED
+                ));
+            }
+            for p in &m.not_carried {
+                if p.is_empty() || path::join("", p).is_err() {
+                    return Err(format!(
+                        "mount `{}` leaves out an unsafe path `{p}`",
+                        m.guest_path
+                    ));
+                }
+            }
+            rt.not_carried = m.not_carried.iter().cloned().collect();
+        }
         ctx.fds.clear();
         for (n, fs) in &state.fds {
             let kind = FdKind::parse(&fs.what)
@@ -354,6 +375,30 @@ impl WasiCtx {
             .collect()
     }
 
+    /// Leaves these host files out of the mounts they lie in (ferry's own stdout and stderr
+    /// when they are files in a mount: ferry writes to them after a snapshot, so carrying or
+    /// comparing them would only make a resume refuse). At most
+    /// [`ferry_object::MAX_NOT_CARRIED`] per mount are kept.
+    pub fn leave_out(&mut self, files: &[PathBuf]) {
+        for f in files {
+            for m in &mut self.mounts {
+                if let Some(rel) = mount_relative(&m.root, f)
+                    && m.not_carried.len() < ferry_object::MAX_NOT_CARRIED
+                {
+                    m.not_carried.insert(rel);
+                }
+            }
+        }
+    }
+
+    /// Per mount (in mount order), the host paths its snapshots leave out ([`Self::leave_out`]).
+    pub fn not_carried(&self) -> Vec<Vec<PathBuf>> {
+        self.mounts
+            .iter()
+            .map(|m| m.not_carried.iter().map(|p| m.root.join(p)).collect())
+            .collect()
+    }
+
     /// Captures the state. `trees` are the κ of each mount's content, in mount order.
     pub fn capture(&mut self, trees: &[Kappa]) -> Result<WasiState, String> {
         let mut fds = Vec::new();
@@ -390,6 +435,7 @@ impl WasiCtx {
                     tree: *t,
                     read_only: m.read_only,
                     host_bound: m.host_bound,
+                    not_carried: m.not_carried.iter().cloned().collect(),
                 })
                 .collect(),
             fds,
@@ -454,6 +500,7 @@ impl MountRt {
             root,
             read_only: m.read_only,
             host_bound: m.host_bound,
+            not_carried: BTreeSet::new(),
         })
     }
 }
@@ -471,4 +518,18 @@ impl Fd {
             file: None,
         }
     }
+}
+
+/// `file`'s path inside the directory `root` (both canonical), `/`-separated; `None` outside
+/// it or for `root` itself.
+pub fn mount_relative(root: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(root).ok()?;
+    let parts: Vec<&str> = rel
+        .components()
+        .map(|c| match c {
+            std::path::Component::Normal(s) => s.to_str(),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    (!parts.is_empty()).then(|| parts.join("/"))
 }

@@ -317,7 +317,7 @@ fn a_file_ferry_wrote_itself_is_not_read_again() {
     cache
         .remember_written(&dir.path().join("python315.zip"), k)
         .unwrap();
-    let tree = import_cached(&store, &dir.path().canonicalize().unwrap(), &mut cache).unwrap();
+    let tree = import_cached(&store, &dir.path().canonicalize().unwrap(), &mut cache, &[]).unwrap();
     assert_eq!(cache.files_read(), 0);
     assert_eq!(tree, import(&store, dir.path()).unwrap());
 }
@@ -332,14 +332,17 @@ fn a_cached_import_reads_only_files_that_changed() {
     std::fs::write(dir.path().join("sub/b.bin"), vec![7; 100_000]).unwrap();
 
     let mut cache = ImportCache::trusting_recent_files();
-    let k1 = import_cached(&store, dir.path(), &mut cache).unwrap();
+    let k1 = import_cached(&store, dir.path(), &mut cache, &[]).unwrap();
     assert_eq!(
         k1,
         import(&store, dir.path()).unwrap(),
         "same tree as uncached"
     );
     assert_eq!(cache.files_read(), 2);
-    assert_eq!(import_cached(&store, dir.path(), &mut cache).unwrap(), k1);
+    assert_eq!(
+        import_cached(&store, dir.path(), &mut cache, &[]).unwrap(),
+        k1
+    );
     assert_eq!(cache.files_read(), 2, "nothing changed: nothing read");
 
     // Same length, new content: the times differ, so it is read again. (The modification
@@ -352,15 +355,15 @@ fn a_cached_import_reads_only_files_that_changed() {
         .unwrap()
         .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
         .unwrap();
-    let k2 = import_cached(&store, dir.path(), &mut cache).unwrap();
+    let k2 = import_cached(&store, dir.path(), &mut cache, &[]).unwrap();
     assert_eq!(cache.files_read(), 3);
     assert_ne!(k2, k1);
     assert_eq!(k2, import(&store, dir.path()).unwrap());
 
     // A file written just now is not trusted by the default cache: read every time.
     let mut cautious = ImportCache::default();
-    import_cached(&store, dir.path(), &mut cautious).unwrap();
-    import_cached(&store, dir.path(), &mut cautious).unwrap();
+    import_cached(&store, dir.path(), &mut cautious, &[]).unwrap();
+    import_cached(&store, dir.path(), &mut cautious, &[]).unwrap();
     assert_eq!(cautious.files_read(), 4);
 }
 
@@ -376,32 +379,32 @@ fn a_saved_import_cache_spares_the_next_run_its_reads() {
     std::fs::write(root.join("lib.zip"), vec![1; 200_000]).unwrap();
     std::fs::write(root.join("data.txt"), b"v1").unwrap();
     let mut first = ImportCache::trusting_recent_files();
-    let k = import_cached(&store, &root, &mut first).unwrap();
+    let k = import_cached(&store, &root, &mut first, &[]).unwrap();
     assert_eq!(first.files_read(), 2);
     let saved = first.encode();
 
     let mut next = ImportCache::decode(&saved).expect("a saved cache");
-    assert_eq!(import_cached(&store, &root, &mut next).unwrap(), k);
+    assert_eq!(import_cached(&store, &root, &mut next, &[]).unwrap(), k);
     assert_eq!(next.files_read(), 0, "unchanged files are not read again");
     std::fs::write(root.join("data.txt"), b"v2").unwrap();
     let mut after = ImportCache::decode(&saved).unwrap();
-    assert_ne!(import_cached(&store, &root, &mut after).unwrap(), k);
+    assert_ne!(import_cached(&store, &root, &mut after, &[]).unwrap(), k);
     assert_eq!(after.files_read(), 1, "only the changed file is read");
 
     // What a resume compares: the same κ, nothing stored, unchanged files not read.
     let mut probe = ImportCache::decode(&saved).unwrap();
     let stored = ferry_store::Store::list(&store).unwrap().len();
-    let now = crate::tree::tree_kappa(&store, &root, &mut probe).unwrap();
+    let now = crate::tree::tree_kappa(&store, &root, &mut probe, &[]).unwrap();
     assert_eq!(
         now,
-        import_cached(&store, &root, &mut ImportCache::default()).unwrap()
+        import_cached(&store, &root, &mut ImportCache::default(), &[]).unwrap()
     );
     assert_eq!(probe.files_read(), 1, "only the changed file is read");
     std::fs::write(root.join("data.txt"), b"v3").unwrap();
     let mut probe = ImportCache::decode(&saved).unwrap();
     let before = ferry_store::Store::list(&store).unwrap().len();
     assert_ne!(
-        crate::tree::tree_kappa(&store, &root, &mut probe).unwrap(),
+        crate::tree::tree_kappa(&store, &root, &mut probe, &[]).unwrap(),
         now
     );
     assert_eq!(
@@ -449,4 +452,73 @@ fn a_mounted_file_over_the_limit_is_refused_before_it_is_read() {
         ferry_store::Store::list(&store).unwrap().is_empty(),
         "nothing stored"
     );
+}
+
+/// Files ferry's output went to are left out of a mount's tree and named in the snapshot;
+/// a snapshot naming an unsafe path, or too many, is refused.
+#[test]
+fn files_left_out_of_a_mount() {
+    use crate::tree::{ImportCache, import_cached};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::create_dir(root.join("sub")).unwrap();
+    for f in ["data.txt", "out.txt", "sub/err.txt"] {
+        std::fs::write(root.join(f), f).unwrap();
+    }
+    let mut c = mounted_at_data(&root);
+    c.leave_out(&[
+        root.join("out.txt"),
+        root.join("sub/err.txt"),
+        std::path::PathBuf::from("/elsewhere/x.txt"),
+    ]);
+    let skip = c.not_carried();
+    assert_eq!(
+        skip,
+        vec![vec![root.join("out.txt"), root.join("sub/err.txt")]]
+    );
+    let store = ferry_store::MemStore::new();
+    let with = import_cached(&store, &root, &mut ImportCache::default(), &[]).unwrap();
+    let without = import_cached(&store, &root, &mut ImportCache::default(), &skip[0]).unwrap();
+    std::fs::remove_file(root.join("out.txt")).unwrap();
+    std::fs::remove_file(root.join("sub/err.txt")).unwrap();
+    let bare = import_cached(&store, &root, &mut ImportCache::default(), &[]).unwrap();
+    assert_ne!(with, without);
+    assert_eq!(
+        without, bare,
+        "the tree is the directory without those files"
+    );
+
+    let mut state = c.capture(&[without]).unwrap();
+    assert_eq!(state.mounts[0].not_carried, ["out.txt", "sub/err.txt"]);
+    let restore = |state: &ferry_object::WasiState| {
+        let stdio = Stdio {
+            stdin: Box::new(std::io::empty()),
+            stdin_fd: None,
+            terminals: [false; 3],
+            log: None,
+            stdout: Box::new(std::io::sink()),
+            stderr: Box::new(std::io::sink()),
+        };
+        let grant = MountSpec {
+            guest_path: "/data".into(),
+            host_dir: root.clone(),
+            read_only: false,
+            host_bound: false,
+        };
+        WasiCtx::restore(
+            state,
+            vec![grant],
+            stdio,
+            Box::new(FakeClock::default()),
+            Arc::new(|| false),
+        )
+    };
+    let r = restore(&state).unwrap();
+    assert_eq!(r.not_carried(), skip, "carried on by the resumed run");
+    state.mounts[0].not_carried = vec!["../../etc/passwd".into()];
+    let err = restore(&state).unwrap_err();
+    assert!(err.contains("unsafe path"), "{err}");
+    state.mounts[0].not_carried = (0..17).map(|i| format!("f{i}")).collect();
+    let err = restore(&state).unwrap_err();
+    assert!(err.contains("at most 16"), "{err}");
 }

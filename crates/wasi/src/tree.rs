@@ -31,7 +31,8 @@ pub enum TreeError {
     BadName(String),
     #[error(
         "{0}: a {1}-byte file; snapshots store mounted files of up to {MAX_FILE} bytes (read \
-         whole into memory)"
+         whole into memory): pass its directory through with --bind instead of --dir (snapshots \
+         then leave it on this host)"
     )]
     TooLarge(String, u64),
 }
@@ -53,29 +54,57 @@ pub fn empty(store: &dyn Store) -> Result<Kappa, TreeError> {
 
 /// Stores the content of `dir` and returns the κ of its tree.
 pub fn import(store: &dyn Store, dir: &Path) -> Result<Kappa, TreeError> {
-    import_cached(store, dir, &mut ImportCache::default())
+    import_cached(store, dir, &mut ImportCache::default(), &[])
 }
 
 /// [`import`] that skips reading files `cache` has seen unchanged, and remembers the files it
 /// reads. A session's snapshots import its mounts again each time; a 50 MB standard library
-/// is then read and hashed once, not at every snapshot.
+/// is then read and hashed once, not at every snapshot. Paths in `skip` (`dir` joined with a
+/// relative path) are left out of the tree.
 pub fn import_cached(
     store: &dyn Store,
     dir: &Path,
     cache: &mut ImportCache,
+    skip: &[PathBuf],
 ) -> Result<Kappa, TreeError> {
-    import_at(Sink::Store(store), dir, 0, cache)
+    import_at(Sink::Store(store), dir, 0, cache, skip)
 }
 
 /// The κ of the tree [`import_cached`] would store for `dir`, storing nothing: what a resume
 /// compares with a snapshot's tree. Files `cache` has seen unchanged, whose κ `store` holds,
-/// are not read.
+/// are not read; paths in `skip` are left out as by [`import_cached`].
 pub fn tree_kappa(
     store: &dyn Store,
     dir: &Path,
     cache: &mut ImportCache,
+    skip: &[PathBuf],
 ) -> Result<Kappa, TreeError> {
-    import_at(Sink::HashOnly(store), dir, 0, cache)
+    import_at(Sink::HashOnly(store), dir, 0, cache, skip)
+}
+
+/// The first file under `dir` (paths in `skip` aside) too large for a snapshot to carry
+/// ([`MAX_FILE`]), with its length. Only looks at metadata, never reads a file; a directory
+/// it cannot list, or nesting past [`MAX_DEPTH`], ends the search quietly (an import would
+/// report it).
+pub fn first_too_large(dir: &Path, skip: &[PathBuf]) -> Option<(PathBuf, u64)> {
+    let mut todo = vec![(dir.to_path_buf(), 0)];
+    while let Some((d, depth)) = todo.pop() {
+        for e in fs::read_dir(&d).ok()?.flatten() {
+            let p = e.path();
+            if skip.contains(&p) {
+                continue;
+            }
+            let Ok(md) = fs::symlink_metadata(&p) else {
+                continue;
+            };
+            if md.is_dir() && depth < MAX_DEPTH {
+                todo.push((p, depth + 1));
+            } else if md.is_file() && md.len() > MAX_FILE {
+                return Some((p, md.len()));
+            }
+        }
+    }
+    None
 }
 
 /// Where an import puts what it reads.
@@ -324,6 +353,7 @@ fn import_at(
     dir: &Path,
     depth: usize,
     cache: &mut ImportCache,
+    skip: &[PathBuf],
 ) -> Result<Kappa, TreeError> {
     if depth > MAX_DEPTH {
         return Err(TreeError::TooDeep(dir.display().to_string()));
@@ -337,12 +367,15 @@ fn import_at(
     for e in fs::read_dir(dir).map_err(io(dir))? {
         let e = e.map_err(io(dir))?;
         let p = e.path();
+        if skip.contains(&p) {
+            continue;
+        }
         let md = fs::symlink_metadata(&p).map_err(io(&p))?;
         let name = e.file_name().to_string_lossy().into_owned();
         let entry = if md.is_dir() {
             TreeEntry {
                 mode: "dir".into(),
-                object: import_at(store, &p, depth + 1, cache)?,
+                object: import_at(store, &p, depth + 1, cache, skip)?,
             }
         } else if md.file_type().is_symlink() {
             let t = fs::read_link(&p).map_err(io(&p))?;

@@ -58,7 +58,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         },
         "capability_request": {
             "mounts": w.mounts.iter().map(|m| json!({"guest_path": m.guest_path, "tree": m.tree.to_string(),
-                "host_hint": m.host_hint, "read_only": m.read_only, "host_bound": m.host_bound})).collect::<Vec<_>>(),
+                "host_hint": m.host_hint, "read_only": m.read_only, "host_bound": m.host_bound,
+                "not_carried": m.not_carried})).collect::<Vec<_>>(),
             "env": w.env.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
         },
         "args": w.args,
@@ -135,6 +136,12 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 m.guest_path,
                 m.host_hint,
                 m.tree.fmt_short()
+            );
+        }
+        if !m.not_carried.is_empty() {
+            println!(
+                "             not carried (ferry's output went there): {}",
+                m.not_carried.join(", ")
             );
         }
     }

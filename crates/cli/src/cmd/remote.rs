@@ -50,7 +50,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     let mut known = ferry_wasi::tree::ImportCache::saved_in(&store);
     let read_before = known.files_read();
     for m in &mounts {
-        let tree = ferry_wasi::tree::import_cached(&store, &m.host_dir, &mut known)
+        let tree = ferry_wasi::tree::import_cached(&store, &m.host_dir, &mut known, &[])
             .with_context(|| format!("cannot read {}", m.host_dir.display()))?;
         ferry_engine::closure::tree_closure(&store, &tree, &mut objects, 0)
             .map_err(|e| anyhow!("{e}"))?;

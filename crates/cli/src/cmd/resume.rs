@@ -54,6 +54,7 @@ fn admit_mount(
     grant: &MountSpec,
     allow_changed: bool,
     known: &mut ferry_wasi::tree::ImportCache,
+    own_output: &[std::path::PathBuf],
 ) -> Result<()> {
     let dir = &grant.host_dir;
     let empty = !dir.exists()
@@ -72,7 +73,17 @@ fn admit_mount(
     }
     // Files a snapshot stored and that have not changed since are not read again (a 52 MB
     // standard library, a data set): the store's import cache knows them.
-    let now = ferry_wasi::tree::tree_kappa(store, dir, known)
+    // Not compared: the files ferry's output went to, then and now (ferry wrote to them after
+    // the snapshot).
+    let root = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+    let mut skip: Vec<_> = m.not_carried.iter().map(|p| root.join(p)).collect();
+    skip.extend(
+        own_output
+            .iter()
+            .filter(|f| ferry_wasi::mount_relative(&root, f).is_some())
+            .cloned(),
+    );
+    let now = ferry_wasi::tree::tree_kappa(store, &root, known, &skip)
         .with_context(|| format!("reading {}", dir.display()))?;
     if now != m.tree && !allow_changed {
         return Err(refused(
@@ -139,6 +150,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         None => Replays::default(),
     };
     let mut known = ferry_wasi::tree::ImportCache::saved_in(&store);
+    let own_output = guest::own_output_files();
     for m in &loaded.wasi.mounts {
         let grant = grants
             .iter()
@@ -175,7 +187,14 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             }
             continue;
         }
-        admit_mount(&store, m, grant, a.allow_changed_dirs, &mut known)?;
+        admit_mount(
+            &store,
+            m,
+            grant,
+            a.allow_changed_dirs,
+            &mut known,
+            &own_output,
+        )?;
     }
     let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;
     let prepared = runtime.prepare_kappa(&store, loaded.snapshot.module, &|msg| {
@@ -210,7 +229,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         guest::OpenLine::new(b.prompt_fd, &b.prompt)
     });
     open_line.attach(&mut stdio);
-    let wasi = WasiCtx::restore(
+    let mut wasi = WasiCtx::restore(
         &loaded.wasi,
         grants,
         stdio,
@@ -218,6 +237,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         control.interrupt(),
     )
     .map_err(|e| refused(Stage::Admitting, e))?;
+    wasi.leave_out(&own_output);
+    guest::warn_uncarriable(&wasi);
     let program = loaded.snapshot.program.clone();
     let (prompt_fd, prompt) = open_line.get();
     open_line.show_again();

@@ -239,7 +239,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let open_line = guest::OpenLine::default();
     let mut stdio = guest::stdio();
     open_line.attach(&mut stdio);
-    let wasi = WasiCtx::new(
+    let mut wasi = WasiCtx::new(
         args,
         env,
         mounts,
@@ -248,6 +248,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         control.interrupt(),
     )
     .map_err(anyhow::Error::msg)?;
+    wasi.leave_out(&guest::own_output_files());
+    guest::warn_uncarriable(&wasi);
     let sess = Session {
         id,
         program: name.clone(),

@@ -83,6 +83,94 @@ fn c_file_io_in_a_mount() {
     );
 }
 
+/// `ferry run prog > out.txt 2> err.txt` inside the program's own mount, then each resume
+/// appending to the same files (`>>`): ferry writes to them after every snapshot, so the
+/// snapshots leave them out (and say so) and a resume does not count them as a change to the
+/// directory. The output file ends up as an uninterrupted run's stdout; the other files too.
+#[test]
+fn output_redirected_into_a_mount_does_not_stop_the_resume() {
+    use std::os::unix::process::ExitStatusExt;
+    let env = Env::new();
+    let g = guest("wasm/files.wasm");
+    let plain_dir = env.path("plain-data");
+    let churn_dir = env.path("churn-data");
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    std::fs::create_dir_all(&churn_dir).unwrap();
+    let pd = format!("{}::/data", plain_dir.display());
+    let cd = format!("{}::/data", churn_dir.display());
+    let plain = env.plain(&["--dir", &pd, g.to_str().unwrap(), "/data", "400"]);
+    let append = |name: &str| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(churn_dir.join(name))
+            .unwrap()
+    };
+    let mut args = vec!["run", "--dir", &cd, g.to_str().unwrap(), "/data", "400"];
+    let mut snapshots = Vec::new();
+    let mut delay = 150;
+    let code = loop {
+        let mut child = env
+            .ferry()
+            .args(&args)
+            .stdout(append("out.txt"))
+            .stderr(append("err.txt"))
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let status = child.wait().unwrap();
+        if status.signal() == Some(libc::SIGINT) {
+            delay *= 2; // interrupted before the guest started: nothing ran
+            continue;
+        }
+        let err = std::fs::read_to_string(churn_dir.join("err.txt")).unwrap();
+        assert!(!err.contains("refused"), "{err}");
+        if status.code() != Some(75) {
+            break status.code();
+        }
+        let k = err
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("suspended "))
+            .unwrap()
+            .to_owned();
+        snapshots.push(k);
+        args = vec!["resume", "--dir", &cd, snapshots.last().unwrap()];
+        delay = 200;
+    };
+    assert_eq!(code, Some(0));
+    assert!(snapshots.len() >= 2, "{snapshots:?}");
+    assert_eq!(
+        std::fs::read(churn_dir.join("out.txt")).unwrap(),
+        plain.stdout
+    );
+    let files = |d: &std::path::Path| {
+        let mut v = dir_contents(d);
+        v.retain(|(name, _)| name != "out.txt" && name != "err.txt");
+        v
+    };
+    assert_eq!(files(&churn_dir), files(&plain_dir), "files written differ");
+    let v = env.inspect_json(&snapshots[0]);
+    assert_eq!(
+        v["capability_request"]["mounts"][0]["not_carried"],
+        serde_json::json!(["err.txt", "out.txt"]),
+        "{v}"
+    );
+    // A snapshot resumed into an empty directory brings the program's files, not ferry's
+    // output; a change to any other file is still refused.
+    let fresh = env.path("fresh");
+    let fd = format!("{}::/data", fresh.display());
+    let (_, err, code) = env.output(&["resume", "--dir", &fd, &snapshots[0]]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!fresh.join("out.txt").exists() && !fresh.join("err.txt").exists());
+    std::fs::write(churn_dir.join("intruder.txt"), "x").unwrap();
+    let (_, err, code) = env.output(&["resume", "--dir", &cd, &snapshots[0]]);
+    assert_eq!(code, 1);
+    assert!(err.contains("changed since the snapshot"), "{err}");
+}
+
 /// `--bind` passes a host directory through: the guest's files are the same as with an
 /// imported mount across suspends, but snapshots do not carry the directory (they say they
 /// are host-bound), so a change to it does not stop a resume; a space, which can only give a

@@ -162,6 +162,58 @@ fn corrupted_or_truncated_objects_are_detected_not_resumed() {
     assert!(err.contains("corrupt"), "{err}");
 }
 
+/// A file in a carried mount too large for a snapshot is reported when the run starts, not
+/// first at a suspend; the suspend that cannot carry it says what to do, and the program goes
+/// on to its end.
+#[test]
+fn a_file_too_large_to_carry_is_reported_at_start() {
+    let env = Env::new();
+    let g = guest("wasm/files.wasm");
+    let d = env.path("data");
+    std::fs::create_dir_all(&d).unwrap();
+    // Sparse: no disk space used, never read.
+    std::fs::File::create(d.join("huge.bin"))
+        .unwrap()
+        .set_len(ferry_wasi::tree::MAX_FILE + 1)
+        .unwrap();
+    let dir = format!("{}::/data", d.display());
+    let mut delay = 300;
+    let out = loop {
+        let child = env
+            .ferry()
+            .args(["run", "--dir", &dir, g.to_str().unwrap(), "/data", "400"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let out = child.wait_with_output().unwrap();
+        match std::os::unix::process::ExitStatusExt::signal(&out.status) {
+            Some(libc::SIGINT) => delay *= 2, // before the guest started
+            _ => break out,
+        }
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    let huge = d.join("huge.bin").canonicalize().unwrap();
+    assert!(
+        err.contains(&format!(
+            "ferry: warning: {} ({} bytes) is larger than a snapshot can carry",
+            huge.display(),
+            ferry_wasi::tree::MAX_FILE + 1
+        )) && err.contains("--bind"),
+        "{err}"
+    );
+    assert!(
+        err.contains("snapshot failed, the program keeps running")
+            && err.contains("pass its directory through with --bind instead of --dir"),
+        "{err}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("done "));
+}
+
 #[test]
 fn changed_mount_is_refused_unless_allowed() {
     let env = Env::new();
