@@ -408,7 +408,13 @@ impl Execution<'_> {
                 Ok(ExitCode::from(EXIT_SUSPENDED))
             }
             Err(e) => {
-                self.session.state = "failed".into();
+                // Refused before the guest ran (a check that went on while it was restored):
+                // its snapshot is as it was, to be resumed again.
+                let refused = matches!(e, ferry_engine::EngineError::Refused { .. });
+                self.session.state = match self.session.last_snapshot {
+                    Some(_) if refused => "suspended".into(),
+                    _ => "failed".into(),
+                };
                 let _ = session::save(self.settings, &self.session);
                 Err(e.into())
             }

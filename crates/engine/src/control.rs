@@ -59,6 +59,9 @@ pub enum Hold {
     Run,
     /// Stop without running: the run ends refused.
     Abort,
+    /// Stop without running, refused at this stage for this reason (a check that ran while
+    /// the guest was restored failed).
+    Refuse(crate::Stage, String),
     /// Bring the held guest forward to a later snapshot of the same run (only the memory
     /// chunks that differ are copied), with the WASI context rebuilt from it; then ask again.
     Patch(Box<Loaded>, Box<WasiCtx>),
@@ -69,6 +72,7 @@ impl std::fmt::Debug for Hold {
         match self {
             Hold::Run => f.write_str("Run"),
             Hold::Abort => f.write_str("Abort"),
+            Hold::Refuse(stage, why) => write!(f, "Refuse({stage:?}, {why})"),
             Hold::Patch(l, _) => write!(f, "Patch({})", l.kappa),
         }
     }

@@ -168,6 +168,7 @@ impl Runtime {
                                  move did not commit)",
                             ));
                         }
+                        Hold::Refuse(stage, why) => return Err(EngineError::refused(stage, why)),
                         Hold::Patch(next, wasi) => {
                             if next.snapshot.instrumented != current.snapshot.instrumented {
                                 return Err(EngineError::refused(

@@ -478,6 +478,15 @@ fn get_object<T: ObjectKind>(store: &dyn Store, k: &Kappa, what: &str) -> Result
 /// re-hashes to its κ and decodes as its kind and version; memory images are well-formed.
 /// Chunk contents are re-hashed while they are copied in [`restore_into`].
 pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
+    let loaded = load_leaving_module(store, k)?;
+    check_module(store, &loaded.snapshot.module)?;
+    Ok(loaded)
+}
+
+/// [`load`] without re-hashing the module, which the caller must do with [`check_module`]
+/// before the guest runs — `ferry resume` does it on another thread while the guest is
+/// restored (reading a 100 MB interpreter from the disk to hash it took up to ~110 ms).
+pub fn load_leaving_module(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
     info!(snapshot = %k, "resolving");
     let snapshot: Snapshot = get_object(store, &k, "snapshot")?;
     for (what, kk) in [
@@ -530,12 +539,6 @@ pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
     let stack = store
         .get(&snapshot.stack)
         .map_err(|e| EngineError::refused(Stage::Verifying, e))?;
-    // Re-hashed without being kept: a resume with the compiled code cached runs without the
-    // module's bytes (reading a 100 MB interpreter into memory only to hash it took ~90 ms of
-    // every CPython resume).
-    store
-        .check(&snapshot.module)
-        .map_err(|e| EngineError::refused(Stage::Verifying, e))?;
     if snapshot.instrument_version != INSTRUMENT_VERSION {
         return Err(EngineError::refused(
             Stage::Admitting,
@@ -562,6 +565,43 @@ pub fn load(store: &dyn Store, k: Kappa) -> Result<Loaded, EngineError> {
         memories,
         stack,
         output,
+    })
+}
+
+/// Verifying the snapshot's module: it must re-hash to its κ like every object of the
+/// closure. Re-hashed without being kept: a resume with the compiled code cached runs without
+/// the module's bytes (reading a 100 MB interpreter into memory only to hash it took ~90 ms of
+/// every CPython resume).
+pub fn check_module(store: &dyn Store, module: &Kappa) -> Result<(), EngineError> {
+    store
+        .check(module)
+        .map_err(|e| EngineError::refused(Stage::Verifying, e))
+}
+
+/// Runs `f` — which restores a snapshot of `module` under `control` and runs it — while
+/// [`check_module`] re-hashes the module on another thread: the restored guest is held until
+/// the check has passed, and refused (at Verifying) if it fails. For a snapshot loaded with
+/// [`load_leaving_module`].
+pub fn with_module_check<T>(
+    store: &dyn Store,
+    module: Kappa,
+    control: &crate::Control,
+    f: impl FnOnce() -> T,
+) -> T {
+    let (checked, result) = std::sync::mpsc::channel();
+    control.hold_after_restore(move || match result.recv() {
+        Ok(Ok(())) => crate::Hold::Run,
+        Ok(Err(why)) => crate::Hold::Refuse(Stage::Verifying, why),
+        Err(_) => crate::Hold::Refuse(Stage::Verifying, "the module's check did not finish".into()),
+    });
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = checked.send(check_module(store, &module).map_err(|e| match e {
+                EngineError::Refused { reason, .. } => reason,
+                other => other.to_string(),
+            }));
+        });
+        f()
     })
 }
 

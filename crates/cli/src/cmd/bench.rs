@@ -603,8 +603,10 @@ fn resume_to_running(
 ) -> Result<Duration> {
     let c = Arc::new(Control::new());
     let t = Instant::now();
-    let loaded = snapshot::load(store, k)?;
-    let prepared = rt.prepare_kappa(store, loaded.snapshot.module, &|_| {})?;
+    // As `ferry resume` does: the module is re-hashed while the guest is restored.
+    let loaded = snapshot::load_leaving_module(store, k)?;
+    let module = loaded.snapshot.module;
+    let prepared = rt.prepare_kappa(store, module, &|_| {})?;
     let ctx = WasiCtx::restore(
         &loaded.wasi,
         grants,
@@ -615,15 +617,17 @@ fn resume_to_running(
     .map_err(anyhow::Error::msg)?;
     c.request(Request::Suspend);
     let c2 = c.clone();
-    on_guest_thread(|| {
-        let meta = SnapshotMeta {
-            program: "dirty".into(),
-            parent: Some(k),
-            generation: 1,
-            main: None,
-        };
-        let start = Start::Restore(Box::new(loaded));
-        rt.run(&prepared, ctx, c2, start, store, meta, &mut |_, _| {})
+    snapshot::with_module_check(store, module, &c, || {
+        on_guest_thread(|| {
+            let meta = SnapshotMeta {
+                program: "dirty".into(),
+                parent: Some(k),
+                generation: 1,
+                main: None,
+            };
+            let start = Start::Restore(Box::new(loaded));
+            rt.run(&prepared, ctx, c2, start, store, meta, &mut |_, _| {})
+        })
     })?;
     Ok(c.running_at().context("guest never ran after restore")? - t)
 }

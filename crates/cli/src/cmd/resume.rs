@@ -106,7 +106,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         &control,
         "before the program continued: its snapshot is as it was, resume it again later",
     )?;
-    let mut grants = a.guest.mounts()?;
+    let grants = a.guest.mounts()?;
     for g in &grants {
         settings.check_mount(&g.host_dir, &format!("--dir for `{}`", g.guest_path))?;
     }
@@ -117,7 +117,25 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let k = store
         .resolve(named.as_deref().unwrap_or(&a.snapshot))
         .map_err(|e| refused(Stage::Resolving, e))?;
-    let mut loaded = snapshot::load(&store, k)?;
+    let loaded = snapshot::load_leaving_module(&store, k)?;
+    // Verifying the module (re-hashing up to 100 MB) goes on while the guest is admitted and
+    // restored; it must have passed before the guest runs.
+    snapshot::with_module_check(&store, loaded.snapshot.module, &control, || {
+        admit_and_run(settings, a, control.clone(), grants, env, &store, loaded)
+    })
+}
+
+/// Admitting, Restoring, Running: the rest of [`run`] once the snapshot is loaded.
+fn admit_and_run(
+    settings: &Settings,
+    a: Args,
+    control: Arc<Control>,
+    mut grants: Vec<MountSpec>,
+    env: Vec<(String, String)>,
+    store: &ferry_store::FsStore,
+    mut loaded: ferry_engine::snapshot::Loaded,
+) -> Result<ExitCode> {
+    let k = loaded.kappa;
     // A registered Python runtime's standard library is granted again without asking.
     if !grants
         .iter()
@@ -130,7 +148,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     {
         grants.extend(crate::cmd::python::stdlib_grant(
             settings,
-            &store,
+            store,
             loaded.snapshot.module,
         )?);
     }
@@ -138,7 +156,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     // Admitting: one process at a time continues a session; every mount granted and
     // unchanged; the module re-derives to the same κ.
     tracing::info!(snapshot = %k, "admitting");
-    let (id, lease, before) = continuing_session(settings, &store, &k)?;
+    let (id, lease, before) = continuing_session(settings, store, &k)?;
     // A lost session's output files may hold what it wrote after this snapshot (and a
     // replay cut short by a suspend, what it had not matched yet).
     // The session's record of this very snapshot (not of a later one).
@@ -149,7 +167,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         Some(b) => Replays::from_marks(&b.outputs, b.state == "running"),
         None => Replays::default(),
     };
-    let mut known = ferry_wasi::tree::ImportCache::saved_in(&store);
+    let mut known = ferry_wasi::tree::ImportCache::saved_in(store);
     let own_output = guest::own_output_files();
     for m in &loaded.wasi.mounts {
         let grant = grants
@@ -188,7 +206,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             continue;
         }
         admit_mount(
-            &store,
+            store,
             m,
             grant,
             a.allow_changed_dirs,
@@ -197,7 +215,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         )?;
     }
     let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;
-    let prepared = runtime.prepare_kappa(&store, loaded.snapshot.module, &|msg| {
+    let prepared = runtime.prepare_kappa(store, loaded.snapshot.module, &|msg| {
         eprintln!("ferry: {msg}")
     })?;
     if prepared.instrumented != loaded.snapshot.instrumented {
@@ -261,7 +279,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     };
     Execution {
         settings,
-        store: &store,
+        store,
         runtime: &runtime,
         prepared: &prepared,
         control,

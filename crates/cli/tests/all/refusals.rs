@@ -162,6 +162,36 @@ fn corrupted_or_truncated_objects_are_detected_not_resumed() {
     assert!(err.contains("corrupt"), "{err}");
 }
 
+/// The module is re-hashed while the guest is restored (`check_module` beside the restore):
+/// a corrupt one still stops the resume before the guest runs, and the session stays
+/// resumable once the store is repaired.
+#[test]
+fn a_corrupt_module_stops_the_resume_before_the_guest_runs() {
+    let (env, k) = suspended_counter();
+    let v = env.inspect_json(&k);
+    let module = v["module"].as_str().unwrap().to_owned();
+    let hex = &module["blake3:".len()..];
+    let p = env.store().join("objects").join(&hex[..2]).join(&hex[2..]);
+    let good = std::fs::read(&p).unwrap();
+    let mut bad = good.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 1;
+    std::fs::write(&p, &bad).unwrap();
+    let (out, err, code) = env.output(&["resume", &k]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("refused while verifying") && err.contains("corrupt"),
+        "{err}"
+    );
+    assert!(out.is_empty(), "the guest ran: {out}");
+    let (ps, _, _) = env.output(&["ps", "--json"]);
+    assert!(ps.contains("\"suspended\""), "{ps}");
+    std::fs::write(&p, &good).unwrap();
+    let (out, err, code) = env.output(&["resume", &k]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.is_empty());
+}
+
 /// A file in a carried mount too large for a snapshot is reported when the run starts, not
 /// first at a suspend; the suspend that cannot carry it says what to do, and the program goes
 /// on to its end.
