@@ -34,6 +34,11 @@ pub struct GuestArgs {
     /// Write a snapshot this often while running (e.g. 500ms, 10s, 5m).
     #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
     pub checkpoint_every: Option<std::time::Duration>,
+    /// Keep only this session's newest N snapshots: after each snapshot the older ones are
+    /// deleted from the store — when no other ferry process is using it; otherwise at a later
+    /// snapshot, or by `ferry store gc --keep N`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep: Option<u64>,
     /// Engine to run the guest on: `jit` (wasmtime, the default) or `interp` (wasmi, a
     /// pure-Rust interpreter). A snapshot taken on one resumes on the other. (With --space,
     /// `resume` keeps the session's engine unless this is given.)
@@ -202,6 +207,8 @@ pub struct Execution<'a> {
     pub replays: Replays,
     pub meta: SnapshotMeta,
     pub checkpoint_every: Option<Duration>,
+    /// `--keep N`: after each snapshot, older ones of this session are deleted.
+    pub keep: Option<u64>,
     /// The line the guest has begun on its terminal and not ended (recorded with each snapshot).
     pub open_line: OpenLine,
 }
@@ -359,6 +366,7 @@ impl Execution<'_> {
         let meta = self.meta.clone();
         let mut sess = self.session.clone();
         let replays = self.replays.clone();
+        let keep = self.keep;
         let open_line = self.open_line.clone();
         let outcome = on_guest_thread(move || {
             let mut on_snapshot = |r: Result<Kappa, ferry_engine::EngineError>, why: Request| {
@@ -373,6 +381,8 @@ impl Execution<'_> {
                         (sess.prompt_fd, sess.prompt) = open_line.get();
                         if let Err(e) = record(settings, store, &mut sess, k, why) {
                             eprintln!("ferry: snapshot {k} written but not recorded: {e:#}");
+                        } else if let Some(n) = keep {
+                            prune(store, &sess.id, n);
                         }
                     }
                     Err(e) => eprintln!(
@@ -419,6 +429,29 @@ impl Execution<'_> {
                 Err(e.into())
             }
         }
+    }
+}
+
+/// `--keep N`: deletes what only this session's snapshots older than its newest `n` held, if
+/// no other process uses the store (else a later snapshot tries again).
+fn prune(store: &FsStore, id: &str, n: u64) {
+    let name = format!("session/{id}");
+    let n = usize::try_from(n).unwrap_or(usize::MAX);
+    let keep = |r: &str| if r == name { n } else { usize::MAX };
+    let t = std::time::Instant::now();
+    match store.alone(|| crate::cmd::store::collect(store, false, &keep)) {
+        Ok(Some(Ok((removed, kept)))) => {
+            let ms = t.elapsed().as_millis() as u64;
+            tracing::info!(
+                removed,
+                kept,
+                ms,
+                "older snapshots of the session deleted (--keep)"
+            );
+        }
+        Ok(None) => tracing::info!("--keep: another ferry process uses the store; not pruned now"),
+        Ok(Some(Err(e))) => eprintln!("ferry: --keep: could not delete older snapshots: {e:#}"),
+        Err(e) => eprintln!("ferry: --keep: {e}"),
     }
 }
 

@@ -108,9 +108,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) if settings.space.is_some() => cmd::remote::run(&settings, a),
         Command::Run(a) => cmd::run::run(&settings, a),
-        Command::Resume(a) if settings.space.is_some() => {
+        Command::Resume(a) if settings.space.is_some() => a.local_only().and_then(|()| {
             cmd::remote::resume(&settings, a.target(), a.engine().map(|e| e.name()))
-        }
+        }),
         Command::Resume(a) => cmd::resume::run(&settings, a),
         Command::Checkpoint(a) if settings.space.is_some() => {
             cmd::remote::stop(&settings, &a.session, "checkpoint")

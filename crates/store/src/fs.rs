@@ -43,7 +43,7 @@ pub struct FsStore {
     /// Objects held in packs, and how many live objects each pack still holds.
     packed: std::sync::RwLock<Packed>,
     /// `gc.lock`, held shared (or, for garbage collection, exclusively) while this is open.
-    _in_use: File,
+    in_use: File,
 }
 
 #[derive(Debug, Default)]
@@ -206,6 +206,26 @@ impl FsStore {
         }
     }
 
+    /// Runs `f` only while no other process has this store open — the shared lock this store
+    /// holds on `gc.lock` is made exclusive for the time, then shared again — so that `f` may
+    /// collect garbage: no other process can have written objects it has not named yet.
+    /// `Ok(None)`: another process uses the store, and `f` did not run.
+    pub fn alone<T>(&self, f: impl FnOnce() -> T) -> Result<Option<T>, StoreError> {
+        let fd = self.in_use.as_raw_fd();
+        // SAFETY: flock on a descriptor this store owns.
+        let out = (unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } == 0).then(f);
+        // Shared again. A conversion that failed may have dropped the lock on the way (flock(2)
+        // converts by unlocking first): this takes it back, after a `store gc` that slipped
+        // in, if one did — this process names everything it wrote before it gets here.
+        // SAFETY: as above.
+        if unsafe { libc::flock(fd, libc::LOCK_SH) } != 0 {
+            return Err(StoreError::io("lock", &self.root.join("gc.lock"))(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(out)
+    }
+
     fn create(root: PathBuf) -> Result<PathBuf, StoreError> {
         for sub in ["objects", "refs", "tmp", "packs"] {
             let p = root.join(sub);
@@ -216,7 +236,7 @@ impl FsStore {
 
     fn with_lock(root: PathBuf, in_use: File) -> Result<Self, StoreError> {
         Ok(Self {
-            _in_use: in_use,
+            in_use,
             root,
             unsynced: Default::default(),
             writes_left: AtomicU64::new(u64::MAX),

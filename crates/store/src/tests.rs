@@ -19,6 +19,23 @@ fn stores() -> Vec<(Box<dyn Store>, tempfile::TempDir)> {
     ]
 }
 
+/// A process that has the store open can collect garbage only while no other has it open;
+/// either way it keeps its own shared hold, so an exclusive open stays refused after.
+#[test]
+fn alone_runs_only_without_other_handles() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let mine = FsStore::open(&root).unwrap();
+    let other = FsStore::open(&root).unwrap();
+    assert_eq!(mine.alone(|| 1).unwrap(), None, "another handle is open");
+    drop(other);
+    assert_eq!(mine.alone(|| 2).unwrap(), Some(2));
+    assert!(matches!(
+        FsStore::open_exclusive(&root),
+        Err(StoreError::InUse(_))
+    ));
+}
+
 /// Garbage collection opens the store alone: refused while another handle is open, and a
 /// handle opened meanwhile waits (saying so) until the collection is done.
 #[test]

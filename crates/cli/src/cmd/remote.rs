@@ -35,6 +35,11 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
         "a space cannot reach this machine's directories: --bind is for local runs (--dir \
          sends a directory's content)"
     );
+    anyhow::ensure!(
+        a.guest.checkpoint_every.is_none() && a.guest.keep.is_none(),
+        "--checkpoint-every and --keep are for local runs: checkpoint a session on a space with \
+         `ferry --space URL checkpoint ID`"
+    );
     let store = settings.open_store()?;
     let t = crate::cmd::run::target(settings, &store, &a)?;
     let mut mounts = a.guest.mounts()?;

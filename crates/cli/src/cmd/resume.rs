@@ -33,6 +33,20 @@ impl Args {
         &self.snapshot
     }
 
+    /// Refuses what only a local resume does (with --space, a session resumes as it was).
+    pub fn local_only(&self) -> Result<()> {
+        anyhow::ensure!(
+            self.guest.checkpoint_every.is_none()
+                && self.guest.keep.is_none()
+                && self.guest.mounts()?.is_empty()
+                && self.guest.env()?.is_empty()
+                && !self.allow_changed_dirs,
+            "--dir, --env, --allow-changed-dirs, --checkpoint-every and --keep are for local \
+             resumes: a session on a space resumes with what it had"
+        );
+        Ok(())
+    }
+
     /// The engine named with --engine / $FERRY_ENGINE, if any.
     pub fn engine(&self) -> Option<ferry_engine::EngineKind> {
         self.guest.engine
@@ -288,6 +302,7 @@ fn admit_and_run(
         replays,
         meta,
         checkpoint_every: a.guest.checkpoint_every,
+        keep: a.guest.keep,
         open_line,
     }
     .execute(wasi, Start::Restore(Box::new(loaded)))

@@ -275,6 +275,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             ..SnapshotMeta::fresh(name)
         },
         checkpoint_every: a.guest.checkpoint_every,
+        keep: a.guest.keep,
         open_line,
     }
     .execute(wasi, Start::Fresh)

@@ -84,10 +84,25 @@ fn verify(store: &dyn Store) -> Result<ExitCode> {
 }
 
 fn gc(store: &dyn Store, dry_run: bool, keep: usize) -> Result<ExitCode> {
+    let (removed, kept) = collect(store, dry_run, &|_| keep)?;
+    let verb = if dry_run { "would delete" } else { "deleted" };
+    println!("{verb} {removed} objects, kept {kept}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Deletes (unless `dry_run`) every object no ref reaches, keeping of each session's and
+/// imported snapshot's history the newest `keep(ref name)` snapshots. The caller must be
+/// alone with the store (objects another process wrote may not be named yet). Returns how
+/// many objects were (or would be) deleted and how many are kept.
+pub fn collect(
+    store: &dyn Store,
+    dry_run: bool,
+    keep: &dyn Fn(&str) -> usize,
+) -> Result<(usize, usize)> {
     let mut live = BTreeSet::new();
     for (name, r) in store.list_refs()? {
         if name.starts_with("session/") || name.starts_with("snapshot/") {
-            snapshots_closure(store, &r.target, keep, &mut live)?;
+            snapshots_closure(store, &r.target, keep(&name), &mut live)?;
         } else {
             live.insert(r.target);
         }
@@ -101,7 +116,5 @@ fn gc(store: &dyn Store, dry_run: bool, keep: usize) -> Result<ExitCode> {
             }
         }
     }
-    let verb = if dry_run { "would delete" } else { "deleted" };
-    println!("{verb} {removed} objects, kept {}", live.len());
-    Ok(ExitCode::SUCCESS)
+    Ok((removed, live.len()))
 }

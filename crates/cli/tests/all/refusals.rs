@@ -446,6 +446,44 @@ fn gc_keep_prunes_old_checkpoints() {
     assert_eq!(all, plain.stdout);
 }
 
+/// `run --keep N` prunes the session's own history as it goes (ferry alone with the store):
+/// only its newest N snapshots are left, another session's history is untouched, the store
+/// verifies and the newest snapshot resumes to the uninterrupted run's output.
+#[test]
+fn run_keep_prunes_the_sessions_own_history_as_it_goes() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "300"];
+    let plain = env.plain(&args);
+    let history = |k: &str| {
+        let (out, err, code) = env.output(&["inspect", "--history", "--json", k]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<Vec<serde_json::Value>>(&out)
+            .unwrap()
+            .len()
+    };
+    let every = ["--checkpoint-every", "100ms"];
+    let (_, other) = crate::harness::run_and_suspend(&env, &[&every[..], &args[..]].concat(), 1000);
+    let other_history = history(&other);
+    assert!(other_history >= 4, "{other_history}");
+    let keep = ["--keep", "2"];
+    let (first, k) =
+        crate::harness::run_and_suspend(&env, &[&every[..], &keep[..], &args[..]].concat(), 1000);
+    assert_eq!(history(&k), 2, "only the newest two are left");
+    assert_eq!(
+        history(&other),
+        other_history,
+        "another session is not pruned"
+    );
+    let (o, e, code) = env.output(&["store", "verify"]);
+    assert_eq!(code, 0, "{o}{e}");
+    let mut all = first;
+    all.extend(crate::harness::resume_to_end(&env, &k));
+    assert_eq!(all, plain.stdout);
+    let (_, err, code) = env.output(&["run", "--keep", "0", g.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+}
+
 #[test]
 fn gc_deletes_only_what_no_session_reaches() {
     let (env, k) = suspended_counter();
