@@ -32,15 +32,20 @@ impl Write for Buf {
     }
 }
 
-fn ctx(mounts: Vec<MountSpec>, clock: FakeClock, out: Buf, interrupt: Arc<AtomicBool>) -> WasiCtx {
-    let stdio = Stdio {
+/// Stdio with no input, stdout to `out`, stderr nowhere; no terminals.
+fn stdio_to(out: Box<dyn Write + Send>) -> Stdio {
+    Stdio {
         stdin: Box::new(std::io::empty()),
         stdin_fd: None,
         terminals: [false; 3],
         log: None,
-        stdout: Box::new(out),
+        stdout: out,
         stderr: Box::new(std::io::sink()),
-    };
+    }
+}
+
+fn ctx(mounts: Vec<MountSpec>, clock: FakeClock, out: Buf, interrupt: Arc<AtomicBool>) -> WasiCtx {
+    let stdio = stdio_to(Box::new(out));
     WasiCtx::new(
         vec!["prog".into(), "arg".into()],
         vec![("K".into(), "V".into())],
@@ -87,18 +92,10 @@ fn monotonic_clock_continues_across_capture_and_restore() {
     assert_eq!(state.monotonic_ns, 9_000_000_000, "captured virtual time");
     // The new host's monotonic clock is far behind: the guest's must not go back.
     let fresh = FakeClock::default();
-    let stdio = Stdio {
-        stdin: Box::new(std::io::empty()),
-        stdin_fd: None,
-        terminals: [false; 3],
-        log: None,
-        stdout: Box::new(std::io::sink()),
-        stderr: Box::new(std::io::sink()),
-    };
     let mut r = WasiCtx::restore(
         &state,
         vec![],
-        stdio,
+        stdio_to(Box::new(std::io::sink())),
         Box::new(fresh.clone()),
         Arc::new(|| false),
     )
@@ -491,14 +488,6 @@ fn files_left_out_of_a_mount() {
     let mut state = c.capture(&[without]).unwrap();
     assert_eq!(state.mounts[0].not_carried, ["out.txt", "sub/err.txt"]);
     let restore = |state: &ferry_object::WasiState| {
-        let stdio = Stdio {
-            stdin: Box::new(std::io::empty()),
-            stdin_fd: None,
-            terminals: [false; 3],
-            log: None,
-            stdout: Box::new(std::io::sink()),
-            stderr: Box::new(std::io::sink()),
-        };
         let grant = MountSpec {
             guest_path: "/data".into(),
             host_dir: root.clone(),
@@ -508,7 +497,7 @@ fn files_left_out_of_a_mount() {
         WasiCtx::restore(
             state,
             vec![grant],
-            stdio,
+            stdio_to(Box::new(std::io::sink())),
             Box::new(FakeClock::default()),
             Arc::new(|| false),
         )

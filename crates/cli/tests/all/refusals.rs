@@ -388,6 +388,26 @@ fn rm_forgets_sessions_and_gc_reclaims_their_snapshots() {
 
 /// `store gc --keep N` keeps the newest N snapshots of each session: older checkpoints go,
 /// and the session still resumes to an uninterrupted run's output.
+/// The snapshots `inspect --history` lists for `k`, newest first.
+fn history(env: &Env, k: &str) -> Vec<String> {
+    let (out, err, code) = env.output(&["inspect", "--history", "--json", k]);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    rows.iter()
+        .map(|r| r["snapshot"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The store verifies, and `k` resumed to its end continues `first` (what the run showed
+/// before it was suspended) into `expected`.
+fn verifies_and_finishes(env: &Env, first: Vec<u8>, k: &str, expected: &[u8]) {
+    let (o, e, code) = env.output(&["store", "verify"]);
+    assert_eq!(code, 0, "{o}{e}");
+    let mut all = first;
+    all.extend(crate::harness::resume_to_end(env, k));
+    assert_eq!(all, expected);
+}
+
 #[test]
 fn gc_keep_prunes_old_checkpoints() {
     let env = Env::new();
@@ -408,14 +428,7 @@ fn gc_keep_prunes_old_checkpoints() {
         }
     }
     assert!(chain.len() >= 4, "{chain:?}");
-    let history = |k: &str| {
-        let (out, err, code) = env.output(&["inspect", "--history", "--json", k]);
-        assert_eq!(code, 0, "{err}");
-        let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
-        rows.iter()
-            .map(|r| r["snapshot"].as_str().unwrap().to_owned())
-            .collect::<Vec<_>>()
-    };
+    let history = |k: &str| history(&env, k);
     assert_eq!(history(&k), chain, "--history walks the parents");
     let (_, err, code) = env.output(&["store", "gc", "--keep", "0"]);
     assert_eq!(code, 2, "{err}");
@@ -439,11 +452,7 @@ fn gc_keep_prunes_old_checkpoints() {
         )),
         "{out}"
     );
-    let (o, e, code) = env.output(&["store", "verify"]);
-    assert_eq!(code, 0, "{o}{e}");
-    let mut all = first;
-    all.extend(crate::harness::resume_to_end(&env, &k));
-    assert_eq!(all, plain.stdout);
+    verifies_and_finishes(&env, first, &k, &plain.stdout);
 }
 
 /// `run --keep N` prunes the session's own history as it goes (ferry alone with the store):
@@ -455,13 +464,7 @@ fn run_keep_prunes_the_sessions_own_history_as_it_goes() {
     let g = guest("wasm/cpu.wasm");
     let args = [g.to_str().unwrap(), "--", "300"];
     let plain = env.plain(&args);
-    let history = |k: &str| {
-        let (out, err, code) = env.output(&["inspect", "--history", "--json", k]);
-        assert_eq!(code, 0, "{err}");
-        serde_json::from_str::<Vec<serde_json::Value>>(&out)
-            .unwrap()
-            .len()
-    };
+    let history = |k: &str| history(&env, k).len();
     let every = ["--checkpoint-every", "100ms"];
     let (_, other) = crate::harness::run_and_suspend(&env, &[&every[..], &args[..]].concat(), 1000);
     let other_history = history(&other);
@@ -475,11 +478,7 @@ fn run_keep_prunes_the_sessions_own_history_as_it_goes() {
         other_history,
         "another session is not pruned"
     );
-    let (o, e, code) = env.output(&["store", "verify"]);
-    assert_eq!(code, 0, "{o}{e}");
-    let mut all = first;
-    all.extend(crate::harness::resume_to_end(&env, &k));
-    assert_eq!(all, plain.stdout);
+    verifies_and_finishes(&env, first, &k, &plain.stdout);
     let (_, err, code) = env.output(&["run", "--keep", "0", g.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
 }
