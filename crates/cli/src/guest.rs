@@ -331,15 +331,26 @@ impl Execution<'_> {
         let _lease = self.lease;
         // What `ferry resume` must be given again (a Python runtime's standard library is
         // granted by resume itself).
-        let grants: String = wasi
-            .mounts()
-            .into_iter()
+        // (`.` comes with the script's directory granted at its own path.)
+        let mounts = wasi.mounts();
+        let grants: String = mounts
+            .iter()
             .filter(|m| m.guest_path != crate::cmd::python::STDLIB_GUEST)
+            .filter(|m| {
+                m.guest_path != "."
+                    || !mounts
+                        .iter()
+                        .any(|o| o.guest_path != "." && o.host_dir == m.host_dir)
+            })
             .map(|m| {
-                format!(
-                    "--dir {} ",
-                    shell_word(&format!("{}::{}", m.host_dir.display(), m.guest_path))
-                )
+                let host = m.host_dir.display().to_string();
+                match std::path::Path::new(&m.guest_path) == m.host_dir {
+                    true => format!("--dir {} ", shell_word(&host)),
+                    false => format!(
+                        "--dir {} ",
+                        shell_word(&format!("{host}::{}", m.guest_path))
+                    ),
+                }
             })
             .collect();
         if let Some(every) = self.checkpoint_every {

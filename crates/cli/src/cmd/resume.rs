@@ -166,6 +166,21 @@ fn admit_and_run(
             loaded.snapshot.module,
         )?);
     }
+    // A script's directory is mounted twice, at its own path and as `.`: the directory
+    // granted at its path is granted as `.` too (no authority beyond what was given).
+    let mounts = &loaded.wasi.mounts;
+    if !grants.iter().any(|g| g.guest_path == ".")
+        && let Some(dot) = mounts.iter().find(|m| m.guest_path == ".")
+        && let Some(grant) = mounts
+            .iter()
+            .filter(|m| m.guest_path != "." && m.host_hint == dot.host_hint)
+            .find_map(|m| grants.iter().find(|g| g.guest_path == m.guest_path))
+    {
+        grants.push(MountSpec {
+            guest_path: ".".into(),
+            ..grant.clone()
+        });
+    }
 
     // Admitting: one process at a time continues a session; every mount granted and
     // unchanged; the module re-derives to the same κ.

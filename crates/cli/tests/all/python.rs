@@ -283,16 +283,37 @@ fn run_a_script_with_an_installed_runtime_and_move_it() {
     assert!(out.starts_with("usage: python -m json.tool"), "{out}");
     assert_eq!(code, 0);
 
-    // Suspended and resumed like any program (the mounts are granted again).
+    // Suspended and resumed like any program: the script's directory is granted again, once
+    // (it is mounted at its own path and as `.`), as the hint ferry prints says.
     let looped = app.join("loop.py");
     let args = [looped.to_str().unwrap(), "--", "16"];
     let plain = env.plain(&args);
-    let here = format!("{}::{}", app.display(), app.display());
-    let dot = format!("{}::.", app.display());
-    let churned = env.churn(&args, &["--dir", &here, "--dir", &dot], 3, 5, (300, 700));
+    let app_dir = app.to_str().unwrap();
+    let churned = env.churn(&args, &["--dir", app_dir], 3, 5, (300, 700));
     assert!(churned.snapshots.len() >= 2, "{:?}", churned.snapshots);
     assert_eq!(churned.stdout, plain.stdout);
     assert_eq!(churned.code, 0);
+    let child = env
+        .ferry()
+        .arg("run")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let k = crate::harness::suspended_kappa(&out);
+    assert!(
+        err.contains(&format!(
+            "ferry: resume it with `ferry resume --dir {app_dir} {}`",
+            &k[..19]
+        )),
+        "{err}"
+    );
 }
 
 #[test]
