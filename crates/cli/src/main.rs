@@ -105,6 +105,21 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return report(&e),
     };
+    // Commands that only print end quietly when their reader goes away (`ferry ps | head`),
+    // as Unix tools do. Those that run guests or serve keep SIGPIPE ignored: a guest writing
+    // to a closed pipe gets EPIPE, as it would natively, and a space outlives its clients.
+    if !matches!(
+        cli.command,
+        Command::Run(_)
+            | Command::Resume(_)
+            | Command::Python(_)
+            | Command::Serve(_)
+            | Command::Bench(_)
+            | Command::Conformance(_)
+    ) {
+        // SAFETY: restoring the default disposition of one signal, before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Run(a) if settings.space.is_some() => cmd::remote::run(&settings, a),
         Command::Run(a) => cmd::run::run(&settings, a),

@@ -86,7 +86,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     let info = c
         .run(&RunRequest {
             module: module.to_string(),
-            program: t.name,
+            program: t.label,
             args,
             env: a.guest.env()?,
             mounts: requests,

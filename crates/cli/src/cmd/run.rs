@@ -1,6 +1,6 @@
 //! `ferry run PROG.wasm [ARGS]`
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,7 +68,11 @@ impl Args {
 /// reactor's entry export.
 pub struct Target {
     pub module: Module,
+    /// The guest's `argv[0]`.
     pub name: String,
+    /// What `ps` and `inspect` call the program: the name, and for Python what runs in it
+    /// (`python3.15 fit.py`, `python3.12 -m json.tool`, `python3.12 -c`).
+    pub label: String,
     pub args: Vec<String>,
     pub mounts: Vec<ferry_wasi::MountSpec>,
     pub main: Option<String>,
@@ -78,8 +82,17 @@ pub fn target(settings: &Settings, store: &dyn ferry_store::Store, a: &Args) -> 
     let python = |lead: Vec<String>, mut mounts: Vec<_>| -> Result<Target> {
         let rt = crate::cmd::python::resolve(settings, store, a.python.as_deref())?;
         mounts.extend(rt.stdlib);
+        let what = match lead.as_slice() {
+            [flag, _, ..] if flag == "-c" => flag.clone(),
+            [flag, module, ..] if flag == "-m" => format!("{flag} {module}"),
+            [script, ..] => Path::new(script)
+                .file_name()
+                .map_or_else(|| script.clone(), |n| n.to_string_lossy().into_owned()),
+            [] => String::new(),
+        };
         Ok(Target {
             module: Module::Stored(rt.module),
+            label: format!("{} {what}", rt.name),
             name: rt.name,
             args: lead,
             mounts,
@@ -147,6 +160,7 @@ pub fn target(settings: &Settings, store: &dyn ferry_store::Store, a: &Args) -> 
         .map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned());
     Ok(Target {
         module: Module::Bytes(wasm),
+        label: name.clone(),
         name,
         args: rest.to_vec(),
         mounts: vec![],
@@ -227,7 +241,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         }
     }
     let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;
-    let (name, main) = (t.name, t.main);
+    let (name, label, main) = (t.name, t.label, t.main);
     let prepared = match &t.module {
         Module::Bytes(wasm) => runtime.prepare(&store, wasm, &|msg| eprintln!("ferry: {msg}")),
         Module::Stored(k) => runtime.prepare_kappa(&store, *k, &|msg| eprintln!("ferry: {msg}")),
@@ -252,7 +266,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     guest::warn_uncarriable(&wasi);
     let sess = Session {
         id,
-        program: name.clone(),
+        program: label.clone(),
         pid: 0,
         state: "running".into(),
         memory: 0,
@@ -272,7 +286,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         replays: Default::default(),
         meta: SnapshotMeta {
             main,
-            ..SnapshotMeta::fresh(name)
+            ..SnapshotMeta::fresh(label)
         },
         checkpoint_every: a.guest.checkpoint_every,
         keep: a.guest.keep,

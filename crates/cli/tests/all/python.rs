@@ -314,6 +314,9 @@ fn run_a_script_with_an_installed_runtime_and_move_it() {
         )),
         "{err}"
     );
+    // `ps` says which script a session runs, not only the interpreter.
+    let (ps, _, _) = env.output(&["ps", "--json"]);
+    assert!(ps.contains("\"python3.12 loop.py\""), "{ps}");
 }
 
 #[test]

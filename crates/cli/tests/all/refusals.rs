@@ -388,6 +388,26 @@ fn rm_forgets_sessions_and_gc_reclaims_their_snapshots() {
 
 /// `store gc --keep N` keeps the newest N snapshots of each session: older checkpoints go,
 /// and the session still resumes to an uninterrupted run's output.
+/// A command that prints ends quietly when its reader goes away (`ferry inspect … | head`),
+/// as Unix tools do: no panic about a broken pipe.
+#[test]
+fn printing_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let (env, k) = suspended_counter();
+    let mut child = env
+        .ferry()
+        .args(["inspect", &k])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before ferry writes
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{err}");
+}
+
 /// The snapshots `inspect --history` lists for `k`, newest first.
 fn history(env: &Env, k: &str) -> Vec<String> {
     let (out, err, code) = env.output(&["inspect", "--history", "--json", k]);
