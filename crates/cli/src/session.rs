@@ -80,6 +80,13 @@ fn path(settings: &Settings, id: &str) -> PathBuf {
     settings.sessions_dir().join(format!("{id}.json"))
 }
 
+/// When the session's record was last written (it started, took a snapshot, ended).
+pub fn updated(settings: &Settings, id: &str) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path(settings, id))
+        .and_then(|m| m.modified())
+        .ok()
+}
+
 fn lock_path(settings: &Settings, id: &str) -> PathBuf {
     settings.sessions_dir().join(format!("{id}.lock"))
 }
@@ -254,6 +261,11 @@ pub fn list(settings: &Settings) -> Result<Vec<Session>> {
             out.push(s);
         }
     }
-    out.sort_by(|a, b| a.id.cmp(&b.id));
-    Ok(out)
+    // Most recently active first, as `docker ps` lists.
+    let mut dated: Vec<_> = out
+        .into_iter()
+        .map(|s| (updated(settings, &s.id), s))
+        .collect();
+    dated.sort_by(|(ta, a), (tb, b)| tb.cmp(ta).then_with(|| a.id.cmp(&b.id)));
+    Ok(dated.into_iter().map(|(_, s)| s).collect())
 }

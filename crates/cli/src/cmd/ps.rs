@@ -9,7 +9,8 @@ use crate::settings::Settings;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// One JSON array of sessions: id, program, state, pid (while running), memory bytes,
+    /// One JSON array of sessions, most recently active first: id, program, state, pid (while
+    /// running), memory bytes, updated (when its record was last written, Unix seconds),
     /// last snapshot (its full κ).
     #[arg(long)]
     json: bool,
@@ -31,11 +32,14 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             .iter()
             .map(|s| {
                 let holder = session::holder(settings, &s.id);
+                let updated = session::updated(settings, &s.id)
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_secs());
                 serde_json::json!({
                     "id": s.id, "program": s.program,
                     "state": s.shown_state(holder.is_some()),
                     "pid": holder.filter(|&p| p != 0), "memory": s.memory,
-                    "last_snapshot": s.last_snapshot,
+                    "last_snapshot": s.last_snapshot, "updated": updated,
                 })
             })
             .collect();
@@ -43,8 +47,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:<10} {:<20} {:<12} {:>10}  LAST SNAPSHOT",
-        "SESSION", "PROGRAM", "STATE", "MEMORY"
+        "{:<10} {:<20} {:<12} {:>10}  {:<9} LAST SNAPSHOT",
+        "SESSION", "PROGRAM", "STATE", "MEMORY", "UPDATED"
     );
     let mut lost = false;
     for s in &sessions {
@@ -60,9 +64,12 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             m if m < 1 << 20 => format!("{} KiB", m >> 10),
             m => format!("{} MiB", m >> 20),
         };
+        let age = session::updated(settings, &s.id)
+            .and_then(|t| t.elapsed().ok())
+            .map_or_else(|| "-".into(), ago);
         println!(
-            "{:<10} {:<20} {:<12} {:>10}  {}",
-            s.id, s.program, state, mem, snap
+            "{:<10} {:<20} {:<12} {:>10}  {:<9} {}",
+            s.id, s.program, state, mem, age, snap
         );
     }
     if hidden > 0 {
@@ -79,4 +86,15 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `d` as a short age: `12s ago`, `5m ago`, `3h ago`, `4d ago`.
+fn ago(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s ago"),
+        60..3600 => format!("{}m ago", s / 60),
+        3600..172_800 => format!("{}h ago", s / 3600),
+        _ => format!("{}d ago", s / 86_400),
+    }
 }

@@ -314,9 +314,13 @@ fn run_a_script_with_an_installed_runtime_and_move_it() {
         )),
         "{err}"
     );
-    // `ps` says which script a session runs, not only the interpreter.
+    // `ps` says which script a session runs, not only the interpreter; the session just
+    // suspended comes first (most recently active).
     let (ps, _, _) = env.output(&["ps", "--json"]);
-    assert!(ps.contains("\"python3.12 loop.py\""), "{ps}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&ps).unwrap();
+    assert_eq!(rows[0]["program"], "python3.12 loop.py", "{ps}");
+    assert_eq!(rows[0]["last_snapshot"], k.as_str(), "{ps}");
+    assert!(rows[0]["updated"].as_u64().is_some(), "{ps}");
 }
 
 #[test]
