@@ -423,12 +423,21 @@ pub struct Runtime {
 pub fn resolve(settings: &Settings, store: &dyn Store, version: Option<&str>) -> Result<Runtime> {
     let name = format!("python/{}", version.unwrap_or("default"));
     let Some(r) = store.get_ref(&name)? else {
-        bail!(
-            "no Python runtime {} is installed; `ferry python install {}` fetches one \
-             (3.12, or 3.15 with numpy; docs/python.md)",
-            version.unwrap_or("(default)"),
-            version.unwrap_or("3.12"),
-        );
+        let known: Vec<&str> = KNOWN.iter().map(|k| k.version).collect();
+        match version {
+            Some(v) if !known.contains(&v) => bail!(
+                "no Python runtime {v} is installed, and ferry knows none to fetch (it knows \
+                 {}); a CPython {v} built for WASI installs with `ferry python install {v} \
+                 --from FILE` (docs/python.md)",
+                known.join(", ")
+            ),
+            _ => bail!(
+                "no Python runtime {} is installed; `ferry python install {}` fetches one \
+                 (3.12, or 3.15 with numpy; docs/python.md)",
+                version.unwrap_or("(default)"),
+                version.unwrap_or("3.12"),
+            ),
+        }
     };
     // The version the default stands for: the versioned ref naming the same module.
     let version = match version {
