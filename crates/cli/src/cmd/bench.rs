@@ -953,7 +953,7 @@ fn python_figures(
             };
             Ok((first, new_objects, t.elapsed(), k))
         })?;
-        let loaded = snapshot::load(store, k)?;
+        let loaded = snapshot::load_leaving_module(store, k)?; // its size; the resume checks it
         let mib = loaded.memory_bytes() >> 20;
         let resumed = resume_to_running(rt, store, k, grants.clone())?;
         println!(
