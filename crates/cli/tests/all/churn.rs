@@ -59,12 +59,8 @@ fn c_heap_of_256_mib() {
 fn c_file_io_in_a_mount() {
     let env = Env::new();
     let g = guest("wasm/files.wasm");
-    let plain_dir = env.path("plain-data");
-    let churn_dir = env.path("churn-data");
-    std::fs::create_dir_all(&plain_dir).unwrap();
-    std::fs::create_dir_all(&churn_dir).unwrap();
-    let pd = format!("{}::/data", plain_dir.display());
-    let cd = format!("{}::/data", churn_dir.display());
+    let (plain_dir, pd) = env.data_dir("plain-data");
+    let (churn_dir, cd) = env.data_dir("churn-data");
     let plain = env.plain(&["--dir", &pd, g.to_str().unwrap(), "--", "/data", "500"]);
     let churned = env.churn(
         &["--dir", &cd, g.to_str().unwrap(), "--", "/data", "500"],
@@ -92,12 +88,8 @@ fn output_redirected_into_a_mount_does_not_stop_the_resume() {
     use std::os::unix::process::ExitStatusExt;
     let env = Env::new();
     let g = guest("wasm/files.wasm");
-    let plain_dir = env.path("plain-data");
-    let churn_dir = env.path("churn-data");
-    std::fs::create_dir_all(&plain_dir).unwrap();
-    std::fs::create_dir_all(&churn_dir).unwrap();
-    let pd = format!("{}::/data", plain_dir.display());
-    let cd = format!("{}::/data", churn_dir.display());
+    let (plain_dir, pd) = env.data_dir("plain-data");
+    let (churn_dir, cd) = env.data_dir("churn-data");
     let plain = env.plain(&["--dir", &pd, g.to_str().unwrap(), "/data", "400"]);
     let append = |name: &str| {
         std::fs::OpenOptions::new()
@@ -179,12 +171,8 @@ fn output_redirected_into_a_mount_does_not_stop_the_resume() {
 fn a_bound_directory_is_passed_through_and_not_carried() {
     let env = Env::new().with_var("FERRY_TOKEN", crate::harness::SPACE_TOKEN);
     let g = guest("wasm/files.wasm");
-    let plain_dir = env.path("plain-data");
-    let bound_dir = env.path("bound-data");
-    std::fs::create_dir_all(&plain_dir).unwrap();
-    std::fs::create_dir_all(&bound_dir).unwrap();
-    let pd = format!("{}::/data", plain_dir.display());
-    let bd = format!("{}::/data", bound_dir.display());
+    let (plain_dir, pd) = env.data_dir("plain-data");
+    let (bound_dir, bd) = env.data_dir("bound-data");
     let plain = env.plain(&["--dir", &pd, g.to_str().unwrap(), "/data", "300"]);
     let churned = env.churn(
         &["--bind", &bd, g.to_str().unwrap(), "/data", "300"],

@@ -65,12 +65,8 @@ fn c_sleeps_stderr_and_exit_code_alternating_engines() {
 fn c_file_io_in_a_mount_alternating_engines() {
     let env = Env::new();
     let g = guest("wasm/files.wasm");
-    let plain_dir = env.path("plain-data");
-    let churn_dir = env.path("churn-data");
-    std::fs::create_dir_all(&plain_dir).unwrap();
-    std::fs::create_dir_all(&churn_dir).unwrap();
-    let pd = format!("{}::/data", plain_dir.display());
-    let cd = format!("{}::/data", churn_dir.display());
+    let (plain_dir, pd) = env.data_dir("plain-data");
+    let (churn_dir, cd) = env.data_dir("churn-data");
     let plain = env.plain(&["--dir", &pd, g.to_str().unwrap(), "--", "/data", "500"]);
     let churned = env.churn_on(
         &ALTERNATE_FROM_INTERP,

@@ -74,6 +74,14 @@ impl Env {
         self.dir.path().join(rel)
     }
 
+    /// A new directory `rel` for a guest's files, and the `HOST::/data` form that mounts it.
+    pub fn data_dir(&self, rel: &str) -> (PathBuf, String) {
+        let d = self.path(rel);
+        std::fs::create_dir_all(&d).expect("data dir");
+        let mount = format!("{}::/data", d.display());
+        (d, mount)
+    }
+
     pub fn ferry(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_ferry"));
         c.env("FERRY_STORE", self.store())

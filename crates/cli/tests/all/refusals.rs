@@ -199,14 +199,12 @@ fn a_corrupt_module_stops_the_resume_before_the_guest_runs() {
 fn a_file_too_large_to_carry_is_reported_at_start() {
     let env = Env::new();
     let g = guest("wasm/files.wasm");
-    let d = env.path("data");
-    std::fs::create_dir_all(&d).unwrap();
+    let (d, dir) = env.data_dir("data");
     // Sparse: no disk space used, never read.
     std::fs::File::create(d.join("huge.bin"))
         .unwrap()
         .set_len(ferry_wasi::tree::MAX_FILE + 1)
         .unwrap();
-    let dir = format!("{}::/data", d.display());
     let mut delay = 300;
     let out = loop {
         let child = env
@@ -248,9 +246,7 @@ fn a_file_too_large_to_carry_is_reported_at_start() {
 fn changed_mount_is_refused_unless_allowed() {
     let env = Env::new();
     let g = guest("wasm/files.wasm");
-    let d = env.path("data");
-    std::fs::create_dir_all(&d).unwrap();
-    let dir = format!("{}::/data", d.display());
+    let (d, dir) = env.data_dir("data");
     let k = &env.suspend_once(
         &["--dir", &dir, g.to_str().unwrap(), "--", "/data", "400"],
         150,
