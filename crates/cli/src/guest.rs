@@ -47,6 +47,15 @@ pub struct GuestArgs {
 }
 
 impl GuestArgs {
+    /// Whether none of these options was given on the command line (the engine may come
+    /// from `$FERRY_ENGINE`, so it does not count).
+    pub fn is_default(&self) -> bool {
+        self.dirs.is_empty()
+            && self.envs.is_empty()
+            && self.checkpoint_every.is_none()
+            && self.keep.is_none()
+    }
+
     /// The engine asked for, else the JIT.
     pub fn engine(&self) -> EngineKind {
         self.engine.unwrap_or(EngineKind::Jit)

@@ -668,7 +668,10 @@ impl WasiCtx {
             if r != 0 && !interrupted && !awaiting_hangup {
                 return Ok(());
             }
-            if !self.rewinding && (self.interrupt)() {
+            // Also when this wait was re-entered by a rewind (a resume, or the rewind after a
+            // checkpoint): the request that unwound it was served before the rewind, so
+            // anything pending is new — a suspend after a resume into a wait for input.
+            if (self.interrupt)() {
                 return Err(HostError::Unwind);
             }
             if awaiting_hangup {
@@ -1102,7 +1105,9 @@ impl WasiCtx {
                 if now >= d {
                     break;
                 }
-                if !self.rewinding && (self.interrupt)() {
+                // As in `wait_stdin`: a request pending in a sleep re-entered by a rewind is
+                // new, and is served.
+                if (self.interrupt)() {
                     self.sleep_deadline = Some(d);
                     return Err(HostError::Unwind);
                 }

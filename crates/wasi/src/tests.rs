@@ -139,6 +139,39 @@ fn a_sleep_interrupted_by_a_suspend_keeps_its_deadline() {
     assert_eq!(c.sleep_deadline, None);
 }
 
+/// A sleep re-entered by a rewind (after a resume or a checkpoint) still answers a new
+/// suspend request at once, keeping its deadline. (It used to ignore requests until the
+/// sleep ended: a guest resumed into `sleep(3600)` could not be suspended for an hour.)
+#[test]
+fn a_rewound_sleep_can_be_suspended_again() {
+    let clock = FakeClock::default();
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let mut c = ctx(vec![], clock.clone(), Buf::default(), interrupt.clone());
+    let mut mem = vec![0u8; 512];
+    mem[8] = 0;
+    mem[16..20].copy_from_slice(&1u32.to_le_bytes());
+    mem[24..32].copy_from_slice(&1_000_000_000u64.to_le_bytes());
+    c.sleep_deadline = Some(1_000_000_000);
+    c.rewinding = true;
+    interrupt.store(true, Ordering::SeqCst);
+    // Were the request ignored, the sleep would end when this moves the clock past it.
+    let mover = {
+        let clock = clock.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            clock.0.store(2_000_000_000, Ordering::SeqCst);
+        })
+    };
+    let r = c.call("poll_oneoff", &mut mem, &[0, 100, 1, 300]);
+    assert!(matches!(r, Err(HostError::Unwind)), "{r:?}");
+    assert_eq!(
+        c.sleep_deadline,
+        Some(1_000_000_000),
+        "the deadline is kept"
+    );
+    mover.join().unwrap();
+}
+
 /// A signal landing on the guest's thread while it waits for stdin (the very SIGINT that asks
 /// for a suspend may) is not input: the wait goes on and the suspend is served. (It used to
 /// be taken for input: a read then blocked until input or end of file came, and the snapshot

@@ -60,6 +60,10 @@ pub struct Args {
     /// For the interactive session: the runtime version [default: the default one].
     #[arg(long, value_name = "X.Y")]
     python: Option<String>,
+    /// For the interactive session, as for `ferry run`: directories, environment, periodic
+    /// checkpoints (`--checkpoint-every 5m --keep 3`), engine.
+    #[command(flatten)]
+    guest: crate::guest::GuestArgs,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -190,8 +194,13 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         // An interactive session (Python's `code` console on stdin/stdout): it can be
         // suspended between or during inputs like any program; lines already read are in
         // its memory, the rest stays in stdin.
-        return crate::cmd::run::python_module(settings, a.python, "code");
+        return crate::cmd::run::python_module(settings, a.python, a.guest, "code");
     };
+    anyhow::ensure!(
+        a.python.is_none() && a.guest.is_default(),
+        "--python, --dir, --env, --checkpoint-every and --keep are for the interactive session \
+         (`ferry python` without a subcommand)"
+    );
     let store = settings.open_store()?;
     match c {
         Command::Install {

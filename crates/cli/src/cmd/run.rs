@@ -320,10 +320,11 @@ fn claim_name(settings: &Settings, id: &str) -> Result<session::Lease> {
 pub fn python_module(
     settings: &Settings,
     python: Option<String>,
+    guest: guest::GuestArgs,
     module: &str,
 ) -> Result<ExitCode> {
     let a = Args {
-        guest: guest::GuestArgs::default(),
+        guest,
         session: None,
         binds: Vec::new(),
         python,

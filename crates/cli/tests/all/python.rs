@@ -249,6 +249,10 @@ fn run_a_script_with_an_installed_runtime_and_move_it() {
     assert!(out.contains("installed Python 3.12"), "{out}");
     let (out, _, _) = env.output(&["python", "list"]);
     assert!(out.contains("3.12") && out.contains("(default)"), "{out}");
+    // The session's options go with the interactive session, not with `list` or `install`.
+    let (_, err, code) = env.output(&["python", "--keep", "2", "list"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("are for the interactive session"), "{err}");
 
     // A script: its directory is mounted (relative paths work), arguments pass through.
     let app = env.path("app");
@@ -330,9 +334,10 @@ fn an_interactive_session_keeps_its_names_across_a_move() {
     let py = python312();
     let (_, err, code) = env.output(&["python", "install", "--from", py.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
+    // With periodic checkpoints of which only the newest is kept, as `ferry run` takes them.
     let mut child = env
         .ferry()
-        .arg("python")
+        .args(["python", "--checkpoint-every", "300ms", "--keep", "1"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -355,11 +360,19 @@ fn an_interactive_session_keeps_its_names_across_a_move() {
         );
         seen.extend_from_slice(&b[..n]);
     }
+    // A few checkpoints are taken while the session waits at its prompt.
+    std::thread::sleep(std::time::Duration::from_millis(1000));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let first = child.wait_with_output().unwrap();
     drop(first_stdin);
     let k = crate::harness::suspended_kappa(&first);
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert!(err.contains("ferry: checkpoint blake3:"), "{err}");
+    let (history, err, code) = env.output(&["inspect", "--history", "--json", &k]);
+    assert_eq!(code, 0, "{err}");
+    let history: Vec<serde_json::Value> = serde_json::from_str(&history).unwrap();
+    assert_eq!(history.len(), 1, "only the newest snapshot is kept");
     let mut resumed = env
         .ferry()
         .args(["resume", &k])
