@@ -1,6 +1,6 @@
 //! What `run` and `resume` share: signals, the guest thread, snapshots reported to the user.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -393,8 +393,10 @@ impl Execution<'_> {
                 match r {
                     Ok(k) => {
                         // Said before the output files' ends are noted: with stderr in the
-                        // same file as stdout, the note then follows this line.
-                        if why == Request::Checkpoint {
+                        // same file as stdout, the note then follows this line. Not on a
+                        // terminal: there it would cut into the guest's screen (a prompt and
+                        // what is being typed at it) every interval; `ps` and `-v` show it.
+                        if why == Request::Checkpoint && !std::io::stderr().is_terminal() {
                             eprintln!("ferry: checkpoint {k}");
                         }
                         sess.outputs = replays.marks();

@@ -200,3 +200,46 @@ fn a_resumed_session_shows_its_prompt_again() {
     on.type_in(b"\x04"); // end of input
     assert_eq!(on.wait().code(), Some(0));
 }
+
+/// Periodic checkpoints of a session waiting at its prompt on a terminal: they do not write
+/// over the screen (no `ferry: checkpoint` lines between the prompt and what is typed), and
+/// after them — each rewinds into the wait for input — Ctrl-C still suspends at once.
+#[test]
+fn checkpoints_at_a_prompt_keep_quiet_and_ctrl_c_still_suspends() {
+    let env = Env::new();
+    let prog = env.path("prompter.wat");
+    std::fs::write(&prog, PROMPTER).unwrap();
+    let prog = prog.to_str().unwrap();
+    let mut on = OnTerminal::spawn(
+        &env,
+        &[
+            "run",
+            "--session",
+            "cp",
+            "--checkpoint-every",
+            "100ms",
+            prog,
+        ],
+    );
+    on.read_until(b"> ");
+    on.type_in(b"one\n");
+    let mut shown = on.read_until(b"got one\r\n> ");
+    shown.extend(on.read_for(Duration::from_millis(800)));
+    let shown = String::from_utf8_lossy(&shown);
+    assert!(!shown.contains("ferry:"), "{shown}");
+    let asked = Instant::now();
+    on.interrupt();
+    let status = on.wait();
+    assert_eq!(status.code(), Some(75));
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "Ctrl-C took {:?}",
+        asked.elapsed()
+    );
+    let rec = env.session_record("cp");
+    let k = rec["last_snapshot"].as_str().unwrap();
+    let (out, err, code) = env.output(&["inspect", "--history", "--json", k]);
+    assert_eq!(code, 0, "{err}");
+    let history: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    assert!(history.len() >= 3, "checkpoints were taken: {out}");
+}
