@@ -262,7 +262,6 @@ impl OpenLine {
     /// Shows the line again on the terminal its stream is, if it is one (a file or a pipe
     /// holds it already): a resumed guest waiting at its prompt will not print it again.
     pub fn show_again(&self) {
-        use std::io::IsTerminal;
         match self.get() {
             (_, line) if line.is_empty() => {}
             (2, line) if std::io::stderr().is_terminal() => eprint!("{line}"),

@@ -27,6 +27,9 @@ pub struct Session {
     pub prompt: String,
     /// The stream (1 or 2) that wrote it.
     pub prompt_fd: i32,
+    /// When the record was last written (it started, took a snapshot, ended), as [`load`]
+    /// found it; `None` for a record not saved yet. Not part of the record itself.
+    pub updated: Option<std::time::SystemTime>,
 }
 
 impl Session {
@@ -78,13 +81,6 @@ const FORMAT_VERSION: u32 = 1;
 
 fn path(settings: &Settings, id: &str) -> PathBuf {
     settings.sessions_dir().join(format!("{id}.json"))
-}
-
-/// When the session's record was last written (it started, took a snapshot, ended).
-pub fn updated(settings: &Settings, id: &str) -> Option<std::time::SystemTime> {
-    std::fs::metadata(path(settings, id))
-        .and_then(|m| m.modified())
-        .ok()
 }
 
 fn lock_path(settings: &Settings, id: &str) -> PathBuf {
@@ -232,6 +228,7 @@ pub fn load(settings: &Settings, id: &str) -> Result<Session> {
         prompt_fd: v["prompt_fd"]
             .as_i64()
             .map_or(1, |fd| if fd == 2 { 2 } else { 1 }),
+        updated: std::fs::metadata(&p).and_then(|m| m.modified()).ok(),
     })
 }
 
@@ -262,10 +259,6 @@ pub fn list(settings: &Settings) -> Result<Vec<Session>> {
         }
     }
     // Most recently active first, as `docker ps` lists.
-    let mut dated: Vec<_> = out
-        .into_iter()
-        .map(|s| (updated(settings, &s.id), s))
-        .collect();
-    dated.sort_by(|(ta, a), (tb, b)| tb.cmp(ta).then_with(|| a.id.cmp(&b.id)));
-    Ok(dated.into_iter().map(|(_, s)| s).collect())
+    out.sort_by(|a, b| b.updated.cmp(&a.updated).then_with(|| a.id.cmp(&b.id)));
+    Ok(out)
 }

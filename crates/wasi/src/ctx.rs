@@ -522,7 +522,7 @@ impl Fd {
 
 /// `file`'s path inside the directory `root` (both canonical), `/`-separated; `None` outside
 /// it or for `root` itself.
-pub fn mount_relative(root: &Path, file: &Path) -> Option<String> {
+pub(crate) fn mount_relative(root: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(root).ok()?;
     let parts: Vec<&str> = rel
         .components()

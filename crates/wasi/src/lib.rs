@@ -23,7 +23,7 @@ pub mod tree;
 mod tests;
 
 pub use calls::{FUNCTIONS, Signature};
-pub use ctx::{Clock, HostClock, MountSpec, Stdio, WasiCtx, mount_relative};
+pub use ctx::{Clock, HostClock, MountSpec, Stdio, WasiCtx};
 pub use errno::Errno;
 pub use output::OutputBuffer;
 

@@ -32,7 +32,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             .iter()
             .map(|s| {
                 let holder = session::holder(settings, &s.id);
-                let updated = session::updated(settings, &s.id)
+                let updated = s
+                    .updated
                     .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                     .map(|d| d.as_secs());
                 serde_json::json!({
@@ -64,7 +65,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             m if m < 1 << 20 => format!("{} KiB", m >> 10),
             m => format!("{} MiB", m >> 20),
         };
-        let age = session::updated(settings, &s.id)
+        let age = s
+            .updated
             .and_then(|t| t.elapsed().ok())
             .map_or_else(|| "-".into(), ago);
         println!(

@@ -88,15 +88,10 @@ fn admit_mount(
     // Files a snapshot stored and that have not changed since are not read again (a 52 MB
     // standard library, a data set): the store's import cache knows them.
     // Not compared: the files ferry's output went to, then and now (ferry wrote to them after
-    // the snapshot).
+    // the snapshot; those now outside this directory match no entry of it).
     let root = dir.canonicalize().unwrap_or_else(|_| dir.clone());
     let mut skip: Vec<_> = m.not_carried.iter().map(|p| root.join(p)).collect();
-    skip.extend(
-        own_output
-            .iter()
-            .filter(|f| ferry_wasi::mount_relative(&root, f).is_some())
-            .cloned(),
-    );
+    skip.extend_from_slice(own_output);
     let now = ferry_wasi::tree::tree_kappa(store, &root, known, &skip)
         .with_context(|| format!("reading {}", dir.display()))?;
     if now != m.tree && !allow_changed {
@@ -299,6 +294,7 @@ fn admit_and_run(
         outputs: replays.marks(),
         prompt,
         prompt_fd,
+        updated: None,
     };
     let meta = SnapshotMeta {
         program,

@@ -274,6 +274,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         outputs: Vec::new(),
         prompt: String::new(),
         prompt_fd: 1,
+        updated: None,
     };
     Execution {
         settings,
