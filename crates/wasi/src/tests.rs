@@ -114,16 +114,22 @@ fn monotonic_clock_continues_across_capture_and_restore() {
     );
 }
 
+/// Guest memory holding one relative clock subscription of 1 s at address 0 (for
+/// `poll_oneoff(0, 100, 1, 300)`: events at 100, their count at 300).
+fn one_second_sleep() -> Vec<u8> {
+    let mut mem = vec![0u8; 512];
+    mem[8] = 0;
+    mem[16..20].copy_from_slice(&1u32.to_le_bytes());
+    mem[24..32].copy_from_slice(&1_000_000_000u64.to_le_bytes());
+    mem
+}
+
 #[test]
 fn a_sleep_interrupted_by_a_suspend_keeps_its_deadline() {
     let clock = FakeClock::default();
     let interrupt = Arc::new(AtomicBool::new(true));
     let mut c = ctx(vec![], clock.clone(), Buf::default(), interrupt.clone());
-    let mut mem = vec![0u8; 512];
-    // One relative clock subscription of 1 s at address 0.
-    mem[8] = 0;
-    mem[16..20].copy_from_slice(&1u32.to_le_bytes());
-    mem[24..32].copy_from_slice(&1_000_000_000u64.to_le_bytes());
+    let mut mem = one_second_sleep();
     let r = c.call("poll_oneoff", &mut mem, &[0, 100, 1, 300]);
     assert!(matches!(r, Err(HostError::Unwind)));
     assert_eq!(c.sleep_deadline, Some(1_000_000_000));
@@ -147,10 +153,7 @@ fn a_rewound_sleep_can_be_suspended_again() {
     let clock = FakeClock::default();
     let interrupt = Arc::new(AtomicBool::new(false));
     let mut c = ctx(vec![], clock.clone(), Buf::default(), interrupt.clone());
-    let mut mem = vec![0u8; 512];
-    mem[8] = 0;
-    mem[16..20].copy_from_slice(&1u32.to_le_bytes());
-    mem[24..32].copy_from_slice(&1_000_000_000u64.to_le_bytes());
+    let mut mem = one_second_sleep();
     c.sleep_deadline = Some(1_000_000_000);
     c.rewinding = true;
     interrupt.store(true, Ordering::SeqCst);

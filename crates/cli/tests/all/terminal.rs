@@ -165,6 +165,13 @@ const PROMPTER: &str = r#"(module
       (drop (call $w (i32.const 1) (i32.const 100) (i32.const 2) (i32.const 204)))
       (br $again))))"#;
 
+/// [`PROMPTER`] written into `env`'s scratch directory: its path.
+fn prompter(env: &Env) -> String {
+    let prog = env.path("prompter.wat");
+    std::fs::write(&prog, PROMPTER).unwrap();
+    prog.to_str().unwrap().to_owned()
+}
+
 /// A session suspended while it waits at its prompt shows that prompt again when it is
 /// resumed on a terminal (it will not print it again itself), and goes on from there: what
 /// was typed before is not read twice. A hangup while it waits is a suspend too, not the end
@@ -172,9 +179,8 @@ const PROMPTER: &str = r#"(module
 #[test]
 fn a_resumed_session_shows_its_prompt_again() {
     let env = Env::new();
-    let prog = env.path("prompter.wat");
-    std::fs::write(&prog, PROMPTER).unwrap();
-    let prog = prog.to_str().unwrap();
+    let prog = prompter(&env);
+    let prog = prog.as_str();
     let mut on = OnTerminal::spawn(&env, &["run", "--session", "rep", prog]);
     on.read_until(b"> ");
     on.type_in(b"one\n");
@@ -207,9 +213,8 @@ fn a_resumed_session_shows_its_prompt_again() {
 #[test]
 fn checkpoints_at_a_prompt_keep_quiet_and_ctrl_c_still_suspends() {
     let env = Env::new();
-    let prog = env.path("prompter.wat");
-    std::fs::write(&prog, PROMPTER).unwrap();
-    let prog = prog.to_str().unwrap();
+    let prog = prompter(&env);
+    let prog = prog.as_str();
     let mut on = OnTerminal::spawn(
         &env,
         &[
