@@ -84,7 +84,7 @@ struct PageRegion {
     categories: u64,
 }
 
-fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 { p as usize } else { 4096 }
@@ -313,5 +313,66 @@ mod tests {
             m.0.add(5 * page).write(9);
         }
         assert_eq!(t.take_written().expect("scan"), vec![(5 * page, page)]);
+    }
+
+    /// As after a restore that mapped chunks from a pack: part of the memory is a private
+    /// mapping of a file. Pages read from it, pages never touched and anonymous pages are
+    /// not written; a write to any of them (copy-on-write for the file's) is reported.
+    #[test]
+    fn reports_writes_to_pages_mapped_from_a_file() {
+        use std::os::fd::AsRawFd;
+        let page = page_size();
+        let m = map(64 * page);
+        let path = std::env::temp_dir().join(format!("ferry-dirty-{}", std::process::id()));
+        std::fs::write(&path, vec![5u8; 32 * page]).expect("temp file");
+        let f = std::fs::File::open(&path).expect("open");
+        std::fs::remove_file(&path).expect("remove");
+        // SAFETY: replaces pages 16..48 of our own mapping, as the restore does.
+        let r = unsafe {
+            libc::mmap(
+                m.0.add(16 * page).cast(),
+                32 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_FIXED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(r, libc::MAP_FAILED);
+        // SAFETY: reading inside our mapping: these file pages are mapped before tracking.
+        for p in 16..24 {
+            assert_eq!(unsafe { m.0.add(p * page).read_volatile() }, 5);
+        }
+        // SAFETY: the mapping outlives the tracker.
+        let mut t = match unsafe { Tracker::new(m.0, m.1) } {
+            Ok(t) => t,
+            Err(e) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "write tracking unavailable: {e}"
+                );
+                eprintln!("write tracking unavailable here ({e}); skipped");
+                return;
+            }
+        };
+        assert_eq!(t.take_written().expect("scan"), vec![]);
+        // SAFETY: reading and writing inside our mapping.
+        unsafe {
+            assert_eq!(m.0.add(30 * page).read_volatile(), 5);
+            m.0.add(17 * page + 3).write(1);
+            m.0.add(40 * page).write(1);
+            m.0.add(41 * page).write(1);
+            m.0.add(50 * page).write(1);
+        }
+        assert_eq!(
+            t.take_written().expect("scan"),
+            vec![(17 * page, page), (40 * page, 2 * page), (50 * page, page)]
+        );
+        // SAFETY: reading inside our mapping: copied pages hold the writes, others the file.
+        unsafe {
+            assert_eq!(m.0.add(17 * page + 3).read_volatile(), 1);
+            assert_eq!(m.0.add(17 * page + 4).read_volatile(), 5);
+        }
+        assert_eq!(t.take_written().expect("scan"), vec![]);
     }
 }

@@ -366,6 +366,55 @@ impl Instance for JitInstance {
             .map_err(|e| e.to_string())
     }
 
+    fn map_file(
+        &mut self,
+        name: &str,
+        at: usize,
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+    ) -> Result<bool, String> {
+        use std::os::fd::AsRawFd;
+        let Some(m) = self.instance.get_memory(&mut self.store, name) else {
+            return Ok(false);
+        };
+        let data = m.data_mut(&mut self.store);
+        let page = crate::dirty::page_size();
+        let Ok(file_at) = libc::off_t::try_from(offset) else {
+            return Ok(false);
+        };
+        if at.checked_add(len).is_none_or(|end| end > data.len())
+            || !(data.as_ptr() as usize + at).is_multiple_of(page)
+            || !len.is_multiple_of(page)
+            || !offset.is_multiple_of(page as u64)
+        {
+            return Ok(false);
+        }
+        let start = data[at..].as_mut_ptr().cast::<libc::c_void>();
+        let fixed = libc::MAP_PRIVATE | libc::MAP_FIXED;
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: `start..start + len` lies within the memory's accessible bytes, which
+        // wasmtime keeps mapped read-write for the memory's life and which nothing borrows
+        // while we hold `&mut self`. The new mapping replaces those pages in place with the
+        // same protection; wasmtime unmaps the whole reservation when the memory is dropped.
+        let r = unsafe { libc::mmap(start, len, rw, fixed, file.as_raw_fd(), file_at) };
+        if r != libc::MAP_FAILED {
+            return Ok(true);
+        }
+        let err = std::io::Error::last_os_error();
+        // A failed MAP_FIXED may have unmapped the range already: put anonymous pages back
+        // (zeros: the caller then reads these chunks, as for an engine that cannot map).
+        // SAFETY: as above, with anonymous zero pages in place of the file's.
+        let back = unsafe { libc::mmap(start, len, rw, fixed | libc::MAP_ANONYMOUS, -1, 0) };
+        if back == libc::MAP_FAILED {
+            return Err(format!(
+                "mapping memory from a pack failed ({err}), and so did undoing it"
+            ));
+        }
+        tracing::debug!(%err, "mapping a pack into memory failed; reading instead");
+        Ok(false)
+    }
+
     fn global(&mut self, name: &str) -> Option<Value> {
         let g = self.instance.get_global(&mut self.store, name)?;
         Some(match g.get(&mut self.store) {

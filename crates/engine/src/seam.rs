@@ -109,6 +109,21 @@ pub(crate) trait Instance {
     fn memory_mut(&mut self, name: &str) -> Option<&mut [u8]>;
     /// Grows memory `name` by `pages` 64 KiB pages.
     fn grow(&mut self, name: &str, pages: u64) -> Result<(), String>;
+    /// Replaces bytes `at..at + len` of memory `name` with a private copy-on-write mapping of
+    /// `file` from `offset` (all page-aligned; the file at least that long). `Ok(false)`: not
+    /// done, the memory is as it was (this engine's memories cannot be mapped). `Err`: the
+    /// bytes were lost and the instance must not run.
+    fn map_file(
+        &mut self,
+        name: &str,
+        at: usize,
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+    ) -> Result<bool, String> {
+        let _ = (name, at, file, offset, len);
+        Ok(false)
+    }
     /// The value of global `name` (`None`: no such global, or it holds a reference).
     fn global(&mut self, name: &str) -> Option<Value>;
     fn set_global(&mut self, name: &str, v: Value) -> Result<(), String>;

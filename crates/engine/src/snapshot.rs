@@ -651,11 +651,98 @@ fn check_image(m: &MemoryImage) -> Result<(), String> {
     Ok(())
 }
 
-/// Copies chunks into `memory`, each re-hashed as it is read, on up to four threads (chunks
-/// are sorted by index, so each thread gets a disjoint stretch of memory).
+fn mapping_enabled() -> bool {
+    std::env::var("FERRY_MAP_CHUNKS").map_or(true, |v| v != "off")
+}
+
+/// Most mappings one restore makes (the kernel allows ~65,000 per process; runs of chunks
+/// adjacent in memory and in a pack take one each).
+const MAX_MAPPINGS: usize = 8192;
+
+/// Maps the chunks the store keeps as they are in its pack files straight into memory `name`
+/// — one mapping per run of chunks adjacent both in memory and in a pack — instead of
+/// copying them: nothing is copied, no fresh page is cleared, and a page is read from the
+/// file when it is first touched. Returns, per chunk, where it was mapped from (`None`: to be
+/// read). Mapped chunks are hashed by [`read_chunks`] before the guest runs, like read ones.
+fn map_chunks(
+    inst: &mut dyn Instance,
+    name: &str,
+    chunks: &[(u32, Kappa)],
+    store: &dyn Store,
+) -> Result<Vec<Option<std::path::PathBuf>>, EngineError> {
+    let mut mapped = vec![None; chunks.len()];
+    if !mapping_enabled() {
+        return Ok(mapped);
+    }
+    let size = CHUNK_SIZE as u64;
+    let locs: Vec<_> = chunks
+        .iter()
+        .map(|(_, k)| {
+            store
+                .stored_at(k)
+                .filter(|l| l.len == CHUNK_SIZE && l.offset.is_multiple_of(4096))
+        })
+        .collect();
+    let mut files: std::collections::HashMap<std::path::PathBuf, Option<(std::fs::File, u64)>> =
+        std::collections::HashMap::new();
+    let (mut i, mut runs) = (0, 0);
+    while i < chunks.len() && runs < MAX_MAPPINGS {
+        let Some(first) = &locs[i] else {
+            i += 1;
+            continue;
+        };
+        let mut j = i + 1;
+        while j < chunks.len()
+            && chunks[j].0 == chunks[j - 1].0 + 1
+            && locs[j].as_ref().is_some_and(|l| {
+                l.file == first.file && l.offset == first.offset + (j - i) as u64 * size
+            })
+        {
+            j += 1;
+        }
+        let len = (j - i) as u64 * size;
+        let file = files.entry(first.file.clone()).or_insert_with(|| {
+            let f = std::fs::File::open(&first.file).ok()?;
+            let n = f.metadata().ok()?.len();
+            Some((f, n))
+        });
+        if let Some((f, file_len)) = file
+            && first.offset + len <= *file_len
+        {
+            let at = chunks[i].0 as usize * CHUNK_SIZE as usize;
+            let done = inst
+                .map_file(name, at, f, first.offset, len as usize)
+                .map_err(|e| EngineError::refused(Stage::Restoring, e))?;
+            if !done {
+                return Ok(mapped);
+            }
+            for m in &mut mapped[i..j] {
+                *m = Some(first.file.clone());
+            }
+            runs += 1;
+        }
+        i = j;
+    }
+    let n = mapped.iter().filter(|m| m.is_some()).count();
+    if n > 0 {
+        info!(
+            memory = name,
+            chunks = n,
+            of = chunks.len(),
+            runs,
+            "mapped from packs"
+        );
+    }
+    Ok(mapped)
+}
+
+/// Fills `memory` with `chunks` on up to four threads (chunks are sorted by index, so each
+/// thread gets a disjoint stretch of memory): each is read and re-hashed, or, if it was mapped
+/// from `mapped[i]`, hashed where it lies.
 fn read_chunks(
     store: &dyn Store,
     chunks: &[(u32, Kappa)],
+    mapped: &[Option<std::path::PathBuf>],
     memory: &mut [u8],
 ) -> Result<(), StoreError> {
     let size = CHUNK_SIZE as usize;
@@ -667,14 +754,27 @@ fn read_chunks(
         let mut rest = memory;
         let mut base = 0usize;
         let mut handles = Vec::new();
-        for part in chunks.chunks(per) {
+        for (part, from) in chunks.chunks(per).zip(mapped.chunks(per)) {
             let end = part.last().map_or(base, |(i, _)| (*i as usize + 1) * size);
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut(end - base);
             let start = base;
             handles.push(s.spawn(move || {
-                for (i, k) in part {
+                for ((i, k), from) in part.iter().zip(from) {
                     let at = *i as usize * size - start;
-                    store.read_into(k, &mut mine[at..at + size])?;
+                    let chunk = &mut mine[at..at + size];
+                    match from {
+                        None => store.read_into(k, chunk)?,
+                        Some(pack) => {
+                            let actual = Kappa::of(chunk);
+                            if actual != *k {
+                                return Err(StoreError::Corrupt {
+                                    kappa: *k,
+                                    actual,
+                                    where_: pack.display().to_string(),
+                                });
+                            }
+                        }
+                    }
                 }
                 Ok::<(), StoreError>(())
             }));
@@ -708,7 +808,10 @@ pub(crate) fn restore_into(
                 data[s..s + CHUNK_SIZE as usize].fill(0);
             }
         }
-        read_chunks(store, &image.chunks, data).map_err(|e| refuse(e.to_string()))?;
+        let name = abi::memory_export(i as u32);
+        let mapped = map_chunks(inst, &name, &image.chunks, store)?;
+        let data = inst.memory_mut(&name).expect("grown above");
+        read_chunks(store, &image.chunks, &mapped, data).map_err(|e| refuse(e.to_string()))?;
     }
     restore_globals_and_stack(inst, loaded)
 }
@@ -794,7 +897,8 @@ pub(crate) fn patch_into(
                 data[s..s + CHUNK_SIZE as usize].fill(0);
             }
         }
-        read_chunks(store, &changed, data).map_err(|e| refuse(e.to_string()))?;
+        read_chunks(store, &changed, &vec![None; changed.len()], data)
+            .map_err(|e| refuse(e.to_string()))?;
     }
     restore_globals_and_stack(inst, new)
 }

@@ -725,6 +725,16 @@ impl Store for FsStore {
         self.get(kappa).map(drop)
     }
 
+    fn stored_at(&self, kappa: &Kappa) -> Option<crate::Location> {
+        let packed = self.packed();
+        let slot = packed.slots.get(kappa)?;
+        (!slot.zstd && slot.stored == slot.len).then(|| crate::Location {
+            file: slot.pack.clone(),
+            offset: slot.offset,
+            len: slot.len,
+        })
+    }
+
     fn read_into(&self, kappa: &Kappa, out: &mut [u8]) -> Result<(), StoreError> {
         let slot = self.packed().slots.get(kappa).cloned();
         let Some(slot) = slot else {

@@ -20,6 +20,8 @@ pub use error::StoreError;
 pub use fs::FsStore;
 pub use mem::MemStore;
 
+use std::path::PathBuf;
+
 use ferry_kappa::Kappa;
 
 /// A ref's value: which root is current, and the epoch that fences older writers.
@@ -27,6 +29,14 @@ use ferry_kappa::Kappa;
 pub struct RefValue {
     pub epoch: u64,
     pub target: Kappa,
+}
+
+/// An object's bytes in a file: see [`Store::stored_at`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub file: PathBuf,
+    pub offset: u64,
+    pub len: u32,
 }
 
 /// A content-addressed object store with refs.
@@ -60,6 +70,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Reads κ into `out`, verified; `out` must have the object's exact length.
     fn read_into(&self, kappa: &Kappa, out: &mut [u8]) -> Result<(), StoreError> {
         copy_exact(kappa, &self.get(kappa)?, out)
+    }
+    /// Where κ's bytes lie as they are (not compressed) in a file the store never writes
+    /// again, so a reader may map them instead of copying them. `None` when they are stored
+    /// otherwise (or not at all). Nothing is verified: whoever maps the bytes must hash them.
+    fn stored_at(&self, kappa: &Kappa) -> Option<Location> {
+        let _ = kappa;
+        None
     }
     /// Re-hashes κ's stored bytes without keeping them: `Ok` exactly when [`Store::get`] would
     /// succeed (the same `NotFound` and `Corrupt` errors otherwise).

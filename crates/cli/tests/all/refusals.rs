@@ -528,3 +528,70 @@ fn gc_deletes_only_what_no_session_reaches() {
     let (_, err, code) = env.output(&["resume", &k]);
     assert_eq!(code, 0, "the snapshot still resumes after gc: {err}");
 }
+
+/// A resume maps the memory chunks a durable store wrote with direct I/O (block-aligned in
+/// their pack) instead of copying them; a mapped chunk is hashed before the guest runs like
+/// a read one, so damage in the pack refuses the resume and changes nothing. Repaired, the
+/// same snapshot resumes, mapped, to the output of an uninterrupted run (and, with
+/// `FERRY_VERIFY_DIRTY`, every later incremental snapshot of the mapped memory is checked).
+#[test]
+fn chunks_mapped_from_a_pack_are_verified_before_the_guest_runs() {
+    let env = Env::new();
+    let g = guest("wasm/dirty.wasm");
+    // 16 MiB of random bytes, then 40 ticks of 100 ms rewriting 1% of the pages each.
+    let args = [g.to_str().unwrap(), "--", "16", "40", "10"];
+    let plain = env.plain(&args);
+    let (before, k) = crate::harness::run_and_suspend(&env, &args, 1500);
+    assert!(
+        String::from_utf8_lossy(&before).starts_with("ready\n"),
+        "suspended before the memory was filled"
+    );
+    let packs = env.store().join("packs");
+    let pack = std::fs::read_dir(&packs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pack"))
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    let good = std::fs::read(&pack).unwrap();
+    assert!(
+        good.len() >= 16 << 20,
+        "the memory's pack: {} bytes",
+        good.len()
+    );
+    let mut bad = good.clone();
+    // The fourth chunk of a pack whose objects start at 4096.
+    bad[4096 + 3 * 65536 + 1000] ^= 1;
+    std::fs::write(&pack, &bad).unwrap();
+    let (out, err, code) = env.output(&["-v", "resume", &k]);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.is_empty(), "the guest ran: {out}");
+    assert!(err.contains("mapped from packs"), "{err}");
+    assert!(
+        err.contains("refused while restoring") && err.contains("is corrupt"),
+        "{err}"
+    );
+    std::fs::write(&pack, &good).unwrap();
+    // Resumed (mapped), suspended again a second later (an incremental snapshot of memory
+    // mapped from the pack), then resumed to the end.
+    let child = env
+        .ferry()
+        .args(["-v", "resume", &k])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ferry");
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let middle = child.wait_with_output().expect("wait ferry");
+    let err = String::from_utf8_lossy(&middle.stderr);
+    assert_eq!(middle.status.code(), Some(75), "{err}");
+    assert!(err.contains("mapped from packs"), "{err}");
+    let k = crate::harness::suspended_kappa(&middle);
+    let last = crate::harness::resume_to_end(&env, &k);
+    assert_eq!(
+        String::from_utf8_lossy(&[before, middle.stdout, last].concat()),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Resume to running, chunks mapped from their pack (FERRY_MAP_CHUNKS=on, the default) against
+# copied (off), alternated in one run: a guest holding MiB of random memory is suspended once
+# into a fresh durable store, then resumed ROUNDS times per mode, each in a new `ferry -v
+# resume` process interrupted 2 s later. "cold" drops the page cache first (needs root: the
+# chunks come from the disk); "warm" resumes right after (they are in the page cache).
+# usage: scripts/bench-resume-map.sh [MiB=1024] [ROUNDS=3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mib=${1:-1024}
+rounds=${2:-3}
+ferry=${FERRY:-${CARGO_TARGET_DIR:-target}/release/ferry}
+[ -x "$ferry" ] || { echo "build first: cargo build --release ($ferry missing)" >&2; exit 1; }
+[ -f guests/wasm/dirty.wasm ] || { echo "run guests/build.sh first" >&2; exit 1; }
+work=$(mktemp -d /var/tmp/ferry-map.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+export FERRY_STORE=$work/store
+
+"$ferry" run guests/wasm/dirty.wasm -- "$mib" 100000 10 >"$work/out" 2>"$work/err" &
+pid=$!
+until grep -q ready "$work/out" 2>/dev/null; do sleep 0.2; done
+sleep 1
+kill -INT "$pid"
+wait "$pid" || true
+k=$(grep -o 'suspended blake3:[0-9a-f]*' "$work/err" | cut -d' ' -f2)
+echo "snapshot $k of a $mib MiB guest"
+
+# ms from ferry's start until the restored guest runs, as `ferry -v` logs it.
+resume_ms() {
+    FERRY_MAP_CHUNKS=$1 "$ferry" -v resume "$k" >/dev/null 2>"$work/r" &
+    local p=$!
+    sleep 2
+    kill -INT "$p"
+    wait "$p" || true
+    awk '/ INFO running /{printf "%.0f", $1 * 1000}' "$work/r"
+}
+
+echo "| round | mapped, cold (ms) | copied, cold (ms) | mapped, warm (ms) | copied, warm (ms) |"
+echo "|---:|---:|---:|---:|---:|"
+can_drop=$([ -w /proc/sys/vm/drop_caches ] && echo yes || echo no)
+for r in $(seq "$rounds"); do
+    row="| $r |"
+    for mode in on off; do
+        if [ "$can_drop" = yes ]; then
+            sync
+            echo 3 >/proc/sys/vm/drop_caches
+            row="$row $(resume_ms $mode) |"
+        else
+            row="$row (not root) |"
+        fi
+    done
+    for mode in on off; do
+        resume_ms $mode >/dev/null
+        row="$row $(resume_ms $mode) |"
+    done
+    echo "$row"
+done
