@@ -285,6 +285,7 @@ impl Compiled for JitModule {
             store,
             instance,
             funcs: HashMap::new(),
+            mappings: 0,
         }))
     }
 }
@@ -293,6 +294,21 @@ struct JitInstance {
     store: wasmtime::Store<Data>,
     instance: wasmtime::Instance,
     funcs: HashMap<String, Entry>,
+    /// Mappings [`Instance::map_file`] made in this instance's memories (counted in
+    /// [`MAPPINGS`] until the instance, and with it its memories, is dropped).
+    mappings: usize,
+}
+
+/// Mappings of packs into the memories of all live instances of this process. The kernel
+/// allows a process ~65,000 mappings in all (`vm.max_map_count`), which wasmtime needs too:
+/// beyond [`MAX_LIVE_MAPPINGS`] chunks are copied instead (a space restores many guests).
+static MAPPINGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+const MAX_LIVE_MAPPINGS: usize = 16_384;
+
+impl Drop for JitInstance {
+    fn drop(&mut self) {
+        MAPPINGS.fetch_sub(self.mappings, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl JitInstance {
@@ -391,6 +407,11 @@ impl Instance for JitInstance {
             return Ok(false);
         }
         let start = data[at..].as_mut_ptr().cast::<libc::c_void>();
+        use std::sync::atomic::Ordering::Relaxed;
+        if MAPPINGS.fetch_add(1, Relaxed) >= MAX_LIVE_MAPPINGS {
+            MAPPINGS.fetch_sub(1, Relaxed);
+            return Ok(false);
+        }
         let fixed = libc::MAP_PRIVATE | libc::MAP_FIXED;
         let rw = libc::PROT_READ | libc::PROT_WRITE;
         // SAFETY: `start..start + len` lies within the memory's accessible bytes, which
@@ -399,9 +420,11 @@ impl Instance for JitInstance {
         // same protection; wasmtime unmaps the whole reservation when the memory is dropped.
         let r = unsafe { libc::mmap(start, len, rw, fixed, file.as_raw_fd(), file_at) };
         if r != libc::MAP_FAILED {
+            self.mappings += 1;
             return Ok(true);
         }
         let err = std::io::Error::last_os_error();
+        MAPPINGS.fetch_sub(1, Relaxed);
         // A failed MAP_FIXED may have unmapped the range already: put anonymous pages back
         // (zeros: the caller then reads these chunks, as for an engine that cannot map).
         // SAFETY: as above, with anonymous zero pages in place of the file's.

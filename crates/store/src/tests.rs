@@ -305,6 +305,22 @@ fn large_aligned_batches_go_to_disk_directly_and_read_back_the_same() {
     }
     assert_eq!(reopened.put_many(&refs).unwrap(), ks);
     assert_eq!(std::fs::read_dir(&packs).unwrap().count(), 2);
+
+    // Where each chunk lies, for a resume to map: block-aligned in the pack, exactly its
+    // bytes. The page-cache pack has them at unaligned offsets (the 12-byte header); a store
+    // without packs (memory) says nothing.
+    for (k, b) in ks.iter().zip(&refs) {
+        let l = reopened.stored_at(k).expect("packed as it is");
+        assert_eq!((l.file.as_path(), l.len), (pack.as_path(), 65536));
+        assert_eq!(l.offset % 4096, 0);
+        assert_eq!(&bytes[l.offset as usize..][..65536], *b);
+        let l = buffered.stored_at(k).expect("packed as it is");
+        assert_eq!(l.offset % 65536, 12);
+    }
+    let mem = MemStore::new();
+    mem.put_many(&refs).unwrap();
+    assert_eq!(mem.stored_at(&ks[0]), None);
+    assert_eq!(reopened.stored_at(&Kappa::of(b"absent")), None);
 }
 
 #[test]
@@ -398,6 +414,9 @@ fn zstd_shrinks_files_and_never_changes_kappa() {
         .unwrap();
     assert_eq!(out, chunks[42]);
     assert_eq!(reopened.list().unwrap().len(), 101);
+    // Compressed chunks cannot be mapped; a loose object is not in a pack.
+    assert_eq!(reopened.stored_at(&Kappa::of(&chunks[42])), None);
+    assert_eq!(reopened.stored_at(&Kappa::of(&compressible)), None);
 }
 
 mod capsules {
