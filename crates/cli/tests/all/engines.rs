@@ -37,6 +37,21 @@ fn c_cpu_loop_alternating_engines() {
     );
 }
 
+/// 32 MiB of memory that changes slowly: its chunks are written with direct I/O, so every
+/// JIT resume maps them from their packs (the interpreter copies them), and each incremental
+/// snapshot after a mapped restore is checked against a full one (`FERRY_VERIFY_DIRTY`).
+#[test]
+fn c_memory_mapped_from_packs_alternating_engines() {
+    let g = guest("wasm/dirty.wasm");
+    check(
+        &ALTERNATE,
+        &[g.to_str().unwrap(), "--", "32", "50", "10"],
+        4,
+        (500, 1200),
+        34,
+    );
+}
+
 #[test]
 fn c_deep_recursion_alternating_engines() {
     let g = guest("wasm/recurse.wasm");
