@@ -460,6 +460,13 @@ impl Loaded {
     pub fn memory_bytes(&self) -> u64 {
         self.memories.iter().map(|m| m.len).sum()
     }
+
+    /// The κ of every non-zero memory chunk, memory by memory, in address order.
+    pub fn chunks(&self) -> impl Iterator<Item = &Kappa> {
+        self.memories
+            .iter()
+            .flat_map(|m| m.chunks.iter().map(|(_, k)| k))
+    }
 }
 
 fn get_object<T: ObjectKind>(store: &dyn Store, k: &Kappa, what: &str) -> Result<T, EngineError> {

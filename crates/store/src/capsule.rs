@@ -89,12 +89,14 @@ impl<R: Read> Read for Hashing<R> {
     }
 }
 
-/// Writes a capsule of `root` and `objects` (which should include `root`) read from `store`.
+/// Writes a capsule of `root` and `objects` (which should include `root`, each once) read
+/// from `store`, in the order given: an importer stores memory chunks in that order, so
+/// chunks listed in memory order land in memory order (a resume maps runs of them at once).
 /// `progress` is called after each object with the bytes written so far.
 pub fn export(
     store: &dyn Store,
     root: Kappa,
-    objects: &BTreeSet<Kappa>,
+    objects: &[Kappa],
     out: impl Write,
     progress: &mut dyn FnMut(u64),
 ) -> Result<CapsuleStats, CapsuleError> {
@@ -147,6 +149,59 @@ fn read_u64(r: &mut impl Read) -> Result<u64, CapsuleError> {
     Ok(u64::from_le_bytes(read_array(r)?))
 }
 
+/// Memory chunks (objects of 64 KiB) are stored this many bytes at a time, together, as a
+/// snapshot stores them: an on-disk store packs them (with direct I/O, block-aligned, so a
+/// resume maps them) instead of creating a file for each.
+const BATCH_BYTES: usize = 32 << 20;
+const CHUNK: usize = 65536;
+
+/// A block-aligned page: chunks are gathered in these so that direct I/O can write them.
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct Page([u8; 4096]);
+
+const PAGES_PER_CHUNK: usize = CHUNK / 4096;
+
+/// Chunks waiting to be stored together, back to back in block-aligned memory.
+#[derive(Default)]
+struct Batch(Vec<Page>);
+
+impl Batch {
+    fn push(&mut self, chunk: &[u8]) {
+        debug_assert_eq!(chunk.len(), CHUNK);
+        if self.0.is_empty() {
+            self.0.reserve(BATCH_BYTES / 4096);
+        }
+        self.0.extend(
+            chunk
+                .chunks_exact(4096)
+                .map(|p| Page(p.try_into().expect("4096 bytes"))),
+        );
+    }
+
+    fn bytes(&self) -> usize {
+        self.0.len() * 4096
+    }
+
+    fn put(&mut self, store: &dyn Store) -> Result<(), StoreError> {
+        if self.0.is_empty() {
+            return Ok(());
+        }
+        let refs: Vec<&[u8]> = self
+            .0
+            .chunks_exact(PAGES_PER_CHUNK)
+            .map(|pages| {
+                // SAFETY: `Page` is `repr(C)` plain bytes without padding, so 16 adjacent
+                // pages are 65,536 initialised bytes, borrowed for as long as `self.0`.
+                unsafe { std::slice::from_raw_parts(pages.as_ptr().cast::<u8>(), CHUNK) }
+            })
+            .collect();
+        store.put_many(&refs)?;
+        self.0.clear();
+        Ok(())
+    }
+}
+
 /// Reads a capsule into `store`, verifying every object. Returns the root κ. `progress` is
 /// called after each object with the bytes read so far.
 pub fn import(
@@ -175,6 +230,7 @@ pub fn import(
     }
     let mut seen = BTreeSet::new();
     let mut stats = CapsuleStats::default();
+    let mut batch = Batch::default();
     for _ in 0..count {
         let k = Kappa::from_bytes(read_array(&mut r)?);
         let [codec] = read_array::<1>(&mut r)?;
@@ -216,13 +272,21 @@ pub fn import(
             )));
         }
         if !store.has(&k)? {
-            store.put(&bytes)?;
+            if bytes.len() == CHUNK {
+                batch.push(&bytes);
+                if batch.bytes() >= BATCH_BYTES {
+                    batch.put(store)?;
+                }
+            } else {
+                store.put(&bytes)?;
+            }
             stats.new_objects += 1;
         }
         stats.objects += 1;
         stats.bytes += len;
         progress(r.count);
     }
+    batch.put(store)?;
     let digest = r.hasher.finalize();
     if &read_array::<8>(&mut r.inner)? != END {
         return Err(CapsuleError::Corrupt(

@@ -443,7 +443,14 @@ mod capsules {
     fn capsule_bytes() -> (Vec<u8>, Kappa, BTreeSet<Kappa>) {
         let (s, root, all) = source();
         let mut out = Vec::new();
-        let stats = capsule::export(&s, root, &all, &mut out, &mut |_| {}).unwrap();
+        let stats = capsule::export(
+            &s,
+            root,
+            &all.iter().copied().collect::<Vec<_>>(),
+            &mut out,
+            &mut |_| {},
+        )
+        .unwrap();
         assert_eq!(stats.objects, 4);
         assert_eq!(stats.stored_bytes, out.len() as u64);
         assert!(
@@ -451,6 +458,36 @@ mod capsules {
             "the repetitive object was not compressed"
         );
         (out, root, all)
+    }
+
+    /// Memory chunks are imported as a snapshot stores them: packed together (with direct I/O,
+    /// block-aligned) in the order the capsule lists them, not as a file each.
+    #[test]
+    fn chunks_are_packed_in_the_capsules_order() {
+        let s = MemStore::new();
+        let root = s.put(b"root object").unwrap();
+        let mut order = vec![root];
+        for i in 0..96u32 {
+            let chunk: Vec<u8> = (0..65536u32)
+                .map(|j| (j.wrapping_add(i * 7919).wrapping_mul(2654435761) >> 11) as u8)
+                .collect();
+            order.push(s.put(&chunk).unwrap());
+        }
+        order[1..].reverse();
+        let mut out = Vec::new();
+        capsule::export(&s, root, &order, &mut out, &mut |_| {}).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let dest = FsStore::open(dir.path()).unwrap();
+        let (got, stats) = capsule::import(&out[..], &dest, &mut |_| {}).unwrap();
+        assert_eq!((got, stats.new_objects), (root, 97));
+        let at: Vec<u64> = order[1..]
+            .iter()
+            .map(|k| dest.stored_at(k).expect("packed").offset)
+            .collect();
+        assert!(at.windows(2).all(|w| w[1] == w[0] + 65536), "{at:?}");
+        assert_eq!(at[0] % 4096, 0, "written with direct I/O");
+        assert_eq!(dest.get(&order[5]).unwrap(), s.get(&order[5]).unwrap());
+        assert_eq!(dest.stored_at(&root), None, "small objects stay loose");
     }
 
     #[test]

@@ -74,9 +74,18 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
     let root = store.resolve(&a.snapshot)?;
     // Refuse to export what could not be resumed: the closure must be complete and verify.
-    snapshot::load(&store, root).with_context(|| format!("cannot export {root}"))?;
-    let mut objects = BTreeSet::new();
-    snapshot_closure(&store, &root, a.with_history, &mut objects)?;
+    let loaded = snapshot::load(&store, root).with_context(|| format!("cannot export {root}"))?;
+    let mut closure = BTreeSet::new();
+    snapshot_closure(&store, &root, a.with_history, &mut closure)?;
+    // The snapshot's memory chunks first, in memory order (the importer packs them so; a
+    // resume then maps long runs), then everything else.
+    let mut objects = Vec::with_capacity(closure.len());
+    for k in loaded.chunks() {
+        if closure.remove(k) {
+            objects.push(*k);
+        }
+    }
+    objects.extend(closure);
     let tmp = a.output.with_extension("ferry-partial");
     let file =
         std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
