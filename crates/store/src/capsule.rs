@@ -19,6 +19,7 @@ use std::io::{Read, Write};
 
 use ferry_kappa::Kappa;
 
+use crate::fs::Staged;
 use crate::{Store, StoreError};
 
 const MAGIC: &[u8; 8] = b"FERRYCAP";
@@ -155,51 +156,12 @@ fn read_u64(r: &mut impl Read) -> Result<u64, CapsuleError> {
 const BATCH_BYTES: usize = 32 << 20;
 const CHUNK: usize = 65536;
 
-/// A block-aligned page: chunks are gathered in these so that direct I/O can write them.
-#[derive(Clone, Copy)]
-#[repr(C, align(4096))]
-struct Page([u8; 4096]);
-
-const PAGES_PER_CHUNK: usize = CHUNK / 4096;
-
-/// Chunks waiting to be stored together, back to back in block-aligned memory.
-#[derive(Default)]
-struct Batch(Vec<Page>);
-
-impl Batch {
-    fn push(&mut self, chunk: &[u8]) {
-        debug_assert_eq!(chunk.len(), CHUNK);
-        if self.0.is_empty() {
-            self.0.reserve(BATCH_BYTES / 4096);
-        }
-        self.0.extend(
-            chunk
-                .chunks_exact(4096)
-                .map(|p| Page(p.try_into().expect("4096 bytes"))),
-        );
+fn put_batch(store: &dyn Store, batch: &mut Staged) -> Result<(), StoreError> {
+    if batch.bytes() > 0 {
+        store.put_many(&batch.slices())?;
+        batch.clear();
     }
-
-    fn bytes(&self) -> usize {
-        self.0.len() * 4096
-    }
-
-    fn put(&mut self, store: &dyn Store) -> Result<(), StoreError> {
-        if self.0.is_empty() {
-            return Ok(());
-        }
-        let refs: Vec<&[u8]> = self
-            .0
-            .chunks_exact(PAGES_PER_CHUNK)
-            .map(|pages| {
-                // SAFETY: `Page` is `repr(C)` plain bytes without padding, so 16 adjacent
-                // pages are 65,536 initialised bytes, borrowed for as long as `self.0`.
-                unsafe { std::slice::from_raw_parts(pages.as_ptr().cast::<u8>(), CHUNK) }
-            })
-            .collect();
-        store.put_many(&refs)?;
-        self.0.clear();
-        Ok(())
-    }
+    Ok(())
 }
 
 /// Reads a capsule into `store`, verifying every object. Returns the root κ. `progress` is
@@ -230,7 +192,9 @@ pub fn import(
     }
     let mut seen = BTreeSet::new();
     let mut stats = CapsuleStats::default();
-    let mut batch = Batch::default();
+    // Block-aligned, so that the store writes it with direct I/O without copying it again;
+    // its memory is reused batch after batch.
+    let mut batch = Staged::default();
     for _ in 0..count {
         let k = Kappa::from_bytes(read_array(&mut r)?);
         let [codec] = read_array::<1>(&mut r)?;
@@ -275,7 +239,7 @@ pub fn import(
             if bytes.len() == CHUNK {
                 batch.push(&bytes);
                 if batch.bytes() >= BATCH_BYTES {
-                    batch.put(store)?;
+                    put_batch(store, &mut batch)?;
                 }
             } else {
                 store.put(&bytes)?;
@@ -286,7 +250,7 @@ pub fn import(
         stats.bytes += len;
         progress(r.count);
     }
-    batch.put(store)?;
+    put_batch(store, &mut batch)?;
     let digest = r.hasher.finalize();
     if &read_array::<8>(&mut r.inner)? != END {
         return Err(CapsuleError::Corrupt(

@@ -106,6 +106,60 @@ const DIRECT_WRITERS: usize = 2;
 #[repr(C, align(4096))]
 struct Block([u8; DIRECT_ALIGN]);
 
+/// Copies of blobs (each a whole number of blocks) back to back in block-aligned memory, so
+/// that direct I/O can write them. Cleared, it keeps its memory for the next batch.
+#[derive(Default)]
+pub(crate) struct Staged {
+    blocks: Vec<Block>,
+    lens: Vec<usize>,
+}
+
+impl Staged {
+    pub(crate) fn of(blobs: &[&[u8]]) -> Self {
+        let mut s = Self::default();
+        s.blocks
+            .reserve(blobs.iter().map(|b| b.len() / DIRECT_ALIGN).sum());
+        for b in blobs {
+            s.push(b);
+        }
+        s
+    }
+
+    /// Appends a copy of `blob`, whose length must be a multiple of the block size.
+    pub(crate) fn push(&mut self, blob: &[u8]) {
+        assert!(blob.len().is_multiple_of(DIRECT_ALIGN), "not whole blocks");
+        self.blocks.extend(
+            blob.chunks_exact(DIRECT_ALIGN)
+                .map(|c| Block(c.try_into().expect("a whole block"))),
+        );
+        self.lens.push(blob.len());
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.blocks.len() * DIRECT_ALIGN
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.blocks.clear();
+        self.lens.clear();
+    }
+
+    /// The copies, in the order they were pushed.
+    pub(crate) fn slices(&self) -> Vec<&[u8]> {
+        let mut out = Vec::with_capacity(self.lens.len());
+        let mut at = 0;
+        for &len in &self.lens {
+            let n = len / DIRECT_ALIGN;
+            let blocks = &self.blocks[at..at + n];
+            // SAFETY: `Block` is `repr(C)` bytes without padding, so `n` adjacent blocks are
+            // `len` initialised bytes, borrowed for as long as `self`.
+            out.push(unsafe { std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), len) });
+            at += n;
+        }
+        out
+    }
+}
+
 /// Writes `bufs` back to back from offset `at` with one `pwritev` (finishing a short write
 /// piece by piece).
 fn write_at_vectored(f: &File, bufs: &[&[u8]], at: u64) -> std::io::Result<()> {
@@ -418,10 +472,7 @@ impl FsStore {
             && self.zstd.is_none()
             && !self.no_direct.load(Ordering::Relaxed)
             && blobs.iter().map(|b| b.len()).sum::<usize>() >= DIRECT_MIN
-            && blobs.iter().all(|b| {
-                (b.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN)
-                    && b.len().is_multiple_of(DIRECT_ALIGN)
-            })
+            && blobs.iter().all(|b| b.len().is_multiple_of(DIRECT_ALIGN))
     }
 
     /// `put_many` with direct I/O (`O_DIRECT`: from the blobs' memory straight to the disk —
@@ -752,10 +803,23 @@ impl Store for FsStore {
     }
 
     fn put_many(&self, blobs: &[&[u8]]) -> Result<Vec<Kappa>, StoreError> {
-        if self.direct_candidate(blobs)
-            && let Some(ks) = self.put_many_direct(blobs)?
-        {
-            return Ok(ks);
+        if self.direct_candidate(blobs) {
+            let aligned = blobs
+                .iter()
+                .all(|b| (b.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN));
+            let staged;
+            let direct: Vec<&[u8]> = if aligned {
+                blobs.to_vec()
+            } else {
+                // Batches a pull, push or import received arrive in ordinary buffers: copied
+                // into block-aligned memory first (cheap beside the write), they are packed
+                // block-aligned like a snapshot's, so a resume can map them.
+                staged = Staged::of(blobs);
+                staged.slices()
+            };
+            if let Some(ks) = self.put_many_direct(&direct)? {
+                return Ok(ks);
+            }
         }
         let ks = hash_all(blobs);
         let mut seen = BTreeSet::new();

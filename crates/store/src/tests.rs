@@ -317,6 +317,19 @@ fn large_aligned_batches_go_to_disk_directly_and_read_back_the_same() {
         let l = buffered.stored_at(k).expect("packed as it is");
         assert_eq!(l.offset % 65536, 12);
     }
+    // Blobs in ordinary, unaligned buffers (a pull's batch) are packed block-aligned too.
+    let mut unaligned = vec![0u8; 1 + 80 * 65536];
+    for (i, c) in chunks[..80].iter().enumerate() {
+        unaligned[1 + i * 65536..][..65536].copy_from_slice(&c.0);
+    }
+    let uref: Vec<&[u8]> = unaligned[1..].chunks(65536).collect();
+    let other = FsStore::open(dir.path().join("other")).unwrap();
+    assert_eq!(other.put_many(&uref).unwrap(), ks[..80]);
+    for (k, b) in ks[..80].iter().zip(&uref) {
+        let l = other.stored_at(k).expect("packed");
+        assert_eq!(l.offset % 4096, 0);
+        assert_eq!(&other.get(k).unwrap(), b);
+    }
     let mem = MemStore::new();
     mem.put_many(&refs).unwrap();
     assert_eq!(mem.stored_at(&ks[0]), None);
