@@ -257,6 +257,23 @@ pub fn push(
     Ok(stats)
 }
 
+/// Orders the objects of snapshot `k`'s closure to be moved: its memory chunks first, in
+/// memory order (the receiving store packs each batch as it comes, so a resume there maps
+/// long runs of them), then the others by κ, and the snapshot object last — a store never
+/// holds a root whose closure is partial. `store` is the side that has the snapshot.
+/// Returns how many chunks lead: batches should not mix them with other objects (a batch of
+/// chunks alone is packed block-aligned, so that it can be mapped).
+fn send_order(store: &dyn Store, k: &Kappa, todo: &mut [Kappa]) -> usize {
+    let at: std::collections::HashMap<Kappa, usize> =
+        ferry_engine::snapshot::chunks_in_memory_order(store, k)
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| (c, i))
+            .collect();
+    todo.sort_by_key(|m| (m == k, at.get(m).copied().unwrap_or(usize::MAX), *m));
+    todo.iter().take_while(|m| at.contains_key(m)).count()
+}
+
 /// [`push`] without naming the snapshot on the space: for a migration, whose prepare step
 /// verifies the closure anyway (Resolving + Verifying) before anything runs there.
 pub fn send_closure(
@@ -268,9 +285,8 @@ pub fn send_closure(
     let mut closure = BTreeSet::new();
     snapshot_closure(local, &k, false, &mut closure).map_err(remote)?;
     let all: Vec<Kappa> = closure.into_iter().collect();
-    // The snapshot object last: a space never holds a root whose closure is partial.
     let mut todo = space.missing(&all)?;
-    todo.sort_by_key(|m| *m == k);
+    let chunks = send_order(local, &k, &mut todo);
     let mut stats = SyncStats {
         objects: all.len(),
         ..SyncStats::default()
@@ -284,7 +300,7 @@ pub fn send_closure(
         crate::batch::push(&mut batch, &bytes);
         stats.moved += 1;
         stats.bytes += bytes.len() as u64;
-        if raw >= BATCH_BYTES || i + 1 == todo.len() {
+        if raw >= BATCH_BYTES || i + 1 == todo.len() || i + 1 == chunks {
             space.put_batch(&batch)?;
             batch.clear();
             raw = 0;
@@ -312,13 +328,17 @@ pub fn pull(
             todo.push(*c);
         }
     }
-    todo.sort_by_key(|m| *m == k);
+    let chunks = send_order(space, &k, &mut todo);
     let mut stats = SyncStats {
         objects: closure.len(),
         ..SyncStats::default()
     };
     let mut done = 0;
-    for part in todo.chunks(crate::MAX_FETCH) {
+    let (leading, rest) = todo.split_at(chunks);
+    for part in leading
+        .chunks(crate::MAX_FETCH)
+        .chain(rest.chunks(crate::MAX_FETCH))
+    {
         let objects = space.fetch_batch(part)?;
         let refs: Vec<&[u8]> = objects.iter().map(Vec::as_slice).collect();
         local.put_many(&refs)?;

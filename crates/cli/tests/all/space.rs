@@ -90,3 +90,50 @@ fn no_token_no_access_and_damaged_objects_are_refused() {
         .unwrap();
     assert_eq!(r.status(), 409);
 }
+
+/// The number of runs a `-v resume` says it mapped memory from (0 if it mapped none).
+fn mapped_runs(err: &str) -> usize {
+    err.lines()
+        .filter(|l| l.contains("mapped from packs"))
+        .filter_map(|l| l.split("runs=").nth(1))
+        .filter_map(|r| r.split_whitespace().next()?.parse::<usize>().ok())
+        .sum()
+}
+
+/// Chunks are sent in memory order, so the receiving store packs them so, and a resume there
+/// maps the memory in a few long runs — pushed to a space, and pulled from it.
+#[test]
+fn moved_memory_is_packed_in_memory_order() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let mut server = SpaceProc::start(&[]);
+    let g = guest("wasm/dirty.wasm");
+    // 16 MiB of random bytes (256 distinct chunks), then 20 ticks of 100 ms.
+    let args = [g.to_str().unwrap(), "--", "16", "20", "10"];
+    let plain = here.plain(&args);
+    let (seen, k) = run_and_suspend(&here, &args, 1500);
+    assert!(
+        String::from_utf8_lossy(&seen).starts_with("ready\n"),
+        "suspended before the memory was filled"
+    );
+    let (_, err, code) = here.output(&["push", &k, "--to", &server.url]);
+    assert_eq!(code, 0, "{err}");
+    let third = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let (_, err, code) = third.output(&["pull", &k, "--from", &server.url]);
+    assert_eq!(code, 0, "{err}");
+    server.stop();
+    for env in [&server.env, &third] {
+        let out = env
+            .ferry()
+            .args(["-v", "resume", &k])
+            .output()
+            .expect("spawn ferry");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        let runs = mapped_runs(&err);
+        assert!((1..=4).contains(&runs), "{runs} runs: {err}");
+        assert_eq!(
+            String::from_utf8_lossy(&[seen.clone(), out.stdout].concat()),
+            String::from_utf8_lossy(&plain.stdout)
+        );
+    }
+}
