@@ -20,6 +20,42 @@ fn decode<T: ferry_object::ObjectKind>(store: &dyn Store, k: &Kappa) -> Result<T
     ferry_object::decode(&store.get(k)?).map_err(|e| ClosureError::Object(*k, e))
 }
 
+/// The κ of snapshot `k`'s memory chunks in memory order (memory by memory, by address);
+/// empty if its snapshot object or memory images cannot be read. An order to move chunks in
+/// (see [`moving_order`]), never a check of anything.
+pub fn memory_chunks(store: &dyn Store, k: &Kappa) -> Vec<Kappa> {
+    let Ok(snapshot) = decode::<Snapshot>(store, k) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for m in &snapshot.memories {
+        match decode::<MemoryImage>(store, m) {
+            Ok(image) => out.extend(image.chunks.iter().map(|(_, c)| *c)),
+            Err(_) => return Vec::new(),
+        }
+    }
+    out
+}
+
+/// Orders objects of snapshot `root`'s closure to be moved (push, pull, a capsule): its memory
+/// `chunks` first, in the order given — memory order: a receiving store packs them as they
+/// come, so a resume there maps long runs of them — then the others by κ, and `root` last (a
+/// store never holds a root whose closure is partial). Returns how many chunks lead: batches
+/// should not mix them with other objects (chunks alone are packed block-aligned, mappable).
+pub fn moving_order(
+    root: &Kappa,
+    chunks: impl IntoIterator<Item = Kappa>,
+    objects: &mut [Kappa],
+) -> usize {
+    let at: std::collections::HashMap<Kappa, usize> = chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| (c, i))
+        .collect();
+    objects.sort_by_key(|m| (m == root, at.get(m).copied().unwrap_or(usize::MAX), *m));
+    objects.iter().take_while(|m| at.contains_key(m)).count()
+}
+
 /// Adds the closure of snapshot κ to `out` (its parents too when `with_history`).
 pub fn snapshot_closure(
     store: &dyn Store,

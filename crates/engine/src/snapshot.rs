@@ -575,24 +575,6 @@ pub fn load_leaving_module(store: &dyn Store, k: Kappa) -> Result<Loaded, Engine
     })
 }
 
-/// The κ of snapshot `k`'s memory chunks in memory order (memory by memory, by address), read
-/// from its snapshot object and memory images; empty if they cannot be read. An order to send
-/// or store chunks in (a receiving store packs them as they come, and a resume maps runs of
-/// chunks adjacent in a pack and in memory at once), never a check of anything.
-pub fn chunks_in_memory_order(store: &dyn Store, k: &Kappa) -> Vec<Kappa> {
-    let Ok(snapshot) = get_object::<Snapshot>(store, k, "snapshot") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for m in &snapshot.memories {
-        match get_object::<MemoryImage>(store, m, "memory image") {
-            Ok(image) => out.extend(image.chunks.iter().map(|(_, c)| *c)),
-            Err(_) => return Vec::new(),
-        }
-    }
-    out
-}
-
 /// Verifying the snapshot's module: it must re-hash to its κ like every object of the
 /// closure. Re-hashed without being kept: a resume with the compiled code cached runs without
 /// the module's bytes (reading a 100 MB interpreter into memory only to hash it took ~90 ms of

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use ferry_engine::closure::snapshot_closure;
+use ferry_engine::closure::{memory_chunks, moving_order, snapshot_closure};
 use ferry_kappa::Kappa;
 use ferry_store::{RefValue, Store, StoreError};
 
@@ -257,23 +257,6 @@ pub fn push(
     Ok(stats)
 }
 
-/// Orders the objects of snapshot `k`'s closure to be moved: its memory chunks first, in
-/// memory order (the receiving store packs each batch as it comes, so a resume there maps
-/// long runs of them), then the others by κ, and the snapshot object last — a store never
-/// holds a root whose closure is partial. `store` is the side that has the snapshot.
-/// Returns how many chunks lead: batches should not mix them with other objects (a batch of
-/// chunks alone is packed block-aligned, so that it can be mapped).
-fn send_order(store: &dyn Store, k: &Kappa, todo: &mut [Kappa]) -> usize {
-    let at: std::collections::HashMap<Kappa, usize> =
-        ferry_engine::snapshot::chunks_in_memory_order(store, k)
-            .into_iter()
-            .enumerate()
-            .map(|(i, c)| (c, i))
-            .collect();
-    todo.sort_by_key(|m| (m == k, at.get(m).copied().unwrap_or(usize::MAX), *m));
-    todo.iter().take_while(|m| at.contains_key(m)).count()
-}
-
 /// [`push`] without naming the snapshot on the space: for a migration, whose prepare step
 /// verifies the closure anyway (Resolving + Verifying) before anything runs there.
 pub fn send_closure(
@@ -286,7 +269,7 @@ pub fn send_closure(
     snapshot_closure(local, &k, false, &mut closure).map_err(remote)?;
     let all: Vec<Kappa> = closure.into_iter().collect();
     let mut todo = space.missing(&all)?;
-    let chunks = send_order(local, &k, &mut todo);
+    let chunks = moving_order(&k, memory_chunks(local, &k), &mut todo);
     let mut stats = SyncStats {
         objects: all.len(),
         ..SyncStats::default()
@@ -328,7 +311,7 @@ pub fn pull(
             todo.push(*c);
         }
     }
-    let chunks = send_order(space, &k, &mut todo);
+    let chunks = moving_order(&k, memory_chunks(space, &k), &mut todo);
     let mut stats = SyncStats {
         objects: closure.len(),
         ..SyncStats::default()

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use ferry_engine::closure::snapshot_closure;
+use ferry_engine::closure::{moving_order, snapshot_closure};
 use ferry_engine::snapshot;
 use ferry_store::Store;
 use ferry_store::capsule;
@@ -77,15 +77,9 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     let loaded = snapshot::load(&store, root).with_context(|| format!("cannot export {root}"))?;
     let mut closure = BTreeSet::new();
     snapshot_closure(&store, &root, a.with_history, &mut closure)?;
-    // The snapshot's memory chunks first, in memory order (the importer packs them so; a
-    // resume then maps long runs), then everything else.
-    let mut objects = Vec::with_capacity(closure.len());
-    for k in loaded.chunks() {
-        if closure.remove(k) {
-            objects.push(*k);
-        }
-    }
-    objects.extend(closure);
+    // The snapshot's memory chunks first, in memory order: the importer packs them so.
+    let mut objects: Vec<_> = closure.into_iter().collect();
+    moving_order(&root, loaded.chunks().copied(), &mut objects);
     let tmp = a.output.with_extension("ferry-partial");
     let file =
         std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
