@@ -461,11 +461,13 @@ fn prune(store: &FsStore, id: &str, n: u64) {
     let keep = |r: &str| if r == name { n } else { usize::MAX };
     let t = std::time::Instant::now();
     match store.alone(|| crate::cmd::store::collect(store, false, &keep)) {
-        Ok(Some(Ok((removed, kept)))) => {
+        Ok(Some(Ok((removed, kept, compacted)))) => {
             let ms = t.elapsed().as_millis() as u64;
             tracing::info!(
                 removed,
                 kept,
+                packs_rewritten = compacted.files,
+                freed = compacted.freed,
                 ms,
                 "older snapshots of the session deleted (--keep)"
             );

@@ -54,10 +54,13 @@ struct Packed {
 }
 
 impl Packed {
+    /// Makes `entries` of `pack` readable. An object another pack holds too (a compaction's
+    /// new pack beside the old one it replaces, or both left by one cut short) is read from
+    /// `pack` from now on, and counts as live only there.
     fn add(&mut self, pack: &Path, entries: Vec<pack::Entry>) {
         *self.live.entry(pack.to_path_buf()).or_default() += entries.len();
         for (k, offset, stored, len, zstd) in entries {
-            self.slots.insert(
+            let old = self.slots.insert(
                 k,
                 Slot {
                     pack: pack.to_path_buf(),
@@ -67,9 +70,16 @@ impl Packed {
                     zstd,
                 },
             );
+            if let Some(n) = old.and_then(|old| self.live.get_mut(&old.pack)) {
+                *n = n.saturating_sub(1);
+            }
         }
     }
 }
+
+/// Live bytes [`FsStore::compact`] gathers into one new pack at most (an object larger than
+/// this gets a pack of its own).
+const COMPACT_BATCH: u64 = 256 << 20;
 
 /// Largest loose object ferry decompresses (a zstd bomb stops here and fails verification).
 const MAX_LOOSE: u64 = 1 << 31;
@@ -328,6 +338,23 @@ impl FsStore {
             packed.add(&pack_path, entries);
         }
         Ok(())
+    }
+
+    /// Reads κ's bytes from `slot` into `out` (see `pack::read`) and returns the slot they
+    /// came from. A pack that [`Store::compact`] replaced between the caller's lookup and
+    /// this read is gone; its objects are in the new pack, so κ is looked up again.
+    fn read_slot(&self, kappa: &Kappa, slot: Slot, out: &mut [u8]) -> Result<Slot, StoreError> {
+        match pack::read(&slot, out) {
+            Err(StoreError::Io { source, op, path }) if source.kind() == ErrorKind::NotFound => {
+                match self.packed().slots.get(kappa).cloned() {
+                    Some(moved) if moved.pack != slot.pack && moved.len == slot.len => {
+                        pack::read(&moved, out).map(|()| moved)
+                    }
+                    _ => Err(StoreError::Io { op, path, source }),
+                }
+            }
+            r => r.map(|()| slot),
+        }
     }
 
     fn packed(&self) -> std::sync::RwLockReadGuard<'_, Packed> {
@@ -749,7 +776,7 @@ impl Store for FsStore {
             .cloned()
             .ok_or(StoreError::NotFound(*kappa))?;
         let mut b = vec![0; slot.len as usize];
-        pack::read(&slot, &mut b)?;
+        let slot = self.read_slot(kappa, slot, &mut b)?;
         Self::verify(kappa, &b, &slot.pack)?;
         Ok(b)
     }
@@ -798,7 +825,7 @@ impl Store for FsStore {
                 actual: slot.len as usize,
             });
         }
-        pack::read(&slot, out)?;
+        let slot = self.read_slot(kappa, slot, out)?;
         Self::verify(kappa, out, &slot.pack)
     }
 
@@ -911,14 +938,119 @@ impl Store for FsStore {
             *live = live.saturating_sub(1);
             if *live == 0 {
                 packed.live.remove(&slot.pack);
-                remove_if_present(&slot.pack)?;
+                // The index first: an index never names a missing pack.
                 remove_if_present(&slot.pack.with_extension("idx"))?;
+                remove_if_present(&slot.pack)?;
             }
         }
         drop(packed);
         let p = self.object_path(kappa);
         remove_if_present(&p)?;
         remove_if_present(&zst_path(&p))
+    }
+
+    /// Packs at least half of whose bytes belong to removed objects are rewritten: their
+    /// live objects go into new packs (several old packs into one, in their order, objects
+    /// of whole blocks first and block-aligned, so chunks adjacent in memory stay adjacent
+    /// and a resume can still map them), and the old packs are deleted once the new ones are
+    /// durable. A pack all of whose objects another pack holds (a compaction cut short) is
+    /// just deleted. Damaged packs are left for `verify` to report. Objects are copied as
+    /// stored, not re-hashed: a damaged one stays detectable where it lands.
+    fn compact(&self) -> Result<crate::Compacted, StoreError> {
+        let dir = self.root.join("packs");
+        let mut held: HashMap<PathBuf, Vec<(Kappa, Slot)>> = HashMap::new();
+        let loaded: BTreeSet<PathBuf> = {
+            let packed = self.packed();
+            for (k, slot) in &packed.slots {
+                held.entry(slot.pack.clone())
+                    .or_default()
+                    .push((*k, slot.clone()));
+            }
+            packed.live.keys().cloned().collect()
+        };
+        let mut packs = pack::list(&dir)?;
+        packs.sort();
+        let (mut old, mut moving) = (Vec::new(), Vec::new());
+        for (idx, pack) in packs {
+            let Ok(meta) = fs::metadata(&pack) else {
+                continue;
+            };
+            if !loaded.contains(&pack) {
+                continue;
+            }
+            let mut objects = held.remove(&pack).unwrap_or_default();
+            let live: u64 = objects.iter().map(|(_, s)| u64::from(s.stored)).sum();
+            if meta.len().saturating_sub(live) * 2 < meta.len() {
+                continue;
+            }
+            let idx_len = fs::metadata(&idx).map_or(0, |m| m.len());
+            old.push((idx, pack, meta.len() + idx_len));
+            objects.sort_by_key(|(_, s)| s.offset);
+            moving.extend(objects);
+        }
+        if old.is_empty() {
+            return Ok(crate::Compacted::default());
+        }
+        let (mut moving, rest): (Vec<_>, Vec<_>) = moving
+            .into_iter()
+            .partition(|(_, s)| !s.zstd && (s.stored as usize).is_multiple_of(DIRECT_ALIGN));
+        moving.extend(rest);
+        let mut written = 0u64;
+        let mut open: HashMap<PathBuf, File> = HashMap::new();
+        let mut batch_start = 0;
+        while batch_start < moving.len() {
+            let mut end = batch_start;
+            let mut size = 0u64;
+            while end < moving.len() && (end == batch_start || size < COMPACT_BATCH) {
+                size += u64::from(moving[end].1.stored);
+                end += 1;
+            }
+            let batch = &moving[batch_start..end];
+            batch_start = end;
+            let mut bytes = Vec::with_capacity(batch.len());
+            for (_, slot) in batch {
+                let f = match open.entry(slot.pack.clone()) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => e.insert(
+                        File::open(&slot.pack).map_err(StoreError::io("open", &slot.pack))?,
+                    ),
+                };
+                let mut b = vec![0; slot.stored as usize];
+                std::os::unix::fs::FileExt::read_exact_at(&*f, &mut b, slot.offset)
+                    .map_err(StoreError::io("read", &slot.pack))?;
+                bytes.push(b);
+            }
+            let objects: Vec<pack::Packable<'_>> = batch
+                .iter()
+                .zip(&bytes)
+                .map(|((k, slot), b)| (*k, b.as_slice(), slot.len, slot.zstd))
+                .collect();
+            let (header, idx_bytes, pack_len) = pack::layout(&objects, DIRECT_ALIGN as u64);
+            self.take_writes(objects.len() as u64, &dir)?;
+            let parts: Vec<&[u8]> = std::iter::once(header.as_slice())
+                .chain(bytes.iter().map(Vec::as_slice))
+                .collect();
+            let tmp = self.write_tmp(&parts, self.durable)?;
+            self.finish_pack(&tmp, &idx_bytes, pack_len)?;
+            written += pack_len + idx_bytes.len() as u64;
+        }
+        drop(open);
+        // The new packs durable before the old ones go.
+        self.sync()?;
+        let mut done = crate::Compacted::default();
+        let mut packed = self.packed_mut();
+        for (idx, pack, len) in old {
+            // Every object it held is read from a new pack now.
+            if packed.live.get(&pack).is_some_and(|&n| n == 0) {
+                packed.live.remove(&pack);
+                remove_if_present(&idx)?;
+                remove_if_present(&pack)?;
+                done.files += 1;
+                done.freed += len;
+            }
+        }
+        done.freed = done.freed.saturating_sub(written);
+        Ok(done)
     }
 
     fn get_ref(&self, name: &str) -> Result<Option<RefValue>, StoreError> {
@@ -1028,5 +1160,33 @@ impl Store for FsStore {
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_that_looked_up_a_pack_compaction_then_replaced_finds_the_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FsStore::open(dir.path()).unwrap();
+        let chunks: Vec<Vec<u8>> = (0..64u32)
+            .map(|i| i.to_le_bytes().repeat(1 << 14))
+            .collect();
+        let ks = s
+            .put_many(&chunks.iter().map(Vec::as_slice).collect::<Vec<_>>())
+            .unwrap();
+        for k in &ks[1..] {
+            s.remove(k).unwrap();
+        }
+        // Looked up before the compaction, read after it: the pack it names is gone.
+        let slot = s.packed().slots.get(&ks[0]).cloned().unwrap();
+        assert_eq!(s.compact().unwrap().files, 1);
+        assert!(!slot.pack.exists());
+        let mut out = vec![0; chunks[0].len()];
+        let moved = s.read_slot(&ks[0], slot.clone(), &mut out).unwrap();
+        assert_eq!(out, chunks[0]);
+        assert_ne!(moved.pack, slot.pack);
     }
 }

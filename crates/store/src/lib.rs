@@ -24,6 +24,15 @@ use std::path::PathBuf;
 
 use ferry_kappa::Kappa;
 
+/// What [`Store::compact`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Compacted {
+    /// Files rewritten without their removed objects, or deleted.
+    pub files: usize,
+    /// Bytes the store takes less on disk.
+    pub freed: u64,
+}
+
 /// A ref's value: which root is current, and the epoch that fences older writers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RefValue {
@@ -99,6 +108,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn save_cache(&self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
         let _ = (name, bytes);
         Ok(())
+    }
+    /// Reclaims the space of removed objects that share a file with live ones (an
+    /// [`FsStore`]'s packs), after [`Store::remove`]s. Like `remove`, for a caller that has
+    /// the store to itself. Stores that keep each object on its own have nothing to do.
+    fn compact(&self) -> Result<Compacted, StoreError> {
+        Ok(Compacted::default())
     }
     /// Makes every completed `put` durable (objects are written without a sync each, so a
     /// snapshot of many chunks pays for one sync, not thousands).

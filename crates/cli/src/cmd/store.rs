@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use ferry_engine::closure::{snapshot_closure, snapshots_closure};
-use ferry_store::{Store, StoreError};
+use ferry_store::{Compacted, Store, StoreError};
 
 use crate::settings::Settings;
 
@@ -84,21 +84,30 @@ fn verify(store: &dyn Store) -> Result<ExitCode> {
 }
 
 fn gc(store: &dyn Store, dry_run: bool, keep: usize) -> Result<ExitCode> {
-    let (removed, kept) = collect(store, dry_run, &|_| keep)?;
+    let (removed, kept, compacted) = collect(store, dry_run, &|_| keep)?;
     let verb = if dry_run { "would delete" } else { "deleted" };
     println!("{verb} {removed} objects, kept {kept}");
+    if compacted.files > 0 {
+        println!(
+            "rewrote {} packs without their deleted objects: {:.1} MiB freed",
+            compacted.files,
+            compacted.freed as f64 / f64::from(1 << 20)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
 /// Deletes (unless `dry_run`) every object no ref reaches, keeping of each session's and
-/// imported snapshot's history the newest `keep(ref name)` snapshots. The caller must be
-/// alone with the store (objects another process wrote may not be named yet). Returns how
-/// many objects were (or would be) deleted and how many are kept.
+/// imported snapshot's history the newest `keep(ref name)` snapshots, then reclaims the
+/// space deleted objects held in packs shared with live ones ([`Store::compact`]). The
+/// caller must be alone with the store (objects another process wrote may not be named yet).
+/// Returns how many objects were (or would be) deleted, how many are kept, and what the
+/// compaction did.
 pub fn collect(
     store: &dyn Store,
     dry_run: bool,
     keep: &dyn Fn(&str) -> usize,
-) -> Result<(usize, usize)> {
+) -> Result<(usize, usize, Compacted)> {
     let mut live = BTreeSet::new();
     for (name, r) in store.list_refs()? {
         if name.starts_with("session/") || name.starts_with("snapshot/") {
@@ -116,5 +125,10 @@ pub fn collect(
             }
         }
     }
-    Ok((removed, live.len()))
+    let compacted = if dry_run {
+        Compacted::default()
+    } else {
+        store.compact()?
+    };
+    Ok((removed, live.len(), compacted))
 }
