@@ -95,6 +95,7 @@ impl Backend for Jit {
             // user's own cache directory; wasmtime checks engine compatibility when loading
             // and an incompatible or damaged file falls through to a fresh compile.
             if let Ok(m) = unsafe { wasmtime::Module::deserialize_file(&self.engine, p) } {
+                crate::cache::touch(p);
                 return done(m);
             }
         }
@@ -117,19 +118,10 @@ impl Backend for Jit {
         }
         // A cache write that fails only costs a compile next time.
         if let (Some(p), Ok(ser)) = (path, m.serialize()) {
-            let _ = write_atomic(&p, &ser);
+            let _ = crate::cache::insert(&p, &ser);
         }
         done(m)
     }
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d)?;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
 }
 
 /// Store data: the host state plus the exports host functions use on every call.

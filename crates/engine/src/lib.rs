@@ -7,6 +7,7 @@
 //!   [`snapshot::write`] stores the snapshot, and the guest either stops or rewinds and goes on.
 //! * [`snapshot::load`] — the verified resume transition of DESIGN §1.6 up to `Restoring`.
 
+mod cache;
 pub mod closure;
 mod control;
 pub mod dirty;

@@ -524,6 +524,38 @@ fn checkpoints_pruned_with_keep_leave_the_store_bounded() {
     verifies_and_finishes(&env, first, &k, &plain.stdout);
 }
 
+/// The compiled-code cache stays within `FERRY_CACHE_MAX_MB`: compiling one module evicts
+/// the least recently used others (here, with a limit of 0, all of them), and an evicted
+/// module is simply compiled again.
+#[test]
+fn the_compiled_code_cache_is_bounded() {
+    let cache = tempfile::tempdir().unwrap();
+    let env = Env::new()
+        .with_var("FERRY_CACHE", cache.path().to_str().unwrap())
+        .with_var("FERRY_CACHE_MAX_MB", "0");
+    let cached = || -> Vec<String> {
+        std::fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".cwasm"))
+            .collect()
+    };
+    let run = |g: &str, args: &[&str]| {
+        let g = guest(g);
+        let (_, err, code) = env.output(&[&["run", g.to_str().unwrap(), "--"], args].concat());
+        assert_eq!(code, 0, "{err}");
+    };
+    run("wasm/cpu.wasm", &["1"]);
+    let first = cached();
+    assert_eq!(first.len(), 1, "{first:?}");
+    run("wasm/lines.wasm", &[]);
+    let second = cached();
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(first, second, "the other module's code was evicted");
+    run("wasm/cpu.wasm", &["1"]);
+    assert_eq!(cached(), first, "compiled again");
+}
+
 #[test]
 fn gc_deletes_only_what_no_session_reaches() {
     let (env, k) = suspended_counter();
