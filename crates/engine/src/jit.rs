@@ -2,7 +2,7 @@
 //! never the contract: the instrumented module object is).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use ferry_instrument::abi;
