@@ -19,7 +19,8 @@ use crate::settings::Settings;
 pub struct ExportArgs {
     /// The snapshot: blake3:<hex> or a unique prefix.
     snapshot: String,
-    /// The capsule file to write.
+    /// The capsule file to write; `-` writes it to stdout, to pipe it
+    /// (`ferry export κ -o - | ssh HOST ferry import -`).
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
     /// Also carry the snapshot's ancestors (parents) that this store still has.
@@ -29,7 +30,7 @@ pub struct ExportArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
-    /// The capsule file written by `ferry export`.
+    /// The capsule file written by `ferry export`; `-` reads it from stdin.
     capsule: PathBuf,
 }
 
@@ -80,6 +81,9 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     // The snapshot's memory chunks first, in memory order: the importer packs them so.
     let mut objects: Vec<_> = closure.into_iter().collect();
     moving_order(&root, loaded.chunks().copied(), &mut objects);
+    if a.output.as_os_str() == "-" {
+        return export_to_stdout(&store, root, &objects);
+    }
     let tmp = a.output.with_extension("ferry-partial");
     let file =
         std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
@@ -113,20 +117,60 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `export -o -`: the capsule goes to stdout as it is written (no temporary file; a reader
+/// that gets less than all of it refuses it as truncated).
+fn export_to_stdout(
+    store: &ferry_store::FsStore,
+    root: ferry_kappa::Kappa,
+    objects: &[ferry_kappa::Kappa],
+) -> Result<ExitCode> {
+    use std::io::{IsTerminal, Write};
+    let stdout = std::io::stdout();
+    if stdout.is_terminal() {
+        anyhow::bail!(
+            "a capsule is binary: not writing it to a terminal (redirect or pipe stdout, or \
+             give -o FILE)"
+        );
+    }
+    let mut progress = Progress::new("exported", None);
+    let started = Instant::now();
+    let mut out = BufWriter::with_capacity(1 << 20, stdout.lock());
+    let stats = capsule::export(store, root, objects, &mut out, &mut |b| progress.tick(b))?;
+    out.flush().context("cannot write the capsule to stdout")?;
+    eprintln!(
+        "ferry: exported {root} to stdout: {} objects, {:.1} MiB of data in {:.1} MiB, {:.1} s",
+        stats.objects,
+        stats.bytes as f64 / (1u64 << 20) as f64,
+        stats.stored_bytes as f64 / (1u64 << 20) as f64,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
-    let file = std::fs::File::open(&a.capsule)
-        .with_context(|| format!("cannot open {}", a.capsule.display()))?;
-    let total = file.metadata().map(|m| m.len()).ok();
+    let from_stdin = a.capsule.as_os_str() == "-";
+    let (input, total): (Box<dyn std::io::Read>, _) = if from_stdin {
+        (Box::new(std::io::stdin().lock()), None)
+    } else {
+        let file = std::fs::File::open(&a.capsule)
+            .with_context(|| format!("cannot open {}", a.capsule.display()))?;
+        let total = file.metadata().map(|m| m.len()).ok();
+        (Box::new(file), total)
+    };
+    let name = if from_stdin {
+        "the capsule on stdin".to_owned()
+    } else {
+        a.capsule.display().to_string()
+    };
     let mut progress = Progress::new("imported", total);
     let (root, stats) =
-        capsule::import(BufReader::with_capacity(1 << 20, file), &store, &mut |b| {
+        capsule::import(BufReader::with_capacity(1 << 20, input), &store, &mut |b| {
             progress.tick(b)
         })
-        .with_context(|| format!("cannot import {}", a.capsule.display()))?;
+        .with_context(|| format!("cannot import {name}"))?;
     // The closure must be complete and verify before anything names it.
-    snapshot::load(&store, root)
-        .with_context(|| format!("{} holds an incomplete snapshot", a.capsule.display()))?;
+    snapshot::load(&store, root).with_context(|| format!("{name} holds an incomplete snapshot"))?;
     snapshot::name(&store, root)?;
     println!("imported {root}");
     eprintln!(

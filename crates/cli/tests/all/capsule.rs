@@ -34,6 +34,73 @@ fn a_snapshot_moves_to_another_store_through_a_capsule() {
     );
 }
 
+/// `ferry export κ -o - | ferry import -`: the capsule streams through a pipe (as through
+/// `ssh`); a capsule cut short in the pipe is refused.
+#[test]
+fn a_capsule_goes_through_a_pipe() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let here = Env::new();
+    let there = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "120"];
+    let plain = here.plain(&args);
+    let (mut seen, k) = run_and_suspend(&here, &args, 300);
+    let export = here
+        .ferry()
+        .args(["export", &k, "-o", "-"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let import = there
+        .ferry()
+        .args(["import", "-"])
+        .stdin(export.stdout.unwrap())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&import.stderr);
+    assert_eq!(import.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&import.stdout).trim(),
+        format!("imported {k}")
+    );
+    seen.extend(resume_to_end(&there, &k));
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+
+    // Cut short on the way.
+    let capsule = here
+        .ferry()
+        .args(["export", &k, "-o", "-"])
+        .output()
+        .unwrap()
+        .stdout;
+    assert!(
+        capsule.starts_with(b"FERRYCAP"),
+        "the capsule itself is on stdout"
+    );
+    let other = Env::new();
+    let mut import = other
+        .ferry()
+        .args(["import", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = import.stdin.take().unwrap();
+    stdin.write_all(&capsule[..capsule.len() / 2]).unwrap();
+    drop(stdin);
+    let out = import.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot import the capsule on stdin"), "{err}");
+    assert!(err.contains("truncated"), "{err}");
+}
+
 #[test]
 fn damaged_capsules_and_unknown_snapshots_are_refused() {
     let env = Env::new();
