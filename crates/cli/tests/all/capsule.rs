@@ -46,7 +46,7 @@ fn a_capsule_goes_through_a_pipe() {
     let args = [g.to_str().unwrap(), "--", "120"];
     let plain = here.plain(&args);
     let (mut seen, k) = run_and_suspend(&here, &args, 300);
-    let export = here
+    let mut export = here
         .ferry()
         .args(["export", &k, "-o", "-"])
         .stdout(Stdio::piped())
@@ -56,9 +56,13 @@ fn a_capsule_goes_through_a_pipe() {
     let import = there
         .ferry()
         .args(["import", "-"])
-        .stdin(export.stdout.unwrap())
+        .stdin(export.stdout.take().unwrap())
         .output()
         .unwrap();
+    let exported = export.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&exported.stderr);
+    assert_eq!(exported.status.code(), Some(0), "{err}");
+    assert!(err.contains("to stdout"), "{err}");
     let stderr = String::from_utf8_lossy(&import.stderr);
     assert_eq!(import.status.code(), Some(0), "{stderr}");
     assert_eq!(
