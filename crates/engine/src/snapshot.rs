@@ -838,14 +838,7 @@ fn read_chunks(
                             source,
                         })?;
                     for ((_, k), bytes) in part[n..e].iter().zip(scratch.chunks(size)) {
-                        let actual = Kappa::of(bytes);
-                        if actual != *k {
-                            return Err(StoreError::Corrupt {
-                                kappa: *k,
-                                actual,
-                                where_: path.display().to_string(),
-                            });
-                        }
+                        StoreError::check_hash(k, bytes, || path.display().to_string())?;
                     }
                     n = e;
                 }

@@ -197,14 +197,7 @@ impl Store for RemoteStore {
         } else {
             body
         };
-        let actual = Kappa::of(&bytes);
-        if actual != *k {
-            return Err(StoreError::Corrupt {
-                kappa: *k,
-                actual,
-                where_: self.base.clone(),
-            });
-        }
+        StoreError::check_hash(k, &bytes, || self.base.clone())?;
         Ok(bytes)
     }
 

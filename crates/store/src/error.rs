@@ -65,4 +65,29 @@ impl StoreError {
         let path = path.into();
         move |source| Self::Io { op, path, source }
     }
+
+    /// `Ok` if `bytes`, read for `kappa` at `where_`, hash to it; else [`Self::Corrupt`].
+    pub fn check_hash(
+        kappa: &Kappa,
+        bytes: &[u8],
+        where_: impl FnOnce() -> String,
+    ) -> Result<(), Self> {
+        Self::check_actual(kappa, Kappa::of(bytes), where_)
+    }
+
+    /// [`Self::check_hash`] for bytes already hashed (streamed) to `actual`.
+    pub fn check_actual(
+        kappa: &Kappa,
+        actual: Kappa,
+        where_: impl FnOnce() -> String,
+    ) -> Result<(), Self> {
+        if actual == *kappa {
+            return Ok(());
+        }
+        Err(Self::Corrupt {
+            kappa: *kappa,
+            actual,
+            where_: where_(),
+        })
+    }
 }

@@ -406,27 +406,15 @@ impl FsStore {
             };
             hasher.update(&buf[..n]);
         }
-        Self::matches(
+        StoreError::check_actual(
             kappa,
             Kappa::from_bytes(*hasher.finalize().as_bytes()),
-            where_,
+            || where_.display().to_string(),
         )
     }
 
     fn verify(kappa: &Kappa, bytes: &[u8], where_: &Path) -> Result<(), StoreError> {
-        Self::matches(kappa, Kappa::of(bytes), where_)
-    }
-
-    /// `Corrupt` unless the bytes stored for `kappa` at `where_` hashed to it.
-    fn matches(kappa: &Kappa, actual: Kappa, where_: &Path) -> Result<(), StoreError> {
-        if actual != *kappa {
-            return Err(StoreError::Corrupt {
-                kappa: *kappa,
-                actual,
-                where_: where_.display().to_string(),
-            });
-        }
-        Ok(())
+        StoreError::check_hash(kappa, bytes, || where_.display().to_string())
     }
 
     /// Compresses new objects with zstd at `level` when that saves at least a tenth of their

@@ -51,14 +51,7 @@ impl Store for MemStore {
             .get(kappa)
             .cloned()
             .ok_or(StoreError::NotFound(*kappa))?;
-        let actual = Kappa::of(&bytes);
-        if actual != *kappa {
-            return Err(StoreError::Corrupt {
-                kappa: *kappa,
-                actual,
-                where_: "memory".into(),
-            });
-        }
+        StoreError::check_hash(kappa, &bytes, || "memory".into())?;
         Ok(bytes)
     }
 
