@@ -442,9 +442,14 @@ pub fn resolve(settings: &Settings, store: &dyn Store, version: Option<&str>) ->
             ),
             _ => bail!(
                 "no Python runtime {} is installed; `ferry python install {}` fetches one \
-                 (3.12, or 3.15 with numpy; docs/python.md)",
+                 ({}; docs/python.md)",
                 version.unwrap_or("(default)"),
-                version.unwrap_or("3.12"),
+                version.unwrap_or(KNOWN[0].version),
+                KNOWN
+                    .iter()
+                    .map(|k| format!("{}: {}", k.version, k.what))
+                    .collect::<Vec<_>>()
+                    .join("; "),
             ),
         }
     };
