@@ -50,6 +50,9 @@ pub struct FsStore {
 struct Packed {
     slots: HashMap<Kappa, Slot>,
     live: HashMap<PathBuf, usize>,
+    /// Packs kept whose index still names objects no longer read from them (removed, or
+    /// held by a newer pack too): [`Store::compact`] rewrites those indexes.
+    pruned: BTreeSet<PathBuf>,
     damaged: Vec<String>,
 }
 
@@ -70,8 +73,11 @@ impl Packed {
                     zstd,
                 },
             );
-            if let Some(n) = old.and_then(|old| self.live.get_mut(&old.pack)) {
+            if let Some(old) = old
+                && let Some(n) = self.live.get_mut(&old.pack)
+            {
                 *n = n.saturating_sub(1);
+                self.pruned.insert(old.pack);
             }
         }
     }
@@ -355,6 +361,43 @@ impl FsStore {
             }
             r => r.map(|()| slot),
         }
+    }
+
+    /// Rewrites the index of every kept pack that still names objects no longer read from it,
+    /// so that a store opened later does not find removed objects again (the pack itself is
+    /// never written again: a resume may have it mapped). Each index is replaced atomically.
+    /// Returns the bytes the indexes shrank by.
+    fn rewrite_pruned_indexes(&self) -> Result<u64, StoreError> {
+        let mut packed = self.packed_mut();
+        let pruned = std::mem::take(&mut packed.pruned);
+        if pruned.is_empty() {
+            return Ok(0);
+        }
+        let mut entries: HashMap<&Path, Vec<pack::Entry>> = pruned
+            .iter()
+            .filter(|p| packed.live.contains_key(*p))
+            .map(|p| (p.as_path(), Vec::new()))
+            .collect();
+        for (k, s) in &packed.slots {
+            if let Some(e) = entries.get_mut(s.pack.as_path()) {
+                e.push((*k, s.offset, s.stored, s.len, s.zstd));
+            }
+        }
+        let mut shrunk = 0;
+        for (pack, e) in entries {
+            let idx = pack.with_extension("idx");
+            let bytes = pack::encode_index(e);
+            let was = fs::metadata(&idx).map_or(0, |m| m.len());
+            shrunk += was.saturating_sub(bytes.len() as u64);
+            self.write_atomic(&idx, &bytes, false)?;
+            self.unsynced
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(idx);
+        }
+        drop(packed);
+        self.sync()?;
+        Ok(shrunk)
     }
 
     fn packed(&self) -> std::sync::RwLockReadGuard<'_, Packed> {
@@ -926,9 +969,12 @@ impl Store for FsStore {
             *live = live.saturating_sub(1);
             if *live == 0 {
                 packed.live.remove(&slot.pack);
+                packed.pruned.remove(&slot.pack);
                 // The index first: an index never names a missing pack.
                 remove_if_present(&slot.pack.with_extension("idx"))?;
                 remove_if_present(&slot.pack)?;
+            } else {
+                packed.pruned.insert(slot.pack);
             }
         }
         drop(packed);
@@ -977,7 +1023,8 @@ impl Store for FsStore {
             moving.extend(objects);
         }
         if old.is_empty() {
-            return Ok(crate::Compacted::default());
+            let freed = self.rewrite_pruned_indexes()?;
+            return Ok(crate::Compacted { files: 0, freed });
         }
         let (mut moving, rest): (Vec<_>, Vec<_>) = moving
             .into_iter()
@@ -1031,6 +1078,7 @@ impl Store for FsStore {
             // Every object it held is read from a new pack now.
             if packed.live.get(&pack).is_some_and(|&n| n == 0) {
                 packed.live.remove(&pack);
+                packed.pruned.remove(&pack);
                 remove_if_present(&idx)?;
                 remove_if_present(&pack)?;
                 done.files += 1;
@@ -1038,6 +1086,8 @@ impl Store for FsStore {
             }
         }
         done.freed = done.freed.saturating_sub(written);
+        drop(packed);
+        done.freed += self.rewrite_pruned_indexes()?;
         Ok(done)
     }
 

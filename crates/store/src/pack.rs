@@ -75,6 +75,11 @@ pub(crate) fn layout(objects: &[Packable<'_>], data_start: u64) -> (Vec<u8>, Vec
         entries.push((*k, at, b.len() as u32, *len, *zstd));
         at += b.len() as u64;
     }
+    (header, encode_index(entries), at)
+}
+
+/// An index listing `entries` (κ unique), sorted by κ.
+pub(crate) fn encode_index(mut entries: Vec<Entry>) -> Vec<u8> {
     entries.sort_by_key(|e| e.0);
     let mut idx = Vec::with_capacity(16 + entries.len() * ENTRY);
     idx.extend_from_slice(IDX_MAGIC);
@@ -87,7 +92,7 @@ pub(crate) fn layout(objects: &[Packable<'_>], data_start: u64) -> (Vec<u8>, Vec
         idx.extend_from_slice(&len.to_le_bytes());
         idx.push(u8::from(zstd));
     }
-    (header, idx, at)
+    idx
 }
 
 /// Reads an index; `pack_len` bounds every entry.
