@@ -98,7 +98,8 @@ fn gc(store: &dyn Store, dry_run: bool, keep: usize) -> Result<ExitCode> {
 }
 
 /// Deletes (unless `dry_run`) every object no ref reaches, keeping of each session's and
-/// imported snapshot's history the newest `keep(ref name)` snapshots, then reclaims the
+/// imported snapshot's history the newest `keep(ref name)` snapshots, and modules other
+/// versions of ferry instrumented unless a kept snapshot names them, then reclaims the
 /// space deleted objects held in packs shared with live ones ([`Store::compact`]). The
 /// caller must be alone with the store (objects another process wrote may not be named yet).
 /// Returns how many objects were (or would be) deleted, how many are kept, and what the
@@ -109,11 +110,25 @@ pub fn collect(
     keep: &dyn Fn(&str) -> usize,
 ) -> Result<(usize, usize, Compacted)> {
     let mut live = BTreeSet::new();
+    let current = format!(
+        "derived/instrument-v{}/",
+        ferry_instrument::INSTRUMENT_VERSION
+    );
+    let mut stale = Vec::new();
     for (name, r) in store.list_refs()? {
         if name.starts_with("session/") || name.starts_with("snapshot/") {
             snapshots_closure(store, &r.target, keep(&name), &mut live)?;
+        } else if name.starts_with("derived/instrument-v") && !name.starts_with(&current) {
+            // A module instrumented by another version of ferry: only that version can use
+            // it, and only a snapshot of that version needs it (which keeps it).
+            stale.push((name, r));
         } else {
             live.insert(r.target);
+        }
+    }
+    if !dry_run {
+        for (name, r) in stale {
+            store.cas_ref(&name, Some(r), None)?;
         }
     }
     let mut removed = 0;

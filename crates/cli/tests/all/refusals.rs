@@ -569,16 +569,47 @@ fn gc_deletes_only_what_no_session_reaches() {
         assert!(err.contains("is in use by another ferry process"), "{err}");
         orphan
     };
+    // A module an older ferry instrumented, named by its `derived` ref (a cache of that
+    // version: nothing here needs it).
+    let old_ref = format!("derived/instrument-v1/{}", "ab".repeat(32));
+    let old_module = {
+        use ferry_store::Store;
+        let store = ferry_store::FsStore::open(env.store()).unwrap();
+        let m = store.put(b"instrumented by ferry long ago").unwrap();
+        let r = ferry_store::RefValue {
+            epoch: 0,
+            target: m,
+        };
+        store.cas_ref(&old_ref, None, Some(r)).unwrap();
+        m
+    };
     let (out, _, code) = env.output(&["store", "gc", "--dry-run"]);
     assert_eq!(code, 0);
-    assert!(out.contains("would delete 1 objects"), "{out}");
+    assert!(out.contains("would delete 2 objects"), "{out}");
     let (out, _, code) = env.output(&["store", "gc"]);
     assert_eq!(code, 0);
-    assert!(out.contains("deleted 1 objects"), "{out}");
+    assert!(out.contains("deleted 2 objects"), "{out}");
     {
         use ferry_store::Store;
         let store = ferry_store::FsStore::open(env.store()).unwrap();
         assert!(!store.has(&orphan).unwrap());
+        assert!(!store.has(&old_module).unwrap());
+        assert!(
+            store.get_ref(&old_ref).unwrap().is_none(),
+            "its ref goes too"
+        );
+        let current = format!(
+            "derived/instrument-v{}/",
+            ferry_instrument::INSTRUMENT_VERSION
+        );
+        assert!(
+            store
+                .list_refs()
+                .unwrap()
+                .iter()
+                .any(|(name, _)| name.starts_with(&current)),
+            "this version's prepared module is kept"
+        );
     }
     let (o, e, code) = env.output(&["store", "verify"]);
     assert_eq!(code, 0, "{o}{e}");
