@@ -114,7 +114,7 @@ pub fn collect(
         "derived/instrument-v{}/",
         ferry_instrument::INSTRUMENT_VERSION
     );
-    let mut stale = Vec::new();
+    let (mut stale, mut marks) = (Vec::new(), Vec::new());
     for (name, r) in store.list_refs()? {
         if name.starts_with("session/") || name.starts_with("snapshot/") {
             snapshots_closure(store, &r.target, keep(&name), &mut live)?;
@@ -122,10 +122,14 @@ pub fn collect(
             // A module instrumented by another version of ferry: only that version can use
             // it, and only a snapshot of that version needs it (which keeps it).
             stale.push((name, r));
+        } else if name.starts_with("derived/exceptions/") {
+            // A mark on an instrumented module, which it does not keep.
+            marks.push((name, r));
         } else {
             live.insert(r.target);
         }
     }
+    stale.extend(marks.into_iter().filter(|(_, r)| !live.contains(&r.target)));
     if !dry_run {
         for (name, r) in stale {
             store.cas_ref(&name, Some(r), None)?;

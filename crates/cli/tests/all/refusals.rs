@@ -581,6 +581,9 @@ fn gc_deletes_only_what_no_session_reaches() {
             target: m,
         };
         store.cas_ref(&old_ref, None, Some(r)).unwrap();
+        // Marked as using exceptions, as prepare marks such a module.
+        let mark = format!("derived/exceptions/{}", m.to_hex());
+        store.cas_ref(&mark, None, Some(r)).unwrap();
         m
     };
     let (out, _, code) = env.output(&["store", "gc", "--dry-run"]);
@@ -598,6 +601,8 @@ fn gc_deletes_only_what_no_session_reaches() {
             store.get_ref(&old_ref).unwrap().is_none(),
             "its ref goes too"
         );
+        let mark = format!("derived/exceptions/{}", old_module.to_hex());
+        assert!(store.get_ref(&mark).unwrap().is_none(), "and its mark");
         let current = format!(
             "derived/instrument-v{}/",
             ferry_instrument::INSTRUMENT_VERSION
