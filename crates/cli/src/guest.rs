@@ -453,6 +453,11 @@ impl Execution<'_> {
     }
 }
 
+/// Bytes of live chunks a `--keep` prune copies at most when it compacts packs (the guest
+/// waits for it): a 1 GiB first snapshot's pack, half unreachable, is then compacted over
+/// several checkpoints instead of in one long pause.
+const PRUNE_COMPACT_BUDGET: u64 = 64 << 20;
+
 /// `--keep N`: deletes what only this session's snapshots older than its newest `n` held, if
 /// no other process uses the store (else a later snapshot tries again).
 fn prune(store: &FsStore, id: &str, n: u64) {
@@ -460,7 +465,7 @@ fn prune(store: &FsStore, id: &str, n: u64) {
     let n = usize::try_from(n).unwrap_or(usize::MAX);
     let keep = |r: &str| if r == name { n } else { usize::MAX };
     let t = std::time::Instant::now();
-    match store.alone(|| crate::cmd::store::collect(store, false, &keep)) {
+    match store.alone(|| crate::cmd::store::collect(store, false, &keep, PRUNE_COMPACT_BUDGET)) {
         Ok(Some(Ok((removed, kept, compacted)))) => {
             let ms = t.elapsed().as_millis() as u64;
             tracing::info!(

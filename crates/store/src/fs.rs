@@ -83,6 +83,55 @@ impl Packed {
     }
 }
 
+/// Copies `len` bytes of `src` at `from` to `dst` at `to`, inside the kernel where it can.
+fn copy_range(
+    src: &File,
+    mut from: u64,
+    dst: &File,
+    mut to: u64,
+    mut len: u64,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    while len > 0 {
+        let (mut off_in, mut off_out) = (from as libc::loff_t, to as libc::loff_t);
+        let want = usize::try_from(len.min(1 << 30)).unwrap_or(1 << 30);
+        // SAFETY: copy_file_range between descriptors we own, with offsets of our own.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                &mut off_in,
+                dst.as_raw_fd(),
+                &mut off_out,
+                want,
+                0,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EXDEV | libc::ENOSYS | libc::EINVAL | libc::EOPNOTSUPP) => break,
+                _ => return Err(e),
+            }
+        }
+        if n == 0 {
+            return Err(ErrorKind::UnexpectedEof.into());
+        }
+        let n = n as u64;
+        (from, to, len) = (from + n, to + n, len - n);
+    }
+    // By hand, where the file system has no copy_file_range.
+    let mut buf = vec![0; len.min(1 << 20) as usize];
+    while len > 0 {
+        let n = len.min(buf.len() as u64) as usize;
+        src.read_exact_at(&mut buf[..n], from)?;
+        dst.write_all_at(&buf[..n], to)?;
+        let n = n as u64;
+        (from, to, len) = (from + n, to + n, len - n);
+    }
+    Ok(())
+}
+
 /// Live bytes [`FsStore::compact`] gathers into one new pack at most (an object larger than
 /// this gets a pack of its own).
 const COMPACT_BATCH: u64 = 256 << 20;
@@ -366,6 +415,60 @@ impl FsStore {
     /// Rewrites the index of every kept pack that still names objects no longer read from it,
     /// so that a store opened later does not find removed objects again (the pack itself is
     /// never written again: a resume may have it mapped). Each index is replaced atomically.
+    /// A new file in `tmp/` holding `header`, then the stored bytes of `objects` back to
+    /// back, copied from their packs inside the kernel (`copy_file_range`: no buffer, no
+    /// fresh pages; read and written where the file system cannot), made durable when the
+    /// store is. `open` keeps the packs read from open.
+    fn copy_into_tmp(
+        &self,
+        header: &[u8],
+        objects: &[(Kappa, Slot)],
+        open: &mut HashMap<PathBuf, File>,
+    ) -> Result<PathBuf, StoreError> {
+        let tmp = self.tmp_path();
+        let result = (|| {
+            let out = File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
+            std::os::unix::fs::FileExt::write_all_at(&out, header, 0)
+                .map_err(StoreError::io("write", &tmp))?;
+            let mut at = header.len() as u64;
+            let mut i = 0;
+            while i < objects.len() {
+                // A run: objects adjacent in one pack, copied at once.
+                let first = &objects[i].1;
+                let mut len = u64::from(first.stored);
+                let mut j = i + 1;
+                while j < objects.len()
+                    && objects[j].1.pack == first.pack
+                    && objects[j].1.offset == first.offset + len
+                {
+                    len += u64::from(objects[j].1.stored);
+                    j += 1;
+                }
+                let src = match open.entry(first.pack.clone()) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => e.insert(
+                        File::open(&first.pack).map_err(StoreError::io("open", &first.pack))?,
+                    ),
+                };
+                copy_range(src, first.offset, &out, at, len)
+                    .map_err(StoreError::io("copy into", &tmp))?;
+                at += len;
+                i = j;
+            }
+            if self.durable {
+                out.sync_data().map_err(StoreError::io("sync", &tmp))?;
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => Ok(tmp),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+
     /// Returns the bytes the indexes shrank by.
     fn rewrite_pruned_indexes(&self) -> Result<u64, StoreError> {
         let mut packed = self.packed_mut();
@@ -989,8 +1092,10 @@ impl Store for FsStore {
     /// and a resume can still map them), and the old packs are deleted once the new ones are
     /// durable. A pack all of whose objects another pack holds (a compaction cut short) is
     /// just deleted. Damaged packs are left for `verify` to report. Objects are copied as
-    /// stored, not re-hashed: a damaged one stays detectable where it lands.
-    fn compact(&self) -> Result<crate::Compacted, StoreError> {
+    /// stored, not re-hashed: a damaged one stays detectable where it lands. Packs with the
+    /// fewest live bytes go first; once `budget` bytes are copied the rest waits for the next
+    /// call (a pack copied in part stays, its index without what was copied, until then).
+    fn compact(&self, budget: u64) -> Result<crate::Compacted, StoreError> {
         let dir = self.root.join("packs");
         let mut held: HashMap<PathBuf, Vec<(Kappa, Slot)>> = HashMap::new();
         let loaded: BTreeSet<PathBuf> = {
@@ -1004,7 +1109,8 @@ impl Store for FsStore {
         };
         let mut packs = pack::list(&dir)?;
         packs.sort();
-        let (mut old, mut moving) = (Vec::new(), Vec::new());
+        // Packs at least half unreachable, the least live first (the quickest to delete).
+        let mut candidates = Vec::new();
         for (idx, pack) in packs {
             let Ok(meta) = fs::metadata(&pack) else {
                 continue;
@@ -1018,9 +1124,24 @@ impl Store for FsStore {
                 continue;
             }
             let idx_len = fs::metadata(&idx).map_or(0, |m| m.len());
-            old.push((idx, pack, meta.len() + idx_len));
             objects.sort_by_key(|(_, s)| s.offset);
-            moving.extend(objects);
+            candidates.push((live, idx, pack, meta.len() + idx_len, objects));
+        }
+        candidates.sort_by_key(|c| c.0);
+        let (mut old, mut moving) = (Vec::new(), Vec::new());
+        let mut copied = 0u64;
+        for (_, idx, pack, len, objects) in candidates {
+            if copied >= budget {
+                break;
+            }
+            for o in objects {
+                if copied >= budget {
+                    break;
+                }
+                copied += u64::from(o.1.stored);
+                moving.push(o);
+            }
+            old.push((idx, pack, len));
         }
         if old.is_empty() {
             let freed = self.rewrite_pruned_indexes()?;
@@ -1042,32 +1163,17 @@ impl Store for FsStore {
             }
             let batch = &moving[batch_start..end];
             batch_start = end;
-            let mut bytes = Vec::with_capacity(batch.len());
-            for (_, slot) in batch {
-                let f = match open.entry(slot.pack.clone()) {
-                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => e.insert(
-                        File::open(&slot.pack).map_err(StoreError::io("open", &slot.pack))?,
-                    ),
-                };
-                let mut b = vec![0; slot.stored as usize];
-                std::os::unix::fs::FileExt::read_exact_at(&*f, &mut b, slot.offset)
-                    .map_err(StoreError::io("read", &slot.pack))?;
-                bytes.push(b);
+            let mut entries = Vec::with_capacity(batch.len());
+            let mut at = DIRECT_ALIGN as u64;
+            for (k, slot) in batch {
+                entries.push((*k, at, slot.stored, slot.len, slot.zstd));
+                at += u64::from(slot.stored);
             }
-            let objects: Vec<pack::Packable<'_>> = batch
-                .iter()
-                .zip(&bytes)
-                .map(|((k, slot), b)| (*k, b.as_slice(), slot.len, slot.zstd))
-                .collect();
-            let (header, idx_bytes, pack_len) = pack::layout(&objects, DIRECT_ALIGN as u64);
-            self.take_writes(objects.len() as u64, &dir)?;
-            let parts: Vec<&[u8]> = std::iter::once(header.as_slice())
-                .chain(bytes.iter().map(Vec::as_slice))
-                .collect();
-            let tmp = self.write_tmp(&parts, self.durable)?;
-            self.finish_pack(&tmp, &idx_bytes, pack_len)?;
-            written += pack_len + idx_bytes.len() as u64;
+            let idx_bytes = pack::encode_index(entries);
+            self.take_writes(batch.len() as u64, &dir)?;
+            let tmp = self.copy_into_tmp(&pack::header(DIRECT_ALIGN as u64), batch, &mut open)?;
+            self.finish_pack(&tmp, &idx_bytes, at)?;
+            written += at + idx_bytes.len() as u64;
         }
         drop(open);
         // The new packs durable before the old ones go.
@@ -1220,7 +1326,7 @@ mod tests {
         }
         // Looked up before the compaction, read after it: the pack it names is gone.
         let slot = s.packed().slots.get(&ks[0]).cloned().unwrap();
-        assert_eq!(s.compact().unwrap().files, 1);
+        assert_eq!(s.compact(u64::MAX).unwrap().files, 1);
         assert!(!slot.pack.exists());
         let mut out = vec![0; chunks[0].len()];
         let moved = s.read_slot(&ks[0], slot.clone(), &mut out).unwrap();

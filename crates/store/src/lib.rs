@@ -110,9 +110,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         Ok(())
     }
     /// Reclaims the space of removed objects that share a file with live ones (an
-    /// [`FsStore`]'s packs), after [`Store::remove`]s. Like `remove`, for a caller that has
-    /// the store to itself. Stores that keep each object on its own have nothing to do.
-    fn compact(&self) -> Result<Compacted, StoreError> {
+    /// [`FsStore`]'s packs), after [`Store::remove`]s, copying at most about `budget` bytes
+    /// of live objects (at least one object) — what is left waits for a later call. Like
+    /// `remove`, for a caller that has the store to itself. Stores that keep each object on
+    /// its own have nothing to do.
+    fn compact(&self, budget: u64) -> Result<Compacted, StoreError> {
+        let _ = budget;
         Ok(Compacted::default())
     }
     /// Makes every completed `put` durable (objects are written without a sync each, so a

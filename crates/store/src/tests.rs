@@ -422,7 +422,7 @@ fn compaction_frees_what_removed_objects_held_in_shared_packs() {
         before > 128 << 16,
         "removing some objects frees nothing yet"
     );
-    let done = s.compact().unwrap();
+    let done = s.compact(u64::MAX).unwrap();
     assert_eq!(done.files, 1, "only the mostly dead pack is rewritten");
     let after = pack_bytes(dir.path());
     assert!(after < before - (50 << 16), "{before} -> {after}");
@@ -451,11 +451,69 @@ fn compaction_frees_what_removed_objects_held_in_shared_packs() {
     let again = FsStore::open(dir.path()).unwrap();
     check(&again);
     assert_eq!(
-        again.compact().unwrap(),
+        again.compact(u64::MAX).unwrap(),
         Compacted::default(),
         "nothing left to do"
     );
     assert!(again.problems().is_empty(), "{:?}", again.problems());
+}
+
+#[test]
+fn a_compaction_within_a_budget_goes_on_where_the_last_one_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = FsStore::open(dir.path()).unwrap();
+    let (a, b) = (chunks(64, 4), chunks(64, 5));
+    let ka = s
+        .put_many(&a.iter().map(Vec::as_slice).collect::<Vec<_>>())
+        .unwrap();
+    let kb = s
+        .put_many(&b.iter().map(Vec::as_slice).collect::<Vec<_>>())
+        .unwrap();
+    for k in ka.iter().skip(8).chain(kb.iter().skip(16)) {
+        s.remove(k).unwrap();
+    }
+    let live: Vec<(&Kappa, &Vec<u8>)> = ka
+        .iter()
+        .zip(&a)
+        .take(8)
+        .chain(kb.iter().zip(&b).take(16))
+        .collect();
+    let packs = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir.path().join("packs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "pack"))
+            .collect()
+    };
+    let original = packs();
+    let before = pack_bytes(dir.path());
+    // Four chunks at a time: the pack with the fewest live chunks goes first, in parts.
+    let first = s.compact(4 << 16).unwrap();
+    assert_eq!(
+        first.files, 0,
+        "no pack is emptied by the first four chunks"
+    );
+    assert_eq!(packs().len(), 3);
+    let mut calls = 1;
+    while original.iter().any(|p| p.exists()) {
+        s.compact(4 << 16).unwrap();
+        for (k, bytes) in &live {
+            assert_eq!(&&s.get(k).unwrap(), bytes);
+        }
+        // A store opened between two calls sees every live object once.
+        let other = FsStore::open(dir.path()).unwrap();
+        assert_eq!(other.list().unwrap().len(), live.len());
+        drop(other);
+        calls += 1;
+        assert!(calls <= 8, "24 live chunks, 4 per call");
+    }
+    assert_eq!(calls, 6);
+    assert!(pack_bytes(dir.path()) < before / 2);
+    assert_eq!(
+        s.compact(4 << 16).unwrap(),
+        Compacted::default(),
+        "nothing left"
+    );
 }
 
 #[test]
@@ -475,7 +533,7 @@ fn a_pack_a_compaction_left_behind_is_dropped_and_nothing_is_lost() {
     }
     let before = pack_bytes(dir.path());
     let s = FsStore::open(dir.path()).unwrap();
-    let done = s.compact().unwrap();
+    let done = s.compact(u64::MAX).unwrap();
     assert_eq!(done.files, 1, "one of the twins goes");
     assert_eq!(pack_bytes(dir.path()) * 2, before);
     for (k, bytes) in ks.iter().zip(&a) {

@@ -84,7 +84,7 @@ fn verify(store: &dyn Store) -> Result<ExitCode> {
 }
 
 fn gc(store: &dyn Store, dry_run: bool, keep: usize) -> Result<ExitCode> {
-    let (removed, kept, compacted) = collect(store, dry_run, &|_| keep)?;
+    let (removed, kept, compacted) = collect(store, dry_run, &|_| keep, u64::MAX)?;
     let verb = if dry_run { "would delete" } else { "deleted" };
     println!("{verb} {removed} objects, kept {kept}");
     if compacted.files > 0 {
@@ -102,12 +102,13 @@ fn gc(store: &dyn Store, dry_run: bool, keep: usize) -> Result<ExitCode> {
 /// versions of ferry instrumented unless a kept snapshot names them, then reclaims the
 /// space deleted objects held in packs shared with live ones ([`Store::compact`]). The
 /// caller must be alone with the store (objects another process wrote may not be named yet).
-/// Returns how many objects were (or would be) deleted, how many are kept, and what the
-/// compaction did.
+/// The compaction copies at most about `compact_budget` bytes. Returns how many objects were
+/// (or would be) deleted, how many are kept, and what the compaction did.
 pub fn collect(
     store: &dyn Store,
     dry_run: bool,
     keep: &dyn Fn(&str) -> usize,
+    compact_budget: u64,
 ) -> Result<(usize, usize, Compacted)> {
     let mut live = BTreeSet::new();
     let current = format!(
@@ -147,7 +148,7 @@ pub fn collect(
     let compacted = if dry_run {
         Compacted::default()
     } else {
-        store.compact()?
+        store.compact(compact_budget)?
     };
     Ok((removed, live.len(), compacted))
 }
