@@ -456,7 +456,7 @@ impl Execution<'_> {
 /// Bytes of live chunks a `--keep` prune copies at most when it compacts packs (the guest
 /// waits for it): a 1 GiB first snapshot's pack, half unreachable, is then compacted over
 /// several checkpoints instead of in one long pause.
-const PRUNE_COMPACT_BUDGET: u64 = 64 << 20;
+const PRUNE_COMPACT_BUDGET: u64 = 32 << 20;
 
 /// `--keep N`: deletes what only this session's snapshots older than its newest `n` held, if
 /// no other process uses the store (else a later snapshot tries again).
