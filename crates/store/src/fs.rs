@@ -425,11 +425,9 @@ impl FsStore {
         objects: &[(Kappa, Slot)],
         open: &mut HashMap<PathBuf, File>,
     ) -> Result<PathBuf, StoreError> {
-        let tmp = self.tmp_path();
-        let result = (|| {
-            let out = File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
-            std::os::unix::fs::FileExt::write_all_at(&out, header, 0)
-                .map_err(StoreError::io("write", &tmp))?;
+        self.new_tmp(self.durable, |out, tmp| {
+            std::os::unix::fs::FileExt::write_all_at(out, header, 0)
+                .map_err(StoreError::io("write", tmp))?;
             let mut at = header.len() as u64;
             let mut i = 0;
             while i < objects.len() {
@@ -450,23 +448,13 @@ impl FsStore {
                         File::open(&first.pack).map_err(StoreError::io("open", &first.pack))?,
                     ),
                 };
-                copy_range(src, first.offset, &out, at, len)
-                    .map_err(StoreError::io("copy into", &tmp))?;
+                copy_range(src, first.offset, out, at, len)
+                    .map_err(StoreError::io("copy into", tmp))?;
                 at += len;
                 i = j;
             }
-            if self.durable {
-                out.sync_data().map_err(StoreError::io("sync", &tmp))?;
-            }
             Ok(())
-        })();
-        match result {
-            Ok(()) => Ok(tmp),
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                Err(e)
-            }
-        }
+        })
     }
 
     /// Returns the bytes the indexes shrank by.
@@ -801,12 +789,25 @@ impl FsStore {
     /// Writes the concatenation of `parts` to a new file in `tmp/` (removed again if that
     /// fails) and returns its path.
     fn write_tmp(&self, parts: &[&[u8]], sync: bool) -> Result<PathBuf, StoreError> {
+        self.new_tmp(sync, |mut f, tmp| {
+            for part in parts {
+                f.write_all(part).map_err(StoreError::io("write", tmp))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// A new file in `tmp/`, filled by `fill` (given the file and its path) and, if `sync`,
+    /// made durable; removed again if either fails.
+    fn new_tmp(
+        &self,
+        sync: bool,
+        fill: impl FnOnce(&File, &Path) -> Result<(), StoreError>,
+    ) -> Result<PathBuf, StoreError> {
         let tmp = self.tmp_path();
         let result = (|| {
-            let mut f = File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
-            for part in parts {
-                f.write_all(part).map_err(StoreError::io("write", &tmp))?;
-            }
+            let f = File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
+            fill(&f, &tmp)?;
             if sync {
                 f.sync_data().map_err(StoreError::io("sync", &tmp))?;
             }

@@ -402,18 +402,19 @@ fn chunks(n: u32, seed: u32) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// `blobs` stored together (one pack).
+fn put_batch(s: &FsStore, blobs: &[Vec<u8>]) -> Vec<Kappa> {
+    s.put_many(&blobs.iter().map(Vec::as_slice).collect::<Vec<_>>())
+        .unwrap()
+}
+
 #[test]
 fn compaction_frees_what_removed_objects_held_in_shared_packs() {
     let dir = tempfile::tempdir().unwrap();
     let s = FsStore::open(dir.path()).unwrap();
     // Two batches, two packs; most of the first batch and a few of the second removed.
     let (a, b) = (chunks(64, 1), chunks(64, 2));
-    let ka = s
-        .put_many(&a.iter().map(Vec::as_slice).collect::<Vec<_>>())
-        .unwrap();
-    let kb = s
-        .put_many(&b.iter().map(Vec::as_slice).collect::<Vec<_>>())
-        .unwrap();
+    let (ka, kb) = (put_batch(&s, &a), put_batch(&s, &b));
     for k in ka.iter().skip(8).chain(kb.iter().take(4)) {
         s.remove(k).unwrap();
     }
@@ -463,12 +464,7 @@ fn a_compaction_within_a_budget_goes_on_where_the_last_one_stopped() {
     let dir = tempfile::tempdir().unwrap();
     let s = FsStore::open(dir.path()).unwrap();
     let (a, b) = (chunks(64, 4), chunks(64, 5));
-    let ka = s
-        .put_many(&a.iter().map(Vec::as_slice).collect::<Vec<_>>())
-        .unwrap();
-    let kb = s
-        .put_many(&b.iter().map(Vec::as_slice).collect::<Vec<_>>())
-        .unwrap();
+    let (ka, kb) = (put_batch(&s, &a), put_batch(&s, &b));
     for k in ka.iter().skip(8).chain(kb.iter().skip(16)) {
         s.remove(k).unwrap();
     }
@@ -520,10 +516,7 @@ fn a_compaction_within_a_budget_goes_on_where_the_last_one_stopped() {
 fn a_pack_a_compaction_left_behind_is_dropped_and_nothing_is_lost() {
     let dir = tempfile::tempdir().unwrap();
     let a = chunks(16, 3);
-    let ks = FsStore::open(dir.path())
-        .unwrap()
-        .put_many(&a.iter().map(Vec::as_slice).collect::<Vec<_>>())
-        .unwrap();
+    let ks = put_batch(&FsStore::open(dir.path()).unwrap(), &a);
     // A compaction cut short after its new pack was written: the same objects in two packs.
     let packs = dir.path().join("packs");
     for e in std::fs::read_dir(&packs).unwrap() {

@@ -3,14 +3,21 @@
 
 use crate::harness::{Env, guest, resume_to_end, run_and_suspend};
 
-#[test]
-fn a_snapshot_moves_to_another_store_through_a_capsule() {
+/// A CPU guest suspended in a new environment: the environment, what an uninterrupted run
+/// prints, what this one printed before it was suspended, and its snapshot.
+fn suspended_cpu_guest() -> (Env, Vec<u8>, Vec<u8>, String) {
     let here = Env::new();
-    let there = Env::new();
     let g = guest("wasm/cpu.wasm");
     let args = [g.to_str().unwrap(), "--", "120"];
     let plain = here.plain(&args);
-    let (mut seen, k) = run_and_suspend(&here, &args, 300);
+    let (seen, k) = run_and_suspend(&here, &args, 300);
+    (here, plain.stdout, seen, k)
+}
+
+#[test]
+fn a_snapshot_moves_to_another_store_through_a_capsule() {
+    let (here, plain, mut seen, k) = suspended_cpu_guest();
+    let there = Env::new();
     let capsule = here.path("moved.ferry");
     let (_, err, code) = here.output(&["export", &k, "-o", capsule.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
@@ -30,7 +37,7 @@ fn a_snapshot_moves_to_another_store_through_a_capsule() {
     seen.extend(resume_to_end(&there, &k));
     assert_eq!(
         String::from_utf8_lossy(&seen),
-        String::from_utf8_lossy(&plain.stdout)
+        String::from_utf8_lossy(&plain)
     );
 }
 
@@ -40,12 +47,8 @@ fn a_snapshot_moves_to_another_store_through_a_capsule() {
 fn a_capsule_goes_through_a_pipe() {
     use std::io::Write;
     use std::process::Stdio;
-    let here = Env::new();
+    let (here, plain, mut seen, k) = suspended_cpu_guest();
     let there = Env::new();
-    let g = guest("wasm/cpu.wasm");
-    let args = [g.to_str().unwrap(), "--", "120"];
-    let plain = here.plain(&args);
-    let (mut seen, k) = run_and_suspend(&here, &args, 300);
     let mut export = here
         .ferry()
         .args(["export", &k, "-o", "-"])
@@ -72,7 +75,7 @@ fn a_capsule_goes_through_a_pipe() {
     seen.extend(resume_to_end(&there, &k));
     assert_eq!(
         String::from_utf8_lossy(&seen),
-        String::from_utf8_lossy(&plain.stdout)
+        String::from_utf8_lossy(&plain)
     );
 
     // Cut short on the way.
