@@ -412,9 +412,6 @@ impl FsStore {
         }
     }
 
-    /// Rewrites the index of every kept pack that still names objects no longer read from it,
-    /// so that a store opened later does not find removed objects again (the pack itself is
-    /// never written again: a resume may have it mapped). Each index is replaced atomically.
     /// A new file in `tmp/` holding `header`, then the stored bytes of `objects` back to
     /// back, copied from their packs inside the kernel (`copy_file_range`: no buffer, no
     /// fresh pages; read and written where the file system cannot), made durable when the
@@ -457,6 +454,9 @@ impl FsStore {
         })
     }
 
+    /// Rewrites the index of every kept pack that still names objects no longer read from it,
+    /// so that a store opened later does not find removed objects again (the pack itself is
+    /// never written again: a resume may have it mapped). Each index is replaced atomically.
     /// Returns the bytes the indexes shrank by.
     fn rewrite_pruned_indexes(&self) -> Result<u64, StoreError> {
         let mut packed = self.packed_mut();
