@@ -175,6 +175,14 @@ pub struct WasiState {
     pub stdin_bytes: u64,
     /// A sleep in progress (absolute virtual monotonic deadline, ns), if suspended inside one.
     pub sleep_deadline_ns: Option<u64>,
+    /// What the guest wrote to stdout / stderr on a terminal that had hung up (the writes
+    /// failed there while the suspend the hangup asks for was on its way): not yet shown, so
+    /// written first when the resumed guest next writes there or ends. Absent when empty, so
+    /// snapshots without any encode as before; a ferry that predates the fields refuses them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "serde_bytes")]
+    pub unshown_stdout: Vec<u8>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "serde_bytes")]
+    pub unshown_stderr: Vec<u8>,
 }
 kind!(WasiState, "ferry.wasi", 1, |s| s
     .mounts

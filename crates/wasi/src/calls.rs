@@ -561,22 +561,43 @@ impl WasiCtx {
         let mut total: u64 = 0;
         match (kind, write) {
             (FdKind::Stdout | FdKind::Stderr, true) => {
-                let w = if kind == FdKind::Stdout {
+                let i = usize::from(kind == FdKind::Stderr);
+                let mut shown = tri!(self.show_unshown(i));
+                let terminal = self.stdio.terminals[1 + i];
+                let w = if i == 0 {
                     &mut self.stdio.stdout
                 } else {
                     &mut self.stdio.stderr
                 };
+                let mut written = 0;
                 for (p, len) in vecs {
                     let buf = tri!(m.slice(p, len));
-                    // A closed pipe or full disk is the guest's to handle, as on any host.
-                    tri!(w.write_all(buf));
+                    // A terminal that hung up (a closed window, a dropped ssh connection)
+                    // refuses writes while the suspend its hangup asks for is on the way:
+                    // what it refuses is kept, carried by the snapshot and shown after the
+                    // resume, instead of being lost.
+                    let fits = self.unshown[i].len() + buf.len() <= crate::ctx::MAX_UNSHOWN;
+                    if !shown && fits {
+                        self.unshown[i].extend_from_slice(buf);
+                    } else {
+                        match w.write_all(buf) {
+                            Ok(()) => written += u64::from(len),
+                            Err(e) if terminal && fits && crate::ctx::hung_up(&e) => {
+                                shown = false;
+                                self.unshown[i].extend_from_slice(buf);
+                            }
+                            // A closed pipe or full disk is the guest's to handle, as on any
+                            // host.
+                            Err(e) => tri!(Err(e)),
+                        }
+                    }
                     total += u64::from(len);
                 }
                 let _ = w.flush();
-                if kind == FdKind::Stdout {
-                    self.stdout_bytes += total;
+                if i == 0 {
+                    self.stdout_bytes += written;
                 } else {
-                    self.stderr_bytes += total;
+                    self.stderr_bytes += written;
                 }
             }
             (FdKind::Stdin, false) => {

@@ -215,6 +215,9 @@ pub struct WasiCtx {
     pub stdin_bytes: u64,
     /// Deadline of a sleep interrupted by a suspend (virtual ns).
     pub sleep_deadline: Option<u64>,
+    /// Bytes written to stdout and stderr that a hung-up terminal refused, oldest first:
+    /// carried by snapshots and shown by the resumed guest (see `WasiState::unshown_stdout`).
+    pub(crate) unshown: [Vec<u8>; 2],
     /// Whether a suspend has been requested (checked while blocked).
     pub(crate) interrupt: Arc<dyn Fn() -> bool + Send + Sync>,
     /// Set by the engine while it re-enters a blocking call during a rewind.
@@ -252,6 +255,7 @@ impl WasiCtx {
             stderr_bytes: 0,
             stdin_bytes: 0,
             sleep_deadline: None,
+            unshown: [Vec::new(), Vec::new()],
             interrupt,
             rewinding: false,
         };
@@ -280,6 +284,12 @@ impl WasiCtx {
         clock: Box<dyn Clock>,
         interrupt: Arc<dyn Fn() -> bool + Send + Sync>,
     ) -> Result<Self, String> {
+        if state.unshown_stdout.len().max(state.unshown_stderr.len()) > MAX_UNSHOWN {
+            return Err(format!(
+                "the snapshot holds more than {MAX_UNSHOWN} bytes of output not yet shown, \
+                 more than ferry ever keeps"
+            ));
+        }
         let mut ordered = Vec::new();
         for m in &state.mounts {
             let grant = mounts
@@ -358,6 +368,7 @@ impl WasiCtx {
         ctx.stderr_bytes = state.stderr_bytes;
         ctx.stdin_bytes = state.stdin_bytes;
         ctx.sleep_deadline = state.sleep_deadline_ns;
+        ctx.unshown = [state.unshown_stdout.clone(), state.unshown_stderr.clone()];
         Ok(ctx)
     }
 
@@ -444,6 +455,8 @@ impl WasiCtx {
             stderr_bytes: self.stderr_bytes,
             stdin_bytes: self.stdin_bytes,
             sleep_deadline_ns: self.sleep_deadline,
+            unshown_stdout: self.unshown[0].clone(),
+            unshown_stderr: self.unshown[1].clone(),
         })
     }
 
@@ -459,8 +472,38 @@ impl WasiCtx {
 
     /// Flushes stdout and stderr.
     pub fn flush(&mut self) {
+        for i in 0..2 {
+            let _ = self.show_unshown(i);
+        }
         let _ = self.stdio.stdout.flush();
         let _ = self.stdio.stderr.flush();
+    }
+
+    /// Writes what a hung-up terminal refused on stdout (`i` 0) or stderr (1), if the stream
+    /// takes it now: `Ok(true)` once nothing is left unshown.
+    pub(crate) fn show_unshown(&mut self, i: usize) -> std::io::Result<bool> {
+        if self.unshown[i].is_empty() {
+            return Ok(true);
+        }
+        let w = if i == 0 {
+            &mut self.stdio.stdout
+        } else {
+            &mut self.stdio.stderr
+        };
+        match w.write_all(&self.unshown[i]) {
+            Ok(()) => {
+                let n = self.unshown[i].len() as u64;
+                self.unshown[i].clear();
+                if i == 0 {
+                    self.stdout_bytes += n;
+                } else {
+                    self.stderr_bytes += n;
+                }
+                Ok(true)
+            }
+            Err(e) if hung_up(&e) && self.stdio.terminals[1 + i] => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Closes every host file (before a capture's tree import, so all writes are visible).
@@ -532,4 +575,13 @@ pub(crate) fn mount_relative(root: &Path, file: &Path) -> Option<String> {
         })
         .collect::<Option<_>>()?;
     (!parts.is_empty()).then(|| parts.join("/"))
+}
+
+/// Most bytes a guest may write to a hung-up terminal before its suspend: beyond, its writes
+/// fail as the terminal's do.
+pub(crate) const MAX_UNSHOWN: usize = 1 << 20;
+
+/// The error a terminal gives once it has hung up.
+pub(crate) fn hung_up(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EIO)
 }

@@ -82,6 +82,101 @@ fn stdout_bytes_are_written_and_counted() {
     );
 }
 
+/// A terminal that has hung up: every write fails with `EIO`.
+struct HungUp;
+
+impl Write for HungUp {
+    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::Error::from_raw_os_error(libc::EIO))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What a guest writes to a terminal that hung up (while the suspend the hangup asks for is
+/// on its way) is kept, carried by the snapshot and shown first after the resume, before
+/// anything the guest writes next: no line is lost.
+#[test]
+fn output_refused_by_a_hung_up_terminal_is_shown_after_the_resume() {
+    let write = |c: &mut WasiCtx, text: &str| {
+        let mut mem = vec![0u8; 1024];
+        let (p, n) = put_str(&mut mem, 100, text);
+        mem[0..4].copy_from_slice(&(p as u32).to_le_bytes());
+        mem[4..8].copy_from_slice(&(n as u32).to_le_bytes());
+        assert_eq!(c.call("fd_write", &mut mem, &[1, 0, 1, 200]).unwrap(), 0);
+        assert_eq!(
+            u32::from_le_bytes(mem[200..204].try_into().unwrap()),
+            n as u32
+        );
+    };
+    let mut stdio = stdio_to(Box::new(HungUp));
+    stdio.terminals = [true; 3];
+    let mut c = WasiCtx::new(
+        vec!["prog".into()],
+        vec![],
+        vec![],
+        stdio,
+        Box::new(FakeClock::default()),
+        Arc::new(|| false),
+    )
+    .unwrap();
+    write(&mut c, "round 19\n");
+    write(&mut c, "round 20\n");
+    assert_eq!(c.stdout_bytes, 0, "nothing was shown");
+    let state = c.capture(&[]).unwrap();
+    assert_eq!(state.unshown_stdout, b"round 19\nround 20\n");
+    let out = Buf::default();
+    let mut r = WasiCtx::restore(
+        &state,
+        vec![],
+        stdio_to(Box::new(out.clone())),
+        Box::new(FakeClock::default()),
+        Arc::new(|| false),
+    )
+    .unwrap();
+    write(&mut r, "round 21\n");
+    assert_eq!(
+        &out.0.lock().unwrap()[..],
+        b"round 19\nround 20\nround 21\n"
+    );
+    assert_eq!(r.stdout_bytes, 27);
+    // A guest that ends before writing again still shows it.
+    let out = Buf::default();
+    let mut r = WasiCtx::restore(
+        &state,
+        vec![],
+        stdio_to(Box::new(out.clone())),
+        Box::new(FakeClock::default()),
+        Arc::new(|| false),
+    )
+    .unwrap();
+    r.flush();
+    assert_eq!(&out.0.lock().unwrap()[..], b"round 19\nround 20\n");
+    // A snapshot from elsewhere claiming more than ferry keeps is refused.
+    let mut big = state.clone();
+    big.unshown_stderr = vec![b'x'; (1 << 20) + 1];
+    let refused = WasiCtx::restore(
+        &big,
+        vec![],
+        stdio_to(Box::new(std::io::sink())),
+        Box::new(FakeClock::default()),
+        Arc::new(|| false),
+    );
+    assert!(refused.unwrap_err().contains("not yet shown"));
+    // Not a terminal: the error is the guest's, as before.
+    let mut c = ctx(vec![], FakeClock::default(), Buf::default(), Arc::default());
+    c.stdio.stdout = Box::new(HungUp);
+    let mut mem = vec![0u8; 1024];
+    let (p, n) = put_str(&mut mem, 100, "x");
+    mem[0..4].copy_from_slice(&(p as u32).to_le_bytes());
+    mem[4..8].copy_from_slice(&(n as u32).to_le_bytes());
+    assert_eq!(
+        c.call("fd_write", &mut mem, &[1, 0, 1, 200]).unwrap(),
+        Errno::Io as i32
+    );
+}
+
 #[test]
 fn monotonic_clock_continues_across_capture_and_restore() {
     let clock = FakeClock::default();
