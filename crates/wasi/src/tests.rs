@@ -126,15 +126,17 @@ fn output_refused_by_a_hung_up_terminal_is_shown_after_the_resume() {
     assert_eq!(c.stdout_bytes, 0, "nothing was shown");
     let state = c.capture(&[]).unwrap();
     assert_eq!(state.unshown_stdout, b"round 19\nround 20\n");
+    let resumed = |state: &ferry_object::WasiState, out: Box<dyn Write + Send>| {
+        WasiCtx::restore(
+            state,
+            vec![],
+            stdio_to(out),
+            Box::new(FakeClock::default()),
+            Arc::new(|| false),
+        )
+    };
     let out = Buf::default();
-    let mut r = WasiCtx::restore(
-        &state,
-        vec![],
-        stdio_to(Box::new(out.clone())),
-        Box::new(FakeClock::default()),
-        Arc::new(|| false),
-    )
-    .unwrap();
+    let mut r = resumed(&state, Box::new(out.clone())).unwrap();
     write(&mut r, "round 21\n");
     assert_eq!(
         &out.0.lock().unwrap()[..],
@@ -143,26 +145,13 @@ fn output_refused_by_a_hung_up_terminal_is_shown_after_the_resume() {
     assert_eq!(r.stdout_bytes, 27);
     // A guest that ends before writing again still shows it.
     let out = Buf::default();
-    let mut r = WasiCtx::restore(
-        &state,
-        vec![],
-        stdio_to(Box::new(out.clone())),
-        Box::new(FakeClock::default()),
-        Arc::new(|| false),
-    )
-    .unwrap();
+    let mut r = resumed(&state, Box::new(out.clone())).unwrap();
     r.flush();
     assert_eq!(&out.0.lock().unwrap()[..], b"round 19\nround 20\n");
     // A snapshot from elsewhere claiming more than ferry keeps is refused.
     let mut big = state.clone();
     big.unshown_stderr = vec![b'x'; (1 << 20) + 1];
-    let refused = WasiCtx::restore(
-        &big,
-        vec![],
-        stdio_to(Box::new(std::io::sink())),
-        Box::new(FakeClock::default()),
-        Arc::new(|| false),
-    );
+    let refused = resumed(&big, Box::new(std::io::sink()));
     assert!(refused.unwrap_err().contains("not yet shown"));
     // Not a terminal: the error is the guest's, as before.
     let mut c = ctx(vec![], FakeClock::default(), Buf::default(), Arc::default());
