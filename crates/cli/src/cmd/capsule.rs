@@ -2,7 +2,7 @@
 //! to a machine that shares nothing with this one (docs/format.md, "Capsules").
 
 use std::collections::BTreeSet;
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -81,64 +81,50 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     // The snapshot's memory chunks first, in memory order: the importer packs them so.
     let mut objects: Vec<_> = closure.into_iter().collect();
     moving_order(&root, loaded.chunks().copied(), &mut objects);
-    if a.output.as_os_str() == "-" {
-        return export_to_stdout(&store, root, &objects);
-    }
-    let tmp = a.output.with_extension("ferry-partial");
-    let file =
-        std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let mut progress = Progress::new("exported", None);
-    let started = Instant::now();
-    let written = capsule::export(
-        &store,
-        root,
-        &objects,
-        BufWriter::with_capacity(1 << 20, &file),
-        &mut |b| progress.tick(b),
-    );
-    let stats = match written {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e.into());
-        }
-    };
-    file.sync_all()?;
-    std::fs::rename(&tmp, &a.output)
-        .with_context(|| format!("cannot write {}", a.output.display()))?;
-    eprintln!(
-        "ferry: exported {root} to {}: {} objects, {:.1} MiB of data in {:.1} MiB, {:.1} s",
-        a.output.display(),
-        stats.objects,
-        stats.bytes as f64 / (1u64 << 20) as f64,
-        stats.stored_bytes as f64 / (1u64 << 20) as f64,
-        started.elapsed().as_secs_f64()
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `export -o -`: the capsule goes to stdout as it is written (no temporary file; a reader
-/// that gets less than all of it refuses it as truncated).
-fn export_to_stdout(
-    store: &ferry_store::FsStore,
-    root: ferry_kappa::Kappa,
-    objects: &[ferry_kappa::Kappa],
-) -> Result<ExitCode> {
-    use std::io::{IsTerminal, Write};
-    let stdout = std::io::stdout();
-    if stdout.is_terminal() {
+    // `-o -`: straight to stdout (no temporary file: a reader that gets less than all of it
+    // refuses it as truncated). Otherwise to FILE.ferry-partial, renamed once durable.
+    let to_stdout = a.output.as_os_str() == "-";
+    if to_stdout && std::io::stdout().is_terminal() {
         anyhow::bail!(
             "a capsule is binary: not writing it to a terminal (redirect or pipe stdout, or \
              give -o FILE)"
         );
     }
+    let tmp = a.output.with_extension("ferry-partial");
+    let file = match to_stdout {
+        true => None,
+        false => Some(
+            std::fs::File::create(&tmp)
+                .with_context(|| format!("cannot create {}", tmp.display()))?,
+        ),
+    };
+    let out: Box<dyn Write> = match &file {
+        Some(f) => Box::new(BufWriter::with_capacity(1 << 20, f)),
+        None => Box::new(BufWriter::with_capacity(1 << 20, std::io::stdout().lock())),
+    };
     let mut progress = Progress::new("exported", None);
     let started = Instant::now();
-    let mut out = BufWriter::with_capacity(1 << 20, stdout.lock());
-    let stats = capsule::export(store, root, objects, &mut out, &mut |b| progress.tick(b))?;
-    out.flush().context("cannot write the capsule to stdout")?;
+    let written = capsule::export(&store, root, &objects, out, &mut |b| progress.tick(b));
+    let stats = match written {
+        Ok(s) => s,
+        Err(e) if to_stdout => return Err(e).context("cannot write the capsule to stdout"),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e.into());
+        }
+    };
+    if let Some(file) = file {
+        file.sync_all()?;
+        std::fs::rename(&tmp, &a.output)
+            .with_context(|| format!("cannot write {}", a.output.display()))?;
+    }
     eprintln!(
-        "ferry: exported {root} to stdout: {} objects, {:.1} MiB of data in {:.1} MiB, {:.1} s",
+        "ferry: exported {root} to {}: {} objects, {:.1} MiB of data in {:.1} MiB, {:.1} s",
+        if to_stdout {
+            "stdout".into()
+        } else {
+            a.output.display().to_string()
+        },
         stats.objects,
         stats.bytes as f64 / (1u64 << 20) as f64,
         stats.stored_bytes as f64 / (1u64 << 20) as f64,
@@ -149,19 +135,14 @@ fn export_to_stdout(
 
 pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
-    let from_stdin = a.capsule.as_os_str() == "-";
-    let (input, total): (Box<dyn std::io::Read>, _) = if from_stdin {
-        (Box::new(std::io::stdin().lock()), None)
+    let (input, total, name): (Box<dyn std::io::Read>, _, _) = if a.capsule.as_os_str() == "-" {
+        let name = "the capsule on stdin".to_owned();
+        (Box::new(std::io::stdin().lock()), None, name)
     } else {
         let file = std::fs::File::open(&a.capsule)
             .with_context(|| format!("cannot open {}", a.capsule.display()))?;
         let total = file.metadata().map(|m| m.len()).ok();
-        (Box::new(file), total)
-    };
-    let name = if from_stdin {
-        "the capsule on stdin".to_owned()
-    } else {
-        a.capsule.display().to_string()
+        (Box::new(file), total, a.capsule.display().to_string())
     };
     let mut progress = Progress::new("imported", total);
     let (root, stats) =
