@@ -564,11 +564,7 @@ impl WasiCtx {
                 let i = usize::from(kind == FdKind::Stderr);
                 let mut shown = tri!(self.show_unshown(i));
                 let terminal = self.stdio.terminals[1 + i];
-                let w = if i == 0 {
-                    &mut self.stdio.stdout
-                } else {
-                    &mut self.stdio.stderr
-                };
+                let w = self.stdio.output(i);
                 let mut written = 0;
                 for (p, len) in vecs {
                     let buf = tri!(m.slice(p, len));
@@ -594,11 +590,7 @@ impl WasiCtx {
                     total += u64::from(len);
                 }
                 let _ = w.flush();
-                if i == 0 {
-                    self.stdout_bytes += written;
-                } else {
-                    self.stderr_bytes += written;
-                }
+                self.shown(i, written);
             }
             (FdKind::Stdin, false) => {
                 self.wait_stdin()?;

@@ -58,6 +58,17 @@ pub struct Stdio {
     pub log: Option<crate::OutputBuffer>,
 }
 
+impl Stdio {
+    /// stdout (`i` 0) or stderr (1).
+    pub(crate) fn output(&mut self, i: usize) -> &mut (dyn Write + Send) {
+        if i == 0 {
+            &mut *self.stdout
+        } else {
+            &mut *self.stderr
+        }
+    }
+}
+
 impl std::fmt::Debug for Stdio {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Stdio")
@@ -479,26 +490,26 @@ impl WasiCtx {
         let _ = self.stdio.stderr.flush();
     }
 
+    /// Counts `n` bytes shown on stdout (`i` 0) or stderr (1).
+    pub(crate) fn shown(&mut self, i: usize, n: u64) {
+        if i == 0 {
+            self.stdout_bytes += n;
+        } else {
+            self.stderr_bytes += n;
+        }
+    }
+
     /// Writes what a hung-up terminal refused on stdout (`i` 0) or stderr (1), if the stream
     /// takes it now: `Ok(true)` once nothing is left unshown.
     pub(crate) fn show_unshown(&mut self, i: usize) -> std::io::Result<bool> {
         if self.unshown[i].is_empty() {
             return Ok(true);
         }
-        let w = if i == 0 {
-            &mut self.stdio.stdout
-        } else {
-            &mut self.stdio.stderr
-        };
-        match w.write_all(&self.unshown[i]) {
+        match self.stdio.output(i).write_all(&self.unshown[i]) {
             Ok(()) => {
                 let n = self.unshown[i].len() as u64;
                 self.unshown[i].clear();
-                if i == 0 {
-                    self.stdout_bytes += n;
-                } else {
-                    self.stderr_bytes += n;
-                }
+                self.shown(i, n);
                 Ok(true)
             }
             Err(e) if hung_up(&e) && self.stdio.terminals[1 + i] => Ok(false),

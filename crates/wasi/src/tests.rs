@@ -62,17 +62,23 @@ fn put_str(mem: &mut [u8], at: usize, s: &str) -> (i64, i64) {
     (at as i64, s.len() as i64)
 }
 
+/// Writes `text` to stdout with `fd_write` (one iovec at 0, the text at 100, the count to
+/// 200): the errno and the count written.
+fn write_stdout(c: &mut WasiCtx, mem: &mut [u8], text: &str) -> (i32, u32) {
+    let (p, n) = put_str(mem, 100, text);
+    mem[0..4].copy_from_slice(&(p as u32).to_le_bytes());
+    mem[4..8].copy_from_slice(&(n as u32).to_le_bytes());
+    let errno = c.call("fd_write", mem, &[1, 0, 1, 200]).unwrap();
+    (errno, u32::from_le_bytes(mem[200..204].try_into().unwrap()))
+}
+
 #[test]
 fn stdout_bytes_are_written_and_counted() {
     let out = Buf::default();
     let mut c = ctx(vec![], FakeClock::default(), out.clone(), Arc::default());
     let mut mem = vec![0u8; 1024];
-    let (p, n) = put_str(&mut mem, 100, "hello\n");
-    mem[0..4].copy_from_slice(&(p as u32).to_le_bytes());
-    mem[4..8].copy_from_slice(&(n as u32).to_le_bytes());
-    assert_eq!(c.call("fd_write", &mut mem, &[1, 0, 1, 200]).unwrap(), 0);
+    assert_eq!(write_stdout(&mut c, &mut mem, "hello\n"), (0, 6));
     assert_eq!(&out.0.lock().unwrap()[..], b"hello\n");
-    assert_eq!(u32::from_le_bytes(mem[200..204].try_into().unwrap()), 6);
     assert_eq!(c.stdout_bytes, 6);
     // An iovec pointing outside memory is EFAULT, not a crash.
     mem[0..4].copy_from_slice(&5000u32.to_le_bytes());
@@ -100,15 +106,8 @@ impl Write for HungUp {
 #[test]
 fn output_refused_by_a_hung_up_terminal_is_shown_after_the_resume() {
     let write = |c: &mut WasiCtx, text: &str| {
-        let mut mem = vec![0u8; 1024];
-        let (p, n) = put_str(&mut mem, 100, text);
-        mem[0..4].copy_from_slice(&(p as u32).to_le_bytes());
-        mem[4..8].copy_from_slice(&(n as u32).to_le_bytes());
-        assert_eq!(c.call("fd_write", &mut mem, &[1, 0, 1, 200]).unwrap(), 0);
-        assert_eq!(
-            u32::from_le_bytes(mem[200..204].try_into().unwrap()),
-            n as u32
-        );
+        let done = write_stdout(c, &mut [0u8; 1024], text);
+        assert_eq!(done, (0, text.len() as u32), "taken as written");
     };
     let mut stdio = stdio_to(Box::new(HungUp));
     stdio.terminals = [true; 3];
@@ -156,14 +155,8 @@ fn output_refused_by_a_hung_up_terminal_is_shown_after_the_resume() {
     // Not a terminal: the error is the guest's, as before.
     let mut c = ctx(vec![], FakeClock::default(), Buf::default(), Arc::default());
     c.stdio.stdout = Box::new(HungUp);
-    let mut mem = vec![0u8; 1024];
-    let (p, n) = put_str(&mut mem, 100, "x");
-    mem[0..4].copy_from_slice(&(p as u32).to_le_bytes());
-    mem[4..8].copy_from_slice(&(n as u32).to_le_bytes());
-    assert_eq!(
-        c.call("fd_write", &mut mem, &[1, 0, 1, 200]).unwrap(),
-        Errno::Io as i32
-    );
+    let (errno, _) = write_stdout(&mut c, &mut [0u8; 1024], "x");
+    assert_eq!(errno, Errno::Io as i32);
 }
 
 #[test]
