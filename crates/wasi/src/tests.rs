@@ -57,6 +57,19 @@ fn ctx(mounts: Vec<MountSpec>, clock: FakeClock, out: Buf, interrupt: Arc<Atomic
     .unwrap()
 }
 
+/// A context running `prog` with no environment and no mounts over `stdio`.
+fn with_stdio(stdio: Stdio, interrupt: Arc<dyn Fn() -> bool + Send + Sync>) -> WasiCtx {
+    WasiCtx::new(
+        vec!["prog".into()],
+        vec![],
+        vec![],
+        stdio,
+        Box::new(FakeClock::default()),
+        interrupt,
+    )
+    .unwrap()
+}
+
 fn put_str(mem: &mut [u8], at: usize, s: &str) -> (i64, i64) {
     mem[at..at + s.len()].copy_from_slice(s.as_bytes());
     (at as i64, s.len() as i64)
@@ -111,15 +124,7 @@ fn output_refused_by_a_hung_up_terminal_is_shown_after_the_resume() {
     };
     let mut stdio = stdio_to(Box::new(HungUp));
     stdio.terminals = [true; 3];
-    let mut c = WasiCtx::new(
-        vec!["prog".into()],
-        vec![],
-        vec![],
-        stdio,
-        Box::new(FakeClock::default()),
-        Arc::new(|| false),
-    )
-    .unwrap();
+    let mut c = with_stdio(stdio, Arc::new(|| false));
     write(&mut c, "round 19\n");
     write(&mut c, "round 20\n");
     assert_eq!(c.stdout_bytes, 0, "nothing was shown");
@@ -280,15 +285,7 @@ fn a_signal_during_a_stdin_wait_is_not_input() {
         stdout: Box::new(std::io::sink()),
         stderr: Box::new(std::io::sink()),
     };
-    let mut c = WasiCtx::new(
-        vec!["prog".into()],
-        vec![],
-        vec![],
-        stdio,
-        Box::new(FakeClock::default()),
-        Arc::new(move || flag.load(Ordering::SeqCst)),
-    )
-    .unwrap();
+    let mut c = with_stdio(stdio, Arc::new(move || flag.load(Ordering::SeqCst)));
     // SAFETY: this thread's own id.
     let me = unsafe { libc::pthread_self() };
     let flag = interrupt.clone();
