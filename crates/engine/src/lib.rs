@@ -22,7 +22,7 @@ pub mod snapshot;
 
 pub use control::{Control, Hold, Request};
 pub use error::{EngineError, Stage};
-pub use prepare::{Prepared, Runtime};
+pub use prepare::{OtherVersions, Prepared, Runtime};
 pub use run::{Outcome, PlainModule, SnapshotMeta, Start};
 pub use seam::{EngineKind, Stop, Value};
 

@@ -3,11 +3,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ferry_instrument::INSTRUMENT_VERSION;
+use ferry_instrument::{INSTRUMENT_VERSION, abi};
 use ferry_kappa::Kappa;
+use ferry_object::Snapshot;
 use ferry_store::{RefValue, Store};
+use tracing::{info, warn};
 
-use crate::error::EngineError;
+use crate::error::{EngineError, Stage};
 use crate::interp::Interp;
 use crate::jit::Jit;
 use crate::seam::{Backend, Compiled, EngineKind};
@@ -25,6 +27,10 @@ pub struct Prepared {
     pub module: Kappa,
     /// κ of the instrumented module derived from it.
     pub instrumented: Kappa,
+    /// The version of the transform that derived it: this ferry's own
+    /// ([`INSTRUMENT_VERSION`]), or an older one when a snapshot's own instrumented module is
+    /// run ([`Runtime::prepare_snapshot`]). Snapshots of the guest record it.
+    pub instrument_version: u32,
     /// The engine class its snapshots need ([`crate::ENGINE_CLASS`] or, when the module uses
     /// the exception-handling proposal, [`crate::ENGINE_CLASS_EXCEPTIONS`]).
     pub engine_class: &'static str,
@@ -38,6 +44,20 @@ impl std::fmt::Debug for Prepared {
             .field("instrumented", &self.instrumented)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether a snapshot made by another version of the transform may run with its own
+/// instrumented module (one that speaks this host's contract, [`abi::host_contract_of`]).
+/// This ferry cannot re-derive such a module from the program to check it, so something
+/// else must vouch for its code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtherVersions {
+    /// Only if this store derived it from the program itself: its `derived/instrument-vN`
+    /// ref (written by the ferry that instrumented the program here) names that module.
+    Derived,
+    /// Also when nothing here derived it (a snapshot from a machine with another ferry): its
+    /// code is taken as the program's on the word of whoever made the snapshot.
+    Trusted,
 }
 
 /// Marks an instrumented module that declares exception tags (its snapshots need
@@ -79,10 +99,87 @@ impl Runtime {
 
     /// The ref naming the instrumented module derived from `module`.
     pub fn derived_ref(module: &Kappa) -> String {
-        format!(
-            "derived/instrument-v{INSTRUMENT_VERSION}/{}",
-            module.to_hex()
-        )
+        derived_ref_of(INSTRUMENT_VERSION, module)
+    }
+
+    /// Prepares the module snapshot `snapshot` ran, to resume it (Admitting). A snapshot made
+    /// by this ferry's transform runs the module derived here, which must be the one it names
+    /// ("module mismatch" otherwise). One made by another version runs its own instrumented
+    /// module (part of its closure) if that speaks this host's contract and `other` admits it;
+    /// its later snapshots keep that version.
+    pub fn prepare_snapshot(
+        &self,
+        store: &dyn Store,
+        snapshot: &Snapshot,
+        other: OtherVersions,
+        progress: &dyn Fn(&str),
+    ) -> Result<Prepared, EngineError> {
+        let refuse = |why: String| EngineError::refused(Stage::Admitting, why);
+        let v = snapshot.instrument_version;
+        if v == INSTRUMENT_VERSION {
+            let prepared = self.prepare_kappa(store, snapshot.module, progress)?;
+            if prepared.instrumented != snapshot.instrumented {
+                return Err(refuse(format!(
+                    "module mismatch: the snapshot ran {} but its module instruments to {} here",
+                    snapshot.instrumented, prepared.instrumented
+                )));
+            }
+            return Ok(prepared);
+        }
+        if abi::host_contract_of(v) != Some(abi::HOST_ABI) {
+            let which = if v > INSTRUMENT_VERSION {
+                "a newer ferry"
+            } else {
+                "an older ferry"
+            };
+            return Err(refuse(format!(
+                "snapshot was made by instrumentation v{v}; this ferry (v{INSTRUMENT_VERSION}) \
+                 runs the modules of v{}-v{INSTRUMENT_VERSION} only: resume it with {which} \
+                 (one of instrumentation v{v})",
+                abi::OLDEST_COMPATIBLE
+            )));
+        }
+        let derived_here = store
+            .get_ref(&derived_ref_of(v, &snapshot.module))?
+            .is_some_and(|r| r.target == snapshot.instrumented);
+        if !derived_here && other == OtherVersions::Derived {
+            return Err(refuse(format!(
+                "snapshot was made by instrumentation v{v} (this ferry has v{INSTRUMENT_VERSION}), \
+                 and this store did not derive its instrumented module {} from the program {}, \
+                 so its code cannot be checked here: trust it to run it as it is (`ferry resume \
+                 --trust-instrumented`; a space: `trust_instrumented = true` in its policy), \
+                 or resume with a ferry of instrumentation v{v}",
+                snapshot.instrumented, snapshot.module
+            )));
+        }
+        if derived_here {
+            info!(version = v, instrumented = %snapshot.instrumented,
+                "running the snapshot's own instrumented module (this store derived it)");
+        } else {
+            warn!(version = v, instrumented = %snapshot.instrumented,
+                "running the snapshot's own instrumented module, trusted: not derived here");
+        }
+        // Read (and re-hashed) whole: the module is not known here, so whether it declares
+        // exception tags is read from it rather than from a mark.
+        let bytes = store.get(&snapshot.instrumented)?;
+        let engine_class = if crate::uses_exceptions(&bytes) {
+            crate::ENGINE_CLASS_EXCEPTIONS
+        } else {
+            crate::ENGINE_CLASS
+        };
+        let mut bytes = Some(bytes);
+        let compiled = self.backend.compile(
+            Some(&snapshot.instrumented.to_hex()),
+            &mut || Ok(bytes.take().unwrap_or_default()),
+            progress,
+        )?;
+        Ok(Prepared {
+            module: snapshot.module,
+            instrumented: snapshot.instrumented,
+            instrument_version: v,
+            engine_class,
+            compiled,
+        })
     }
 
     /// The counting build of a prepared module (see `ferry_instrument::instrument_counting`),
@@ -93,6 +190,16 @@ impl Runtime {
         store: &dyn Store,
         prepared: &Prepared,
     ) -> Result<Arc<dyn Compiled>, EngineError> {
+        if prepared.instrument_version != INSTRUMENT_VERSION {
+            return Err(EngineError::refused(
+                Stage::Admitting,
+                format!(
+                    "counting safe points needs the module instrumented by this ferry \
+                     (v{INSTRUMENT_VERSION}), not v{}",
+                    prepared.instrument_version
+                ),
+            ));
+        }
         let wasm = store.get(&prepared.module)?;
         let out = ferry_instrument::instrument_counting(&wasm)?;
         let key = Kappa::of(&out.wasm).to_hex();
@@ -181,8 +288,15 @@ impl Runtime {
         Ok(Prepared {
             module,
             instrumented,
+            instrument_version: INSTRUMENT_VERSION,
             engine_class,
             compiled,
         })
     }
+}
+
+/// The ref naming the instrumented module version `version` of the transform derived from
+/// `module`.
+fn derived_ref_of(version: u32, module: &Kappa) -> String {
+    format!("derived/instrument-v{version}/{}", module.to_hex())
 }

@@ -6,7 +6,7 @@
 //! (Resolving → Verifying → Admitting); [`restore_into`] is Restoring, where every chunk is
 //! re-hashed as it is copied and any mismatch refuses the resume before the guest runs.
 
-use ferry_instrument::{INSTRUMENT_VERSION, abi};
+use ferry_instrument::abi;
 use ferry_kappa::Kappa;
 use ferry_object::{
     CHUNK_SIZE, GlobalValue, LOG_CHUNK_SIZE, MemoryImage, ObjectKind, OutputLog, Profile, Snapshot,
@@ -415,7 +415,7 @@ pub(crate) fn write(
         program: meta.program.clone(),
         module: prepared.module,
         instrumented: prepared.instrumented,
-        instrument_version: INSTRUMENT_VERSION,
+        instrument_version: prepared.instrument_version,
         memories,
         globals,
         stack: store.put(&stack).map_err(|e| fail("stack", &e))?,
@@ -546,16 +546,8 @@ pub fn load_leaving_module(store: &dyn Store, k: Kappa) -> Result<Loaded, Engine
     let stack = store
         .get(&snapshot.stack)
         .map_err(|e| EngineError::refused(Stage::Verifying, e))?;
-    if snapshot.instrument_version != INSTRUMENT_VERSION {
-        return Err(EngineError::refused(
-            Stage::Admitting,
-            format!(
-                "snapshot was made by instrumentation v{}, this ferry has v{INSTRUMENT_VERSION}",
-                snapshot.instrument_version
-            ),
-        ));
-    }
-    // The engine class is admitted by the engine that will run it (`Runtime::run`).
+    // The instrumentation version is admitted with the module (`Runtime::prepare_snapshot`);
+    // the engine class is admitted by the engine that will run it (`Runtime::run`).
     if snapshot.profile.runtime != HOST_CONTRACT {
         return Err(EngineError::refused(
             Stage::Admitting,

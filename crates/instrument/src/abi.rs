@@ -19,6 +19,26 @@
 //!   from inside them (a sleep or a blocking read), and on rewind they are called again with
 //!   their original arguments while the state is still [`STATE_REWIND`].
 
+/// Version of this contract. Bump it whenever a host must behave differently towards the
+/// modules the transform makes (an import, an export, the flag, the state machine or the
+/// frame stack as the host sees it): a snapshot made by another version of the transform is
+/// resumed with its own instrumented module only if that module speaks this contract
+/// ([`host_contract_of`]).
+pub const HOST_ABI: u32 = 1;
+
+/// Oldest version of the transform whose modules speak [`HOST_ABI`]: v14 made the poll flag
+/// stay raised throughout an unwind; nothing the host sees has changed since.
+pub const OLDEST_COMPATIBLE: u32 = 14;
+
+/// The host contract the modules of transform version `version` speak, if this ferry knows
+/// it: [`HOST_ABI`] for [`OLDEST_COMPATIBLE`] up to this ferry's own version; `None` for
+/// older versions (their contract is no longer spoken) and newer ones (not known here).
+pub fn host_contract_of(version: u32) -> Option<u32> {
+    (OLDEST_COMPATIBLE..=crate::INSTRUMENT_VERSION)
+        .contains(&version)
+        .then_some(HOST_ABI)
+}
+
 /// Module name of ferry's own imports.
 pub const MODULE: &str = "ferry";
 /// The safe-point import.

@@ -15,11 +15,14 @@
 //! max_memory_mib = 1024      # largest guest memory: snapshots above it are refused, and a
 //!                            # running guest's memory.grow beyond it fails (absent: no limit)
 //! engines = ["jit", "interp"]
+//! # Run a snapshot made by another version of ferry's transform with its own instrumented
+//! # module even if this space did not derive it from the program (absent: false).
+//! trust_instrumented = false
 //! ```
 //!
 //! Without `--policy` a space grants every mount (writable, backed by fresh directories
 //! under its own data directory — never an existing host path), every variable, any memory
-//! size and both engines.
+//! size and both engines, and trusts the instrumented modules of other versions.
 
 use std::path::{Path, PathBuf};
 
@@ -37,6 +40,8 @@ struct PolicyFile {
     env: Option<Vec<String>>,
     max_memory_mib: Option<u64>,
     engines: Option<Vec<String>>,
+    #[serde(default)]
+    trust_instrumented: bool,
 }
 
 /// One `[[mount]]` rule.
@@ -57,6 +62,9 @@ pub struct Policy {
     pub env: Option<Vec<String>>,
     pub max_memory: Option<u64>,
     pub engines: Option<Vec<String>>,
+    /// Whether a snapshot of another transform version may run its own instrumented module
+    /// when this space did not derive it ([`ferry_engine::OtherVersions`]).
+    pub trust_instrumented: bool,
     /// Where backing directories go when a rule names no `host`.
     pub default_root: PathBuf,
     /// Where the policy came from, for messages.
@@ -82,6 +90,7 @@ impl Policy {
             env: None,
             max_memory: None,
             engines: None,
+            trust_instrumented: true,
             default_root,
             source: "the default policy".into(),
         }
@@ -113,6 +122,7 @@ impl Policy {
             env: f.env,
             max_memory: f.max_memory_mib.map(|m| m << 20),
             engines: f.engines,
+            trust_instrumented: f.trust_instrumented,
             default_root,
             source: source.to_owned(),
         })
@@ -122,6 +132,15 @@ impl Policy {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the policy {}: {e}", path.display()))?;
         Self::parse(&text, default_root, &path.display().to_string())
+    }
+
+    /// How a snapshot made by another version of the transform is admitted here.
+    pub fn other_versions(&self) -> ferry_engine::OtherVersions {
+        if self.trust_instrumented {
+            ferry_engine::OtherVersions::Trusted
+        } else {
+            ferry_engine::OtherVersions::Derived
+        }
     }
 
     /// The grant for a mount at `guest` (asked writable unless `read_only`), or why not.
@@ -233,6 +252,21 @@ mod tests {
         assert!(p.memory(65 << 20).expect_err("too big").contains("64 MiB"));
         assert!(p.engine(ferry_engine::EngineKind::Interp).is_ok());
         assert!(p.engine(ferry_engine::EngineKind::Jit).is_err());
+    }
+
+    /// Another transform version's module runs unchecked only where a policy file says so
+    /// (or no policy file restricts anything).
+    #[test]
+    fn instrumented_modules_of_other_versions_are_trusted_only_when_told() {
+        use ferry_engine::OtherVersions;
+        let strict = policy("version = 1").expect("valid");
+        assert_eq!(strict.other_versions(), OtherVersions::Derived);
+        let trusting = policy("version = 1\ntrust_instrumented = true").expect("valid");
+        assert_eq!(trusting.other_versions(), OtherVersions::Trusted);
+        assert_eq!(
+            Policy::permissive("/d".into()).other_versions(),
+            OtherVersions::Trusted
+        );
     }
 
     #[test]

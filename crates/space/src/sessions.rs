@@ -505,14 +505,8 @@ impl Sessions {
             Begin::Resume(k) => {
                 let (loaded, wasi, log) = self.admit(id, k, control)?;
                 let prepared = runtime
-                    .prepare_kappa(store, loaded.snapshot.module, &progress)
+                    .prepare_snapshot(store, &loaded.snapshot, policy.other_versions(), &progress)
                     .map_err(|e| engine_refusal(&e))?;
-                if prepared.instrumented != loaded.snapshot.instrumented {
-                    return Err(ApiError::conflict(format!(
-                        "module mismatch: the snapshot ran {} but its module instruments to {} here",
-                        loaded.snapshot.instrumented, prepared.instrumented
-                    )));
-                }
                 let meta = SnapshotMeta {
                     program: loaded.snapshot.program.clone(),
                     parent: Some(k),

@@ -611,7 +611,12 @@ fn resume_to_running(
     // As `ferry resume` does: the module is re-hashed while the guest is restored.
     let loaded = snapshot::load_leaving_module(store, k)?;
     let module = loaded.snapshot.module;
-    let prepared = rt.prepare_kappa(store, module, &|_| {})?;
+    let prepared = rt.prepare_snapshot(
+        store,
+        &loaded.snapshot,
+        ferry_engine::OtherVersions::Derived,
+        &|_| {},
+    )?;
     let ctx = WasiCtx::restore(
         &loaded.wasi,
         grants,

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow};
-use ferry_engine::{Control, EngineError, Runtime, SnapshotMeta, Stage, Start, snapshot};
+use ferry_engine::{
+    Control, EngineError, OtherVersions, Runtime, SnapshotMeta, Stage, Start, snapshot,
+};
 use ferry_store::Store;
 use ferry_wasi::{MountSpec, WasiCtx};
 
@@ -21,6 +23,11 @@ pub struct Args {
     /// Resume even if a mounted host directory changed since the snapshot.
     #[arg(long)]
     allow_changed_dirs: bool,
+    /// Run a snapshot made by another version of ferry's transform with its own instrumented
+    /// module even though this store did not derive that module from the program (a
+    /// snapshot from a machine with another ferry): its code is taken on trust.
+    #[arg(long)]
+    trust_instrumented: bool,
     /// The snapshot: `blake3:<hex>` or a unique prefix of it, or a session's id (its last
     /// snapshot; a session named so wins over a κ prefix). With --space: the session id.
     #[arg(value_name = "SNAPSHOT|SESSION")]
@@ -40,9 +47,11 @@ impl Args {
                 && self.guest.keep.is_none()
                 && self.guest.mounts()?.is_empty()
                 && self.guest.env()?.is_empty()
-                && !self.allow_changed_dirs,
-            "--dir, --env, --allow-changed-dirs, --checkpoint-every and --keep are for local \
-             resumes: a session on a space resumes with what it had"
+                && !self.allow_changed_dirs
+                && !self.trust_instrumented,
+            "--dir, --env, --allow-changed-dirs, --trust-instrumented, --checkpoint-every and \
+             --keep are for local resumes: a session on a space resumes with what it had (and \
+             the space's policy decides what it trusts)"
         );
         Ok(())
     }
@@ -239,17 +248,21 @@ fn admit_and_run(
         )?;
     }
     let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;
-    let prepared = runtime.prepare_kappa(store, loaded.snapshot.module, &|msg| {
+    let other = if a.trust_instrumented {
+        OtherVersions::Trusted
+    } else {
+        OtherVersions::Derived
+    };
+    let prepared = runtime.prepare_snapshot(store, &loaded.snapshot, other, &|msg| {
         eprintln!("ferry: {msg}")
     })?;
-    if prepared.instrumented != loaded.snapshot.instrumented {
-        return Err(refused(
-            Stage::Admitting,
-            format!(
-                "module mismatch: the snapshot ran {} but its module now instruments to {}",
-                loaded.snapshot.instrumented, prepared.instrumented
-            ),
-        ));
+    if prepared.instrument_version != ferry_instrument::INSTRUMENT_VERSION {
+        eprintln!(
+            "ferry: snapshot made by instrumentation v{} (this ferry has v{}): it runs with its \
+             own instrumented module, and so do its later snapshots",
+            prepared.instrument_version,
+            ferry_instrument::INSTRUMENT_VERSION
+        );
     }
     for (key, value) in env {
         loaded.wasi.env.retain(|(k, _)| *k != key);

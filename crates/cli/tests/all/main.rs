@@ -13,4 +13,5 @@ mod python;
 mod refusals;
 mod space;
 mod terminal;
+mod versions;
 mod wasi_testsuite;
