@@ -5,6 +5,32 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use ferry_store::FsStore;
 
+/// Refuses a tuning variable that is set but does not parse, rather than ignoring it: the
+/// libraries that read them fall back to their defaults, which a user who set one would not
+/// notice (a compiled-code cache growing to 8 GiB, objects stored uncompressed).
+fn check_tuning() -> Result<()> {
+    /// A variable's name, what it must hold, and whether a value does.
+    type Check = (&'static str, &'static str, fn(&str) -> bool);
+    let checks: [Check; 2] = [
+        ("FERRY_ZSTD", "a zstd level, 1 to 22", |v| {
+            v.parse::<i32>().is_ok_and(|l| (1..=22).contains(&l))
+        }),
+        ("FERRY_CACHE_MAX_MB", "a size in MiB", |v| {
+            v.parse::<u64>().is_ok()
+        }),
+    ];
+    for (name, what, ok) in checks {
+        if let Some(v) = std::env::var_os(name) {
+            let v = v.to_string_lossy();
+            anyhow::ensure!(
+                ok(v.trim()),
+                "{name}={v} is not {what}: set it to one, or unset it"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Paths and opened resources shared by every subcommand.
 #[derive(Debug)]
 pub struct Settings {
@@ -21,6 +47,7 @@ impl Settings {
         space: Option<String>,
         token_file: Option<PathBuf>,
     ) -> Result<Self> {
+        check_tuning()?;
         let store_dir = match store {
             Some(s) => s,
             None => {
@@ -69,7 +96,7 @@ impl Settings {
         // FERRY_ZSTD=LEVEL compresses new objects (κ is unchanged; reads decompress).
         let store = match std::env::var("FERRY_ZSTD")
             .ok()
-            .and_then(|v| v.parse().ok())
+            .and_then(|v| v.trim().parse().ok())
         {
             Some(level) => store.with_zstd(level),
             None => store,

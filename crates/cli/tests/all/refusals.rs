@@ -556,6 +556,24 @@ fn the_compiled_code_cache_is_bounded() {
     assert_eq!(cached(), first, "compiled again");
 }
 
+/// A tuning variable that does not parse is refused, naming it, rather than ignored.
+#[test]
+fn tuning_variables_that_do_not_parse_are_refused() {
+    for (name, value) in [
+        ("FERRY_CACHE_MAX_MB", "8GiB"),
+        ("FERRY_ZSTD", "max"),
+        ("FERRY_ZSTD", "0"),
+    ] {
+        let env = Env::new().with_var(name, value);
+        let (_, err, code) = env.output(&["ps"]);
+        assert_eq!(code, 1, "{name}={value}: {err}");
+        assert!(
+            err.contains(&format!("{name}={value} is not")),
+            "{name}={value}: {err}"
+        );
+    }
+}
+
 #[test]
 fn gc_deletes_only_what_no_session_reaches() {
     let (env, k) = suspended_counter();
