@@ -28,8 +28,9 @@ pub struct GuestArgs {
     /// a directory for one of the snapshot's mounts.
     #[arg(long = "dir", value_name = "HOST::GUEST")]
     dirs: Vec<String>,
-    /// Set an environment variable for the guest (on resume: from now on).
-    #[arg(long = "env", value_name = "KEY=VALUE")]
+    /// Set an environment variable for the guest (on resume: from now on). A bare KEY passes
+    /// ferry's own value of KEY (as `wasmtime run --env KEY` does).
+    #[arg(long = "env", value_name = "KEY[=VALUE]")]
     envs: Vec<String>,
     /// Write a snapshot this often while running (e.g. 500ms, 10s, 5m).
     #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
@@ -66,7 +67,13 @@ impl GuestArgs {
     }
 
     pub fn env(&self) -> Result<Vec<(String, String)>> {
-        self.envs.iter().map(|e| parse_env(e)).collect()
+        self.envs
+            .iter()
+            .map(|e| match e.split_once('=') {
+                Some(_) => parse_env(e),
+                None => inherit_env(e),
+            })
+            .collect()
     }
 }
 
@@ -100,6 +107,18 @@ pub fn parse_env(s: &str) -> Result<(String, String)> {
         .with_context(|| format!("--env `{s}`: expected KEY=VALUE"))?;
     anyhow::ensure!(!k.is_empty(), "--env `{s}`: empty name");
     Ok((k.to_owned(), v.to_owned()))
+}
+
+/// `--env KEY`: ferry's own value of KEY.
+fn inherit_env(k: &str) -> Result<(String, String)> {
+    anyhow::ensure!(!k.is_empty(), "--env: empty name");
+    let v = std::env::var_os(k).with_context(|| {
+        format!("--env `{k}` passes ferry's own `{k}`, which is not set (give --env {k}=VALUE)")
+    })?;
+    let v = v
+        .into_string()
+        .map_err(|_| anyhow::anyhow!("--env `{k}`: ferry's own `{k}` is not UTF-8"))?;
+    Ok((k.to_owned(), v))
 }
 
 /// The files ferry's own stdout and stderr are (`ferry run … > out.txt 2> err.txt`), by

@@ -395,3 +395,41 @@ fn an_interactive_session_keeps_its_names_across_a_move() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// `--env KEY=VALUE` sets a variable; a bare `--env KEY` passes ferry's own value (as
+/// `wasmtime run --env KEY` does) and is refused, naming it, when ferry has none.
+#[test]
+fn env_sets_or_passes_variables() {
+    let env = Env::new().with_var("FERRY_TEST_PASSED", "from ferry");
+    let py = python312();
+    let print = "import os; print(os.environ.get('A'), os.environ.get('FERRY_TEST_PASSED'))";
+    let (out, err, code) = env.output(&[
+        "run",
+        "--env",
+        "A=1",
+        "--env",
+        "FERRY_TEST_PASSED",
+        py.to_str().unwrap(),
+        "--",
+        "-c",
+        print,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "1 from ferry\n");
+    let (_, err, code) = env.output(&[
+        "run",
+        "--env",
+        "FERRY_TEST_UNSET",
+        py.to_str().unwrap(),
+        "--",
+        "-c",
+        print,
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(
+            "--env `FERRY_TEST_UNSET` passes ferry's own `FERRY_TEST_UNSET`, which is not set"
+        ),
+        "{err}"
+    );
+}
