@@ -99,7 +99,7 @@ fn gc(store: &dyn Store, dry_run: bool, keep: usize) -> Result<ExitCode> {
 
 /// Deletes (unless `dry_run`) every object no ref reaches, keeping of each session's and
 /// imported snapshot's history the newest `keep(ref name)` snapshots, and modules other
-/// versions of ferry instrumented unless a kept snapshot names them, then reclaims the
+/// versions of ferry instrumented (with their refs) unless a kept snapshot names them, then reclaims the
 /// space deleted objects held in packs shared with live ones ([`Store::compact`]). The
 /// caller must be alone with the store (objects another process wrote may not be named yet).
 /// The compaction copies at most about `compact_budget` bytes. Returns how many objects were
@@ -115,22 +115,24 @@ pub fn collect(
         "derived/instrument-v{}/",
         ferry_instrument::INSTRUMENT_VERSION
     );
-    let (mut stale, mut marks) = (Vec::new(), Vec::new());
+    // Refs that go unless the object they name is kept.
+    let mut stale = Vec::new();
     for (name, r) in store.list_refs()? {
         if name.starts_with("session/") || name.starts_with("snapshot/") {
             snapshots_closure(store, &r.target, keep(&name), &mut live)?;
         } else if name.starts_with("derived/instrument-v") && !name.starts_with(&current) {
-            // A module instrumented by another version of ferry: only that version can use
-            // it, and only a snapshot of that version needs it (which keeps it).
+            // A module instrumented by another version of ferry: only a snapshot of that
+            // version needs it (which keeps the module), and the ref then vouches for it
+            // (`OtherVersions::Derived`), so the ref goes only with the module.
             stale.push((name, r));
         } else if name.starts_with("derived/exceptions/") {
             // A mark on an instrumented module, which it does not keep.
-            marks.push((name, r));
+            stale.push((name, r));
         } else {
             live.insert(r.target);
         }
     }
-    stale.extend(marks.into_iter().filter(|(_, r)| !live.contains(&r.target)));
+    stale.retain(|(_, r)| !live.contains(&r.target));
     if !dry_run {
         for (name, r) in stale {
             store.cas_ref(&name, Some(r), None)?;
