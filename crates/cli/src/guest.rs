@@ -484,8 +484,14 @@ fn prune(store: &FsStore, id: &str, n: u64) {
     let n = usize::try_from(n).unwrap_or(usize::MAX);
     let keep = |r: &str| if r == name { n } else { usize::MAX };
     let t = std::time::Instant::now();
-    match store.alone(|| crate::cmd::store::collect(store, false, &keep, PRUNE_COMPACT_BUDGET)) {
-        Ok(Some(Ok((removed, kept, compacted)))) => {
+    match store.alone(|| ferry_engine::gc::collect(store, false, &keep, PRUNE_COMPACT_BUDGET, None))
+    {
+        Ok(Some(Ok(ferry_engine::gc::Collected {
+            removed,
+            kept,
+            compacted,
+            ..
+        }))) => {
             let ms = t.elapsed().as_millis() as u64;
             tracing::info!(
                 removed,

@@ -68,42 +68,57 @@ pub fn snapshot_closure(
 }
 
 /// Adds the closure of snapshot κ and of its ancestors to `out`, `snapshots` snapshots in all
-/// (1: κ alone). History already pruned (a parent no longer stored) ends the walk.
+/// (1: κ alone). History already pruned ends the walk: a parent no longer stored, or one
+/// stored without all of its objects (a collection that spared the snapshot object, written
+/// or asked about recently, but not its chunks) — only κ's own closure must be whole.
 pub fn snapshots_closure(
     store: &dyn Store,
     k: &Kappa,
     snapshots: usize,
     out: &mut BTreeSet<Kappa>,
 ) -> Result<(), ClosureError> {
-    let mut next = Some(*k);
-    let mut left = snapshots;
-    while let Some(k) = next.take() {
-        if left == 0 {
+    let mut next = one_closure(store, k, out)?;
+    let mut left = snapshots.saturating_sub(1);
+    while let Some(p) = next.take() {
+        if left == 0 || out.contains(&p) {
             break;
         }
         left -= 1;
-        if !out.insert(k) {
-            break;
+        let mut theirs = BTreeSet::new();
+        match one_closure(store, &p, &mut theirs) {
+            Ok(parent) => next = parent,
+            Err(_) => break,
         }
-        let s: Snapshot = decode(store, &k)?;
-        out.extend([s.module, s.instrumented, s.stack, s.wasi]);
-        for m in &s.memories {
-            out.insert(*m);
-            let img: MemoryImage = decode(store, m)?;
-            out.extend(img.chunks.iter().map(|(_, c)| *c));
-        }
-        if let Some(o) = &s.output {
-            out.insert(*o);
-            let log: OutputLog = decode(store, o)?;
-            out.extend(log.chunks.iter().copied());
-        }
-        let w: WasiState = decode(store, &s.wasi)?;
-        for m in &w.mounts {
-            tree_closure(store, &m.tree, out, 0)?;
-        }
-        next = s.parent.filter(|p| store.has(p).unwrap_or(false));
+        out.extend(theirs);
     }
     Ok(())
+}
+
+/// Adds the closure of snapshot κ alone (no ancestors) to `out`; returns its parent if that
+/// is still stored.
+fn one_closure(
+    store: &dyn Store,
+    k: &Kappa,
+    out: &mut BTreeSet<Kappa>,
+) -> Result<Option<Kappa>, ClosureError> {
+    out.insert(*k);
+    let s: Snapshot = decode(store, k)?;
+    out.extend([s.module, s.instrumented, s.stack, s.wasi]);
+    for m in &s.memories {
+        out.insert(*m);
+        let img: MemoryImage = decode(store, m)?;
+        out.extend(img.chunks.iter().map(|(_, c)| *c));
+    }
+    if let Some(o) = &s.output {
+        out.insert(*o);
+        let log: OutputLog = decode(store, o)?;
+        out.extend(log.chunks.iter().copied());
+    }
+    let w: WasiState = decode(store, &s.wasi)?;
+    for m in &w.mounts {
+        tree_closure(store, &m.tree, out, 0)?;
+    }
+    Ok(s.parent.filter(|p| store.has(p).unwrap_or(false)))
 }
 
 pub fn tree_closure(

@@ -12,6 +12,7 @@ pub mod closure;
 mod control;
 pub mod dirty;
 mod error;
+pub mod gc;
 mod host;
 mod interp;
 mod jit;

@@ -220,6 +220,35 @@ pub struct MigrationReport {
     pub outcome: String,
 }
 
+/// `POST /v1/gc`: collect garbage while the space serves.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcRequest {
+    /// Only report what would be deleted.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Keep only the newest N snapshots of each session's and named snapshot's history
+    /// (absent: all of it).
+    #[serde(default)]
+    pub keep: Option<u64>,
+}
+
+/// What `POST /v1/gc` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcReport {
+    /// Objects deleted (with `dry_run`: that would be).
+    pub removed: usize,
+    /// Objects a ref reaches.
+    pub kept: usize,
+    /// Objects no ref reaches, spared because they were written or asked about within the
+    /// space's grace period (a snapshot being written or pushed may name them yet).
+    pub spared: usize,
+    /// Pack files rewritten without their deleted objects, or deleted.
+    pub packs_rewritten: usize,
+    /// Bytes the store takes less on disk.
+    pub freed_bytes: u64,
+}
+
 /// `POST /v1/migrations`: from the source space to the destination, after the final delta.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

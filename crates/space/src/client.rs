@@ -8,8 +8,8 @@ use ferry_kappa::Kappa;
 use ferry_store::{RefValue, Store, StoreError};
 
 use crate::api::{
-    ApiError, Decision, MigrateRequest, MigrationReport, PrepareRequest, ResumeRequest, RunRequest,
-    SessionInfo, session_id,
+    ApiError, Decision, GcReport, GcRequest, MigrateRequest, MigrationReport, PrepareRequest,
+    ResumeRequest, RunRequest, SessionInfo, session_id,
 };
 use crate::{BATCH_BYTES, MAX_OBJECT, MAX_QUERY};
 
@@ -457,6 +457,11 @@ impl SpaceClient {
     pub fn resume(&self, id: &str, req: &ResumeRequest) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;
         self.post(&format!("/v1/sessions/{id}/resume"), req)
+    }
+
+    /// `POST /v1/gc`.
+    pub fn gc(&self, req: &GcRequest) -> Result<GcReport, ApiError> {
+        self.post("/v1/gc", req)
     }
 
     /// `suspend`, `checkpoint` or `kill`.

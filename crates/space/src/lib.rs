@@ -14,6 +14,7 @@
 pub mod api;
 mod batch;
 mod client;
+pub mod gc;
 pub mod policy;
 mod server;
 pub mod sessions;

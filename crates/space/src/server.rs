@@ -14,7 +14,10 @@ use ferry_kappa::Kappa;
 use ferry_store::Store;
 use tracing::{info, warn};
 
-use crate::api::{ApiError, Decision, MigrateRequest, PrepareRequest, ResumeRequest, RunRequest};
+use crate::api::{
+    ApiError, Decision, GcReport, GcRequest, MigrateRequest, PrepareRequest, ResumeRequest,
+    RunRequest,
+};
 use crate::sessions::Sessions;
 use crate::{MAX_OBJECT, MAX_QUERY};
 
@@ -22,7 +25,11 @@ use crate::{MAX_OBJECT, MAX_QUERY};
 /// sessions it runs (absent: an object store only; the session routes answer 404).
 #[derive(Debug)]
 pub struct Space {
+    /// The store as the space uses it: a [`crate::gc::Recording`] store when it can collect
+    /// garbage while serving (`gc`), any store otherwise.
     pub store: Arc<dyn Store>,
+    /// Garbage collection while serving (`POST /v1/gc`), if this space does it.
+    pub gc: Option<Arc<crate::gc::Recording>>,
     pub token: String,
     pub sessions: Option<Arc<Sessions>>,
 }
@@ -225,6 +232,51 @@ async fn get_object(State(s): State<Shared>, Path(k): Path<String>) -> Response 
 
 /// `POST /v1/snapshots/{κ}`: the snapshot's closure must be complete and verify; then the
 /// ref `snapshot/<hex>` names it.
+/// `POST /v1/gc`: collects what no ref reaches, sparing recent objects (`crate::gc`).
+async fn collect_garbage(State(s): State<Shared>, Json(req): Json<GcRequest>) -> Response {
+    let Some(rec) = s.gc.clone() else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "this space does not collect garbage while it serves",
+        )
+        .into_response();
+    };
+    let keep = req
+        .keep
+        .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    if keep == 0 {
+        return text(StatusCode::BAD_REQUEST, "keep must be at least 1").into_response();
+    }
+    let r = blocking(move || match rec.collect(req.dry_run, keep) {
+        Ok(Some(c)) => {
+            info!(
+                removed = c.removed,
+                kept = c.kept,
+                spared = c.spared,
+                freed = c.compacted.freed,
+                "garbage collected"
+            );
+            Ok(GcReport {
+                removed: c.removed,
+                kept: c.kept,
+                spared: c.spared,
+                packs_rewritten: c.compacted.files,
+                freed_bytes: c.compacted.freed,
+            })
+        }
+        Ok(None) => Err(text(
+            StatusCode::CONFLICT,
+            "another ferry process has this space's store open; try again when it is done",
+        )),
+        Err(e) => Err(internal(e)),
+    })
+    .await;
+    match r {
+        Ok(report) => Json(report).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 async fn name_snapshot(State(s): State<Shared>, Path(k): Path<String>) -> Response {
     let k = match kappa(&k) {
         Ok(k) => k,
@@ -416,6 +468,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/objects/fetch", post(fetch_objects))
         .route("/v1/objects/{kappa}", put(put_object).get(get_object))
         .route("/v1/snapshots/{kappa}", post(name_snapshot))
+        .route("/v1/gc", post(collect_garbage))
         .route("/v1/sessions", get(list_sessions).post(run_session))
         .route("/v1/sessions/{id}", get(get_session))
         .route("/v1/sessions/{id}/logs", get(session_logs))

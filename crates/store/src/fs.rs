@@ -595,6 +595,19 @@ impl FsStore {
         &self.root
     }
 
+    /// When the file holding κ (its pack, or its own file) was last written, if κ is here:
+    /// a space's garbage collection spares what was stored recently.
+    pub fn written_at(&self, kappa: &Kappa) -> Option<std::time::SystemTime> {
+        let path = match self.packed().slots.get(kappa) {
+            Some(slot) => slot.pack.clone(),
+            None => {
+                let p = self.object_path(kappa);
+                if p.exists() { p } else { zst_path(&p) }
+            }
+        };
+        fs::metadata(path).ok()?.modified().ok()
+    }
+
     /// Where the object κ lives.
     pub fn object_path(&self, kappa: &Kappa) -> PathBuf {
         let hex = kappa.to_hex();

@@ -22,7 +22,7 @@ pub fn client(settings: &Settings) -> Result<SpaceClient> {
     Ok(SpaceClient::new(url, &token(settings.token_file.as_ref())?))
 }
 
-fn api(e: ferry_space::api::ApiError) -> anyhow::Error {
+pub fn api(e: ferry_space::api::ApiError) -> anyhow::Error {
     anyhow!(e.msg)
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use ferry_space::gc::Recording;
 use ferry_space::{Config, Policy, RemoteStore, Sessions, Space, SyncStats};
 use ferry_store::Store;
 
@@ -30,6 +31,17 @@ pub struct ServeArgs {
     /// Serve objects only: run no sessions.
     #[arg(long)]
     objects_only: bool,
+    /// Collect garbage this often while serving (as `ferry --space URL store gc` does on
+    /// demand) [default: only on demand].
+    #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
+    gc_every: Option<Duration>,
+    /// With --gc-every: keep only the newest N snapshots of each session's history.
+    #[arg(long, value_name = "N", requires = "gc_every", value_parser = clap::value_parser!(u64).range(1..))]
+    gc_keep: Option<u64>,
+    /// How long an object written or asked about is safe from garbage collection even
+    /// though no ref names it yet: the longest a push or a snapshot may take to be named.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = crate::cmd::run::parse_duration)]
+    gc_grace: Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -70,7 +82,35 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
         Some(f) => self::token(Some(f))?,
         None => token.clone(),
     };
-    let store: Arc<dyn Store> = Arc::new(settings.open_store()?);
+    // Every object written or asked about is noted, so garbage can be collected while the
+    // space serves (ferry_space::gc).
+    let recording = Arc::new(Recording::new(Arc::new(settings.open_store()?), a.gc_grace));
+    let store: Arc<dyn Store> = recording.clone();
+    if let Some(every) = a.gc_every {
+        let keep = a
+            .gc_keep
+            .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let rec = recording.clone();
+        std::thread::Builder::new()
+            .name("gc".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(every);
+                    match rec.collect(false, keep) {
+                        Ok(Some(c)) => tracing::info!(
+                            removed = c.removed,
+                            spared = c.spared,
+                            freed = c.compacted.freed,
+                            "garbage collected (--gc-every)"
+                        ),
+                        Ok(None) => tracing::info!(
+                            "--gc-every: another ferry process has the store open; not collected now"
+                        ),
+                        Err(e) => eprintln!("ferry: --gc-every: {e}"),
+                    }
+                }
+            })?;
+    }
     let space_dir = settings.store_dir.join("space");
     let policy = match &a.policy {
         Some(p) => Policy::load(p, space_dir.join("mounts")).map_err(anyhow::Error::msg)?,
@@ -112,6 +152,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
             listener,
             Arc::new(Space {
                 store,
+                gc: Some(recording),
                 token,
                 sessions,
             }),

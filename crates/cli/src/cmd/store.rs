@@ -4,8 +4,9 @@ use std::collections::BTreeSet;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use ferry_engine::closure::{snapshot_closure, snapshots_closure};
-use ferry_store::{Compacted, Store, StoreError};
+use ferry_engine::closure::snapshot_closure;
+use ferry_engine::gc::Collected;
+use ferry_store::{Store, StoreError};
 
 use crate::settings::Settings;
 
@@ -14,7 +15,8 @@ pub enum Command {
     /// Re-hash every object; report corrupt or missing ones (exit 1 if any).
     Verify,
     /// Delete objects no ref reaches (sessions' snapshots and their history, imported
-    /// snapshots, prepared modules). Refused while another ferry process uses the store.
+    /// snapshots, prepared modules). Refused while another ferry process uses the store;
+    /// with --space, the space collects while it serves.
     Gc {
         /// Only report what would be deleted.
         #[arg(long)]
@@ -27,6 +29,9 @@ pub enum Command {
 }
 
 pub fn run(settings: &Settings, c: Command) -> Result<ExitCode> {
+    if settings.space.is_some() {
+        return remote(settings, c);
+    }
     match c {
         Command::Verify => verify(&settings.open_store()?),
         // Alone with the store: another process may have written objects it has not yet
@@ -37,6 +42,34 @@ pub fn run(settings: &Settings, c: Command) -> Result<ExitCode> {
             keep.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX)),
         ),
     }
+}
+
+/// `ferry --space URL store gc`: the space collects while it serves, sparing objects written
+/// or asked about within its grace period (`ferry serve --gc-grace`).
+fn remote(settings: &Settings, c: Command) -> Result<ExitCode> {
+    let Command::Gc { dry_run, keep } = c else {
+        anyhow::bail!(
+            "`store verify` runs where the store is: on the space's machine, `ferry store \
+             verify --store DIR` (while the space is stopped or idle)"
+        );
+    };
+    let client = crate::cmd::remote::client(settings)?;
+    let r = client
+        .gc(&ferry_space::api::GcRequest { dry_run, keep })
+        .map_err(crate::cmd::remote::api)?;
+    print_collected(
+        &Collected {
+            removed: r.removed,
+            kept: r.kept,
+            spared: r.spared,
+            compacted: ferry_store::Compacted {
+                files: r.packs_rewritten,
+                freed: r.freed_bytes,
+            },
+        },
+        dry_run,
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn verify(store: &dyn Store) -> Result<ExitCode> {
@@ -84,9 +117,24 @@ fn verify(store: &dyn Store) -> Result<ExitCode> {
 }
 
 fn gc(store: &dyn Store, dry_run: bool, keep: usize) -> Result<ExitCode> {
-    let (removed, kept, compacted) = collect(store, dry_run, &|_| keep, u64::MAX)?;
+    let c = ferry_engine::gc::collect(store, dry_run, &|_| keep, u64::MAX, None)?;
+    print_collected(&c, dry_run);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `store gc` reports, here or on a space.
+pub fn print_collected(c: &Collected, dry_run: bool) {
     let verb = if dry_run { "would delete" } else { "deleted" };
-    println!("{verb} {removed} objects, kept {kept}");
+    let spared = if c.spared > 0 {
+        format!(
+            ", and spared {} that no ref reaches but were written or asked about recently",
+            c.spared
+        )
+    } else {
+        String::new()
+    };
+    println!("{verb} {} objects, kept {}{spared}", c.removed, c.kept);
+    let compacted = c.compacted;
     if compacted.files > 0 {
         println!(
             "rewrote {} packs without their deleted objects: {:.1} MiB freed",
@@ -94,63 +142,4 @@ fn gc(store: &dyn Store, dry_run: bool, keep: usize) -> Result<ExitCode> {
             compacted.freed as f64 / f64::from(1 << 20)
         );
     }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Deletes (unless `dry_run`) every object no ref reaches, keeping of each session's and
-/// imported snapshot's history the newest `keep(ref name)` snapshots, and modules other
-/// versions of ferry instrumented (with their refs) unless a kept snapshot names them, then reclaims the
-/// space deleted objects held in packs shared with live ones ([`Store::compact`]). The
-/// caller must be alone with the store (objects another process wrote may not be named yet).
-/// The compaction copies at most about `compact_budget` bytes. Returns how many objects were
-/// (or would be) deleted, how many are kept, and what the compaction did.
-pub fn collect(
-    store: &dyn Store,
-    dry_run: bool,
-    keep: &dyn Fn(&str) -> usize,
-    compact_budget: u64,
-) -> Result<(usize, usize, Compacted)> {
-    let mut live = BTreeSet::new();
-    let current = format!(
-        "derived/instrument-v{}/",
-        ferry_instrument::INSTRUMENT_VERSION
-    );
-    // Refs that go unless the object they name is kept.
-    let mut stale = Vec::new();
-    for (name, r) in store.list_refs()? {
-        if name.starts_with("session/") || name.starts_with("snapshot/") {
-            snapshots_closure(store, &r.target, keep(&name), &mut live)?;
-        } else if name.starts_with("derived/instrument-v") && !name.starts_with(&current) {
-            // A module instrumented by another version of ferry: only a snapshot of that
-            // version needs it (which keeps the module), and the ref then vouches for it
-            // (`OtherVersions::Derived`), so the ref goes only with the module.
-            stale.push((name, r));
-        } else if name.starts_with("derived/exceptions/") {
-            // A mark on an instrumented module, which it does not keep.
-            stale.push((name, r));
-        } else {
-            live.insert(r.target);
-        }
-    }
-    stale.retain(|(_, r)| !live.contains(&r.target));
-    if !dry_run {
-        for (name, r) in stale {
-            store.cas_ref(&name, Some(r), None)?;
-        }
-    }
-    let mut removed = 0;
-    for k in store.list()? {
-        if !live.contains(&k) {
-            removed += 1;
-            if !dry_run {
-                store.remove(&k)?;
-            }
-        }
-    }
-    let compacted = if dry_run {
-        Compacted::default()
-    } else {
-        store.compact(compact_budget)?
-    };
-    Ok((removed, live.len(), compacted))
 }

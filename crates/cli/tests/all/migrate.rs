@@ -511,3 +511,74 @@ fn bad_input_to_a_space_is_refused_with_the_reason() {
     assert_ne!(code, 0);
     assert!(err.contains("no session `nosuch`"), "{err}");
 }
+
+/// Spaces collect garbage while they serve: one every 100 ms (keeping one snapshot per
+/// session), one on demand, while a guest checkpoints and moves between them; the output is
+/// unchanged, older checkpoints are deleted, and both stores verify afterwards.
+#[test]
+fn spaces_collect_garbage_while_guests_checkpoint_and_move() {
+    let here = client();
+    let grace = ["--gc-grace", "3s"];
+    let mut a =
+        SpaceProc::start(&[&grace[..], &["--gc-every", "100ms", "--gc-keep", "1"]].concat());
+    let mut b = SpaceProc::start(&grace);
+    let g = guest("wasm/cpu.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", "700"]);
+    ok(
+        &here,
+        &b.url,
+        &["run", "--session", "gc", g.to_str().unwrap(), "--", "700"],
+    );
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(100));
+        ok(&here, &b.url, &["checkpoint", "gc"]);
+    }
+    // The older checkpoints are garbage once the grace period is over.
+    std::thread::sleep(Duration::from_millis(3100));
+    let (out, err, code) = cli(&here, &b.url, &["store", "gc", "--keep", "1", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    let would: usize = out
+        .strip_prefix("would delete ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(would > 0, "{out}");
+    let (out, err, code) = cli(&here, &b.url, &["store", "gc", "--keep", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("deleted "), "{out}");
+    // Moves while `a` collects every 100 ms.
+    for (from, to) in [(&b, &a), (&a, &b), (&b, &a)] {
+        std::thread::sleep(Duration::from_millis(200));
+        let (_, err, code) = cli(&here, &from.url, &["migrate", "gc", "--to", &to.url]);
+        if code != 0 && err.contains("exited") {
+            break;
+        }
+        assert_eq!(code, 0, "{err}");
+    }
+    assert_finished_like(&here, &b.url, "gc", &plain.stdout);
+    // Once the grace period is over, `--keep 1` leaves one snapshot of the session's history
+    // on each side: the collection's own walk through that history is not a question that
+    // spares what it walks.
+    std::thread::sleep(Duration::from_millis(3100));
+    for s in [&a, &b] {
+        for _ in 0..2 {
+            let (out, err, code) = cli(&here, &s.url, &["store", "gc", "--keep", "1"]);
+            assert_eq!(code, 0, "{err}");
+            assert!(out.starts_with("deleted "), "{out}");
+        }
+        let last = s.session("gc").unwrap()["snapshot"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let (out, err, code) = s.env.output(&["inspect", "--history", "--json", &last]);
+        assert_eq!(code, 0, "{err}");
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+        assert_eq!(rows.len(), 1, "{}: {out}", s.url);
+    }
+    a.stop();
+    b.stop();
+    for s in [&a, &b] {
+        let (out, err, code) = s.env.output(&["store", "verify"]);
+        assert_eq!(code, 0, "{out}{err}");
+    }
+}

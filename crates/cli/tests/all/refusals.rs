@@ -471,6 +471,35 @@ fn gc_keep_prunes_old_checkpoints() {
     verifies_and_finishes(&env, first, &k, &plain.stdout);
 }
 
+/// History pruned only in part — an ancestor's snapshot object still stored without its
+/// memory image (a space's collection can spare one it was asked about recently) — ends the
+/// history walk instead of failing `store gc`.
+#[test]
+fn a_partly_pruned_ancestor_ends_the_history() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "300"];
+    let plain = env.plain(&args);
+    let (first, k) = crate::harness::run_and_suspend(
+        &env,
+        &[&["--checkpoint-every", "100ms"][..], &args[..]].concat(),
+        1000,
+    );
+    let chain = history(&env, &k);
+    assert!(chain.len() >= 3, "{chain:?}");
+    let image = env.inspect_json(&chain[1])["memories"][0]["kappa"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let hex = &image["blake3:".len()..];
+    std::fs::remove_file(env.store().join("objects").join(&hex[..2]).join(&hex[2..])).unwrap();
+    let (out, err, code) = env.output(&["store", "gc"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, err, code) = env.output(&["inspect", &chain[2]]);
+    assert_eq!(code, 1, "the rest of that history went: {err}");
+    verifies_and_finishes(&env, first, &k, &plain.stdout);
+}
+
 /// `run --keep N` prunes the session's own history as it goes (ferry alone with the store):
 /// only its newest N snapshots are left, another session's history is untouched, the store
 /// verifies and the newest snapshot resumes to the uninterrupted run's output.
