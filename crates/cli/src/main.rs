@@ -48,8 +48,8 @@ enum Command {
     Suspend(cmd::signal::Args),
     /// List sessions (local ones, or a space's with --space).
     Ps(cmd::ps::Args),
-    /// Forget local sessions (not running; resumable ones with --force), so `ferry store gc`
-    /// can reclaim their snapshots.
+    /// Forget sessions (not running; resumable ones with --force), local or a space's with
+    /// --space, so `ferry store gc` can reclaim their snapshots.
     Rm(cmd::rm::Args),
     /// Print a space's session output (with --space); --follow keeps streaming, across moves.
     Logs(cmd::remote::LogsArgs),
@@ -137,9 +137,7 @@ fn main() -> ExitCode {
         Command::Suspend(a) => cmd::signal::run(&settings, a, cmd::signal::Kind::Suspend),
         Command::Ps(_) if settings.space.is_some() => cmd::remote::ps(&settings),
         Command::Ps(a) => cmd::ps::run(&settings, a),
-        Command::Rm(_) if settings.space.is_some() => Err(anyhow::anyhow!(
-            "`ferry rm` forgets local sessions; a space keeps its own"
-        )),
+        Command::Rm(a) if settings.space.is_some() => cmd::rm::remote(&settings, a),
         Command::Rm(a) => cmd::rm::run(&settings, a),
         Command::Logs(a) => cmd::remote::logs(&settings, a),
         Command::Wait(a) => cmd::remote::wait(&settings, a),

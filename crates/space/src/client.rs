@@ -459,6 +459,17 @@ impl SpaceClient {
         self.post(&format!("/v1/sessions/{id}/resume"), req)
     }
 
+    /// `DELETE /v1/sessions/{id}`: forget a finished session (a suspended one with `force`).
+    pub fn forget(&self, id: &str, force: bool) -> Result<(), ApiError> {
+        let id = session_id(id)?;
+        let r = self
+            .agent
+            .delete(format!("{}/v1/sessions/{id}?force={force}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .call();
+        self.answer(r).map(drop)
+    }
+
     /// `POST /v1/gc`.
     pub fn gc(&self, req: &GcRequest) -> Result<GcReport, ApiError> {
         self.post("/v1/gc", req)

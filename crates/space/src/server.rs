@@ -358,6 +358,29 @@ async fn checkpoint_session(State(s): State<Shared>, Path(id): Path<String>) -> 
     .await
 }
 
+/// `DELETE /v1/sessions/{id}[?force=true]`: forget a finished session (a suspended one with
+/// `force`).
+async fn forget_session(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<ForgetQuery>,
+) -> Response {
+    let r = tokio::task::spawn_blocking(move || sessions(&s)?.forget(&id, q.force))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(e)));
+    match r {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForgetQuery {
+    #[serde(default)]
+    force: bool,
+}
+
 async fn kill_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     session_call(s, move |ss| {
         ss.stop(&id, ferry_engine::Request::Suspend, true)
@@ -470,7 +493,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/snapshots/{kappa}", post(name_snapshot))
         .route("/v1/gc", post(collect_garbage))
         .route("/v1/sessions", get(list_sessions).post(run_session))
-        .route("/v1/sessions/{id}", get(get_session))
+        .route("/v1/sessions/{id}", get(get_session).delete(forget_session))
         .route("/v1/sessions/{id}/logs", get(session_logs))
         .route("/v1/sessions/{id}/wait", get(wait_session))
         .route("/v1/sessions/{id}/resume", post(resume_session))

@@ -799,6 +799,58 @@ impl Sessions {
         Ok(live.info())
     }
 
+    /// Forgets a finished session (exited, failed, killed, or moved away with the move
+    /// delivered) — or, with `force`, a suspended one, which can then no longer be resumed —
+    /// so that garbage collection can reclaim its snapshots: its ref, record and output log
+    /// go (the ref first: if the space stops halfway, the session is still listed and this can
+    /// be asked again). Refused while the session runs, is held by a migration or is moving.
+    pub fn forget(&self, id: &str, force: bool) -> Result<(), ApiError> {
+        let live = self.get(id)?;
+        let _turn = lock(&live.turn);
+        let info = live.info();
+        let finished = match info.state {
+            State::Exited | State::Failed | State::Killed => true,
+            State::Moved => !info.commit_pending,
+            State::Suspended => false,
+            State::Starting | State::Running | State::Prepared => {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` is {}; suspend or kill it first",
+                    info.state.name()
+                )));
+            }
+        };
+        if info.migrating_to.is_some() || (info.state == State::Moved && !finished) {
+            return Err(ApiError::conflict(format!(
+                "session `{id}` is moving; try again once the move is over"
+            )));
+        }
+        if !finished && !force {
+            return Err(ApiError::conflict(format!(
+                "session `{id}` can still be resumed (suspended); forget it with force \
+                 (`ferry --space URL rm --force {id}`), and its snapshots go at the next \
+                 garbage collection"
+            )));
+        }
+        let name = format!("session/{id}");
+        if let Some(current) = self.store.get_ref(&name).map_err(ApiError::internal)? {
+            self.store
+                .cas_ref(&name, Some(current), None)
+                .map_err(ApiError::internal)?;
+        }
+        live.gone.store(true, Ordering::SeqCst);
+        lock(&self.live).remove(id);
+        for p in [self.record_path(id), self.log_path(id)] {
+            match std::fs::remove_file(&p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(ApiError::internal(format!("{}: {e}", p.display())));
+                }
+                _ => {}
+            }
+        }
+        info!(session = %id, "session forgotten");
+        Ok(())
+    }
+
     /// Asks a running session for a snapshot: `suspend` stops it there, `checkpoint` keeps it
     /// running. Waits until the snapshot is written.
     pub fn stop(&self, id: &str, r: Request, kill: bool) -> Result<SessionInfo, ApiError> {

@@ -23,6 +23,29 @@ pub struct Args {
     force: bool,
 }
 
+/// `ferry --space URL rm`: the space forgets its sessions (`DELETE /v1/sessions/{id}`), so its
+/// garbage collection can reclaim their snapshots.
+pub fn remote(settings: &Settings, a: Args) -> Result<ExitCode> {
+    let c = crate::cmd::remote::client(settings)?;
+    let mut ids = a.sessions.clone();
+    if a.exited {
+        ids.extend(
+            c.sessions()
+                .map_err(crate::cmd::remote::api)?
+                .into_iter()
+                .filter(|s| {
+                    s.state == ferry_space::api::State::Exited && !a.sessions.contains(&s.id)
+                })
+                .map(|s| s.id),
+        );
+    }
+    for id in &ids {
+        c.forget(id, a.force).map_err(crate::cmd::remote::api)?;
+        println!("removed {id}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let store = settings.open_store()?;
     let mut ids = a.sessions.clone();

@@ -582,3 +582,54 @@ fn spaces_collect_garbage_while_guests_checkpoint_and_move() {
         assert_eq!(code, 0, "{out}{err}");
     }
 }
+
+/// `ferry --space URL rm` forgets a space's finished sessions (a suspended one only with
+/// --force; a running one not at all), after which its garbage collection reclaims their
+/// snapshots.
+#[test]
+fn a_space_forgets_finished_sessions_and_then_reclaims_their_snapshots() {
+    let here = client();
+    let mut s = SpaceProc::start(&["--gc-grace", "1s"]);
+    let g = guest("wasm/cpu.wasm");
+    let g = g.to_str().unwrap();
+    ok(&here, &s.url, &["run", "--session", "done", g, "--", "2"]);
+    ok(&here, &s.url, &["wait", "done"]);
+    ok(
+        &here,
+        &s.url,
+        &["run", "--session", "paused", g, "--", "5000"],
+    );
+    eventually("it runs", || {
+        s.state("paused").as_deref() == Some("running")
+    });
+    let (_, err, code) = cli(&here, &s.url, &["rm", "paused"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("is running; suspend or kill it first"),
+        "{err}"
+    );
+    ok(&here, &s.url, &["suspend", "paused"]);
+    let (_, err, code) = cli(&here, &s.url, &["rm", "paused"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("can still be resumed"), "{err}");
+    let (out, err, code) = cli(&here, &s.url, &["rm", "--exited"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "removed done\n");
+    assert_eq!(s.state("done"), None, "forgotten");
+    ok(&here, &s.url, &["rm", "--force", "paused"]);
+    assert_eq!(s.state("paused"), None);
+    let (_, err, code) = cli(&here, &s.url, &["rm", "paused"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no session `paused`"), "{err}");
+    // Their snapshots go once the grace period is over; the module stays (a derived ref).
+    std::thread::sleep(Duration::from_millis(1100));
+    let (out, err, code) = cli(&here, &s.url, &["store", "gc"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.starts_with("deleted 0 "), "{out}");
+    // Forgotten for good: not back after a restart.
+    s.stop();
+    s.spawn(None);
+    assert_eq!(s.state("done"), None);
+    let (out, err, code) = s.env.output(&["store", "verify"]);
+    assert_eq!(code, 0, "{out}{err}");
+}
