@@ -159,18 +159,31 @@ impl Runtime {
             warn!(version = v, instrumented = %snapshot.instrumented,
                 "running the snapshot's own instrumented module, trusted: not derived here");
         }
-        // Read (and re-hashed) whole: the module is not known here, so whether it declares
-        // exception tags is read from it rather than from a mark.
-        let bytes = store.get(&snapshot.instrumented)?;
-        let engine_class = if crate::uses_exceptions(&bytes) {
+        // Whether it declares exception tags: a module this store derived has its mark if it
+        // does (every ferry since before v14 marks them), so its bytes are read only if it
+        // must be compiled; one from elsewhere is read (and re-hashed) whole to find out.
+        let mut bytes = None;
+        let uses_exceptions = if derived_here {
+            store
+                .get_ref(&exceptions_ref(&snapshot.instrumented))?
+                .is_some()
+        } else {
+            let b = store.get(&snapshot.instrumented)?;
+            let eh = crate::uses_exceptions(&b);
+            bytes = Some(b);
+            eh
+        };
+        let engine_class = if uses_exceptions {
             crate::ENGINE_CLASS_EXCEPTIONS
         } else {
             crate::ENGINE_CLASS
         };
-        let mut bytes = Some(bytes);
         let compiled = self.backend.compile(
             Some(&snapshot.instrumented.to_hex()),
-            &mut || Ok(bytes.take().unwrap_or_default()),
+            &mut || match bytes.take() {
+                Some(b) => Ok(b),
+                None => Ok(store.get(&snapshot.instrumented)?),
+            },
             progress,
         )?;
         Ok(Prepared {
