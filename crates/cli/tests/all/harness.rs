@@ -333,11 +333,20 @@ pub fn loop_py_app(env: &Env) -> String {
 /// An interrupt that lands before the guest has started (a cold compiled-code cache, a loaded
 /// machine) ends ferry with nothing run; the run is then tried again, waiting twice as long.
 pub fn run_and_suspend(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String) {
+    suspend_after(env, "run", args, ms)
+}
+
+/// `ferry resume ARGS` in `env`, interrupted after `ms`: as [`run_and_suspend`].
+pub fn resume_and_suspend(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String) {
+    suspend_after(env, "resume", args, ms)
+}
+
+fn suspend_after(env: &Env, command: &str, args: &[&str], ms: u64) -> (Vec<u8>, String) {
     let mut ms = ms;
     for _ in 0..8 {
         let child = env
             .ferry()
-            .arg("run")
+            .arg(command)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

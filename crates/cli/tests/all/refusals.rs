@@ -414,6 +414,20 @@ fn history(env: &Env, k: &str) -> Vec<String> {
         .collect()
 }
 
+/// The counter run uninterrupted, then run with a checkpoint every 100 ms and suspended after
+/// a second: (the uninterrupted run, what the suspended run printed, its last snapshot).
+fn checkpointed_counter(env: &Env) -> (crate::harness::Seen, Vec<u8>, String) {
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "300"];
+    let plain = env.plain(&args);
+    let (first, k) = crate::harness::run_and_suspend(
+        env,
+        &[&["--checkpoint-every", "100ms"][..], &args[..]].concat(),
+        1000,
+    );
+    (plain, first, k)
+}
+
 /// The store verifies, and `k` resumed to its end continues `first` (what the run showed
 /// before it was suspended) into `expected`.
 fn verifies_and_finishes(env: &Env, first: Vec<u8>, k: &str, expected: &[u8]) {
@@ -427,14 +441,7 @@ fn verifies_and_finishes(env: &Env, first: Vec<u8>, k: &str, expected: &[u8]) {
 #[test]
 fn gc_keep_prunes_old_checkpoints() {
     let env = Env::new();
-    let g = guest("wasm/cpu.wasm");
-    let args = [g.to_str().unwrap(), "--", "300"];
-    let plain = env.plain(&args);
-    let (first, k) = crate::harness::run_and_suspend(
-        &env,
-        &[&["--checkpoint-every", "100ms"][..], &args[..]].concat(),
-        1000,
-    );
+    let (plain, first, k) = checkpointed_counter(&env);
     let mut chain = vec![k.clone()];
     loop {
         let v = env.inspect_json(chain.last().unwrap());
@@ -477,14 +484,7 @@ fn gc_keep_prunes_old_checkpoints() {
 #[test]
 fn a_partly_pruned_ancestor_ends_the_history() {
     let env = Env::new();
-    let g = guest("wasm/cpu.wasm");
-    let args = [g.to_str().unwrap(), "--", "300"];
-    let plain = env.plain(&args);
-    let (first, k) = crate::harness::run_and_suspend(
-        &env,
-        &[&["--checkpoint-every", "100ms"][..], &args[..]].concat(),
-        1000,
-    );
+    let (plain, first, k) = checkpointed_counter(&env);
     let chain = history(&env, &k);
     assert!(chain.len() >= 3, "{chain:?}");
     let image = env.inspect_json(&chain[1])["memories"][0]["kappa"]

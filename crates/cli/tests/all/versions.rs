@@ -6,15 +6,12 @@
 //! so the runs can be compared byte for byte); the check with a real v16 ferry's snapshot is
 //! described in docs/limits.md.
 
-use std::process::Stdio;
-use std::time::Duration;
-
 use ferry_instrument::{INSTRUMENT_VERSION, abi};
 use ferry_kappa::Kappa;
 use ferry_object::Snapshot;
 use ferry_store::{FsStore, RefValue, Store};
 
-use crate::harness::{Env, guest, run_and_suspend, suspended_kappa};
+use crate::harness::{Env, guest, resume_and_suspend, run_and_suspend};
 
 /// Snapshot `k` of `store` claiming to have been made by transform version `v`.
 fn relabelled(store: &FsStore, k: &str, v: u32) -> String {
@@ -25,24 +22,6 @@ fn relabelled(store: &FsStore, k: &str, v: u32) -> String {
         .put(&ferry_kappa::encode(&snap).unwrap())
         .unwrap()
         .to_string()
-}
-
-/// `ferry resume ARGS` interrupted after `ms`: its stdout and the new snapshot.
-fn resume_and_suspend(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String) {
-    let child = env
-        .ferry()
-        .arg("resume")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(ms));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
-    let k = suspended_kappa(&out);
-    (out.stdout, k)
 }
 
 #[test]
