@@ -79,6 +79,10 @@ pub struct SessionInfo {
     /// The last (or current) migration's statistics.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<MigrationReport>,
+    /// A checkpoint is taken this often (ms) while the session runs, here and wherever it
+    /// moves, so a space that stops loses at most that much of its progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_ms: Option<u64>,
 }
 
 impl SessionInfo {
@@ -97,6 +101,7 @@ impl SessionInfo {
             source: None,
             reason: None,
             commit_pending: false,
+            checkpoint_every_ms: None,
             migration: None,
         }
     }
@@ -126,6 +131,9 @@ pub struct RunRequest {
     /// For a WASI reactor: the export called after `_initialize` (default: `_start`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub main: Option<String>,
+    /// Take a checkpoint this often (ms, at least 100) while the session runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_ms: Option<u64>,
 }
 
 /// A directory requested at `guest`, with the content of tree `tree`.
@@ -263,6 +271,9 @@ pub struct PrepareRequest {
     pub to: String,
     pub program: String,
     pub engine: String,
+    /// The session's periodic checkpoints, which go on here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_ms: Option<u64>,
 }
 
 /// `POST /v1/migrations/{id}/commit` and `/abort`.

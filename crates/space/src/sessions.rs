@@ -595,6 +595,9 @@ impl Sessions {
                 };
                 *lock(&l.log) = ready.log.clone();
                 *lock(&l.control) = Some(control.clone());
+                if let Some(ms) = info.checkpoint_every_ms {
+                    spawn_checkpointer(l.clone(), mine, control.clone(), Duration::from_millis(ms));
+                }
                 l.kill.store(false, Ordering::SeqCst);
                 if !hold {
                     me.update(&l, |i| {
@@ -715,6 +718,14 @@ impl Sessions {
     pub fn run(self: &Arc<Self>, req: RunRequest) -> Result<SessionInfo, ApiError> {
         let module = parse_kappa(&req.module, "module")?;
         let engine = parse_engine(req.engine.as_deref(), EngineKind::Jit)?;
+        if req
+            .checkpoint_every_ms
+            .is_some_and(|ms| ms < MIN_CHECKPOINT_MS)
+        {
+            return Err(ApiError::bad_request(format!(
+                "checkpoint_every_ms must be at least {MIN_CHECKPOINT_MS}"
+            )));
+        }
         if !self.store.has(&module).map_err(ApiError::internal)? {
             return Err(ApiError::not_found(format!(
                 "module {module} is not in this space's store; send it first"
@@ -743,7 +754,10 @@ impl Sessions {
                 )));
             }
             let live = Live::new(
-                SessionInfo::starting(&id, &req.program, engine.name(), 1),
+                SessionInfo {
+                    checkpoint_every_ms: req.checkpoint_every_ms,
+                    ..SessionInfo::starting(&id, &req.program, engine.name(), 1)
+                },
                 OutputBuffer::default(),
             );
             g.insert(id.clone(), live.clone());
@@ -1025,6 +1039,7 @@ impl Sessions {
             to: to.to_owned(),
             program: info.program.clone(),
             engine: engine.name().into(),
+            checkpoint_every_ms: info.checkpoint_every_ms,
         };
         let refused = |e: ApiError| {
             ApiError::new(
@@ -1232,6 +1247,9 @@ impl Sessions {
             SessionInfo {
                 snapshot: Some(k.to_string()),
                 source: Some(req.source.clone()),
+                checkpoint_every_ms: req
+                    .checkpoint_every_ms
+                    .filter(|&ms| ms >= MIN_CHECKPOINT_MS),
                 ..SessionInfo::starting(&req.session, &req.program, engine.name(), req.epoch)
             },
             OutputBuffer::default(),
@@ -1384,6 +1402,37 @@ impl Sessions {
                 }
             }
         });
+    }
+}
+
+/// Shortest interval between periodic checkpoints (ms).
+const MIN_CHECKPOINT_MS: u64 = 100;
+
+/// Asks run `mine` of a session for a checkpoint every `every` while it runs (not while a
+/// migration moves it: its rounds are checkpoints already), until that run stops.
+fn spawn_checkpointer(live: Arc<Live>, mine: u64, control: Arc<Control>, every: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("checkpointer".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                let info = live.info();
+                if live.run.load(Ordering::SeqCst) != mine
+                    || live.gone.load(Ordering::SeqCst)
+                    || !matches!(
+                        info.state,
+                        State::Starting | State::Running | State::Prepared
+                    )
+                {
+                    return;
+                }
+                if info.state == State::Running && info.migrating_to.is_none() {
+                    control.request(Request::Checkpoint);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "cannot start periodic checkpoints");
     }
 }
 

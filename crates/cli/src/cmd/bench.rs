@@ -555,6 +555,7 @@ fn migrate_section(
             engine: None,
             session: Some(id.clone()),
             main: None,
+            checkpoint_every_ms: None,
         })
         .map_err(|e| anyhow::anyhow!(e.msg))?;
         // Ready once it has filled its memory, then let it dirty pages for a second.

@@ -36,10 +36,18 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
          sends a directory's content)"
     );
     anyhow::ensure!(
-        a.guest.checkpoint_every.is_none() && a.guest.keep.is_none(),
-        "--checkpoint-every and --keep are for local runs: checkpoint a session on a space with \
-         `ferry --space URL checkpoint ID`"
+        a.guest.keep.is_none(),
+        "--keep is for local runs: a space prunes histories when it collects garbage (`ferry \
+         --space URL store gc --keep N`, or `ferry serve --gc-every D --gc-keep N`)"
     );
+    let checkpoint_every_ms = match a.guest.checkpoint_every {
+        Some(d) => {
+            let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+            anyhow::ensure!(ms >= 100, "--checkpoint-every on a space: at least 100ms");
+            Some(ms)
+        }
+        None => None,
+    };
     let store = settings.open_store()?;
     let t = crate::cmd::run::target(settings, &store, &a)?;
     let mut mounts = a.guest.mounts()?;
@@ -93,6 +101,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
             engine: Some(a.guest.engine().name().into()),
             session: a.session,
             main: t.main,
+            checkpoint_every_ms,
         })
         .map_err(api)?;
     println!("{}", info.id);

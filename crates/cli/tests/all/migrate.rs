@@ -633,3 +633,65 @@ fn a_space_forgets_finished_sessions_and_then_reclaims_their_snapshots() {
     let (out, err, code) = s.env.output(&["store", "verify"]);
     assert_eq!(code, 0, "{out}{err}");
 }
+
+/// `ferry --space URL run --checkpoint-every D`: the space checkpoints the session while it
+/// runs, and goes on doing so where it moves, so a space killed (`kill -9`) loses only the
+/// progress since the last checkpoint: the session comes back suspended there and finishes
+/// with the output of an uninterrupted run.
+#[test]
+fn a_space_checkpoints_periodically_so_a_killed_space_loses_little() {
+    let here = client();
+    let mut a = SpaceProc::start(&[]);
+    let b = SpaceProc::start(&[]);
+    let g = guest("wasm/cpu.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", "700"]);
+    let (_, err, code) = cli(
+        &here,
+        &a.url,
+        &[
+            "run",
+            "--checkpoint-every",
+            "50ms",
+            g.to_str().unwrap(),
+            "--",
+            "700",
+        ],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("at least 100ms"), "{err}");
+    ok(
+        &here,
+        &a.url,
+        &[
+            "run",
+            "--session",
+            "p",
+            "--checkpoint-every",
+            "150ms",
+            g.to_str().unwrap(),
+            "--",
+            "700",
+        ],
+    );
+    let snapshot = |s: &SpaceProc| {
+        s.session("p")
+            .and_then(|i| i["snapshot"].as_str().map(str::to_owned))
+    };
+    // Checkpoints come without being asked for, on both sides of a move.
+    let mut seen = std::collections::BTreeSet::new();
+    eventually("two checkpoints on a", || {
+        seen.extend(snapshot(&a));
+        seen.len() >= 2
+    });
+    ok(&here, &a.url, &["migrate", "p", "--to", &b.url]);
+    let moved_at = snapshot(&b);
+    eventually("a checkpoint on b", || snapshot(&b) != moved_at);
+    ok(&here, &b.url, &["migrate", "p", "--to", &a.url]);
+    let back_at = snapshot(&a);
+    eventually("a checkpoint on a again", || snapshot(&a) != back_at);
+    a.stop();
+    a.spawn(None);
+    assert_eq!(a.state("p").as_deref(), Some("suspended"));
+    ok(&here, &a.url, &["resume", "p"]);
+    assert_finished_like(&here, &a.url, "p", &plain.stdout);
+}
