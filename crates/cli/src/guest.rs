@@ -481,7 +481,7 @@ const PRUNE_COMPACT_BUDGET: u64 = 32 << 20;
 /// no other process uses the store (else a later snapshot tries again).
 fn prune(store: &FsStore, id: &str, n: u64) {
     let name = format!("session/{id}");
-    let n = usize::try_from(n).unwrap_or(usize::MAX);
+    let n = ferry_engine::gc::snapshots_kept(Some(n));
     let keep = |r: &str| if r == name { n } else { usize::MAX };
     let t = std::time::Instant::now();
     match store.alone(|| ferry_engine::gc::collect(store, false, &keep, PRUNE_COMPACT_BUDGET, None))

@@ -9,6 +9,12 @@ use ferry_kappa::Kappa;
 use ferry_store::{Compacted, Store, StoreError};
 
 use crate::closure::{ClosureError, snapshots_closure};
+use crate::prepare::{DERIVED_PREFIX, EXCEPTIONS_PREFIX};
+
+/// How many snapshots of each history a `--keep N` keeps (absent: all of them).
+pub fn snapshots_kept(keep: Option<u64>) -> usize {
+    keep.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX))
+}
 
 /// What [`collect`] did (or, dry, would do).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,21 +60,18 @@ pub fn collect(
     sweep: Option<&Sweep<'_>>,
 ) -> Result<Collected, ClosureError> {
     let mut live = BTreeSet::new();
-    let current = format!(
-        "derived/instrument-v{}/",
-        ferry_instrument::INSTRUMENT_VERSION
-    );
+    let current = format!("{DERIVED_PREFIX}{}/", ferry_instrument::INSTRUMENT_VERSION);
     // Refs that go unless the object they name is kept.
     let mut stale = Vec::new();
     for (name, r) in store.list_refs()? {
         if name.starts_with("session/") || name.starts_with("snapshot/") {
             snapshots_closure(store, &r.target, keep(&name), &mut live)?;
-        } else if name.starts_with("derived/instrument-v") && !name.starts_with(&current) {
+        } else if name.starts_with(DERIVED_PREFIX) && !name.starts_with(&current) {
             // A module instrumented by another version of ferry: only a snapshot of that
             // version needs it (which keeps the module), and the ref then vouches for it
             // (`OtherVersions::Derived`), so the ref goes only with the module.
             stale.push((name, r));
-        } else if name.starts_with("derived/exceptions/") {
+        } else if name.starts_with(EXCEPTIONS_PREFIX) {
             // A mark on an instrumented module, which it does not keep.
             stale.push((name, r));
         } else {

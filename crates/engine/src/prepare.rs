@@ -60,10 +60,15 @@ pub enum OtherVersions {
     Trusted,
 }
 
+/// Refs `<this><version>/<κ of module>`: the instrumented module a version derived.
+pub(crate) const DERIVED_PREFIX: &str = "derived/instrument-v";
+/// Refs `<this><κ of instrumented module>`: marks (see [`exceptions_ref`]).
+pub(crate) const EXCEPTIONS_PREFIX: &str = "derived/exceptions/";
+
 /// Marks an instrumented module that declares exception tags (its snapshots need
 /// [`crate::ENGINE_CLASS_EXCEPTIONS`]), so a prepare that finds it compiled need not read it.
 fn exceptions_ref(instrumented: &Kappa) -> String {
-    format!("derived/exceptions/{}", instrumented.to_hex())
+    format!("{EXCEPTIONS_PREFIX}{}", instrumented.to_hex())
 }
 
 impl Runtime {
@@ -311,5 +316,5 @@ impl Runtime {
 /// The ref naming the instrumented module version `version` of the transform derived from
 /// `module`.
 fn derived_ref_of(version: u32, module: &Kappa) -> String {
-    format!("derived/instrument-v{version}/{}", module.to_hex())
+    format!("{DERIVED_PREFIX}{version}/{}", module.to_hex())
 }

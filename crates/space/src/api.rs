@@ -1,6 +1,7 @@
 //! The JSON bodies of the sessions and migration API (docs/api.md), shared by the space and
 //! its clients.
 
+use ferry_engine::gc::Collected;
 use serde::{Deserialize, Serialize};
 
 /// Where a session is in its life, as a space sees it.
@@ -106,6 +107,10 @@ impl SessionInfo {
         }
     }
 }
+
+/// Shortest interval between a session's periodic checkpoints (ms): `RunRequest`'s
+/// `checkpoint_every_ms`.
+pub const MIN_CHECKPOINT_MS: u64 = 100;
 
 /// `POST /v1/sessions`: run a module that is already in the space's store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -241,7 +246,7 @@ pub struct GcRequest {
     pub keep: Option<u64>,
 }
 
-/// What `POST /v1/gc` did.
+/// What `POST /v1/gc` did: a [`Collected`] as JSON.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GcReport {
     /// Objects deleted (with `dry_run`: that would be).
@@ -255,6 +260,32 @@ pub struct GcReport {
     pub packs_rewritten: usize,
     /// Bytes the store takes less on disk.
     pub freed_bytes: u64,
+}
+
+impl From<Collected> for GcReport {
+    fn from(c: Collected) -> Self {
+        Self {
+            removed: c.removed,
+            kept: c.kept,
+            spared: c.spared,
+            packs_rewritten: c.compacted.files,
+            freed_bytes: c.compacted.freed,
+        }
+    }
+}
+
+impl From<GcReport> for Collected {
+    fn from(r: GcReport) -> Self {
+        Self {
+            removed: r.removed,
+            kept: r.kept,
+            spared: r.spared,
+            compacted: ferry_store::Compacted {
+                files: r.packs_rewritten,
+                freed: r.freed_bytes,
+            },
+        }
+    }
 }
 
 /// `POST /v1/migrations`: from the source space to the destination, after the final delta.

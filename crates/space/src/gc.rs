@@ -18,10 +18,6 @@ use ferry_engine::gc::{Collected, Sweep, collect};
 use ferry_kappa::Kappa;
 use ferry_store::{Compacted, FsStore, Location, RefValue, Store, StoreError};
 
-/// How long an object written or asked about stays safe from collection by default: a
-/// snapshot or push must be named within it.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(3600);
-
 /// Notes kept before old ones are dropped (outside a collection, which drops them too).
 const MAX_NOTES: usize = 1 << 20;
 
@@ -46,11 +42,20 @@ impl Recording {
         }
     }
 
+    fn notes(&self) -> std::sync::MutexGuard<'_, HashMap<Kappa, Instant>> {
+        self.notes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drops the notes older than the grace period.
+    fn forget_old(&self, notes: &mut HashMap<Kappa, Instant>) {
+        notes.retain(|_, t| t.elapsed() < self.grace);
+    }
+
     fn note(&self, ks: &[Kappa]) {
         let now = Instant::now();
-        let mut notes = self.notes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut notes = self.notes();
         if notes.len() >= MAX_NOTES {
-            notes.retain(|_, t| now.duration_since(*t) < self.grace);
+            self.forget_old(&mut notes);
         }
         for k in ks {
             notes.insert(*k, now);
@@ -58,8 +63,9 @@ impl Recording {
     }
 
     fn noted(&self, k: &Kappa) -> bool {
-        let notes = self.notes.lock().unwrap_or_else(|p| p.into_inner());
-        notes.get(k).is_some_and(|t| t.elapsed() < self.grace)
+        self.notes()
+            .get(k)
+            .is_some_and(|t| t.elapsed() < self.grace)
     }
 
     /// Whether `k` was noted, or written to disk, within the grace period.
@@ -88,11 +94,7 @@ impl Recording {
     /// and sparing what was written or asked about within the grace period. `None` when
     /// another process has the store open (`ferry store gc` there).
     pub fn collect(&self, dry_run: bool, keep: usize) -> Result<Option<Collected>, String> {
-        {
-            let now = Instant::now();
-            let mut notes = self.notes.lock().unwrap_or_else(|p| p.into_inner());
-            notes.retain(|_, t| now.duration_since(*t) < self.grace);
-        }
+        self.forget_old(&mut self.notes());
         let sweep = Sweep {
             spare: &|k| self.recent(k),
             remove: &|k| self.remove_unless_noted(k),

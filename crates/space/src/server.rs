@@ -241,12 +241,10 @@ async fn collect_garbage(State(s): State<Shared>, Json(req): Json<GcRequest>) ->
         )
         .into_response();
     };
-    let keep = req
-        .keep
-        .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
-    if keep == 0 {
+    if req.keep == Some(0) {
         return text(StatusCode::BAD_REQUEST, "keep must be at least 1").into_response();
     }
+    let keep = ferry_engine::gc::snapshots_kept(req.keep);
     let r = blocking(move || match rec.collect(req.dry_run, keep) {
         Ok(Some(c)) => {
             info!(
@@ -256,13 +254,7 @@ async fn collect_garbage(State(s): State<Shared>, Json(req): Json<GcRequest>) ->
                 freed = c.compacted.freed,
                 "garbage collected"
             );
-            Ok(GcReport {
-                removed: c.removed,
-                kept: c.kept,
-                spared: c.spared,
-                packs_rewritten: c.compacted.files,
-                freed_bytes: c.compacted.freed,
-            })
+            Ok(GcReport::from(c))
         }
         Ok(None) => Err(text(
             StatusCode::CONFLICT,

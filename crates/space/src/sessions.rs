@@ -23,8 +23,8 @@ use ferry_wasi::{HostClock, MountSpec, OutputBuffer, Stdio, WasiCtx};
 use tracing::{info, warn};
 
 use crate::api::{
-    ApiError, Decision, MigrateRequest, MigrationReport, PrepareRequest, ResumeRequest, Round,
-    RunRequest, SessionInfo, State, session_id, valid_id,
+    ApiError, Decision, MIN_CHECKPOINT_MS, MigrateRequest, MigrationReport, PrepareRequest,
+    ResumeRequest, Round, RunRequest, SessionInfo, State, session_id, valid_id,
 };
 use crate::client::{RemoteStore, SpaceClient, send_closure};
 use crate::policy::Policy;
@@ -822,28 +822,27 @@ impl Sessions {
         let live = self.get(id)?;
         let _turn = lock(&live.turn);
         let info = live.info();
-        let finished = match info.state {
-            State::Exited | State::Failed | State::Killed => true,
-            State::Moved => !info.commit_pending,
-            State::Suspended => false,
+        match info.state {
             State::Starting | State::Running | State::Prepared => {
                 return Err(ApiError::conflict(format!(
                     "session `{id}` is {}; suspend or kill it first",
                     info.state.name()
                 )));
             }
-        };
-        if info.migrating_to.is_some() || (info.state == State::Moved && !finished) {
-            return Err(ApiError::conflict(format!(
-                "session `{id}` is moving; try again once the move is over"
-            )));
-        }
-        if !finished && !force {
-            return Err(ApiError::conflict(format!(
-                "session `{id}` can still be resumed (suspended); forget it with force \
-                 (`ferry --space URL rm --force {id}`), and its snapshots go at the next \
-                 garbage collection"
-            )));
+            // A move under way, or committed but not yet heard of by the destination.
+            _ if info.migrating_to.is_some() || info.commit_pending => {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` is moving; try again once the move is over"
+                )));
+            }
+            State::Suspended if !force => {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` can still be resumed (suspended); forget it with force \
+                     (`ferry --space URL rm --force {id}`), and its snapshots go at the next \
+                     garbage collection"
+                )));
+            }
+            _ => {}
         }
         let name = format!("session/{id}");
         if let Some(current) = self.store.get_ref(&name).map_err(ApiError::internal)? {
@@ -1404,9 +1403,6 @@ impl Sessions {
         });
     }
 }
-
-/// Shortest interval between periodic checkpoints (ms).
-const MIN_CHECKPOINT_MS: u64 = 100;
 
 /// Asks run `mine` of a session for a checkpoint every `every` while it runs (not while a
 /// migration moves it: its rounds are checkpoints already), until that run stops.

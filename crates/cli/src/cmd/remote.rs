@@ -43,7 +43,9 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     let checkpoint_every_ms = match a.guest.checkpoint_every {
         Some(d) => {
             let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-            anyhow::ensure!(ms >= 100, "--checkpoint-every on a space: at least 100ms");
+            // Checked here too, before the module and directories are sent.
+            let min = ferry_space::api::MIN_CHECKPOINT_MS;
+            anyhow::ensure!(ms >= min, "--checkpoint-every on a space: at least {min}ms");
             Some(ms)
         }
         None => None,

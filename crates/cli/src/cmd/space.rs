@@ -87,9 +87,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
     let recording = Arc::new(Recording::new(Arc::new(settings.open_store()?), a.gc_grace));
     let store: Arc<dyn Store> = recording.clone();
     if let Some(every) = a.gc_every {
-        let keep = a
-            .gc_keep
-            .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let keep = ferry_engine::gc::snapshots_kept(a.gc_keep);
         let rec = recording.clone();
         std::thread::Builder::new()
             .name("gc".into())

@@ -39,7 +39,7 @@ pub fn run(settings: &Settings, c: Command) -> Result<ExitCode> {
         Command::Gc { dry_run, keep } => gc(
             &settings.open_store_exclusive()?,
             dry_run,
-            keep.map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+            ferry_engine::gc::snapshots_kept(keep),
         ),
     }
 }
@@ -57,18 +57,7 @@ fn remote(settings: &Settings, c: Command) -> Result<ExitCode> {
     let r = client
         .gc(&ferry_space::api::GcRequest { dry_run, keep })
         .map_err(crate::cmd::remote::api)?;
-    print_collected(
-        &Collected {
-            removed: r.removed,
-            kept: r.kept,
-            spared: r.spared,
-            compacted: ferry_store::Compacted {
-                files: r.packs_rewritten,
-                freed: r.freed_bytes,
-            },
-        },
-        dry_run,
-    );
+    print_collected(&r.into(), dry_run);
     Ok(ExitCode::SUCCESS)
 }
 
