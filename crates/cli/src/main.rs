@@ -55,6 +55,9 @@ enum Command {
     Logs(cmd::remote::LogsArgs),
     /// Wait for a space's session to stop wherever it moved; exits with the guest's code.
     Wait(cmd::remote::SessionArgs),
+    /// List a space's session's mounts, or write their files here (--dir HOST::GUEST): as the
+    /// guest left them when it exited, else as of its latest snapshot.
+    Files(cmd::remote::FilesArgs),
     /// Stop a space's session (its last snapshot is kept).
     Kill(cmd::remote::SessionArgs),
     /// Move a running session to another space: pre-copy, pause, final delta, commit.
@@ -141,6 +144,7 @@ fn main() -> ExitCode {
         Command::Rm(a) => cmd::rm::run(&settings, a),
         Command::Logs(a) => cmd::remote::logs(&settings, a),
         Command::Wait(a) => cmd::remote::wait(&settings, a),
+        Command::Files(a) => cmd::remote::files(&settings, a),
         Command::Kill(a) => cmd::remote::stop(&settings, &a.session, "kill"),
         Command::Migrate(a) => cmd::remote::migrate(&settings, a),
         Command::Inspect(a) => cmd::inspect::run(&settings, a),

@@ -66,6 +66,9 @@ pub fn collect(
     for (name, r) in store.list_refs()? {
         if name.starts_with("session/") || name.starts_with("snapshot/") {
             snapshots_closure(store, &r.target, keep(&name), &mut live)?;
+        } else if name.starts_with("files/") {
+            // What a space session's mounts held when its guest stopped: a tree.
+            crate::closure::tree_closure(store, &r.target, &mut live, 0)?;
         } else if name.starts_with(DERIVED_PREFIX) && !name.starts_with(&current) {
             // A module instrumented by another version of ferry: only a snapshot of that
             // version needs it (which keeps the module), and the ref then vouches for it

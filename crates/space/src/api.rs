@@ -84,6 +84,13 @@ pub struct SessionInfo {
     /// moves, so a space that stops loses at most that much of its progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_ms: Option<u64>,
+    /// What the session's mounts held when its guest exited or failed, kept by the space
+    /// (`GET /v1/sessions/{id}/files`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_files: Option<Vec<MountTree>>,
+    /// Why the space could not keep them (its backing directories are then left in place).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_files_error: Option<String>,
 }
 
 impl SessionInfo {
@@ -104,8 +111,31 @@ impl SessionInfo {
             commit_pending: false,
             checkpoint_every_ms: None,
             migration: None,
+            final_files: None,
+            final_files_error: None,
         }
     }
+}
+
+/// One mount's content: the guest path and the κ of its tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountTree {
+    pub guest: String,
+    pub tree: String,
+}
+
+/// `GET /v1/sessions/{id}/files`: the files of a session's mounts — as its guest left them
+/// when it exited or failed, else as of its latest snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionFiles {
+    pub id: String,
+    pub state: State,
+    /// The snapshot the trees come from; absent when they were taken as the guest stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    pub mounts: Vec<MountTree>,
 }
 
 /// Shortest interval between a session's periodic checkpoints (ms): `RunRequest`'s

@@ -329,6 +329,38 @@ pub fn pull(
     Ok(stats)
 }
 
+/// Fetches tree κ (a mount's content) and everything under it from `space` into `local`
+/// (only what it lacks; every object verified as it is stored), so that it can be
+/// materialized.
+pub fn pull_tree(
+    space: &RemoteStore,
+    local: &dyn Store,
+    k: Kappa,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SyncStats, StoreError> {
+    let mut closure = BTreeSet::new();
+    ferry_engine::closure::tree_closure(space, &k, &mut closure, 0).map_err(remote)?;
+    let mut todo = Vec::new();
+    for c in &closure {
+        if !local.has(c)? {
+            todo.push(*c);
+        }
+    }
+    let mut stats = SyncStats {
+        objects: closure.len(),
+        ..SyncStats::default()
+    };
+    for part in todo.chunks(crate::MAX_FETCH) {
+        let objects = space.fetch_batch(part)?;
+        let refs: Vec<&[u8]> = objects.iter().map(Vec::as_slice).collect();
+        local.put_many(&refs)?;
+        stats.moved += part.len();
+        stats.bytes += objects.iter().map(|o| o.len() as u64).sum::<u64>();
+        progress(stats.moved, todo.len());
+    }
+    Ok(stats)
+}
+
 /// The sessions and migration API of a space (docs/api.md), as its CLI and its peers call
 /// it. Errors carry the space's status and reason; status 0 means it could not be reached.
 pub struct SpaceClient {
@@ -468,6 +500,12 @@ impl SpaceClient {
             .header("Authorization", format!("Bearer {}", self.token))
             .call();
         self.answer(r).map(drop)
+    }
+
+    /// `GET /v1/sessions/{id}/files`: the trees of the session's mounts.
+    pub fn files(&self, id: &str) -> Result<crate::api::SessionFiles, ApiError> {
+        let id = session_id(id)?;
+        self.get_json(&format!("/v1/sessions/{id}/files"))
     }
 
     /// `POST /v1/gc`.

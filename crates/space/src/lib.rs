@@ -20,7 +20,8 @@ mod server;
 pub mod sessions;
 
 pub use client::{
-    LogChunk, RemoteStore, SpaceClient, SyncStats, pull, push, send_closure, send_objects,
+    LogChunk, RemoteStore, SpaceClient, SyncStats, pull, pull_tree, push, send_closure,
+    send_objects,
 };
 pub use policy::Policy;
 pub use server::{Space, router, serve};

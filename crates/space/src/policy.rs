@@ -165,6 +165,19 @@ impl Policy {
         })
     }
 
+    /// Every directory under which this policy puts backing directories.
+    pub fn roots(&self) -> Vec<PathBuf> {
+        let mut roots = vec![self.default_root.clone()];
+        for r in &self.mounts {
+            if let Some(h) = &r.host
+                && !roots.contains(h)
+            {
+                roots.push(h.clone());
+            }
+        }
+        roots
+    }
+
     /// Every variable in `env` may pass, or the first that may not.
     pub fn env(&self, env: &[(String, String)]) -> Result<(), String> {
         let Some(allowed) = &self.env else {

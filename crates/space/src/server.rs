@@ -336,6 +336,11 @@ async fn resume_session(
     session_call(s, move |ss| ss.resume(&id, req)).await
 }
 
+/// `GET /v1/sessions/{id}/files`: the trees of the session's mounts (`SessionFiles`).
+async fn session_files(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    session_call(s, move |ss| ss.files(&id)).await
+}
+
 async fn suspend_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     session_call(s, move |ss| {
         ss.stop(&id, ferry_engine::Request::Suspend, false)
@@ -487,6 +492,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/sessions", get(list_sessions).post(run_session))
         .route("/v1/sessions/{id}", get(get_session).delete(forget_session))
         .route("/v1/sessions/{id}/logs", get(session_logs))
+        .route("/v1/sessions/{id}/files", get(session_files))
         .route("/v1/sessions/{id}/wait", get(wait_session))
         .route("/v1/sessions/{id}/resume", post(resume_session))
         .route("/v1/sessions/{id}/suspend", post(suspend_session))

@@ -23,8 +23,9 @@ use ferry_wasi::{HostClock, MountSpec, OutputBuffer, Stdio, WasiCtx};
 use tracing::{info, warn};
 
 use crate::api::{
-    ApiError, Decision, MIN_CHECKPOINT_MS, MigrateRequest, MigrationReport, PrepareRequest,
-    ResumeRequest, Round, RunRequest, SessionInfo, State, session_id, valid_id,
+    ApiError, Decision, MIN_CHECKPOINT_MS, MigrateRequest, MigrationReport, MountTree,
+    PrepareRequest, ResumeRequest, Round, RunRequest, SessionFiles, SessionInfo, State, session_id,
+    valid_id,
 };
 use crate::client::{RemoteStore, SpaceClient, send_closure};
 use crate::policy::Policy;
@@ -60,6 +61,15 @@ fn fault(step: &str) {
         unsafe {
             libc::kill(libc::getpid(), libc::SIGKILL);
         }
+    }
+}
+
+/// What [`Sessions::keep_final_files`] did, into the session's record.
+fn set_final_files(i: &mut SessionInfo, files: Option<Result<Vec<MountTree>, String>>) {
+    match files {
+        Some(Ok(m)) => i.final_files = Some(m),
+        Some(Err(e)) => i.final_files_error = Some(e),
+        None => {}
     }
 }
 
@@ -196,6 +206,8 @@ pub struct Sessions {
     cfg: Config,
     runtimes: Mutex<HashMap<EngineKind, Runtime>>,
     live: Mutex<HashMap<String, Arc<Live>>>,
+    /// The mounts of each session's guest: guest path and the directory backing it here.
+    backing: Mutex<HashMap<String, Vec<(String, PathBuf)>>>,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -219,6 +231,7 @@ impl Sessions {
             cfg,
             runtimes: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
+            backing: Mutex::new(HashMap::new()),
         });
         let rd = std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
         for e in rd.flatten() {
@@ -379,6 +392,79 @@ impl Sessions {
         Ok(dir)
     }
 
+    /// Remembers which directories back session `id`'s mounts, for [`Self::keep_final_files`].
+    fn note_backing(&self, id: &str, grants: &[MountSpec]) {
+        let dirs = grants
+            .iter()
+            .map(|m| (m.guest_path.clone(), m.host_dir.clone()))
+            .collect();
+        lock(&self.backing).insert(id.to_owned(), dirs);
+    }
+
+    /// Stores what session `id`'s mounts hold as its guest exits or fails — the only copy of
+    /// what it wrote since its last snapshot — names it with the ref `files/<id>` (one tree
+    /// with a directory per mount, so garbage collection keeps it) and removes the backing
+    /// directories. `None` when no guest of this session ran here.
+    fn keep_final_files(&self, id: &str) -> Option<Result<Vec<MountTree>, String>> {
+        let mounts = lock(&self.backing).remove(id)?;
+        let store = self.store.as_ref();
+        let kept = (|| -> Result<Vec<MountTree>, String> {
+            let mut cache = ferry_wasi::tree::ImportCache::saved_in(store);
+            let mut out = Vec::new();
+            let mut entries = std::collections::BTreeMap::new();
+            for (i, (guest, dir)) in mounts.iter().enumerate() {
+                let k = ferry_wasi::tree::import_cached(store, dir, &mut cache, &[])
+                    .map_err(|e| format!("mount `{guest}`: {e}"))?;
+                out.push(MountTree {
+                    guest: guest.clone(),
+                    tree: k.to_string(),
+                });
+                let entry = ferry_object::TreeEntry {
+                    mode: "dir".into(),
+                    object: k,
+                };
+                entries.insert(i.to_string(), entry);
+            }
+            if out.is_empty() {
+                return Ok(out);
+            }
+            let (kind, v) = ferry_object::header::<ferry_object::Tree>();
+            let all = ferry_object::Tree { kind, v, entries };
+            let all = store
+                .put(&ferry_object::encode(&all))
+                .map_err(|e| e.to_string())?;
+            store.sync().map_err(|e| e.to_string())?;
+            let name = format!("files/{id}");
+            let next = RefValue {
+                epoch: 0,
+                target: all,
+            };
+            let cur = store.get_ref(&name).map_err(|e| e.to_string())?;
+            store
+                .cas_ref(&name, cur, Some(next))
+                .map_err(|e| e.to_string())?;
+            Ok(out)
+        })();
+        if kept.is_ok() {
+            self.remove_backing(id);
+        }
+        Some(kept)
+    }
+
+    /// Removes the directories that backed session `id`'s mounts (`<root>/<id>` under every
+    /// root the policy names): a stopped guest's files live on in its snapshots and final
+    /// files, and a resume fills fresh directories from those.
+    fn remove_backing(&self, id: &str) {
+        for root in self.cfg.policy.roots() {
+            let dir = root.join(id);
+            if let Err(e) = std::fs::remove_dir_all(&dir)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                warn!(session = %id, dir = %dir.display(), error = %e, "cannot remove a backing directory");
+            }
+        }
+    }
+
     /// Mount `index` of session `id`, at `guest` with the content of `tree`, as the policy
     /// grants it: a fresh directory of this space's, filled from the tree.
     fn grant_mount(
@@ -437,6 +523,7 @@ impl Sessions {
             .enumerate()
             .map(|(i, m)| self.grant_mount(id, i, &m.guest_path, &m.tree, false))
             .collect::<Result<Vec<_>, _>>()?;
+        self.note_backing(id, &grants);
         let log = OutputBuffer::from_bytes(loaded.output.clone().unwrap_or_default());
         let wasi = WasiCtx::restore(
             &loaded.wasi,
@@ -477,6 +564,7 @@ impl Sessions {
                     .enumerate()
                     .map(|(i, (g, t, ro))| self.grant_mount(id, i, g, t, *ro))
                     .collect::<Result<Vec<_>, _>>()?;
+                self.note_backing(id, &grants);
                 let prepared = runtime
                     .prepare_kappa(store, module, &progress)
                     .map_err(|e| engine_refusal(&e))?;
@@ -676,10 +764,22 @@ impl Sessions {
             return;
         }
         let killed = live.kill.load(Ordering::SeqCst);
+        // Before the record says the guest stopped: until then nothing can resume it (into
+        // fresh directories at the same paths).
+        let files = match &outcome {
+            Ok(Outcome::Exited(_)) | Err(_) => self.keep_final_files(&info.id),
+            Ok(Outcome::Suspended(_)) => {
+                // The snapshot holds what the mounts held; a resume fills fresh directories.
+                lock(&self.backing).remove(&info.id);
+                self.remove_backing(&info.id);
+                None
+            }
+        };
         let info = self.update(live, |i| match &outcome {
             Ok(Outcome::Exited(code)) => {
                 i.state = State::Exited;
                 i.exit_code = Some(*code);
+                set_final_files(i, files);
             }
             Ok(Outcome::Suspended(k)) => {
                 i.state = if killed {
@@ -692,6 +792,7 @@ impl Sessions {
             Err(e) => {
                 i.state = State::Failed;
                 i.reason = Some(e.to_string());
+                set_final_files(i, files);
             }
         });
         if matches!(info.state, State::Exited | State::Failed | State::Killed)
@@ -844,14 +945,17 @@ impl Sessions {
             }
             _ => {}
         }
-        let name = format!("session/{id}");
-        if let Some(current) = self.store.get_ref(&name).map_err(ApiError::internal)? {
-            self.store
-                .cas_ref(&name, Some(current), None)
-                .map_err(ApiError::internal)?;
+        for name in [format!("session/{id}"), format!("files/{id}")] {
+            if let Some(current) = self.store.get_ref(&name).map_err(ApiError::internal)? {
+                self.store
+                    .cas_ref(&name, Some(current), None)
+                    .map_err(ApiError::internal)?;
+            }
         }
         live.gone.store(true, Ordering::SeqCst);
         lock(&self.live).remove(id);
+        lock(&self.backing).remove(id);
+        self.remove_backing(id);
         for p in [self.record_path(id), self.log_path(id)] {
             match std::fs::remove_file(&p) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -862,6 +966,55 @@ impl Sessions {
         }
         info!(session = %id, "session forgotten");
         Ok(())
+    }
+
+    /// `GET /v1/sessions/{id}/files`: the trees of the session's mounts — kept as its guest
+    /// exited or failed, else those of its latest snapshot.
+    pub fn files(&self, id: &str) -> Result<SessionFiles, ApiError> {
+        let info = self.get(id)?.info();
+        let files = |snapshot: Option<String>, mounts| SessionFiles {
+            id: id.to_owned(),
+            state: info.state,
+            snapshot,
+            mounts,
+        };
+        if let Some(m) = &info.final_files {
+            return Ok(files(None, m.clone()));
+        }
+        if let Some(e) = &info.final_files_error {
+            return Err(ApiError::unprocessable(format!(
+                "the space could not keep the files session `{id}` left: {e}"
+            )));
+        }
+        if info.state == State::Moved {
+            return Err(ApiError::conflict(format!(
+                "session `{id}` moved to {}; ask that space",
+                info.moved_to.as_deref().unwrap_or("another space")
+            )));
+        }
+        let Some(snap) = &info.snapshot else {
+            return Err(ApiError::conflict(format!(
+                "session `{id}` is {} and has no snapshot yet: checkpoint it first \
+                 (`ferry --space URL checkpoint {id}`)",
+                info.state.name()
+            )));
+        };
+        let k = parse_kappa(snap, "snapshot")?;
+        let read = |k: &Kappa| self.store.get(k).map_err(ApiError::internal);
+        let snapshot: ferry_object::Snapshot =
+            ferry_object::decode(&read(&k)?).map_err(ApiError::internal)?;
+        let wasi: ferry_object::WasiState =
+            ferry_object::decode(&read(&snapshot.wasi)?).map_err(ApiError::internal)?;
+        let mounts = wasi
+            .mounts
+            .iter()
+            .filter(|m| !m.host_bound)
+            .map(|m| MountTree {
+                guest: m.guest_path.clone(),
+                tree: m.tree.to_string(),
+            })
+            .collect();
+        Ok(files(Some(snap.clone()), mounts))
     }
 
     /// Asks a running session for a snapshot: `suspend` stops it there, `checkpoint` keeps it

@@ -240,6 +240,108 @@ pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
     }
 }
 
+#[derive(Debug, clap::Args)]
+pub struct FilesArgs {
+    /// Session id (see `ferry --space URL ps`).
+    pub session: String,
+    /// Write the files of the mount at GUEST into HOST, a directory that must be new or
+    /// empty (repeatable). Without it, the mounts are listed.
+    #[arg(long = "dir", value_name = "HOST::GUEST")]
+    pub dirs: Vec<String>,
+}
+
+/// `ferry --space URL files SESSION [--dir HOST::GUEST]...`: the files of a session's mounts,
+/// wherever it moved — as its guest left them when it exited or failed, else as of its latest
+/// snapshot. Fetches only the objects this store lacks (each verified) and writes them into
+/// new or empty directories, never over anything.
+pub fn files(settings: &Settings, a: FilesArgs) -> Result<ExitCode> {
+    let mut c = client(settings)?;
+    // Follow the session to where it is (bounded: a move chain longer than this is a loop).
+    for _ in 0..16 {
+        let s = c.session(&a.session).map_err(api)?;
+        match (s.state, s.moved_to) {
+            (State::Moved, Some(to)) => c = c.elsewhere(&to),
+            _ => break,
+        }
+    }
+    let f = c.files(&a.session).map_err(api)?;
+    let when = match &f.snapshot {
+        Some(k) => format!("as of its snapshot {k} (it is {})", f.state.name()),
+        None => format!("as its guest left them ({})", f.state.name()),
+    };
+    if a.dirs.is_empty() {
+        for m in &f.mounts {
+            println!("{}\t{}", m.guest, m.tree);
+        }
+        match f.mounts.is_empty() {
+            true => eprintln!("ferry: session {} has no mounts", a.session),
+            false => eprintln!(
+                "ferry: the files of session {} {when}; `--dir HOST::GUEST` writes a mount's \
+                 files into HOST",
+                a.session
+            ),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    // Every destination is checked before anything is fetched or written.
+    let mut todo = Vec::new();
+    for d in &a.dirs {
+        let spec = crate::guest::parse_dir(d)?;
+        let guest = spec.guest_path;
+        let Some(m) = f.mounts.iter().find(|m| m.guest == guest) else {
+            let known: Vec<&str> = f.mounts.iter().map(|m| m.guest.as_str()).collect();
+            bail!(
+                "session {} has no mount at `{guest}` (its mounts: {})",
+                a.session,
+                match known.is_empty() {
+                    true => "none".to_owned(),
+                    false => known.join(", "),
+                }
+            );
+        };
+        let host = spec.host_dir;
+        if host.exists() {
+            let mut entries = std::fs::read_dir(&host)
+                .with_context(|| format!("{} is not a directory", host.display()))?;
+            anyhow::ensure!(
+                entries.next().is_none(),
+                "{} is not empty: files are written only into a new or empty directory",
+                host.display()
+            );
+        }
+        let k: ferry_kappa::Kappa = m
+            .tree
+            .parse()
+            .map_err(|e| anyhow!("the space named tree `{}`: {e}", m.tree))?;
+        todo.push((guest, host, k));
+    }
+    let store = settings.open_store()?;
+    let space = c.store();
+    for (guest, host, k) in todo {
+        let mut last = std::time::Instant::now();
+        let mut progress = |done: usize, total: usize| {
+            if last.elapsed() >= Duration::from_secs(1) {
+                last = std::time::Instant::now();
+                eprintln!("ferry: fetched {done} of {total} objects");
+            }
+        };
+        let stats = ferry_space::pull_tree(&space, &store, k, &mut progress)
+            .with_context(|| format!("cannot fetch the files of `{guest}`"))?;
+        ferry_wasi::tree::materialize(&store, &k, &host)
+            .with_context(|| format!("cannot write the files of `{guest}`"))?;
+        eprintln!(
+            "ferry: wrote `{guest}` of session {} into {} ({} objects, {} fetched, {:.1} MiB)",
+            a.session,
+            host.display(),
+            stats.objects,
+            stats.moved,
+            stats.bytes as f64 / (1u64 << 20) as f64
+        );
+    }
+    eprintln!("ferry: the files are {when}");
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `suspend`, `checkpoint`, `kill` on a space.
 pub fn stop(settings: &Settings, session: &str, verb: &str) -> Result<ExitCode> {
     let c = client(settings)?;

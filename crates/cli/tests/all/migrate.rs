@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{Env, SPACE_TOKEN, SpaceProc, guest};
+use crate::harness::{Env, SPACE_TOKEN, SpaceProc, dir_contents, guest};
 
 /// `cli`, which must succeed.
 fn ok(here: &Env, space: &str, args: &[&str]) {
@@ -694,4 +694,95 @@ fn a_space_checkpoints_periodically_so_a_killed_space_loses_little() {
     assert_eq!(a.state("p").as_deref(), Some("suspended"));
     ok(&here, &a.url, &["resume", "p"]);
     assert_finished_like(&here, &a.url, "p", &plain.stdout);
+}
+
+/// The files a session's guest wrote come back from the space where it ended, as they would
+/// from a local run: `files` follows the session's move, writes only into new or empty
+/// directories, and the space keeps them (not its backing directories) through garbage
+/// collection until the session is forgotten.
+#[test]
+fn a_sessions_files_come_back_from_the_space_where_it_ended() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start(&["--gc-grace", "1s"]);
+    let g = guest("wasm/files.wasm");
+    let g = g.to_str().unwrap();
+    let (local, at_local) = here.data_dir("local");
+    let plain = here.plain(&["--dir", &at_local, g, "--", "/data", "400"]);
+    assert_eq!(plain.code, 0);
+    let (_, at_input) = here.data_dir("input");
+    ok(
+        &here,
+        &a.url,
+        &[
+            "run",
+            "--session",
+            "f",
+            "--dir",
+            &at_input,
+            g,
+            "--",
+            "/data",
+            "400",
+        ],
+    );
+    eventually("it runs", || a.state("f").as_deref() == Some("running"));
+    let backing_a = a.env.store().join("space/mounts/f");
+    assert!(
+        backing_a.join("0").is_dir(),
+        "the guest works in {}",
+        backing_a.display()
+    );
+    ok(&here, &a.url, &["checkpoint", "f"]);
+    let (out, err, code) = cli(&here, &a.url, &["files", "f"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("/data\tblake3:"), "{out}");
+    assert!(err.contains("as of its snapshot blake3:"), "{err}");
+    ok(&here, &a.url, &["migrate", "f", "--to", &b.url]);
+    assert!(
+        !backing_a.exists(),
+        "the source's {} is left",
+        backing_a.display()
+    );
+    assert_finished_like(&here, &a.url, "f", &plain.stdout);
+
+    // Asked of the space it left, `files` follows the move.
+    let out_dir = here.path("out");
+    let into = format!("{}::/data", out_dir.display());
+    let (_, err, code) = cli(&here, &a.url, &["files", "f", "--dir", &into]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("as its guest left them (exited)"), "{err}");
+    assert_eq!(dir_contents(&out_dir), dir_contents(&local));
+    assert!(!dir_contents(&local).is_empty());
+    // Nothing is written over, and a mount the session did not have is named.
+    let (_, err, code) = cli(&here, &b.url, &["files", "f", "--dir", &into]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is not empty"), "{err}");
+    let elsewhere = format!("{}::/nope", here.path("nope").display());
+    let (_, err, code) = cli(&here, &b.url, &["files", "f", "--dir", &elsewhere]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("no mount at `/nope` (its mounts: /data)"),
+        "{err}"
+    );
+    assert!(!here.path("nope").exists());
+
+    // The space keeps the files in its store, not in the directory that backed the mount.
+    let backing = b.env.store().join("space/mounts/f");
+    assert!(!backing.exists(), "{} is left", backing.display());
+    std::thread::sleep(Duration::from_millis(1100));
+    let (out, err, code) = cli(&here, &b.url, &["store", "gc"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("deleted "), "{out}");
+    let again = here.path("again");
+    let into = format!("{}::/data", again.display());
+    let (_, err, code) = cli(&here, &b.url, &["files", "f", "--dir", &into]);
+    assert_eq!(code, 0, "after gc: {err}");
+    assert_eq!(dir_contents(&again), dir_contents(&local));
+
+    // Forgotten, the session's files go with it.
+    ok(&here, &b.url, &["rm", "f"]);
+    let (_, err, code) = cli(&here, &b.url, &["files", "f"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no session `f`"), "{err}");
 }
