@@ -118,6 +118,7 @@ fn one_closure(
     for m in &w.mounts {
         tree_closure(store, &m.tree, out, 0)?;
     }
+    out.extend(w.stdin_input);
     Ok(s.parent.filter(|p| store.has(p).unwrap_or(false)))
 }
 

@@ -522,6 +522,11 @@ pub fn load_leaving_module(store: &dyn Store, k: Kappa) -> Result<Loaded, Engine
     for mount in &wasi.mounts {
         check_tree(store, &mount.tree, 0)?;
     }
+    if let Some(i) = &wasi.stdin_input
+        && !store.has(i)?
+    {
+        return Err(EngineError::missing(Stage::Resolving, "stdin input", i));
+    }
     let output = match &snapshot.output {
         Some(o) => {
             let log = read_output(store, o)?;

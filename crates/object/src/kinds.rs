@@ -183,11 +183,18 @@ pub struct WasiState {
     pub unshown_stdout: Vec<u8>,
     #[serde(default, skip_serializing_if = "Vec::is_empty", with = "serde_bytes")]
     pub unshown_stderr: Vec<u8>,
+    /// The guest's whole stdin as a blob, when it was given as data rather than a stream (a
+    /// space session run with `--stdin FILE`): a resume anywhere reads on from `stdin_bytes`
+    /// into it. Absent otherwise, so other snapshots encode as before; a ferry that predates
+    /// the field refuses an object carrying it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_input: Option<Kappa>,
 }
 kind!(WasiState, "ferry.wasi", 1, |s| s
     .mounts
     .iter()
     .map(|m| m.tree)
+    .chain(s.stdin_input)
     .collect());
 
 /// A host directory mounted into the guest, as it was when the snapshot was taken.

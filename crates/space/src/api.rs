@@ -169,6 +169,10 @@ pub struct RunRequest {
     /// Take a checkpoint this often (ms, at least 100) while the session runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_ms: Option<u64>,
+    /// The guest's stdin: a blob in the store, read to its end (default: none, end of file at
+    /// once). Snapshots carry it, so the guest reads on wherever it moves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
 }
 
 /// A directory requested at `guest`, with the content of tree `tree`.

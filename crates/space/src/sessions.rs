@@ -186,6 +186,8 @@ enum Begin {
         mounts: Vec<(String, Kappa, bool)>,
         /// A reactor's entry export.
         main: Option<String>,
+        /// Stdin as a blob in the store.
+        stdin: Option<Kappa>,
     },
     Resume(Kappa),
 }
@@ -392,6 +394,27 @@ impl Sessions {
         Ok(dir)
     }
 
+    /// A session's standard streams: stdout and stderr into `log`, stdin the blob `input`
+    /// (from byte `consumed` on) or nothing.
+    fn stdio(
+        &self,
+        log: &OutputBuffer,
+        input: Option<Kappa>,
+        consumed: u64,
+    ) -> Result<Stdio, ApiError> {
+        let stdio = Stdio::logged(log.clone());
+        let Some(k) = input else {
+            return Ok(stdio);
+        };
+        let data = self.store.get(&k).map_err(|e| match e {
+            ferry_store::StoreError::NotFound(_) => {
+                ApiError::unprocessable(format!("stdin {k} is not in the store (send it first)"))
+            }
+            e => ApiError::internal(e),
+        })?;
+        Ok(stdio.with_input(data, k, consumed))
+    }
+
     /// Remembers which directories back session `id`'s mounts, for [`Self::keep_final_files`].
     fn note_backing(&self, id: &str, grants: &[MountSpec]) {
         let dirs = grants
@@ -525,10 +548,11 @@ impl Sessions {
             .collect::<Result<Vec<_>, _>>()?;
         self.note_backing(id, &grants);
         let log = OutputBuffer::from_bytes(loaded.output.clone().unwrap_or_default());
+        let stdio = self.stdio(&log, loaded.wasi.stdin_input, loaded.wasi.stdin_bytes)?;
         let wasi = WasiCtx::restore(
             &loaded.wasi,
             grants,
-            Stdio::logged(log.clone()),
+            stdio,
             Box::new(HostClock::default()),
             control.interrupt(),
         )
@@ -557,6 +581,7 @@ impl Sessions {
                 env,
                 mounts,
                 main,
+                stdin,
             } => {
                 policy.env(&env).map_err(ApiError::forbidden)?;
                 let grants = mounts
@@ -569,11 +594,12 @@ impl Sessions {
                     .prepare_kappa(store, module, &progress)
                     .map_err(|e| engine_refusal(&e))?;
                 let log = OutputBuffer::default();
+                let stdio = self.stdio(&log, stdin, 0)?;
                 let wasi = WasiCtx::new(
                     args,
                     env,
                     grants,
-                    Stdio::logged(log.clone()),
+                    stdio,
                     Box::new(HostClock::default()),
                     control.interrupt(),
                 )
@@ -871,12 +897,17 @@ impl Sessions {
                 "`{m}` cannot be an entry export"
             )));
         }
+        let stdin = match &req.stdin {
+            Some(k) => Some(parse_kappa(k, "stdin")?),
+            None => None,
+        };
         let begin = Begin::Fresh {
             module,
             args: req.args,
             env: req.env,
             mounts,
             main: req.main,
+            stdin,
         };
         if let Err(e) = self.start(&live, begin, engine, false) {
             live.gone.store(true, Ordering::SeqCst);

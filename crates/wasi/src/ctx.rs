@@ -56,6 +56,9 @@ pub struct Stdio {
     /// When stdout and stderr are recorded in an output log (sessions of a space), that log:
     /// snapshots then carry it.
     pub log: Option<crate::OutputBuffer>,
+    /// When stdin is data stored as a blob rather than a stream (see [`Stdio::logged_input`]),
+    /// its κ: snapshots then carry it.
+    pub input: Option<Kappa>,
 }
 
 impl Stdio {
@@ -104,6 +107,7 @@ impl Stdio {
                 std::io::stderr().is_terminal(),
             ],
             log: None,
+            input: None,
         }
     }
 
@@ -116,6 +120,22 @@ impl Stdio {
             stderr: log.writer(crate::output::STDERR),
             terminals: [false; 3],
             log: Some(log),
+            input: None,
+        }
+    }
+
+    /// This with `data` (blob κ `input`) as stdin instead, read from byte `consumed` on (what
+    /// a resumed guest had read), then end of file.
+    pub fn with_input(self, data: Vec<u8>, input: Kappa, consumed: u64) -> Self {
+        let mut stdin = std::io::Cursor::new(data);
+        stdin.set_position(consumed);
+        let [_, out, err] = self.terminals;
+        Self {
+            stdin: Box::new(stdin),
+            stdin_fd: None,
+            terminals: [false, out, err],
+            input: Some(input),
+            ..self
         }
     }
 }
@@ -295,6 +315,15 @@ impl WasiCtx {
         clock: Box<dyn Clock>,
         interrupt: Arc<dyn Fn() -> bool + Send + Sync>,
     ) -> Result<Self, String> {
+        if state.stdin_input != stdio.input {
+            return Err(match state.stdin_input {
+                Some(k) => format!(
+                    "the guest reads its stdin from the stored input {k}, which this resume \
+                     does not give it"
+                ),
+                None => "this guest's stdin is a stream, not stored input".into(),
+            });
+        }
         if state.unshown_stdout.len().max(state.unshown_stderr.len()) > MAX_UNSHOWN {
             return Err(format!(
                 "the snapshot holds more than {MAX_UNSHOWN} bytes of output not yet shown, \
@@ -468,6 +497,7 @@ impl WasiCtx {
             sleep_deadline_ns: self.sleep_deadline,
             unshown_stdout: self.unshown[0].clone(),
             unshown_stderr: self.unshown[1].clone(),
+            stdin_input: self.stdio.input,
         })
     }
 

@@ -39,6 +39,7 @@ fn stdio_to(out: Box<dyn Write + Send>) -> Stdio {
         stdin_fd: None,
         terminals: [false; 3],
         log: None,
+        input: None,
         stdout: out,
         stderr: Box::new(std::io::sink()),
     }
@@ -282,6 +283,7 @@ fn a_signal_during_a_stdin_wait_is_not_input() {
         stdin_fd: Some(read_end),
         terminals: [false; 3],
         log: None,
+        input: None,
         stdout: Box::new(std::io::sink()),
         stderr: Box::new(std::io::sink()),
     };

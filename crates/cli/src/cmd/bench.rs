@@ -92,6 +92,7 @@ fn quiet_stdio(stdout: Box<dyn Write + Send>) -> Stdio {
         stderr: Box::new(std::io::sink()),
         terminals: [false; 3],
         log: None,
+        input: None,
     }
 }
 
@@ -556,6 +557,7 @@ fn migrate_section(
             session: Some(id.clone()),
             main: None,
             checkpoint_every_ms: None,
+            stdin: None,
         })
         .map_err(|e| anyhow::anyhow!(e.msg))?;
         // Ready once it has filled its memory, then let it dirty pages for a second.

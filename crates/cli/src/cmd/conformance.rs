@@ -196,6 +196,7 @@ impl Runner<'_> {
             stdin_fd: None,
             terminals: [false; 3],
             log: None,
+            input: None,
             stdout: Box::new(out.clone()),
             stderr: Box::new(err.clone()),
         };

@@ -60,6 +60,15 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     }
     let module = t.module.store(&store).with_context(|| t.name.clone())?;
     let mut objects = BTreeSet::from([module]);
+    let stdin = match &a.stdin {
+        Some(path) => {
+            let data = read_stdin_file(path)?;
+            let k = ferry_store::Store::put(&store, &data)?;
+            objects.insert(k);
+            Some(k.to_string())
+        }
+        None => None,
+    };
     let mut requests = Vec::new();
     // Files an earlier snapshot or upload stored, unchanged since, are not read again.
     let mut known = ferry_wasi::tree::ImportCache::saved_in(&store);
@@ -104,6 +113,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
             session: a.session,
             main: t.main,
             checkpoint_every_ms,
+            stdin,
         })
         .map_err(api)?;
     println!("{}", info.id);
@@ -117,6 +127,35 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     );
     Ok(ExitCode::SUCCESS)
 }
+
+/// The whole of `--stdin FILE` (`-`: ferry's own stdin), at most [`MAX_STDIN`] bytes.
+fn read_stdin_file(path: &std::path::Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let (name, reader): (String, Box<dyn Read>) = match path.to_str() {
+        Some("-") => ("standard input".into(), Box::new(std::io::stdin())),
+        _ => (
+            path.display().to_string(),
+            Box::new(
+                std::fs::File::open(path)
+                    .with_context(|| format!("--stdin: cannot open {}", path.display()))?,
+            ),
+        ),
+    };
+    let mut data = Vec::new();
+    reader
+        .take(MAX_STDIN + 1)
+        .read_to_end(&mut data)
+        .with_context(|| format!("--stdin: cannot read {name}"))?;
+    anyhow::ensure!(
+        data.len() as u64 <= MAX_STDIN,
+        "--stdin: {name} holds more than {MAX_STDIN} bytes (a guest's stored input is one \
+         object); put it in a directory and mount that instead (--dir)"
+    );
+    Ok(data)
+}
+
+/// Largest stdin `--stdin` sends (as one blob, like a mounted file).
+const MAX_STDIN: u64 = ferry_wasi::tree::MAX_FILE;
 
 /// `ferry --space URL ps`.
 pub fn ps(settings: &Settings) -> Result<ExitCode> {

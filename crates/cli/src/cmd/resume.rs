@@ -269,7 +269,14 @@ fn admit_and_run(
         loaded.wasi.env.push((key, value));
     }
 
-    let mut stdio = ferry_wasi::Stdio::inherit_resumed(loaded.wasi.stdin_bytes);
+    let mut stdio = match loaded.wasi.stdin_input {
+        // Stdin given as data (a space's `run --stdin FILE`): the guest reads on in it.
+        Some(k) => {
+            let data = store.get(&k).map_err(|e| refused(Stage::Verifying, e))?;
+            ferry_wasi::Stdio::inherit().with_input(data, k, loaded.wasi.stdin_bytes)
+        }
+        None => ferry_wasi::Stdio::inherit_resumed(loaded.wasi.stdin_bytes),
+    };
     if replays.pending() > 0 {
         eprintln!(
             "ferry: the {} bytes of output a lost run of session `{id}` wrote past this snapshot \

@@ -26,6 +26,11 @@ pub struct Args {
     /// --dir`), never in a space. Binding a script's directory passes its mounts through.
     #[arg(long = "bind", value_name = "HOST::GUEST")]
     binds: Vec<String>,
+    /// On a space (`--space`): the guest's stdin, read from FILE (`-`: ferry's own stdin, to
+    /// its end) and sent with the program; snapshots carry it, so the guest reads on wherever
+    /// it moves. Locally, redirect stdin instead (`< FILE`).
+    #[arg(long, value_name = "FILE")]
+    pub stdin: Option<PathBuf>,
     /// Python: the runtime version to use (see `ferry python list`) [default: the default one].
     #[arg(long, value_name = "X.Y")]
     python: Option<String>,
@@ -213,6 +218,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
+    anyhow::ensure!(
+        a.stdin.is_none(),
+        "--stdin is for runs on a space (--space URL); locally, redirect stdin (`< FILE`)"
+    );
     let control = Arc::new(Control::new());
     guest::install_signals(
         &control,
@@ -328,6 +337,7 @@ pub fn python_module(
         guest,
         session: None,
         binds: Vec::new(),
+        stdin: None,
         python,
         code: None,
         module: Some(module.to_owned()),

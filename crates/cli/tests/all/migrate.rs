@@ -786,3 +786,63 @@ fn a_sessions_files_come_back_from_the_space_where_it_ended() {
     assert_ne!(code, 0);
     assert!(err.contains("no session `f`"), "{err}");
 }
+
+/// A session run on a space with `--stdin FILE` reads that input wherever it goes: across a
+/// move, and resumed on this machine from a pulled snapshot (not from ferry's own stdin) —
+/// every line read once, the output that of a local run fed the same file.
+#[test]
+fn a_sessions_stdin_goes_with_it() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start(&[]);
+    let g = guest("wasm/lines.wasm");
+    let g = g.to_str().unwrap();
+    let input = here.path("input.txt");
+    // 12 KB: the guest's libc reads stdin 4 KB at a time into its own buffer (which
+    // snapshots carry), so reads happen before the move, on the other space and after the
+    // local resume.
+    let text: String = (0..48)
+        .map(|i| format!("{i:02} {}\n", "x".repeat(200 + i)))
+        .collect();
+    std::fs::write(&input, &text).unwrap();
+    let plain = client().with_stdin(input.clone()).plain(&[g]);
+    assert_eq!(plain.code, 0);
+    assert!(String::from_utf8_lossy(&plain.stdout).ends_with("done 48 lines\n"));
+
+    let (_, err, code) = here.output(&["run", "--stdin", input.to_str().unwrap(), g]);
+    assert_ne!(code, 0);
+    assert!(err.contains("redirect stdin"), "{err}");
+    let stdin = input.to_str().unwrap();
+    ok(
+        &here,
+        &a.url,
+        &["run", "--session", "in", "--stdin", stdin, g],
+    );
+    let printed = |s: &SpaceProc, what: &str| {
+        let (out, _, _) = cli(&here, &s.url, &["logs", "in"]);
+        out.contains(what)
+    };
+    eventually("it reads", || printed(&a, "line 3:"));
+    ok(&here, &a.url, &["migrate", "in", "--to", &b.url]);
+    eventually("it reads on there", || printed(&b, "line 24:"));
+    ok(&here, &b.url, &["suspend", "in"]);
+    let (before, _, _) = cli(&here, &b.url, &["logs", "in"]);
+    assert!(
+        !before.contains("done"),
+        "it finished before the suspend: {before}"
+    );
+    let k = b.session("in").unwrap()["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, err, code) = here.output(&["pull", &k, "--from", &b.url]);
+    assert_eq!(code, 0, "{err}");
+    // This ferry's own stdin is empty: the guest reads on in the input it was given.
+    let (after, err, code) = here.output(&["resume", &k]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        format!("{before}{after}"),
+        String::from_utf8_lossy(&plain.stdout),
+        "each line read once"
+    );
+}

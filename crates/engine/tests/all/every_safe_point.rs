@@ -28,6 +28,7 @@ fn stdio(out: &Buf) -> Stdio {
         stdin_fd: None,
         terminals: [false; 3],
         log: None,
+        input: None,
         stdout: Box::new(out.clone()),
         stderr: Box::new(std::io::sink()),
     }
