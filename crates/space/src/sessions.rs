@@ -474,6 +474,12 @@ impl Sessions {
         Some(kept)
     }
 
+    /// Forgets and removes the directories backing session `id`'s mounts.
+    fn drop_backing(&self, id: &str) {
+        lock(&self.backing).remove(id);
+        self.remove_backing(id);
+    }
+
     /// Removes the directories that backed session `id`'s mounts (`<root>/<id>` under every
     /// root the policy names): a stopped guest's files live on in its snapshots and final
     /// files, and a resume fills fresh directories from those.
@@ -796,8 +802,7 @@ impl Sessions {
             Ok(Outcome::Exited(_)) | Err(_) => self.keep_final_files(&info.id),
             Ok(Outcome::Suspended(_)) => {
                 // The snapshot holds what the mounts held; a resume fills fresh directories.
-                lock(&self.backing).remove(&info.id);
-                self.remove_backing(&info.id);
+                self.drop_backing(&info.id);
                 None
             }
         };
@@ -912,6 +917,7 @@ impl Sessions {
         if let Err(e) = self.start(&live, begin, engine, false) {
             live.gone.store(true, Ordering::SeqCst);
             lock(&self.live).remove(&id);
+            self.drop_backing(&id);
             return Err(e);
         }
         info!(session = %id, program = %req.program, "session started");
@@ -985,8 +991,7 @@ impl Sessions {
         }
         live.gone.store(true, Ordering::SeqCst);
         lock(&self.live).remove(id);
-        lock(&self.backing).remove(id);
-        self.remove_backing(id);
+        self.drop_backing(id);
         for p in [self.record_path(id), self.log_path(id)] {
             match std::fs::remove_file(&p) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -1541,6 +1546,7 @@ impl Sessions {
             let _ = tx.send(HoldCmd::Abort);
         }
         lock(&self.live).remove(&info.id);
+        self.drop_backing(&info.id);
         let _ = std::fs::remove_file(self.record_path(&info.id));
         let name = format!("session/{}", info.id);
         let current = self.store.get_ref(&name).ok().flatten();
