@@ -265,6 +265,11 @@ mod tests {
         assert!(p.memory(65 << 20).expect_err("too big").contains("64 MiB"));
         assert!(p.engine(ferry_engine::EngineKind::Interp).is_ok());
         assert!(p.engine(ferry_engine::EngineKind::Jit).is_err());
+        // Where a session's backing directories may be: every root a grant can name.
+        assert_eq!(
+            p.roots(),
+            vec![PathBuf::from("/var/ferry"), PathBuf::from("/srv/out")]
+        );
     }
 
     /// Another transform version's module runs unchecked only where a policy file says so

@@ -260,7 +260,17 @@ pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
                 c = c.elsewhere(&to);
             }
             st if st.is_live() || s.migrating_to.is_some() => {}
-            State::Exited => return Ok(ExitCode::from(s.exit_code.unwrap_or(0) as u8)),
+            State::Exited => {
+                if s.final_files.as_ref().is_some_and(|f| !f.is_empty()) {
+                    eprintln!(
+                        "ferry: the files it left: `ferry --space {} files {}` (add --dir \
+                         HOST::GUEST to write them here)",
+                        c.base(),
+                        a.session
+                    );
+                }
+                return Ok(ExitCode::from(s.exit_code.unwrap_or(0) as u8));
+            }
             State::Suspended => {
                 eprintln!(
                     "ferry: session {} is suspended at {}",
