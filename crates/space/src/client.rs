@@ -298,31 +298,8 @@ pub fn pull(
     // only listed, then fetched if this store lacks them.
     let mut closure = BTreeSet::new();
     snapshot_closure(space, &k, false, &mut closure).map_err(remote)?;
-    let mut todo = Vec::new();
-    for c in &closure {
-        if !local.has(c)? {
-            todo.push(*c);
-        }
-    }
-    let chunks = moving_order(&k, memory_chunks(space, &k), &mut todo);
-    let mut stats = SyncStats {
-        objects: closure.len(),
-        ..SyncStats::default()
-    };
-    let mut done = 0;
-    let (leading, rest) = todo.split_at(chunks);
-    for part in leading
-        .chunks(crate::MAX_FETCH)
-        .chain(rest.chunks(crate::MAX_FETCH))
-    {
-        let objects = space.fetch_batch(part)?;
-        let refs: Vec<&[u8]> = objects.iter().map(Vec::as_slice).collect();
-        local.put_many(&refs)?;
-        done += part.len();
-        stats.moved += part.len();
-        stats.bytes += objects.iter().map(|o| o.len() as u64).sum::<u64>();
-        progress(done, todo.len());
-    }
+    let order = |todo: &mut Vec<Kappa>| moving_order(&k, memory_chunks(space, &k), todo);
+    let stats = fetch_missing(space, local, &closure, order, progress)?;
     local.sync()?;
     ferry_engine::snapshot::load(local, k).map_err(remote)?;
     ferry_engine::snapshot::name(local, k)?;
@@ -340,17 +317,35 @@ pub fn pull_tree(
 ) -> Result<SyncStats, StoreError> {
     let mut closure = BTreeSet::new();
     ferry_engine::closure::tree_closure(space, &k, &mut closure, 0).map_err(remote)?;
+    fetch_missing(space, local, &closure, |_| 0, progress)
+}
+
+/// Fetches the objects of `closure` that `local` lacks, each re-hashed, and stores them.
+/// `order` may reorder the missing ones and returns how many lead, fetched in batches of
+/// their own (a snapshot's memory chunks, in memory order).
+fn fetch_missing(
+    space: &RemoteStore,
+    local: &dyn Store,
+    closure: &BTreeSet<Kappa>,
+    order: impl FnOnce(&mut Vec<Kappa>) -> usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SyncStats, StoreError> {
     let mut todo = Vec::new();
-    for c in &closure {
+    for c in closure {
         if !local.has(c)? {
             todo.push(*c);
         }
     }
+    let leading = order(&mut todo);
     let mut stats = SyncStats {
         objects: closure.len(),
         ..SyncStats::default()
     };
-    for part in todo.chunks(crate::MAX_FETCH) {
+    let (leading, rest) = todo.split_at(leading);
+    for part in leading
+        .chunks(crate::MAX_FETCH)
+        .chain(rest.chunks(crate::MAX_FETCH))
+    {
         let objects = space.fetch_batch(part)?;
         let refs: Vec<&[u8]> = objects.iter().map(Vec::as_slice).collect();
         local.put_many(&refs)?;

@@ -14,6 +14,13 @@ fn ok(here: &Env, space: &str, args: &[&str]) {
     assert_eq!(code, 0, "ferry --space {space} {args:?}: {err}");
 }
 
+/// `cli`, which must fail: its stderr.
+fn refused(here: &Env, space: &str, args: &[&str]) -> String {
+    let (_, err, code) = cli(here, space, args);
+    assert_ne!(code, 0, "ferry --space {space} {args:?} was not refused");
+    err
+}
+
 /// The CLI, driving sessions on `space`.
 fn cli(here: &Env, space: &str, args: &[&str]) -> (String, String, i32) {
     let mut all = vec!["--space", space];
@@ -755,12 +762,10 @@ fn a_sessions_files_come_back_from_the_space_where_it_ended() {
     assert_eq!(dir_contents(&out_dir), dir_contents(&local));
     assert!(!dir_contents(&local).is_empty());
     // Nothing is written over, and a mount the session did not have is named.
-    let (_, err, code) = cli(&here, &b.url, &["files", "f", "--dir", &into]);
-    assert_ne!(code, 0);
+    let err = refused(&here, &b.url, &["files", "f", "--dir", &into]);
     assert!(err.contains("is not empty"), "{err}");
     let elsewhere = format!("{}::/nope", here.path("nope").display());
-    let (_, err, code) = cli(&here, &b.url, &["files", "f", "--dir", &elsewhere]);
-    assert_ne!(code, 0);
+    let err = refused(&here, &b.url, &["files", "f", "--dir", &elsewhere]);
     assert!(
         err.contains("no mount at `/nope` (its mounts: /data)"),
         "{err}"
@@ -782,8 +787,7 @@ fn a_sessions_files_come_back_from_the_space_where_it_ended() {
 
     // Forgotten, the session's files go with it.
     ok(&here, &b.url, &["rm", "f"]);
-    let (_, err, code) = cli(&here, &b.url, &["files", "f"]);
-    assert_ne!(code, 0);
+    let err = refused(&here, &b.url, &["files", "f"]);
     assert!(err.contains("no session `f`"), "{err}");
 }
 
