@@ -67,7 +67,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         "globals": s.globals.len(),
         "stack_bytes": stack_bytes,
         "open_fds": w.fds.iter().map(|(n, f)| json!({"fd": n, "kind": f.what, "path": f.path, "offset": f.offset})).collect::<Vec<_>>(),
-        "stdio": {"stdout_bytes": w.stdout_bytes, "stderr_bytes": w.stderr_bytes, "stdin_bytes": w.stdin_bytes},
+        "stdio": {"stdout_bytes": w.stdout_bytes, "stderr_bytes": w.stderr_bytes, "stdin_bytes": w.stdin_bytes,
+            "stdin_input": w.stdin_input.map(|k| k.to_string())},
         "monotonic_ns": w.monotonic_ns,
         "sleeping_until_ns": w.sleep_deadline_ns,
     });
@@ -149,6 +150,13 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         "stdio        {} bytes out, {} bytes err, {} bytes in",
         w.stdout_bytes, w.stderr_bytes, w.stdin_bytes
     );
+    if let Some(k) = w.stdin_input {
+        println!(
+            "             stdin is the stored input {}: a resume reads on from byte {}",
+            k.fmt_short(),
+            w.stdin_bytes
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -841,6 +841,9 @@ fn a_sessions_stdin_goes_with_it() {
         .to_owned();
     let (_, err, code) = here.output(&["pull", &k, "--from", &b.url]);
     assert_eq!(code, 0, "{err}");
+    let (out, err, code) = here.output(&["inspect", &k]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("stdin is the stored input blake3:"), "{out}");
     // This ferry's own stdin is empty: the guest reads on in the input it was given.
     let (after, err, code) = here.output(&["resume", &k]);
     assert_eq!(code, 0, "{err}");
