@@ -45,6 +45,10 @@ impl std::fmt::Debug for Sweep<'_> {
     }
 }
 
+/// Refs `<this><session id>`: a `ferry.tree` (a space's record of what a session's mounts held
+/// when its guest stopped), kept with everything under it.
+pub const FILES_PREFIX: &str = "files/";
+
 /// Deletes (unless `dry_run`) every object no ref reaches, keeping of each session's and
 /// imported snapshot's history the newest `keep(ref name)` snapshots, and modules other
 /// versions of ferry instrumented (with their refs) unless a kept snapshot names them, then
@@ -66,7 +70,7 @@ pub fn collect(
     for (name, r) in store.list_refs()? {
         if name.starts_with("session/") || name.starts_with("snapshot/") {
             snapshots_closure(store, &r.target, keep(&name), &mut live)?;
-        } else if name.starts_with("files/") {
+        } else if name.starts_with(FILES_PREFIX) {
             // What a space session's mounts held when its guest stopped: a tree.
             crate::closure::tree_closure(store, &r.target, &mut live, 0)?;
         } else if name.starts_with(DERIVED_PREFIX) && !name.starts_with(&current) {

@@ -425,53 +425,60 @@ impl Sessions {
     }
 
     /// Stores what session `id`'s mounts hold as its guest exits or fails — the only copy of
-    /// what it wrote since its last snapshot — names it with the ref `files/<id>` (one tree
-    /// with a directory per mount, so garbage collection keeps it) and removes the backing
-    /// directories. `None` when no guest of this session ran here.
+    /// what it wrote since its last snapshot — and removes the backing directories once it
+    /// is stored. `None` when no guest of this session ran here.
     fn keep_final_files(&self, id: &str) -> Option<Result<Vec<MountTree>, String>> {
         let mounts = lock(&self.backing).remove(id)?;
-        let store = self.store.as_ref();
-        let kept = (|| -> Result<Vec<MountTree>, String> {
-            let mut cache = ferry_wasi::tree::ImportCache::saved_in(store);
-            let mut out = Vec::new();
-            let mut entries = std::collections::BTreeMap::new();
-            for (i, (guest, dir)) in mounts.iter().enumerate() {
-                let k = ferry_wasi::tree::import_cached(store, dir, &mut cache, &[])
-                    .map_err(|e| format!("mount `{guest}`: {e}"))?;
-                out.push(MountTree {
-                    guest: guest.clone(),
-                    tree: k.to_string(),
-                });
-                let entry = ferry_object::TreeEntry {
-                    mode: "dir".into(),
-                    object: k,
-                };
-                entries.insert(i.to_string(), entry);
-            }
-            if out.is_empty() {
-                return Ok(out);
-            }
-            let (kind, v) = ferry_object::header::<ferry_object::Tree>();
-            let all = ferry_object::Tree { kind, v, entries };
-            let all = store
-                .put(&ferry_object::encode(&all))
-                .map_err(|e| e.to_string())?;
-            store.sync().map_err(|e| e.to_string())?;
-            let name = format!("files/{id}");
-            let next = RefValue {
-                epoch: 0,
-                target: all,
-            };
-            let cur = store.get_ref(&name).map_err(|e| e.to_string())?;
-            store
-                .cas_ref(&name, cur, Some(next))
-                .map_err(|e| e.to_string())?;
-            Ok(out)
-        })();
+        let kept = self.store_final_files(id, &mounts);
         if kept.is_ok() {
             self.remove_backing(id);
         }
         Some(kept)
+    }
+
+    /// Imports each mount's directory as a tree and names them with the ref `files/<id>`
+    /// (one tree with a directory per mount, so garbage collection keeps them).
+    fn store_final_files(
+        &self,
+        id: &str,
+        mounts: &[(String, PathBuf)],
+    ) -> Result<Vec<MountTree>, String> {
+        let store = self.store.as_ref();
+        let mut cache = ferry_wasi::tree::ImportCache::saved_in(store);
+        let mut out = Vec::new();
+        let mut entries = std::collections::BTreeMap::new();
+        for (i, (guest, dir)) in mounts.iter().enumerate() {
+            let k = ferry_wasi::tree::import_cached(store, dir, &mut cache, &[])
+                .map_err(|e| format!("mount `{guest}`: {e}"))?;
+            out.push(MountTree {
+                guest: guest.clone(),
+                tree: k.to_string(),
+            });
+            let entry = ferry_object::TreeEntry {
+                mode: "dir".into(),
+                object: k,
+            };
+            entries.insert(i.to_string(), entry);
+        }
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let (kind, v) = ferry_object::header::<ferry_object::Tree>();
+        let all = ferry_object::Tree { kind, v, entries };
+        let all = store
+            .put(&ferry_object::encode(&all))
+            .map_err(|e| e.to_string())?;
+        store.sync().map_err(|e| e.to_string())?;
+        let name = format!("{}{id}", ferry_engine::gc::FILES_PREFIX);
+        let next = RefValue {
+            epoch: 0,
+            target: all,
+        };
+        let cur = store.get_ref(&name).map_err(|e| e.to_string())?;
+        store
+            .cas_ref(&name, cur, Some(next))
+            .map_err(|e| e.to_string())?;
+        Ok(out)
     }
 
     /// Forgets and removes the directories backing session `id`'s mounts.
@@ -982,7 +989,8 @@ impl Sessions {
             }
             _ => {}
         }
-        for name in [format!("session/{id}"), format!("files/{id}")] {
+        let files = format!("{}{id}", ferry_engine::gc::FILES_PREFIX);
+        for name in [format!("session/{id}"), files] {
             if let Some(current) = self.store.get_ref(&name).map_err(ApiError::internal)? {
                 self.store
                     .cas_ref(&name, Some(current), None)

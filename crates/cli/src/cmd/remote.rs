@@ -367,13 +367,7 @@ pub fn files(settings: &Settings, a: FilesArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
     let space = c.store();
     for (guest, host, k) in todo {
-        let mut last = std::time::Instant::now();
-        let mut progress = |done: usize, total: usize| {
-            if last.elapsed() >= Duration::from_secs(1) {
-                last = std::time::Instant::now();
-                eprintln!("ferry: fetched {done} of {total} objects");
-            }
-        };
+        let mut progress = crate::cmd::space::progress("fetched");
         let stats = ferry_space::pull_tree(&space, &store, k, &mut progress)
             .with_context(|| format!("cannot fetch the files of `{guest}`"))?;
         ferry_wasi::tree::materialize(&store, &k, &host)

@@ -162,7 +162,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
 }
 
 /// Reports progress on stderr about once a second.
-fn progress(verb: &'static str) -> impl FnMut(usize, usize) {
+pub fn progress(verb: &'static str) -> impl FnMut(usize, usize) {
     let mut last = Instant::now();
     move |done, total| {
         if last.elapsed() >= Duration::from_secs(1) {
