@@ -11,8 +11,10 @@
 # ~/.cache/ferry/count): valgrind's CPU differs from the host's, so code compiled natively
 # is not reused under valgrind, and compiling under callgrind would count Cranelift too;
 # the first call compiles under `valgrind --tool=none`, later calls only count. Environment
-# switches of the build being measured pass through (set them the same way each time: the
-# cache is keyed by the binary, not by them). FERRY=path/to/ferry picks another binary.
+# switches of the build being measured pass through; the cache is keyed by the binary, not
+# by them, so give each variant of one binary its own FERRY_COUNT_CACHE (else its module is
+# compiled under callgrind and the whole-run figure counts Cranelift; the guest-code figure
+# stays right). FERRY=path/to/ferry picks another binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workload=${1:?usage: scripts/count-instructions.sh WORKLOAD [plain|instrumented] [TOP]}
