@@ -336,6 +336,54 @@ pub fn run_and_suspend(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String) {
     suspend_after(env, "run", args, ms)
 }
 
+/// `ferry run ARGS` in `env` (ARGS asking for periodic checkpoints), interrupted once `ferry
+/// ps` has shown its session's last snapshot take `n` different values: (its stdout so far,
+/// the snapshot κ). Its history then holds at least `n + 1` snapshots however slow the
+/// machine is (a fixed wait can see a single checkpoint when start-up is slow).
+pub fn run_and_suspend_after_checkpoints(env: &Env, args: &[&str], n: usize) -> (Vec<u8>, String) {
+    let mut child = env
+        .ferry()
+        .arg("run")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ferry");
+    let pid = u64::from(child.id());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut seen: Vec<String> = Vec::new();
+    while seen.len() < n {
+        if let Some(status) = child.try_wait().expect("wait ferry") {
+            panic!(
+                "the run ended ({status}) after only {} checkpoints",
+                seen.len()
+            );
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} checkpoints in 60 s",
+            seen.len()
+        );
+        let (out, _, _) = env.output(&["ps", "--json"]);
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap_or_default();
+        let last = rows
+            .iter()
+            .find(|r| r["pid"].as_u64() == Some(pid))
+            .and_then(|r| r["last_snapshot"].as_str());
+        if let Some(k) = last
+            && !seen.iter().any(|s| s == k)
+        {
+            seen.push(k.to_owned());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().expect("wait ferry");
+    let k = suspended_kappa(&out);
+    (out.stdout, k)
+}
+
 /// `ferry resume ARGS` in `env`, interrupted after `ms`: as [`run_and_suspend`].
 pub fn resume_and_suspend(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String) {
     suspend_after(env, "resume", args, ms)

@@ -415,15 +415,16 @@ fn history(env: &Env, k: &str) -> Vec<String> {
 }
 
 /// The counter run uninterrupted, then run with a checkpoint every 100 ms and suspended after
-/// a second: (the uninterrupted run, what the suspended run printed, its last snapshot).
+/// its fourth: (the uninterrupted run, what the suspended run printed, its last snapshot,
+/// with a history of at least five).
 fn checkpointed_counter(env: &Env) -> (crate::harness::Seen, Vec<u8>, String) {
     let g = guest("wasm/cpu.wasm");
     let args = [g.to_str().unwrap(), "--", "300"];
     let plain = env.plain(&args);
-    let (first, k) = crate::harness::run_and_suspend(
+    let (first, k) = crate::harness::run_and_suspend_after_checkpoints(
         env,
         &[&["--checkpoint-every", "100ms"][..], &args[..]].concat(),
-        1000,
+        4,
     );
     (plain, first, k)
 }
@@ -523,12 +524,19 @@ fn run_keep_prunes_the_sessions_own_history_as_it_goes() {
     let plain = env.plain(&args);
     let history = |k: &str| history(&env, k).len();
     let every = ["--checkpoint-every", "100ms"];
-    let (_, other) = crate::harness::run_and_suspend(&env, &[&every[..], &args[..]].concat(), 1000);
+    let (_, other) = crate::harness::run_and_suspend_after_checkpoints(
+        &env,
+        &[&every[..], &args[..]].concat(),
+        4,
+    );
     let other_history = history(&other);
     assert!(other_history >= 4, "{other_history}");
     let keep = ["--keep", "2"];
-    let (first, k) =
-        crate::harness::run_and_suspend(&env, &[&every[..], &keep[..], &args[..]].concat(), 1000);
+    let (first, k) = crate::harness::run_and_suspend_after_checkpoints(
+        &env,
+        &[&every[..], &keep[..], &args[..]].concat(),
+        4,
+    );
     assert_eq!(history(&k), 2, "only the newest two are left");
     assert_eq!(
         history(&other),
