@@ -4,7 +4,10 @@
 # into a fresh durable store, then resumed ROUNDS times per mode, each in a new `ferry -v
 # resume` process interrupted 2 s later. "cold" drops the page cache first (needs root: the
 # chunks come from the disk); "warm" resumes right after (they are in the page cache).
-# usage: scripts/bench-resume-map.sh [MiB=1024] [ROUNDS=3]
+# SWITCH=FERRY_CHECK_WHILE_RUNNING alternates that variable instead (post-copy on/off).
+# A cell is "R" ms to running, or "R (C)" when mapped chunks were checked while the guest
+# ran: C ms until that check ended (when the guest's first host call could go on).
+# usage: [SWITCH=VAR] scripts/bench-resume-map.sh [MiB=1024] [ROUNDS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mib=${1:-1024}
@@ -25,17 +28,23 @@ wait "$pid" || true
 k=$(grep -o 'suspended blake3:[0-9a-f]*' "$work/err" | cut -d' ' -f2)
 echo "snapshot $k of a $mib MiB guest"
 
-# ms from ferry's start until the restored guest runs, as `ferry -v` logs it.
+switch=${SWITCH:-FERRY_MAP_CHUNKS}
+
+# ms from ferry's start until the restored guest runs, as `ferry -v` logs it (and until the
+# check of mapped chunks running beside it ended).
 resume_ms() {
-    FERRY_MAP_CHUNKS=$1 "$ferry" -v resume "$k" >/dev/null 2>"$work/r" &
+    env "$switch=$1" "$ferry" -v resume "$k" >/dev/null 2>"$work/r" &
     local p=$!
     sleep 2
     kill -INT "$p"
     wait "$p" || true
-    awk '/ INFO running /{printf "%.0f", $1 * 1000}' "$work/r"
+    awk '/ INFO running /{r = $1 * 1000}
+         / INFO mapped chunks checked /{c = $1 * 1000}
+         END {if (c) printf "%.0f (%.0f)", r, c; else printf "%.0f", r}' "$work/r"
 }
 
-echo "| round | mapped, cold (ms) | copied, cold (ms) | mapped, warm (ms) | copied, warm (ms) |"
+echo "$switch=on against off"
+echo "| round | on, cold (ms) | off, cold (ms) | on, warm (ms) | off, warm (ms) |"
 echo "|---:|---:|---:|---:|---:|"
 can_drop=$([ -w /proc/sys/vm/drop_caches ] && echo yes || echo no)
 for r in $(seq "$rounds"); do

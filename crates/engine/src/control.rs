@@ -1,7 +1,7 @@
 //! Asking a running guest to stop at its next safe point, from any thread.
 
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_wasi::WasiCtx;
@@ -51,6 +51,21 @@ pub struct Control {
     /// Called once a snapshot is restored, before the guest runs: `false` stops the run there
     /// (a migration's destination holds a restored guest until the move commits).
     gate: Mutex<Gate>,
+    /// Checks of a restored snapshot still running while the guest runs (see
+    /// [`Control::check_while_running`]).
+    checks: Mutex<Checks>,
+    checked: Condvar,
+    /// Whether a restoring run may start the guest before its checks end.
+    run_while_checking: AtomicBool,
+}
+
+/// Checks in flight and the first that failed.
+#[derive(Debug, Default)]
+struct Checks {
+    pending: u32,
+    failed: Option<(crate::Stage, String)>,
+    /// When the last pending check ended.
+    done_at: Option<Instant>,
 }
 
 /// What a restored guest that is held (see [`Control::hold_after_restore`]) does next.
@@ -110,6 +125,73 @@ impl Control {
     /// this way — brought forward by each pre-copy round — until the move commits.
     pub fn hold_after_restore(&self, gate: impl FnMut() -> Hold + Send + 'static) {
         self.gate.lock().unwrap_or_else(|p| p.into_inner()).0 = Some(Box::new(gate));
+    }
+
+    /// Lets the next restoring run start its guest while the last checks of the snapshot —
+    /// re-hashing the memory chunks mapped from the store's packs, and the module — still
+    /// run on other threads (post-copy). The guest is held at its first host call (output,
+    /// files, clocks, exit: anything another party could see) and before any snapshot until
+    /// every check has passed; if one fails, the guest is stopped at its next safe point and
+    /// the run ends refused, with nothing shown. A migration's destination does not use it:
+    /// it must have checked everything before the move commits.
+    pub fn check_while_running(&self, on: bool) {
+        self.run_while_checking.store(on, Ordering::SeqCst);
+    }
+
+    /// See [`Control::check_while_running`].
+    pub fn runs_while_checking(&self) -> bool {
+        self.run_while_checking.load(Ordering::SeqCst)
+    }
+
+    fn checks(&self) -> std::sync::MutexGuard<'_, Checks> {
+        self.checks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A check of the restored snapshot has started; [`Control::end_check`] must follow.
+    pub(crate) fn begin_check(&self) {
+        self.checks().pending += 1;
+    }
+
+    /// A check has ended; a failure stops the guest at its next safe point.
+    pub(crate) fn end_check(&self, result: Result<(), (crate::Stage, String)>) {
+        let mut c = self.checks();
+        c.pending = c.pending.saturating_sub(1);
+        if let Err(e) = result {
+            c.failed.get_or_insert(e);
+        }
+        if c.pending == 0 {
+            c.done_at = Some(Instant::now());
+        }
+        let failed = c.failed.is_some();
+        drop(c);
+        self.checked.notify_all();
+        if failed {
+            self.raise_flag();
+        }
+    }
+
+    /// Waits until no check is pending: the first failure, if any.
+    pub(crate) fn wait_checked(&self) -> Result<(), (crate::Stage, String)> {
+        let mut c = self.checks();
+        while c.pending > 0 {
+            c = self.checked.wait(c).unwrap_or_else(|p| p.into_inner());
+        }
+        c.failed.clone().map_or(Ok(()), Err)
+    }
+
+    /// Whether a check is still running.
+    pub fn checks_pending(&self) -> bool {
+        self.checks().pending > 0
+    }
+
+    /// Whether a check has failed (without waiting for the others).
+    pub(crate) fn check_failed(&self) -> bool {
+        self.checks().failed.is_some()
+    }
+
+    /// When the checks that ran while the guest ran last ended (none if none ran).
+    pub fn checked_at(&self) -> Option<Instant> {
+        self.checks().done_at
     }
 
     pub(crate) fn take_gate(&self) -> Option<Box<dyn FnMut() -> Hold + Send>> {

@@ -91,6 +91,9 @@ pub(crate) fn poll(cx: &mut impl HostCx) -> Result<(), HostStop> {
         return finish_rewind(cx);
     }
     let control = cx.host().control.clone();
+    if control.check_failed() {
+        return Err(checks_failed());
+    }
     if control.count_safe_point() {
         control.request(Request::Suspend);
         start_unwind(cx);
@@ -107,6 +110,12 @@ pub(crate) fn poll(cx: &mut impl HostCx) -> Result<(), HostStop> {
     Ok(())
 }
 
+/// Stops a guest whose snapshot failed a check that ran while it ran; the run reports the
+/// check's refusal instead (see `Control::check_while_running`).
+fn checks_failed() -> HostStop {
+    HostStop::Fatal("stopped: a check of the restored snapshot failed".into())
+}
+
 /// A WASI preview 1 function. `args` are the call's integer arguments widened to i64; the
 /// result is the errno when the function returns one.
 pub(crate) fn wasi_call(
@@ -115,6 +124,11 @@ pub(crate) fn wasi_call(
     args: &[i64],
 ) -> Result<i32, HostStop> {
     cx.host().control.count_call(name);
+    // A guest restored while its snapshot's last checks run (post-copy) shows nothing, nor
+    // learns anything from outside, before they pass.
+    if cx.host().control.wait_checked().is_err() {
+        return Err(checks_failed());
+    }
     let unwinding = abi::UNWINDING_IMPORTS.contains(&("wasi_snapshot_preview1", name));
     let mut rewinding = false;
     if unwinding && cx.instrumented() && cx.state() == abi::STATE_REWIND {

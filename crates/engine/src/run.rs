@@ -80,8 +80,38 @@ impl Runtime {
     /// checkpoint) is reported to `on_snapshot`; a snapshot that fails to be written is
     /// reported too and the guest keeps running (nothing is lost: the previous snapshot stays
     /// as it was).
+    ///
+    /// A restored guest may run while the snapshot's last checks do
+    /// ([`Control::check_while_running`]); the run then ends only once they have, refused if
+    /// one failed, whatever the guest did meanwhile.
     #[allow(clippy::too_many_arguments)] // one call site per CLI verb; a builder adds nothing
     pub fn run(
+        &self,
+        prepared: &Prepared,
+        wasi: WasiCtx,
+        control: Arc<Control>,
+        start: Start,
+        store: &dyn Store,
+        meta: SnapshotMeta,
+        on_snapshot: &mut dyn FnMut(Result<Kappa, EngineError>, Request),
+    ) -> Result<Outcome, EngineError> {
+        let r = self.run_checked(
+            prepared,
+            wasi,
+            control.clone(),
+            start,
+            store,
+            meta,
+            on_snapshot,
+        );
+        control
+            .wait_checked()
+            .map_err(|(stage, why)| EngineError::refused(stage, why))?;
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_checked(
         &self,
         prepared: &Prepared,
         wasi: WasiCtx,
@@ -155,9 +185,15 @@ impl Runtime {
                         ),
                     )
                 })?;
-            snapshot::restore_into(inst, &loaded, store)?;
+            // A held guest (a migration's destination) is checked in full before it is asked
+            // about: the move must not commit on a snapshot that fails later.
+            let gate = control.take_gate();
+            let defer = control.runs_while_checking() && gate.is_none();
+            if let Some(check) = snapshot::restore_into(inst, &loaded, store, defer)? {
+                spawn_check(check, &control);
+            }
             let mut current = loaded;
-            if let Some(mut gate) = control.take_gate() {
+            if let Some(mut gate) = gate {
                 loop {
                     match gate() {
                         Hold::Run => break,
@@ -198,7 +234,12 @@ impl Runtime {
             dirty.seed(inst, &current.memories);
             begin_rewind(inst)?;
             rewinding = true;
-            info!(snapshot = %meta.parent.map(|k| k.to_string()).unwrap_or_default(), engine = %self.kind(), "running");
+            info!(
+                snapshot = %meta.parent.map(|k| k.to_string()).unwrap_or_default(),
+                engine = %self.kind(),
+                checking = control.checks_pending(),
+                "running"
+            );
         }
 
         loop {
@@ -241,6 +282,10 @@ impl Runtime {
                         rewinding = true;
                         continue;
                     }
+                    // Nothing is written from a guest whose snapshot is still being checked.
+                    control
+                        .wait_checked()
+                        .map_err(|(stage, why)| EngineError::refused(stage, why))?;
                     let written = snapshot::write(inst, store, &meta, prepared, name, &mut dirty);
                     let ok = written.as_ref().ok().copied();
                     on_snapshot(written, reason);
@@ -314,6 +359,33 @@ impl Runtime {
         inst.host().wasi.flush();
         Ok(code.unwrap_or(0))
     }
+}
+
+/// Runs `check` on a thread of its own while the guest runs; its end (or failure) is
+/// reported to `control`.
+fn spawn_check(check: snapshot::DeferredCheck, control: &Arc<Control>) {
+    control.begin_check();
+    let c = control.clone();
+    let chunks = check.chunks();
+    let started = std::time::Instant::now();
+    let work = move || {
+        let r = check.run();
+        let ms = started.elapsed().as_millis() as u64;
+        match &r {
+            Ok(()) => info!(chunks, ms, "mapped chunks checked"),
+            Err(e) => tracing::warn!(chunks, ms, "a mapped chunk failed its check: {e}"),
+        }
+        c.end_check(r.map_err(|e| (Stage::Restoring, e.to_string())));
+    };
+    let _ = std::thread::Builder::new()
+        .name("ferry-check".into())
+        .spawn(work)
+        .map_err(|e| {
+            control.end_check(Err((
+                Stage::Restoring,
+                format!("cannot start the check of the mapped chunks: {e}"),
+            )))
+        });
 }
 
 pub(crate) fn global_i32(inst: &mut dyn Instance, name: &str) -> Result<i32, EngineError> {

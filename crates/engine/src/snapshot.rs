@@ -593,17 +593,31 @@ pub fn with_module_check<T>(
     f: impl FnOnce() -> T,
 ) -> T {
     let (checked, result) = std::sync::mpsc::channel();
-    control.hold_after_restore(move || match result.recv() {
-        Ok(Ok(())) => crate::Hold::Run,
-        Ok(Err(why)) => crate::Hold::Refuse(Stage::Verifying, why),
-        Err(_) => crate::Hold::Refuse(Stage::Verifying, "the module's check did not finish".into()),
-    });
+    // Post-copy: the guest may run before the check ends, and shows nothing until it has.
+    let deferred = control.runs_while_checking();
+    if deferred {
+        control.begin_check();
+    } else {
+        control.hold_after_restore(move || match result.recv() {
+            Ok(Ok(())) => crate::Hold::Run,
+            Ok(Err(why)) => crate::Hold::Refuse(Stage::Verifying, why),
+            Err(_) => {
+                crate::Hold::Refuse(Stage::Verifying, "the module's check did not finish".into())
+            }
+        });
+    }
     std::thread::scope(|s| {
         s.spawn(|| {
-            let _ = checked.send(check_module(store, &module).map_err(|e| match e {
+            let r = check_module(store, &module).map_err(|e| match e {
                 EngineError::Refused { reason, .. } => reason,
                 other => other.to_string(),
-            }));
+            });
+            match deferred {
+                true => control.end_check(r.map_err(|why| (Stage::Verifying, why))),
+                false => {
+                    let _ = checked.send(r);
+                }
+            }
         });
         f()
     })
@@ -772,23 +786,28 @@ fn map_chunks(
     Ok(mapped)
 }
 
+/// Threads that read or check a memory's chunks.
+fn chunk_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4)
+}
+
 /// Fills `memory` with `chunks` on up to four threads (chunks are sorted by index, so each
 /// thread gets a disjoint stretch of memory): each is read and re-hashed — or, if it was
 /// mapped, its bytes in the pack are read into a scratch buffer a block at a time and hashed
 /// (the same page-cache pages the mapping shows; reading them in large requests is faster
-/// from the disk than faulting the mapping in).
+/// from the disk than faulting the mapping in), unless `skip_mapped` leaves that to a
+/// [`DeferredCheck`].
 fn read_chunks(
     store: &dyn Store,
     chunks: &[(u32, Kappa)],
     mapped: &Mapped,
     memory: &mut [u8],
+    skip_mapped: bool,
 ) -> Result<(), StoreError> {
-    use std::os::unix::fs::FileExt;
     let size = CHUNK_SIZE as usize;
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(4);
-    let per = chunks.len().div_ceil(threads.max(1)).max(1);
+    let per = chunks.len().div_ceil(chunk_threads()).max(1);
     std::thread::scope(|s| {
         let mut rest = memory;
         let mut base = 0usize;
@@ -801,43 +820,16 @@ fn read_chunks(
                 let mut scratch = Vec::new();
                 let mut n = 0;
                 while n < part.len() {
-                    let Some(m) = from[n] else {
-                        let (i, k) = &part[n];
-                        let at = *i as usize * size - start;
-                        store.read_into(k, &mut mine[at..at + size])?;
-                        n += 1;
-                        continue;
+                    n = match from[n] {
+                        None => {
+                            let (i, k) = &part[n];
+                            let at = *i as usize * size - start;
+                            store.read_into(k, &mut mine[at..at + size])?;
+                            n + 1
+                        }
+                        Some(_) if skip_mapped => n + 1,
+                        Some(m) => check_mapped_block(mapped, part, from, n, m, &mut scratch)?,
                     };
-                    let mut e = n + 1;
-                    while e < part.len()
-                        && e - n < CHECK_BLOCK
-                        && from[e].is_some_and(|x| {
-                            x.file == m.file && x.offset == m.offset + ((e - n) * size) as u64
-                        })
-                    {
-                        e += 1;
-                    }
-                    let (mapped_file, path) = &mapped.files[m.file];
-                    // A fresh handle for each block, as `Store::read_into` opens one per
-                    // chunk: from the disk, 1 GiB came in 0.60-0.73 s that way, in 0.85-1.3 s
-                    // through one long-lived handle per thread (the kernel's readahead). On
-                    // the file that was mapped, not on whatever its path names now.
-                    let fresh = std::fs::File::open(format!(
-                        "/proc/self/fd/{}",
-                        std::os::fd::AsRawFd::as_raw_fd(mapped_file)
-                    ));
-                    let file = fresh.as_ref().unwrap_or(mapped_file);
-                    scratch.resize((e - n) * size, 0);
-                    file.read_exact_at(&mut scratch, m.offset)
-                        .map_err(|source| StoreError::Io {
-                            op: "read",
-                            path: path.clone(),
-                            source,
-                        })?;
-                    for ((_, k), bytes) in part[n..e].iter().zip(scratch.chunks(size)) {
-                        StoreError::check_hash(k, bytes, || path.display().to_string())?;
-                    }
-                    n = e;
                 }
                 Ok::<(), StoreError>(())
             }));
@@ -850,12 +842,112 @@ fn read_chunks(
     })
 }
 
-/// Restoring: memories, globals and the saved stack into a fresh instance.
+/// Checks the mapped chunk `part[n]` (from `m`) and those after it in the same pack, up to
+/// [`CHECK_BLOCK`]: their bytes in the pack are read into `scratch` and hashed. Returns the
+/// index after the last one checked.
+fn check_mapped_block(
+    mapped: &Mapped,
+    part: &[(u32, Kappa)],
+    from: &[Option<MappedFrom>],
+    n: usize,
+    m: MappedFrom,
+    scratch: &mut Vec<u8>,
+) -> Result<usize, StoreError> {
+    use std::os::unix::fs::FileExt;
+    let size = CHUNK_SIZE as usize;
+    let mut e = n + 1;
+    while e < part.len()
+        && e - n < CHECK_BLOCK
+        && from[e]
+            .is_some_and(|x| x.file == m.file && x.offset == m.offset + ((e - n) * size) as u64)
+    {
+        e += 1;
+    }
+    let (mapped_file, path) = &mapped.files[m.file];
+    // A fresh handle for each block, as `Store::read_into` opens one per chunk: from the
+    // disk, 1 GiB came in 0.60-0.73 s that way, in 0.85-1.3 s through one long-lived handle
+    // per thread (the kernel's readahead). On the file that was mapped, not on whatever its
+    // path names now.
+    let fresh = std::fs::File::open(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(mapped_file)
+    ));
+    let file = fresh.as_ref().unwrap_or(mapped_file);
+    scratch.resize((e - n) * size, 0);
+    file.read_exact_at(scratch, m.offset)
+        .map_err(|source| StoreError::Io {
+            op: "read",
+            path: path.clone(),
+            source,
+        })?;
+    for ((_, k), bytes) in part[n..e].iter().zip(scratch.chunks(size)) {
+        StoreError::check_hash(k, bytes, || path.display().to_string())?;
+    }
+    Ok(e)
+}
+
+/// The check of the chunks a restore mapped from the store's packs, left to run while the
+/// guest runs (see `Control::check_while_running`): it owns the packs it mapped, so it reads
+/// the very files the guest's memory shows.
+#[derive(Debug)]
+pub(crate) struct DeferredCheck {
+    memories: Vec<(Vec<(u32, Kappa)>, Mapped)>,
+}
+
+impl DeferredCheck {
+    /// Chunks to check.
+    pub(crate) fn chunks(&self) -> usize {
+        self.memories
+            .iter()
+            .map(|(_, m)| m.from.iter().flatten().count())
+            .sum()
+    }
+
+    /// Reads and hashes every mapped chunk, on up to four threads; the first that fails.
+    pub(crate) fn run(&self) -> Result<(), StoreError> {
+        for (chunks, mapped) in &self.memories {
+            let per = chunks.len().div_ceil(chunk_threads()).max(1);
+            std::thread::scope(|s| {
+                let handles: Vec<_> = chunks
+                    .chunks(per)
+                    .zip(mapped.from.chunks(per))
+                    .map(|(part, from)| {
+                        s.spawn(move || {
+                            let mut scratch = Vec::new();
+                            let mut n = 0;
+                            while n < part.len() {
+                                n = match from[n] {
+                                    None => n + 1,
+                                    Some(m) => {
+                                        check_mapped_block(mapped, part, from, n, m, &mut scratch)?
+                                    }
+                                };
+                            }
+                            Ok::<(), StoreError>(())
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .try_for_each(|h| h.join().expect("check thread"))
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Restoring: memories, globals and the saved stack into a fresh instance. With `defer`, the
+/// chunks mapped from packs are not checked here: the check is returned, to run while the
+/// guest runs (chunks read into memory are always checked as they are read).
 pub(crate) fn restore_into(
     inst: &mut dyn Instance,
     loaded: &Loaded,
     store: &dyn Store,
-) -> Result<(), EngineError> {
+    defer: bool,
+) -> Result<Option<DeferredCheck>, EngineError> {
+    let mut deferred = DeferredCheck {
+        memories: Vec::new(),
+    };
     let refuse = |why: String| EngineError::refused(Stage::Restoring, why);
     info!(snapshot = %loaded.kappa, "restoring");
     for (i, image) in loaded.memories.iter().enumerate() {
@@ -874,9 +966,14 @@ pub(crate) fn restore_into(
         let name = abi::memory_export(i as u32);
         let mapped = map_chunks(inst, &name, &image.chunks, store)?;
         let data = inst.memory_mut(&name).expect("grown above");
-        read_chunks(store, &image.chunks, &mapped, data).map_err(|e| refuse(e.to_string()))?;
+        read_chunks(store, &image.chunks, &mapped, data, defer)
+            .map_err(|e| refuse(e.to_string()))?;
+        if defer && mapped.from.iter().any(Option::is_some) {
+            deferred.memories.push((image.chunks.clone(), mapped));
+        }
     }
-    restore_globals_and_stack(inst, loaded)
+    restore_globals_and_stack(inst, loaded)?;
+    Ok((!deferred.memories.is_empty()).then_some(deferred))
 }
 
 /// Memory `i` of the instance grown to `len` bytes, and the length it had; refused if it is
@@ -960,7 +1057,7 @@ pub(crate) fn patch_into(
                 data[s..s + CHUNK_SIZE as usize].fill(0);
             }
         }
-        read_chunks(store, &changed, &Mapped::none(changed.len()), data)
+        read_chunks(store, &changed, &Mapped::none(changed.len()), data, false)
             .map_err(|e| refuse(e.to_string()))?;
     }
     restore_globals_and_stack(inst, new)

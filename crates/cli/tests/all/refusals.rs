@@ -689,13 +689,39 @@ fn gc_deletes_only_what_no_session_reaches() {
     assert_eq!(code, 0, "the snapshot still resumes after gc: {err}");
 }
 
+/// The largest pack of `env`'s store (a guest memory's, written with direct I/O) and its
+/// bytes, then flips one bit in its fourth chunk (objects start at 4096): write the bytes
+/// back to repair it.
+fn damage_memory_pack(env: &Env, at_least: usize) -> (std::path::PathBuf, Vec<u8>) {
+    let packs = env.store().join("packs");
+    let pack = std::fs::read_dir(&packs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pack"))
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    let good = std::fs::read(&pack).unwrap();
+    assert!(
+        good.len() >= at_least,
+        "the memory's pack: {} bytes",
+        good.len()
+    );
+    let mut bad = good.clone();
+    bad[4096 + 3 * 65536 + 1000] ^= 1;
+    std::fs::write(&pack, &bad).unwrap();
+    (pack, good)
+}
+
 /// A resume maps the memory chunks a durable store wrote with direct I/O (block-aligned in
-/// their pack) instead of copying them; a mapped chunk is hashed before the guest runs like
-/// a read one, so damage in the pack refuses the resume and changes nothing. Repaired, the
-/// same snapshot resumes, mapped, to the output of an uninterrupted run (and, with
-/// `FERRY_VERIFY_DIRTY`, every later incremental snapshot of the mapped memory is checked).
+/// their pack) instead of copying them, and lets the guest run while a thread re-hashes them
+/// (post-copy); the guest's first host call waits for that check, so damage in the pack
+/// refuses the resume with nothing shown and changes nothing. Repaired, the same snapshot
+/// resumes, mapped, to the output of an uninterrupted run (and, with `FERRY_VERIFY_DIRTY`,
+/// every later incremental snapshot of the mapped memory is checked). With
+/// `FERRY_CHECK_WHILE_RUNNING=off` the check ends before the guest runs, with the same
+/// refusal.
 #[test]
-fn chunks_mapped_from_a_pack_are_verified_before_the_guest_runs() {
+fn chunks_mapped_from_a_pack_are_verified_before_the_guest_shows_anything() {
     let env = Env::new();
     let g = guest("wasm/dirty.wasm");
     // 16 MiB of random bytes, then 40 ticks of 100 ms rewriting 1% of the pages each.
@@ -706,31 +732,31 @@ fn chunks_mapped_from_a_pack_are_verified_before_the_guest_runs() {
         String::from_utf8_lossy(&before).starts_with("ready\n"),
         "suspended before the memory was filled"
     );
-    let packs = env.store().join("packs");
-    let pack = std::fs::read_dir(&packs)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pack"))
-        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
-        .unwrap();
-    let good = std::fs::read(&pack).unwrap();
-    assert!(
-        good.len() >= 16 << 20,
-        "the memory's pack: {} bytes",
-        good.len()
-    );
-    let mut bad = good.clone();
-    // The fourth chunk of a pack whose objects start at 4096.
-    bad[4096 + 3 * 65536 + 1000] ^= 1;
-    std::fs::write(&pack, &bad).unwrap();
-    let (out, err, code) = env.output(&["-v", "resume", &k]);
-    assert_eq!(code, 1, "{err}");
-    assert!(out.is_empty(), "the guest ran: {out}");
-    assert!(err.contains("mapped from packs"), "{err}");
-    assert!(
-        err.contains("refused while restoring") && err.contains("is corrupt"),
-        "{err}"
-    );
+    let (pack, good) = damage_memory_pack(&env, 16 << 20);
+    for while_running in [true, false] {
+        let out = env
+            .ferry()
+            .env(
+                "FERRY_CHECK_WHILE_RUNNING",
+                if while_running { "on" } else { "off" },
+            )
+            .args(["-v", "resume", &k])
+            .output()
+            .expect("spawn ferry");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(out.stdout.is_empty(), "the guest showed output");
+        assert!(err.contains("mapped from packs"), "{err}");
+        assert!(
+            err.contains("refused while restoring") && err.contains("is corrupt"),
+            "{err}"
+        );
+        assert_eq!(
+            err.contains("a mapped chunk failed its check"),
+            while_running,
+            "{err}"
+        );
+    }
     std::fs::write(&pack, &good).unwrap();
     // Resumed (mapped), suspended again a second later (an incremental snapshot of memory
     // mapped from the pack), then resumed to the end.
@@ -754,4 +780,69 @@ fn chunks_mapped_from_a_pack_are_verified_before_the_guest_runs() {
         String::from_utf8_lossy(&[before, middle.stdout, last].concat()),
         String::from_utf8_lossy(&plain.stdout)
     );
+}
+
+/// A guest that makes no host call after its resume — it fills 10 MiB, prints `ready`, then
+/// sums its memory for ever — is stopped at its next safe point when a mapped chunk fails
+/// the check that runs beside it: the resume ends refused, with nothing shown, instead of
+/// running on corrupt memory. Repaired, the same snapshot resumes and suspends again.
+#[test]
+fn a_guest_running_while_its_chunks_are_checked_is_stopped_if_one_fails() {
+    let env = Env::new();
+    let m = env.path("spin.wat");
+    std::fs::write(
+        &m,
+        r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 161)
+  (data (i32.const 16) "ready\n")
+  (func (export "_start") (local $i i32) (local $s i32)
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 6))
+    (local.set $i (i32.const 65536))
+    (loop $fill
+      (i32.store (local.get $i) (i32.mul (local.get $i) (i32.const -1640531535)))
+      (local.set $i (i32.add (local.get $i) (i32.const 4)))
+      (br_if $fill (i32.lt_u (local.get $i) (i32.const 10551296))))
+    (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+    (loop $spin
+      (local.set $i (i32.const 65536))
+      (loop $sum
+        (local.set $s (i32.add (local.get $s) (i32.load (local.get $i))))
+        (local.set $i (i32.add (local.get $i) (i32.const 4)))
+        (br_if $sum (i32.lt_u (local.get $i) (i32.const 10551296))))
+      (i32.store (i32.const 8) (local.get $s))
+      (br $spin))))"#,
+    )
+    .unwrap();
+    let (before, k) = crate::harness::run_and_suspend(&env, &[m.to_str().unwrap()], 1500);
+    assert_eq!(String::from_utf8_lossy(&before), "ready\n");
+    let (pack, good) = damage_memory_pack(&env, 8 << 20);
+    let child = env
+        .ferry()
+        .args(["-v", "resume", &k])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ferry");
+    let pid = child.id();
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        // SAFETY: signalling our own child (gone by then if the test passes).
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    let out = child.wait_with_output().expect("wait ferry");
+    drop(watchdog);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(out.stdout.is_empty(), "the guest showed output");
+    assert!(err.contains("checking=true"), "it ran while checked: {err}");
+    assert!(
+        err.contains("refused while restoring") && err.contains("is corrupt"),
+        "{err}"
+    );
+    std::fs::write(&pack, &good).unwrap();
+    let (more, k2) = crate::harness::resume_and_suspend(&env, &["-v", &k], 1000);
+    assert!(more.is_empty());
+    assert_ne!(k2, k);
 }
