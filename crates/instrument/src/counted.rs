@@ -80,6 +80,10 @@ pub(crate) struct Guard {
     pub pred: Pred,
     /// Most iterations the unpolled copy may run.
     pub budget: u64,
+    /// Loops inside the loop (v18): the unpolled copy polls on their ways back, so each runs
+    /// at most one iteration unpolled per iteration of this loop, and the budget (over the
+    /// whole body, inner loops included) still bounds the work between two polls.
+    pub inner: u32,
 }
 
 /// The guard for a loop whose body (between `loop` and its `end`, both excluded) is `body`,
@@ -92,19 +96,38 @@ pub(crate) fn analyze(body: &[Operator<'_>]) -> Option<Guard> {
     // writes[l] = (count, index of the last one, all at top level)
     let mut writes: HashMap<u32, (u32, usize, bool)> = HashMap::new();
     let mut depth = 0u32;
+    // Per open construct inside the loop: whether it is a loop (an inner loop).
+    let mut loops: Vec<bool> = Vec::new();
     // The top-level instruction (or construct) holding the first way back.
     let mut first_back: Option<usize> = None;
     let mut top = 0usize;
     // Top-level `br_if`s: (index, leaves the loop).
     let mut tests: Vec<(usize, bool)> = Vec::new();
+    let mut inner = 0u32;
     for (j, op) in body.iter().enumerate() {
         if depth == 0 {
             top = j;
         }
         let mut back = false;
         match op {
-            Operator::Block { .. } | Operator::If { .. } => depth += 1,
-            Operator::End => depth = depth.checked_sub(1)?,
+            Operator::Block { .. } | Operator::If { .. } => {
+                depth += 1;
+                loops.push(false);
+            }
+            // An inner loop (v18): the unpolled copy polls on its ways back instead of at its
+            // header, which a branch can only reach with no values (no parameters).
+            Operator::Loop { blockty } => {
+                if matches!(blockty, wasmparser::BlockType::FuncType(_)) {
+                    return None;
+                }
+                depth += 1;
+                loops.push(true);
+                inner += 1;
+            }
+            Operator::End => {
+                depth = depth.checked_sub(1)?;
+                loops.pop();
+            }
             Operator::Br { relative_depth } => back = *relative_depth == depth,
             Operator::BrIf { relative_depth } => {
                 back = *relative_depth == depth;
@@ -113,10 +136,19 @@ pub(crate) fn analyze(body: &[Operator<'_>]) -> Option<Guard> {
                 }
             }
             Operator::BrTable { targets } => {
+                // A table naming an inner loop would need a poll per entry: not handled.
+                let names_inner_loop = |t: u32| t < depth && loops[(depth - 1 - t) as usize];
                 for t in targets.targets() {
-                    back |= t.ok()? == depth;
+                    let t = t.ok()?;
+                    back |= t == depth;
+                    if names_inner_loop(t) {
+                        return None;
+                    }
                 }
                 back |= targets.default() == depth;
+                if names_inner_loop(targets.default()) {
+                    return None;
+                }
             }
             Operator::LocalSet { local_index } | Operator::LocalTee { local_index } => {
                 let w = writes.entry(*local_index).or_insert((0, j, true));
@@ -125,8 +157,7 @@ pub(crate) fn analyze(body: &[Operator<'_>]) -> Option<Guard> {
                 w.2 &= depth == 0;
             }
             op if is_call(op) => return None,
-            Operator::Loop { .. }
-            | Operator::TryTable { .. }
+            Operator::TryTable { .. }
             | Operator::MemoryGrow { .. }
             | Operator::MemoryFill { .. }
             | Operator::MemoryCopy { .. }
@@ -171,6 +202,7 @@ pub(crate) fn analyze(body: &[Operator<'_>]) -> Option<Guard> {
             }
         })
         .find_map(|(e, exits)| ctx.test(e, exits, budget))
+        .map(|g| Guard { inner, ..g })
 }
 
 /// What [`analyze`] knows about the loop when it reads a test.
@@ -284,6 +316,7 @@ impl Ctx<'_, '_> {
             limit,
             pred,
             budget,
+            inner: 0,
         })
     }
 }
@@ -579,6 +612,7 @@ mod tests {
                                 limit: Operand::Local(1),
                                 pred,
                                 budget,
+                                inner: 0,
                             });
                         }
                     }
@@ -735,6 +769,15 @@ mod tests {
             ))
             .is_some()
         );
+        // Inner loops (v18): counted, with the inner loops named.
+        let g = analyze(&body(
+            "(loop (loop (br_if 0 (i32.load8_u (local.get 1))))
+               (block (loop (br_if 1 (local.get 1)) (br 0)))
+               (local.set 0 (i32.add (local.get 0) (i32.const 1)))
+               (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+        ))
+        .unwrap();
+        assert_eq!((g.ivar, g.step, g.inner), (0, 1, 2));
         // Nested blocks and ifs (no way back inside them) are fine.
         assert!(analyze(&body(
             "(loop (block (br_if 0 (local.get 1)) (if (local.get 1) (then (nop)) (else (br 3))))
@@ -804,8 +847,24 @@ mod tests {
                 "(loop (memory.fill (i32.const 0) (i32.const 0) (local.get 1)) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
             ),
             (
-                "a nested loop",
-                "(loop (loop) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+                "an inner loop with a parameter",
+                "(loop (i32.const 0) (loop (param i32) (drop)) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+            (
+                "a branch table naming an inner loop",
+                "(loop (loop (br_table 0 1 (local.get 1))) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+            (
+                "an inner loop writing the induction variable",
+                "(loop (loop (local.set 0 (i32.const 0)) (br_if 0 (local.get 1))) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+            (
+                "an inner loop writing the limit",
+                "(loop (loop (local.set 1 (i32.const 0)) (br_if 0 (local.get 0))) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
+            ),
+            (
+                "a call in an inner loop",
+                "(loop (loop (call 0 (i32.const 0) (i32.const 0) (i64.const 0) (i64.const 0)) (br_if 0 (local.get 1))) (local.set 0 (i32.add (local.get 0) (i32.const 1))) (br_if 0 (i32.ne (local.get 0) (local.get 1))))",
             ),
         ] {
             let ops = body(wat);

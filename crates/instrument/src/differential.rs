@@ -410,6 +410,79 @@ fn counted_loops_poll_only_when_they_run_long() {
     }
 }
 
+/// Counted loops holding loops (v18): the outer loop's unpolled copy polls only on the inner
+/// loops' ways back. An inner loop that leaves in its first iteration polls nowhere; one that
+/// goes round polls (and unwinds, churned) on each way back — conditional or not, from its
+/// top level or from a block inside it — and the rewind resumes at its header in the polled
+/// loop. Results and memory are the plain module's either way.
+#[test]
+fn counted_loops_holding_loops_poll_on_the_inner_ways_back() {
+    let pad = "(nop)".repeat(64);
+    // `scan`: for i in 0..n, walk `m` bytes from 16 + i (inner loop 1: `br_if` back), then
+    // count down `m` through a block (inner loop 2: `br` back from inside a block).
+    let module = |n: u32, m: u32| {
+        wat::parse_str(format!(
+            r#"(module
+                 (memory (export "mem") 1)
+                 (func $scan (param $n i32) (param $m i32) (result i32)
+                   (local $i i32) (local $j i32) (local $acc i32)
+                   (loop {pad}
+                     (local.set $j (i32.const 0))
+                     (loop
+                       (i32.store8 (i32.add (i32.const 16) (i32.add (local.get $i) (local.get $j)))
+                                   (i32.add (local.get $acc) (local.get $j)))
+                       (local.set $acc (i32.add (local.get $acc) (i32.const 3)))
+                       (br_if 0 (i32.lt_u (local.tee $j (i32.add (local.get $j) (i32.const 1)))
+                                          (local.get $m))))
+                     (local.set $j (local.get $m))
+                     (loop
+                       (block
+                         (br_if 0 (i32.eqz (local.get $j)))
+                         (local.set $acc (i32.xor (local.get $acc) (local.get $j)))
+                         (local.set $j (i32.sub (local.get $j) (i32.const 1)))
+                         (br 1)))
+                     (br_if 0 (i32.ne (local.tee $i (i32.add (local.get $i) (i32.const 1)))
+                                      (local.get $n))))
+                   (local.get $acc))
+                 (func (export "scan") (result i32) (call $scan (i32.const {n}) (i32.const {m}))))"#
+        ))
+        .unwrap()
+    };
+    let mut cfg = Config::new();
+    cfg.consume_fuel(true).wasm_multi_memory(true);
+    let engine = Engine::new(&cfg).unwrap();
+    for (n, m) in [(50, 0), (50, 7), (120, 12)] {
+        let wasm = module(n, m);
+        let out = instrument_any(&wasm).unwrap();
+        let counting = instrument_any_counting(&wasm).unwrap();
+        assert_eq!(
+            out.stats.counted_loops, 2,
+            "the outer loop and the first inner one"
+        );
+        let (plain, plain_state, _) = run(&engine, &wasm, Mode::Plain).unwrap();
+        assert!(matches!(plain[..], [Outcome::Values(_)]), "{plain:?}");
+        for (mode, build) in [
+            (Mode::Instrumented, &out.wasm),
+            (Mode::ChurnLean, &out.wasm),
+            (Mode::Churn(1), &counting.wasm),
+            (Mode::Churn(3), &counting.wasm),
+        ] {
+            let (outcomes, state, polls) = run(&engine, build, mode).unwrap();
+            assert_eq!(plain, outcomes, "n={n} m={m} {mode:?}");
+            assert_eq!(plain_state, state, "n={n} m={m} {mode:?}");
+            if mode == Mode::ChurnLean {
+                // With m = 0 no inner loop goes back: the copy runs to the end unpolled.
+                // Otherwise the first way back polls, unwinds and rewinds into the polled
+                // loop, which polls at every header from then on.
+                match m {
+                    0 => assert_eq!(polls, 0, "n={n} m={m}"),
+                    _ => assert!(polls >= 2 * u64::from(n - 1), "n={n} m={m}: {polls}"),
+                }
+            }
+        }
+    }
+}
+
 /// `n` live `i64` locals (1..=n) set, then `tail`, then their weighted sum: a function whose
 /// frame record is `8 n` bytes wherever it unwinds.
 fn wide_body(n: usize, tail: &str) -> String {

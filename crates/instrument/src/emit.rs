@@ -1043,31 +1043,105 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         Ok(())
     }
 
-    /// A counted leaf loop of the lean copy (v15, `counted.rs`): `guard; if <loop's type>`,
-    /// the loop copied without its poll, `else` — the polled loop follows, and its `end` also
-    /// closes the `if`. `rd` reads on just after the loop's `loop`.
+    /// A counted loop of the lean copy (v15, `counted.rs`): `guard; if <loop's type>`, the
+    /// loop copied without its poll, `else` — the polled loop follows, and its `end` also
+    /// closes the `if`. `rd` reads on just after the loop's `loop`, the instruction `at`;
+    /// `v` is just before it. Returns whether it wrote the copy.
+    ///
+    /// The loops inside it (v18) poll on their ways back instead of at their headers: the
+    /// unwind there is the header poll's — same site, same saved values, since a branch back
+    /// carries no values and changes no local — so the rewind copy resumes at the polled
+    /// loop's header as if it had been reached there. Each inner loop thus runs at most one
+    /// iteration unpolled per iteration of the outer loop, whose budget counts every
+    /// instruction of its body. A loop where a frame cannot be saved (a reference is live)
+    /// gets no copy.
     fn unpolled_copy(
         &mut self,
-        g: &Guard,
+        (g, at, plan, v): (&Guard, usize, &Plan, &Validator),
         blockty: wasmparser::BlockType,
         lp: &Operator<'_>,
         mut rd: OperatorsReader<'_>,
-    ) -> Result<(), InstrumentError> {
+    ) -> Result<bool, InstrumentError> {
+        // The inner loops' sites and what their polls save, by instruction index.
+        let mut inner: HashMap<usize, (u32, Vec<u32>)> = HashMap::new();
+        if g.inner > 0 {
+            let mut scan = rd.clone();
+            let mut depth = 1u32;
+            let mut j = at;
+            while depth > 0 {
+                let op = scan.read()?;
+                j += 1;
+                match op {
+                    Operator::Block { .. } | Operator::If { .. } | Operator::TryTable { .. } => {
+                        depth += 1
+                    }
+                    Operator::Loop { .. } => {
+                        depth += 1;
+                        if let OpPlan::Construct {
+                            poll: Some(site), ..
+                        } = plan.ops[j]
+                        {
+                            let header = self.live.loop_header.get(&j).cloned();
+                            let Some(saved) = self.saved_locals(v, header.as_ref(), 0..0) else {
+                                return Ok(false);
+                            };
+                            inner.insert(j, (site, saved));
+                        }
+                    }
+                    Operator::End => depth -= 1,
+                    _ => {}
+                }
+            }
+        }
         for gi in g.code() {
             self.ins(guard_instruction(gi, g.wide));
         }
         self.plain(&Operator::If { blockty })?;
         let base = self.frames.len();
+        // Open inner loops that poll on their ways back, by `frames.len()` with them open.
+        let mut back: HashMap<usize, (u32, Vec<u32>)> = HashMap::new();
         let mut op = lp.clone();
+        let mut j = at;
         loop {
-            self.plain_tracked(&op)?;
+            let to = match op {
+                Operator::Br { relative_depth } | Operator::BrIf { relative_depth } => back
+                    .get(&(self.frames.len() - relative_depth as usize))
+                    .cloned(),
+                _ => None,
+            };
+            match (to, &op) {
+                (Some((site, saved)), Operator::Br { relative_depth }) => {
+                    self.poll_site(site, Some(&saved));
+                    self.plain(&Operator::Br {
+                        relative_depth: *relative_depth,
+                    })?;
+                }
+                (Some((site, saved)), Operator::BrIf { relative_depth }) => {
+                    self.ins(I::If(BlockType::Empty));
+                    self.poll_site(site, Some(&saved));
+                    self.plain(&Operator::Br {
+                        relative_depth: *relative_depth,
+                    })?;
+                    self.ins(I::End);
+                }
+                _ => {
+                    if matches!(op, Operator::End) {
+                        back.remove(&self.frames.len());
+                    }
+                    self.plain_tracked(&op)?;
+                    if let Some(info) = inner.get(&j) {
+                        back.insert(self.frames.len(), info.clone());
+                    }
+                }
+            }
             if self.frames.len() == base {
                 break;
             }
             op = rd.read()?;
+            j += 1;
         }
         self.ins(I::Else);
-        Ok(())
+        Ok(true)
     }
 
     fn shifted(&mut self, f: u32) -> u32 {
@@ -1282,10 +1356,10 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     e.ins(I::I32LtU);
                     e.ins(I::End);
                 }
-                let counted = plan.counted.get(&at).filter(|_| copy == Copy::Lean);
-                if let Some(g) = counted {
-                    e.unpolled_copy(g, *blockty, &op, ops.clone())?;
-                }
+                let counted = match plan.counted.get(&at).filter(|_| copy == Copy::Lean) {
+                    Some(g) => e.unpolled_copy((g, at, plan, &v), *blockty, &op, ops.clone())?,
+                    None => false,
+                };
                 e.plain(&op)?;
                 let level = e.depth - 1;
                 e.frames.push(Frame {
@@ -1294,7 +1368,7 @@ pub(crate) fn emit<R: Reencode<Error = Infallible>>(
                     seg: Seg::Closed,
                     results: res,
                 });
-                if counted.is_some() {
+                if counted {
                     e.versioned.push(e.frames.len());
                 }
                 v.op(offset, &op)?;

@@ -19,7 +19,8 @@
 //! * on entry while rewinding, pops that record (checking it names this function) and
 //!   restores the locals.
 //!
-//! Safe points are polls at every loop header and, in functions on a call-graph cycle, just
+//! Safe points are polls at every loop header (a counted loop's unpolled copy polls only on
+//! the ways back of the loops inside it: `counted.rs`) and, in functions on a call-graph cycle, just
 //! after each call that stays inside the cycle (a return poll), so the time to reach one is
 //! bounded. A poll costs one load and one branch while no suspend
 //! is pending: the host raises a flag word in a one-page control memory that never moves.
@@ -46,4 +47,4 @@ mod tests;
 
 /// Version of this transform. It is part of the κ of every instrumented module: change it
 /// whenever the output for some input changes.
-pub const INSTRUMENT_VERSION: u32 = 17;
+pub const INSTRUMENT_VERSION: u32 = 18;

@@ -90,6 +90,8 @@ pub(crate) fn plan(
     let mut open: Vec<Open> = Vec::new();
     let mut body_ops = Vec::new();
     let mut counted = HashMap::new();
+    // The operand stack's height on entry to each loop.
+    let mut loop_heights: HashMap<usize, u32> = HashMap::new();
     let mut reader = body.get_operators_reader()?;
     while !reader.eof() {
         let offset = reader.original_position();
@@ -126,6 +128,9 @@ pub(crate) fn plan(
                     next += 1;
                     n_polls += 1;
                 }
+                if matches!(op, Operator::Loop { .. }) {
+                    loop_heights.insert(idx, validator.operand_stack_height());
+                }
                 open.push(o);
             }
             Operator::Else => {
@@ -143,9 +148,17 @@ pub(crate) fn plan(
                         poll: o.poll,
                     };
                     // `body_ops` ends just before this `end`: the slice is the loop's body.
+                    // An inner loop's ways back save what its header poll saves: the values
+                    // on the stack there must be those on entry to this loop (spilled before
+                    // its guard), with none pushed in between.
+                    let height = loop_heights.get(&o.op);
                     if o.poll.is_some()
                         && body.range().len() <= crate::counted::MAX_FUNCTION
                         && let Some(g) = crate::counted::analyze(&body_ops[o.op + 1..])
+                        && (o.op + 1..idx).all(|j| {
+                            !matches!(body_ops[j], Operator::Loop { .. })
+                                || loop_heights.get(&j) == height
+                        })
                     {
                         counted.insert(o.op, g);
                     }
