@@ -411,21 +411,35 @@ fn counted_loops_poll_only_when_they_run_long() {
 }
 
 /// Counted loops holding loops (v18): the outer loop's unpolled copy polls only on the inner
-/// loops' ways back. An inner loop that leaves in its first iteration polls nowhere; one that
-/// goes round polls (and unwinds, churned) on each way back — conditional or not, from its
-/// top level or from a block inside it — and the rewind resumes at its header in the polled
-/// loop. Results and memory are the plain module's either way.
+/// loops' ways back — conditional or not, from an inner loop's top level or from a block
+/// inside it — and on entry to an inner counted loop whose own guard passes (it then runs
+/// unpolled); the rewind resumes at the inner loop's header in the polled loop. An inner
+/// loop that leaves in its first iteration polls nowhere. Results and memory are the plain
+/// module's in every mode.
 #[test]
 fn counted_loops_holding_loops_poll_on_the_inner_ways_back() {
-    let pad = "(nop)".repeat(64);
-    // `scan`: for i in 0..n, walk `m` bytes from 16 + i (inner loop 1: `br_if` back), then
-    // count down `m` through a block (inner loop 2: `br` back from inside a block).
-    let module = |n: u32, m: u32| {
+    // `scan`: for i in 0..n: walk bytes from 16 + i while j < mem[8] (loop A, data-dependent:
+    // not counted; `br_if` back), count `j` down from `m` through a block (loop B: `br` back
+    // from inside a block), then — with `counted` — for k in 0..c (loop C, a counted leaf,
+    // padded so that its own budget is ~250 iterations).
+    let module = |n: u32, m: u32, c: Option<u32>| {
+        let inner_c = match c {
+            Some(c) => format!(
+                r#"(local.set $k (i32.const 0))
+                   (loop {pad}
+                     (local.set $acc (i32.add (i32.mul (local.get $acc) (i32.const 31)) (local.get $k)))
+                     (br_if 0 (i32.lt_u (local.tee $k (i32.add (local.get $k) (i32.const 1)))
+                                        (i32.const {c}))))"#,
+                pad = "(nop)".repeat(1000)
+            ),
+            None => String::new(),
+        };
         wat::parse_str(format!(
             r#"(module
                  (memory (export "mem") 1)
                  (func $scan (param $n i32) (param $m i32) (result i32)
-                   (local $i i32) (local $j i32) (local $acc i32)
+                   (local $i i32) (local $j i32) (local $k i32) (local $acc i32)
+                   (i32.store8 (i32.const 8) (local.get $m))
                    (loop {pad}
                      (local.set $j (i32.const 0))
                      (loop
@@ -433,7 +447,7 @@ fn counted_loops_holding_loops_poll_on_the_inner_ways_back() {
                                    (i32.add (local.get $acc) (local.get $j)))
                        (local.set $acc (i32.add (local.get $acc) (i32.const 3)))
                        (br_if 0 (i32.lt_u (local.tee $j (i32.add (local.get $j) (i32.const 1)))
-                                          (local.get $m))))
+                                          (i32.load8_u (i32.const 8)))))
                      (local.set $j (local.get $m))
                      (loop
                        (block
@@ -441,23 +455,33 @@ fn counted_loops_holding_loops_poll_on_the_inner_ways_back() {
                          (local.set $acc (i32.xor (local.get $acc) (local.get $j)))
                          (local.set $j (i32.sub (local.get $j) (i32.const 1)))
                          (br 1)))
+                     {inner_c}
                      (br_if 0 (i32.ne (local.tee $i (i32.add (local.get $i) (i32.const 1)))
                                       (local.get $n))))
                    (local.get $acc))
-                 (func (export "scan") (result i32) (call $scan (i32.const {n}) (i32.const {m}))))"#
+                 (func (export "scan") (result i32) (call $scan (i32.const {n}) (i32.const {m}))))"#,
+            pad = "(nop)".repeat(64)
         ))
         .unwrap()
     };
     let mut cfg = Config::new();
     cfg.consume_fuel(true).wasm_multi_memory(true);
     let engine = Engine::new(&cfg).unwrap();
-    for (n, m) in [(50, 0), (50, 7), (120, 12)] {
-        let wasm = module(n, m);
+    // (n, m, loop C's count): C within its budget (guarded, unpolled) or beyond it.
+    for (n, m, c) in [
+        (50, 0, None),
+        (50, 7, None),
+        (120, 12, None),
+        (3, 0, Some(20)),
+        (3, 2, Some(300)),
+    ] {
+        let wasm = module(n, m, c);
         let out = instrument_any(&wasm).unwrap();
         let counting = instrument_any_counting(&wasm).unwrap();
         assert_eq!(
-            out.stats.counted_loops, 2,
-            "the outer loop and the first inner one"
+            out.stats.counted_loops,
+            1 + u32::from(c.is_some()),
+            "the outer loop (and loop C)"
         );
         let (plain, plain_state, _) = run(&engine, &wasm, Mode::Plain).unwrap();
         assert!(matches!(plain[..], [Outcome::Values(_)]), "{plain:?}");
@@ -468,15 +492,16 @@ fn counted_loops_holding_loops_poll_on_the_inner_ways_back() {
             (Mode::Churn(3), &counting.wasm),
         ] {
             let (outcomes, state, polls) = run(&engine, build, mode).unwrap();
-            assert_eq!(plain, outcomes, "n={n} m={m} {mode:?}");
-            assert_eq!(plain_state, state, "n={n} m={m} {mode:?}");
+            let at = format!("n={n} m={m} c={c:?} {mode:?}");
+            assert_eq!(plain, outcomes, "{at}");
+            assert_eq!(plain_state, state, "{at}");
             if mode == Mode::ChurnLean {
-                // With m = 0 no inner loop goes back: the copy runs to the end unpolled.
-                // Otherwise the first way back polls, unwinds and rewinds into the polled
-                // loop, which polls at every header from then on.
-                match m {
-                    0 => assert_eq!(polls, 0, "n={n} m={m}"),
-                    _ => assert!(polls >= 2 * u64::from(n - 1), "n={n} m={m}: {polls}"),
+                // With m = 0 and no loop C nothing goes back: the copy runs unpolled.
+                // Otherwise the first poll unwinds and rewinds into the polled loop, which
+                // polls at every header from then on.
+                match (m, c) {
+                    (0, None) => assert_eq!(polls, 0, "{at}"),
+                    _ => assert!(polls >= 2 * u64::from(n - 1), "{at}: {polls}"),
                 }
             }
         }

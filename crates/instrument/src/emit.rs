@@ -1053,8 +1053,9 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     /// carries no values and changes no local — so the rewind copy resumes at the polled
     /// loop's header as if it had been reached there. Each inner loop thus runs at most one
     /// iteration unpolled per iteration of the outer loop, whose budget counts every
-    /// instruction of its body. A loop where a frame cannot be saved (a reference is live)
-    /// gets no copy.
+    /// instruction of its body. An inner counted leaf loop whose own guard passes polls
+    /// once on entry instead and runs unpolled (at most its own budget). A loop where a
+    /// frame cannot be saved (a reference is live) gets no copy.
     fn unpolled_copy(
         &mut self,
         (g, at, plan, v): (&Guard, usize, &Plan, &Validator),
@@ -1100,9 +1101,37 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
         let base = self.frames.len();
         // Open inner loops that poll on their ways back, by `frames.len()` with them open.
         let mut back: HashMap<usize, (u32, Vec<u32>)> = HashMap::new();
+        // Inner loops whose `end` also closes the `if` of their own guard (same key).
+        let mut guarded: Vec<usize> = Vec::new();
         let mut op = lp.clone();
         let mut j = at;
         loop {
+            // An inner counted leaf loop keeps its own guard: if it passes, the loop polls
+            // once on entry (its header's safe point) and runs unpolled — a long inner loop
+            // in a short outer one (a matrix kernel's rows) then polls once per outer
+            // iteration, as without the copy; else it polls on its ways back.
+            if let Operator::Loop { blockty } = op
+                && let Some(gj) = plan.counted.get(&j).filter(|gj| gj.inner == 0)
+                && let Some((site, saved)) = inner.get(&j).cloned()
+            {
+                for gi in gj.code() {
+                    self.ins(guard_instruction(gi, gj.wide));
+                }
+                self.plain(&Operator::If { blockty })?;
+                self.poll_site(site, Some(&saved));
+                let base_j = self.frames.len();
+                let mut raw = rd.clone();
+                let mut o = op.clone();
+                loop {
+                    self.plain_tracked(&o)?;
+                    if self.frames.len() == base_j {
+                        break;
+                    }
+                    o = raw.read()?;
+                }
+                self.ins(I::Else);
+                guarded.push(self.frames.len() + 1);
+            }
             let to = match op {
                 Operator::Br { relative_depth } | Operator::BrIf { relative_depth } => back
                     .get(&(self.frames.len() - relative_depth as usize))
@@ -1125,10 +1154,16 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
                     self.ins(I::End);
                 }
                 _ => {
+                    let mut close = false;
                     if matches!(op, Operator::End) {
                         back.remove(&self.frames.len());
+                        close = guarded.last() == Some(&self.frames.len());
                     }
                     self.plain_tracked(&op)?;
+                    if close {
+                        guarded.pop();
+                        self.ins(I::End);
+                    }
                     if let Some(info) = inner.get(&j) {
                         back.insert(self.frames.len(), info.clone());
                     }
