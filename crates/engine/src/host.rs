@@ -66,7 +66,17 @@ fn finish_rewind(cx: &mut impl HostCx) -> Result<(), HostStop> {
     let control = cx.host().control.clone();
     control.mark_running();
     cx.set_flag(control.pending() != Request::None || control.counting());
+    keep_failed_raised(cx, &control);
     Ok(())
+}
+
+/// A check that failed while the guest ran raises its flag (`Control::end_check`); a flag
+/// just lowered here may have hidden that, so it goes up again. (The check records its
+/// failure before it raises the flag, so reading the failure after lowering cannot miss it.)
+fn keep_failed_raised(cx: &mut impl HostCx, control: &Control) {
+    if control.check_failed() {
+        cx.set_flag(true);
+    }
 }
 
 /// Starts an unwind. The request that asked for it stays pending in `Control` until the
@@ -107,6 +117,7 @@ pub(crate) fn poll(cx: &mut impl HostCx) -> Result<(), HostStop> {
         }
         _ => start_unwind(cx),
     }
+    keep_failed_raised(cx, &control);
     Ok(())
 }
 
