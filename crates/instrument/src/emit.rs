@@ -1065,33 +1065,16 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
     ) -> Result<bool, InstrumentError> {
         // The inner loops' sites and what their polls save, by instruction index.
         let mut inner: HashMap<usize, (u32, Vec<u32>)> = HashMap::new();
-        if g.inner > 0 {
-            let mut scan = rd.clone();
-            let mut depth = 1u32;
-            let mut j = at;
-            while depth > 0 {
-                let op = scan.read()?;
-                j += 1;
-                match op {
-                    Operator::Block { .. } | Operator::If { .. } | Operator::TryTable { .. } => {
-                        depth += 1
-                    }
-                    Operator::Loop { .. } => {
-                        depth += 1;
-                        if let OpPlan::Construct {
-                            poll: Some(site), ..
-                        } = plan.ops[j]
-                        {
-                            let header = self.live.loop_header.get(&j).cloned();
-                            let Some(saved) = self.saved_locals(v, header.as_ref(), 0..0) else {
-                                return Ok(false);
-                            };
-                            inner.insert(j, (site, saved));
-                        }
-                    }
-                    Operator::End => depth -= 1,
-                    _ => {}
-                }
+        for &j in plan.inner_loops.get(&at).into_iter().flatten() {
+            if let OpPlan::Construct {
+                poll: Some(site), ..
+            } = plan.ops[j]
+            {
+                let header = self.live.loop_header.get(&j).cloned();
+                let Some(saved) = self.saved_locals(v, header.as_ref(), 0..0) else {
+                    return Ok(false);
+                };
+                inner.insert(j, (site, saved));
             }
         }
         for gi in g.code() {

@@ -43,9 +43,12 @@ pub(crate) struct Plan {
     pub n_polls: u32,
     /// Live original locals at each unwind point (shared by both copies of the function).
     pub live: Liveness,
-    /// Counted leaf loops (by the index of their `loop`): the lean copy runs an unpolled copy
+    /// Counted loops (by the index of their `loop`): the lean copy runs an unpolled copy
     /// when the guard says the loop ends soon enough (v15, `counted.rs`).
     pub counted: HashMap<usize, Guard>,
+    /// The loops inside each counted loop that holds any (by index; v18): the unpolled copy
+    /// polls on their ways back.
+    pub inner_loops: HashMap<usize, Vec<usize>>,
 }
 
 struct Open {
@@ -90,6 +93,7 @@ pub(crate) fn plan(
     let mut open: Vec<Open> = Vec::new();
     let mut body_ops = Vec::new();
     let mut counted = HashMap::new();
+    let mut inner_loops = HashMap::new();
     // The operand stack's height on entry to each loop.
     let mut loop_heights: HashMap<usize, u32> = HashMap::new();
     let mut reader = body.get_operators_reader()?;
@@ -155,12 +159,16 @@ pub(crate) fn plan(
                     if o.poll.is_some()
                         && body.range().len() <= crate::counted::MAX_FUNCTION
                         && let Some(g) = crate::counted::analyze(&body_ops[o.op + 1..])
-                        && (o.op + 1..idx).all(|j| {
-                            !matches!(body_ops[j], Operator::Loop { .. })
-                                || loop_heights.get(&j) == height
-                        })
                     {
-                        counted.insert(o.op, g);
+                        let inner: Vec<usize> = (o.op + 1..idx)
+                            .filter(|&j| matches!(body_ops[j], Operator::Loop { .. }))
+                            .collect();
+                        if inner.iter().all(|j| loop_heights.get(j) == height) {
+                            counted.insert(o.op, g);
+                            if !inner.is_empty() {
+                                inner_loops.insert(o.op, inner);
+                            }
+                        }
                     }
                 }
             }
@@ -202,5 +210,6 @@ pub(crate) fn plan(
         n_polls,
         live,
         counted,
+        inner_loops,
     })
 }
