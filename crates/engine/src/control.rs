@@ -170,17 +170,20 @@ impl Control {
         }
     }
 
-    /// Waits until no check is pending: the first failure, if any.
-    pub(crate) fn wait_checked(&self) -> Result<(), (crate::Stage, String)> {
+    /// Waits until no check is pending: the first failure, if any, as the run's refusal.
+    pub(crate) fn wait_checked(&self) -> Result<(), crate::EngineError> {
         let mut c = self.checks();
         while c.pending > 0 {
             c = self.checked.wait(c).unwrap_or_else(|p| p.into_inner());
         }
-        c.failed.clone().map_or(Ok(()), Err)
+        match &c.failed {
+            Some((stage, why)) => Err(crate::EngineError::refused(*stage, why)),
+            None => Ok(()),
+        }
     }
 
     /// Whether a check is still running.
-    pub fn checks_pending(&self) -> bool {
+    pub(crate) fn checks_pending(&self) -> bool {
         self.checks().pending > 0
     }
 

@@ -104,9 +104,7 @@ impl Runtime {
             meta,
             on_snapshot,
         );
-        control
-            .wait_checked()
-            .map_err(|(stage, why)| EngineError::refused(stage, why))?;
+        control.wait_checked()?;
         r
     }
 
@@ -283,9 +281,7 @@ impl Runtime {
                         continue;
                     }
                     // Nothing is written from a guest whose snapshot is still being checked.
-                    control
-                        .wait_checked()
-                        .map_err(|(stage, why)| EngineError::refused(stage, why))?;
+                    control.wait_checked()?;
                     let written = snapshot::write(inst, store, &meta, prepared, name, &mut dirty);
                     let ok = written.as_ref().ok().copied();
                     on_snapshot(written, reason);

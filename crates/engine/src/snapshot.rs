@@ -793,6 +793,32 @@ fn chunk_threads() -> usize {
         .clamp(1, 4)
 }
 
+/// Splits `chunks` (and their `from` entries) into one run per thread, up to
+/// [`chunk_threads`], and runs `f` on each on a thread of its own with what `piece` gives
+/// for it (called in order, on this thread); the first error.
+fn in_parts<'c, P: Send>(
+    chunks: &'c [(u32, Kappa)],
+    from: &'c [Option<MappedFrom>],
+    mut piece: impl FnMut(&[(u32, Kappa)]) -> P,
+    f: impl Fn(&'c [(u32, Kappa)], &'c [Option<MappedFrom>], P) -> Result<(), StoreError> + Sync,
+) -> Result<(), StoreError> {
+    let per = chunks.len().div_ceil(chunk_threads()).max(1);
+    std::thread::scope(|s| {
+        let f = &f;
+        let handles: Vec<_> = chunks
+            .chunks(per)
+            .zip(from.chunks(per))
+            .map(|(part, from)| {
+                let p = piece(part);
+                s.spawn(move || f(part, from, p))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().expect("chunk thread"))
+    })
+}
+
 /// Fills `memory` with `chunks` on up to four threads (chunks are sorted by index, so each
 /// thread gets a disjoint stretch of memory): each is read and re-hashed — or, if it was
 /// mapped, its bytes in the pack are read into a scratch buffer a block at a time and hashed
@@ -807,39 +833,38 @@ fn read_chunks(
     skip_mapped: bool,
 ) -> Result<(), StoreError> {
     let size = CHUNK_SIZE as usize;
-    let per = chunks.len().div_ceil(chunk_threads()).max(1);
-    std::thread::scope(|s| {
-        let mut rest = memory;
-        let mut base = 0usize;
-        let mut handles = Vec::new();
-        for (part, from) in chunks.chunks(per).zip(mapped.from.chunks(per)) {
-            let end = part.last().map_or(base, |(i, _)| (*i as usize + 1) * size);
-            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(end - base);
-            let start = base;
-            handles.push(s.spawn(move || {
-                let mut scratch = Vec::new();
-                let mut n = 0;
-                while n < part.len() {
-                    n = match from[n] {
-                        None => {
-                            let (i, k) = &part[n];
-                            let at = *i as usize * size - start;
-                            store.read_into(k, &mut mine[at..at + size])?;
-                            n + 1
-                        }
-                        Some(_) if skip_mapped => n + 1,
-                        Some(m) => check_mapped_block(mapped, part, from, n, m, &mut scratch)?,
-                    };
-                }
-                Ok::<(), StoreError>(())
-            }));
-            rest = tail;
-            base = end;
-        }
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().expect("restore thread"))
-    })
+    let mut rest = memory;
+    let mut base = 0usize;
+    // Each thread's stretch of memory and where it starts.
+    let stretch = |part: &[(u32, Kappa)]| {
+        let end = part.last().map_or(base, |(i, _)| (*i as usize + 1) * size);
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(end - base);
+        let start = base;
+        (rest, base) = (tail, end);
+        (mine, start)
+    };
+    in_parts(
+        chunks,
+        &mapped.from,
+        stretch,
+        |part, from, (mine, start)| {
+            let mut scratch = Vec::new();
+            let mut n = 0;
+            while n < part.len() {
+                n = match from[n] {
+                    None => {
+                        let (i, k) = &part[n];
+                        let at = *i as usize * size - start;
+                        store.read_into(k, &mut mine[at..at + size])?;
+                        n + 1
+                    }
+                    Some(_) if skip_mapped => n + 1,
+                    Some(m) => check_mapped_block(mapped, part, from, n, m, &mut scratch)?,
+                };
+            }
+            Ok(())
+        },
+    )
 }
 
 /// Checks the mapped chunk `part[n]` (from `m`) and those after it in the same pack, up to
@@ -906,31 +931,22 @@ impl DeferredCheck {
     /// Reads and hashes every mapped chunk, on up to four threads; the first that fails.
     pub(crate) fn run(&self) -> Result<(), StoreError> {
         for (chunks, mapped) in &self.memories {
-            let per = chunks.len().div_ceil(chunk_threads()).max(1);
-            std::thread::scope(|s| {
-                let handles: Vec<_> = chunks
-                    .chunks(per)
-                    .zip(mapped.from.chunks(per))
-                    .map(|(part, from)| {
-                        s.spawn(move || {
-                            let mut scratch = Vec::new();
-                            let mut n = 0;
-                            while n < part.len() {
-                                n = match from[n] {
-                                    None => n + 1,
-                                    Some(m) => {
-                                        check_mapped_block(mapped, part, from, n, m, &mut scratch)?
-                                    }
-                                };
-                            }
-                            Ok::<(), StoreError>(())
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .try_for_each(|h| h.join().expect("check thread"))
-            })?;
+            in_parts(
+                chunks,
+                &mapped.from,
+                |_| (),
+                |part, from, ()| {
+                    let mut scratch = Vec::new();
+                    let mut n = 0;
+                    while n < part.len() {
+                        n = match from[n] {
+                            None => n + 1,
+                            Some(m) => check_mapped_block(mapped, part, from, n, m, &mut scratch)?,
+                        };
+                    }
+                    Ok(())
+                },
+            )?;
         }
         Ok(())
     }
