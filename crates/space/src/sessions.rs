@@ -263,6 +263,9 @@ impl Sessions {
         let mut changed = false;
         if matches!(info.state, State::Starting | State::Running) {
             changed = true;
+            // What its guest wrote into its mounts since the last snapshot is discarded with
+            // its output; a resume fills fresh directories from the snapshot's trees.
+            self.remove_backing(&info.id);
             if info.snapshot.is_some() {
                 info.state = State::Suspended;
                 info.reason = Some(

@@ -703,6 +703,68 @@ fn a_space_checkpoints_periodically_so_a_killed_space_loses_little() {
     assert_finished_like(&here, &a.url, "p", &plain.stdout);
 }
 
+/// A space killed (`kill -9`) while a session writes files in a mount drops what the guest
+/// wrote after its last snapshot — files as well as output: the directory backing the mount
+/// is gone when the space starts again, and the resumed guest works in a fresh one filled
+/// from the snapshot, ending with the files and output of an uninterrupted run.
+#[test]
+fn a_killed_space_drops_the_files_written_after_the_last_snapshot() {
+    let here = client();
+    let mut a = SpaceProc::start(&[]);
+    let g = guest("wasm/files.wasm");
+    let g = g.to_str().unwrap();
+    let (local, at_local) = here.data_dir("local");
+    let plain = here.plain(&["--dir", &at_local, g, "--", "/data", "600"]);
+    assert_eq!(plain.code, 0);
+    let (_, at_input) = here.data_dir("input");
+    ok(
+        &here,
+        &a.url,
+        &[
+            "run",
+            "--session",
+            "f",
+            "--checkpoint-every",
+            "150ms",
+            "--dir",
+            &at_input,
+            g,
+            "--",
+            "/data",
+            "600",
+        ],
+    );
+    let backing = a.env.store().join("space/mounts/f");
+    let mut seen = std::collections::BTreeSet::new();
+    eventually("two checkpoints while it writes", || {
+        seen.extend(
+            a.session("f")
+                .and_then(|i| i["snapshot"].as_str().map(str::to_owned)),
+        );
+        seen.len() >= 2
+    });
+    a.stop();
+    assert!(
+        backing.join("0").is_dir(),
+        "killed mid-run, {} stays",
+        backing.display()
+    );
+    a.spawn(None);
+    assert_eq!(a.state("f").as_deref(), Some("suspended"));
+    assert!(
+        !backing.exists(),
+        "{} is left after the restart",
+        backing.display()
+    );
+    ok(&here, &a.url, &["resume", "f"]);
+    assert_finished_like(&here, &a.url, "f", &plain.stdout);
+    let out_dir = here.path("out");
+    let into = format!("{}::/data", out_dir.display());
+    let (_, err, code) = cli(&here, &a.url, &["files", "f", "--dir", &into]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(dir_contents(&out_dir), dir_contents(&local));
+}
+
 /// The files a session's guest wrote come back from the space where it ended, as they would
 /// from a local run: `files` follows the session's move, writes only into new or empty
 /// directories, and the space keeps them (not its backing directories) through garbage

@@ -382,23 +382,23 @@ fn rm_forgets_sessions_and_gc_reclaims_their_snapshots() {
     assert!(err.contains("refused while resolving"), "{err}");
 }
 
-/// `store gc --keep N` keeps the newest N snapshots of each session: older checkpoints go,
-/// and the session still resumes to an uninterrupted run's output.
 /// A command that prints ends quietly when its reader goes away (`ferry inspect … | head`),
 /// as Unix tools do: no panic about a broken pipe.
 #[test]
 fn printing_into_a_closed_pipe_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;
     let (env, k) = suspended_counter();
-    let mut child = env
+    // The reader is gone before ferry starts (closing it after the spawn raced ferry, which
+    // could write everything into the pipe's buffer and exit first).
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = env
         .ferry()
         .args(["inspect", &k])
-        .stdout(std::process::Stdio::piped())
+        .stdout(writer)
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    drop(child.stdout.take()); // the reader is gone before ferry writes
-    let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{err}");
@@ -439,6 +439,8 @@ fn verifies_and_finishes(env: &Env, first: Vec<u8>, k: &str, expected: &[u8]) {
     assert_eq!(all, expected);
 }
 
+/// `store gc --keep N` keeps the newest N snapshots of each session: older checkpoints go,
+/// and the session still resumes to an uninterrupted run's output.
 #[test]
 fn gc_keep_prunes_old_checkpoints() {
     let env = Env::new();
