@@ -425,9 +425,26 @@ impl Execution<'_> {
                             prune(store, &sess.id, n);
                         }
                     }
-                    Err(e) => eprintln!(
-                        "ferry: snapshot failed, the program keeps running (earlier snapshots are intact): {e}"
-                    ),
+                    Err(e) => {
+                        let what = match why {
+                            Request::Suspend => "suspend",
+                            _ => "snapshot",
+                        };
+                        eprintln!(
+                            "ferry: {what} failed, the program keeps running (earlier snapshots are intact): {e}"
+                        );
+                        if why == Request::Suspend {
+                            eprintln!(
+                                "ferry: ask again (Ctrl-C, `ferry suspend {}`) once the cause is \
+                                 fixed; a third Ctrl-C exits without a snapshot",
+                                sess.id
+                            );
+                        }
+                        // Told to `ferry suspend` / `ferry checkpoint`, which wait for it.
+                        sess.snapshot_error = Some(e.to_string());
+                        sess.snapshot_failures += 1;
+                        let _ = session::save(settings, &sess);
+                    }
                 }
             };
             runtime.run(
@@ -521,6 +538,7 @@ fn record(
     let epoch = current.map_or(1, |c| c.epoch + 1);
     store.cas_ref(&name, current, Some(RefValue { epoch, target: k }))?;
     s.last_snapshot = Some(k.to_string());
+    s.snapshot_error = None;
     if why == Request::Suspend {
         s.state = "suspended".into();
     }
@@ -545,7 +563,7 @@ pub fn starting() {
     *BEFORE_START.lock().unwrap_or_else(|p| p.into_inner()) = None;
 }
 
-/// SIGINT, SIGTERM and SIGHUP ask `control` for a suspend (a third one exits at once);
+/// SIGINT, SIGTERM and SIGHUP ask `control` for a suspend (a third SIGINT exits at once);
 /// SIGUSR1 for a checkpoint. Before [`starting`], any of the first three ends ferry straight
 /// away, printing `before_start` ("interrupted before …; nothing to resume").
 ///
@@ -581,7 +599,11 @@ pub fn install_signals(control: &Arc<Control>, before_start: &'static str) -> Re
                         std::process::exit(128 + sig);
                     }
                     drop(before);
-                    interrupts += 1;
+                    // Only a keyboard's: `ferry suspend` (SIGTERM) asked again after a failed
+                    // snapshot retries, it never ends the guest unsaved.
+                    if sig == libc::SIGINT {
+                        interrupts += 1;
+                    }
                     if interrupts >= 3 {
                         eprintln!("ferry: interrupted again; exiting without a snapshot");
                         std::process::exit(130);

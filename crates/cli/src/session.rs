@@ -27,6 +27,11 @@ pub struct Session {
     pub prompt: String,
     /// The stream (1 or 2) that wrote it.
     pub prompt_fd: i32,
+    /// Why the last snapshot asked for failed (a full disk), while none has succeeded since.
+    pub snapshot_error: Option<String>,
+    /// How many snapshots of this run failed: `ferry suspend` and `ferry checkpoint` watch it
+    /// to report a failure instead of waiting for a snapshot that will not come.
+    pub snapshot_failures: u64,
     /// When the record was last written (it started, took a snapshot, ended), as [`load`]
     /// found it; `None` for a record not saved yet. Not part of the record itself.
     pub updated: Option<std::time::SystemTime>,
@@ -178,6 +183,7 @@ pub fn save(settings: &Settings, s: &Session) -> Result<()> {
             "fd": m.fd, "dev": m.dev, "ino": m.ino, "end": m.end, "tail": m.tail,
         })).collect::<Vec<_>>(),
         "prompt": s.prompt, "prompt_fd": s.prompt_fd,
+        "snapshot_error": s.snapshot_error, "snapshot_failures": s.snapshot_failures,
     });
     let p = path(settings, &s.id);
     // Each writer its own temporary file: `ferry ps` may read while a session writes.
@@ -228,6 +234,8 @@ pub fn load(settings: &Settings, id: &str) -> Result<Session> {
         prompt_fd: v["prompt_fd"]
             .as_i64()
             .map_or(1, |fd| if fd == 2 { 2 } else { 1 }),
+        snapshot_error: v["snapshot_error"].as_str().map(str::to_owned),
+        snapshot_failures: v["snapshot_failures"].as_u64().unwrap_or(0),
         updated: std::fs::metadata(&p).and_then(|m| m.modified()).ok(),
     })
 }

@@ -41,6 +41,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                     "state": s.shown_state(holder.is_some()),
                     "pid": holder.filter(|&p| p != 0), "memory": s.memory,
                     "last_snapshot": s.last_snapshot, "updated": updated,
+                    "snapshot_error": s.snapshot_error,
                 })
             })
             .collect();
@@ -73,6 +74,16 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             "{:<10} {:<20} {:<12} {:>10}  {:<9} {}",
             s.id, s.program, state, mem, age, snap
         );
+    }
+    for s in &sessions {
+        if let Some(e) = &s.snapshot_error
+            && session::holder(settings, &s.id).is_some()
+        {
+            eprintln!(
+                "ferry: {}: its last snapshot failed, it keeps running: {e}",
+                s.id
+            );
+        }
     }
     if hidden > 0 {
         eprintln!(

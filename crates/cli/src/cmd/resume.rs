@@ -323,6 +323,8 @@ fn admit_and_run(
         outputs: replays.marks(),
         prompt,
         prompt_fd,
+        snapshot_error: None,
+        snapshot_failures: 0,
         updated: None,
     };
     let meta = SnapshotMeta {

@@ -283,6 +283,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         outputs: Vec::new(),
         prompt: String::new(),
         prompt_fd: 1,
+        snapshot_error: None,
+        snapshot_failures: 0,
         updated: None,
     };
     Execution {

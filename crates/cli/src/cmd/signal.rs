@@ -41,6 +41,7 @@ pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
         ),
     };
     let before = s.last_snapshot.clone();
+    let failures = s.snapshot_failures;
     let sig = if kind == Kind::Checkpoint {
         libc::SIGUSR1
     } else {
@@ -70,6 +71,19 @@ pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
             let k = now.last_snapshot.unwrap_or_default();
             println!("{k}");
             return Ok(ExitCode::SUCCESS);
+        }
+        if now.snapshot_failures > failures && !new_snapshot {
+            bail!(
+                "session `{}` could not write its snapshot and keeps running: {}{}",
+                now.id,
+                now.snapshot_error
+                    .as_deref()
+                    .unwrap_or("no reason recorded"),
+                match &now.last_snapshot {
+                    Some(k) => format!(" (its last snapshot stays {k})"),
+                    None => String::new(),
+                }
+            );
         }
         if gone || now.exited() {
             bail!(

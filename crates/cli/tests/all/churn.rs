@@ -717,6 +717,55 @@ fn disk_full_during_snapshots_keeps_the_guest_running() {
     assert_eq!(code, 0, "{o}{e}");
 }
 
+/// A suspend that cannot be written (the disk is full) is reported at once to whoever asked
+/// for it — `ferry suspend` fails saying why instead of waiting for a snapshot that will not
+/// come, `ferry ps` says so — and the guest keeps running: asked again and again, it is not
+/// ended unsaved, and it finishes as an uninterrupted run.
+#[test]
+fn a_suspend_that_cannot_be_written_is_reported_and_the_guest_keeps_running() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "400"];
+    let plain = env.plain(&args);
+    // The module objects are already stored by the plain run; nothing new can be written.
+    let child = env
+        .ferry()
+        .env("FERRY_FAULT_STORE_FULL_AFTER", "0")
+        .args(["run", "--session", "full"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !env.output(&["ps", "--json"]).0.contains("\"running\"") {
+        assert!(std::time::Instant::now() < deadline, "it never ran");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    for _ in 0..3 {
+        let (_, err, code) = env.output(&["suspend", "full"]);
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains("session `full` could not write its snapshot and keeps running")
+                && err.contains("No space left on device"),
+            "{err}"
+        );
+    }
+    let (_, err, _) = env.output(&["ps"]);
+    assert!(
+        err.contains("full: its last snapshot failed, it keeps running"),
+        "{err}"
+    );
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("ferry: suspend failed, the program keeps running"),
+        "{err}"
+    );
+    assert_eq!(out.stdout, plain.stdout);
+}
+
 #[test]
 fn stdin_from_a_file_is_read_once_across_resumes() {
     let dir = tempfile::tempdir().unwrap();
