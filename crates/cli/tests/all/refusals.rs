@@ -234,7 +234,7 @@ fn a_file_too_large_to_carry_is_reported_at_start() {
         "{err}"
     );
     assert!(
-        err.contains("snapshot failed, the program keeps running")
+        err.contains("suspend failed, the program keeps running")
             && err.contains("pass its directory through with --bind instead of --dir"),
         "{err}"
     );
