@@ -91,6 +91,18 @@ pub struct SessionInfo {
     /// Why the space could not keep them (its backing directories are then left in place).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_files_error: Option<String>,
+    /// Why the last snapshot asked for failed (a full disk, a file too large to carry), until
+    /// one succeeds; the guest kept running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_error: Option<String>,
+    /// How many snapshots of this session failed here: a `suspend` or `checkpoint` waiting
+    /// for its snapshot watches it, and answers with the failure instead of waiting on.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub snapshot_failures: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl SessionInfo {
@@ -113,6 +125,8 @@ impl SessionInfo {
             migration: None,
             final_files: None,
             final_files_error: None,
+            snapshot_error: None,
+            snapshot_failures: 0,
         }
     }
 }

@@ -751,7 +751,13 @@ impl Sessions {
                             }
                         }
                     }
-                    Err(e) => warn!(session = %l.info().id, error = %e, "snapshot failed; the guest keeps running"),
+                    Err(e) => {
+                        warn!(session = %l.info().id, error = %e, "snapshot failed; the guest keeps running");
+                        me.update(&l, |i| {
+                            i.snapshot_error = Some(e.to_string());
+                            i.snapshot_failures += 1;
+                        });
+                    }
                 };
                 let outcome = ready.runtime.run(
                     &ready.prepared,
@@ -779,7 +785,10 @@ impl Sessions {
 
     /// A snapshot was written: the record and the session's ref point at it.
     fn snapshotted(&self, live: &Live, k: Kappa) {
-        let info = self.update(live, |i| i.snapshot = Some(k.to_string()));
+        let info = self.update(live, |i| {
+            i.snapshot = Some(k.to_string());
+            i.snapshot_error = None;
+        });
         let name = format!("session/{}", info.id);
         let next = RefValue {
             epoch: info.epoch,
@@ -1085,14 +1094,24 @@ impl Sessions {
             live.kill.store(true, Ordering::SeqCst);
         }
         let before = info.snapshot.clone();
+        let failures = info.snapshot_failures;
         control.request(r);
+        let waiting = |i: &SessionInfo| match r {
+            Request::Suspend => i.state.is_live(),
+            _ => i.snapshot == before && i.state.is_live(),
+        };
         let after = live.wait_while(STOP_TIMEOUT, |i| {
-            if r == Request::Suspend {
-                i.state.is_live()
-            } else {
-                i.snapshot == before && i.state.is_live()
-            }
+            waiting(i) && i.snapshot_failures == failures
         });
+        if waiting(&after) && after.snapshot_failures != failures {
+            return Err(ApiError::internal(format!(
+                "session `{id}` could not write its snapshot and keeps running: {}",
+                after
+                    .snapshot_error
+                    .as_deref()
+                    .unwrap_or("no reason recorded")
+            )));
+        }
         if r == Request::Suspend && after.state.is_live() {
             return Err(ApiError::unavailable(format!(
                 "session `{id}` did not reach a safe point within {} s",

@@ -765,6 +765,85 @@ fn a_killed_space_drops_the_files_written_after_the_last_snapshot() {
     assert_eq!(dir_contents(&out_dir), dir_contents(&local));
 }
 
+/// A guest that makes `/data/huge.bin` one byte larger than a snapshot can carry (sparse),
+/// says `grown`, then computes until it is stopped.
+const GROWS_A_HUGE_FILE: &str = r#"(module
+  (import "wasi_snapshot_preview1" "path_open"
+    (func $path_open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_filestat_set_size" (func $set_size (param i32 i64) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "huge.bin")
+  (data (i32.const 32) "grown\n")
+  (func (export "_start") (local $i i32)
+    (if (call $path_open (i32.const 3) (i32.const 0) (i32.const 16) (i32.const 8) (i32.const 1)
+          (i64.const -1) (i64.const -1) (i32.const 0) (i32.const 8))
+      (then (call $exit (i32.const 2))))
+    (if (call $set_size (i32.load (i32.const 8)) (i64.const 1073741825))
+      (then (call $exit (i32.const 3))))
+    (i32.store (i32.const 0) (i32.const 32))
+    (i32.store (i32.const 4) (i32.const 6))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 12)))
+    (loop $l (local.set $i (i32.add (local.get $i) (i32.const 1))) (br $l))))"#;
+
+/// A snapshot a space cannot write is reported at once to whoever asked for it — `checkpoint`
+/// and `suspend` fail with the reason instead of waiting (or answering with the previous
+/// snapshot), the session says why — and the guest keeps running: once the cause is gone,
+/// asking again suspends it.
+#[test]
+fn a_snapshot_a_space_cannot_write_is_reported_and_the_guest_keeps_running() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let g = here.path("grows.wat");
+    std::fs::write(&g, GROWS_A_HUGE_FILE).unwrap();
+    let (_, at_input) = here.data_dir("input");
+    ok(
+        &here,
+        &a.url,
+        &[
+            "run",
+            "--session",
+            "h",
+            "--dir",
+            &at_input,
+            g.to_str().unwrap(),
+        ],
+    );
+    let huge = a.env.store().join("space/mounts/h/0/huge.bin");
+    eventually("the guest grew its file", || {
+        std::fs::metadata(&huge).is_ok_and(|m| m.len() == 1 << 30 | 1)
+    });
+    for verb in ["checkpoint", "suspend"] {
+        let err = refused(&here, &a.url, &[verb, "h"]);
+        assert!(
+            err.contains("session `h` could not write its snapshot and keeps running")
+                && err.contains("a 1073741825-byte file"),
+            "{verb}: {err}"
+        );
+    }
+    let info = a.session("h").unwrap();
+    assert_eq!(info["state"], "running", "{info}");
+    assert_eq!(info["snapshot_failures"], 2, "{info}");
+    assert!(
+        info["snapshot_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("huge.bin")),
+        "{info}"
+    );
+    // The cause gone, the same request succeeds.
+    std::fs::File::options()
+        .write(true)
+        .open(&huge)
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    ok(&here, &a.url, &["suspend", "h"]);
+    let info = a.session("h").unwrap();
+    assert_eq!(info["state"], "suspended", "{info}");
+    assert!(info.get("snapshot_error").is_none(), "{info}");
+}
+
 /// The files a session's guest wrote come back from the space where it ended, as they would
 /// from a local run: `files` follows the session's move, writes only into new or empty
 /// directories, and the space keeps them (not its backing directories) through garbage
