@@ -407,9 +407,15 @@ impl Execution<'_> {
         let keep = self.keep;
         let open_line = self.open_line.clone();
         let outcome = on_guest_thread(move || {
+            // The last failure said, when, and how many checkpoints failed the same way since:
+            // with `--checkpoint-every 1s` and a full disk, one line a minute, not one a second.
+            let mut failing: Option<(String, std::time::Instant, u64)> = None;
             let mut on_snapshot = |r: Result<Kappa, ferry_engine::EngineError>, why: Request| {
                 match r {
                     Ok(k) => {
+                        if failing.take().is_some() {
+                            eprintln!("ferry: snapshots are written again ({k})");
+                        }
                         // Said before the output files' ends are noted: with stderr in the
                         // same file as stdout, the note then follows this line. Not on a
                         // terminal: there it would cut into the guest's screen (a prompt and
@@ -430,9 +436,31 @@ impl Execution<'_> {
                             Request::Suspend => "suspend",
                             _ => "snapshot",
                         };
-                        eprintln!(
-                            "ferry: {what} failed, the program keeps running (earlier snapshots are intact): {e}"
-                        );
+                        let msg = e.to_string();
+                        // The same failure, but for numbers (temporary files, sizes).
+                        let kind: String = msg.chars().filter(|c| !c.is_ascii_digit()).collect();
+                        match failing.take() {
+                            Some((m, at, n))
+                                if why == Request::Checkpoint
+                                    && m == kind
+                                    && at.elapsed() < Duration::from_secs(60) =>
+                            {
+                                failing = Some((m, at, n + 1));
+                            }
+                            said => {
+                                let more = match said {
+                                    Some((m, _, n)) if m == kind && n > 0 => {
+                                        format!(" ({n} more like it since it was last shown)")
+                                    }
+                                    _ => String::new(),
+                                };
+                                eprintln!(
+                                    "ferry: {what} failed, the program keeps running (earlier \
+                                     snapshots are intact): {msg}{more}"
+                                );
+                                failing = Some((kind, std::time::Instant::now(), 0));
+                            }
+                        }
                         if why == Request::Suspend {
                             eprintln!(
                                 "ferry: ask again (Ctrl-C, `ferry suspend {}`) once the cause is \
