@@ -165,7 +165,16 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
         "{:<10} {:<20} {:<10} {:<7} {:>5}  LAST SNAPSHOT / WHERE",
         "SESSION", "PROGRAM", "STATE", "ENGINE", "EPOCH"
     );
+    let mut failing = Vec::new();
     for s in sessions {
+        if s.state == State::Running
+            && let Some(e) = &s.snapshot_error
+        {
+            failing.push(format!(
+                "ferry: {}: its last snapshot failed, it keeps running: {e}",
+                s.id
+            ));
+        }
         let state = match (s.state, s.exit_code) {
             (State::Exited, Some(c)) => format!("exited({c})"),
             (st, _) if s.migrating_to.is_some() => format!("{}*", st.name()),
@@ -183,6 +192,9 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
             "{:<10} {:<20} {:<10} {:<7} {:>5}  {}",
             s.id, program, state, s.engine, s.epoch, whereabouts
         );
+    }
+    for line in failing {
+        eprintln!("{line}");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -822,6 +822,12 @@ fn a_snapshot_a_space_cannot_write_is_reported_and_the_guest_keeps_running() {
             "{verb}: {err}"
         );
     }
+    let (_, err, code) = cli(&here, &a.url, &["ps"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("h: its last snapshot failed, it keeps running"),
+        "{err}"
+    );
     let info = a.session("h").unwrap();
     assert_eq!(info["state"], "running", "{info}");
     assert_eq!(info["snapshot_failures"], 2, "{info}");
