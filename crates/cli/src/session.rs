@@ -188,9 +188,12 @@ pub fn save(settings: &Settings, s: &Session) -> Result<()> {
     let p = path(settings, &s.id);
     // Each writer its own temporary file: `ferry ps` may read while a session writes.
     let tmp = p.with_extension(format!("{}.tmp", std::process::id()));
-    std::fs::write(&tmp, serde_json::to_vec_pretty(&v)?)?;
-    std::fs::rename(&tmp, &p)?;
-    Ok(())
+    let written = std::fs::write(&tmp, serde_json::to_vec_pretty(&v)?)
+        .and_then(|()| std::fs::rename(&tmp, &p));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.with_context(|| format!("writing the session record {}", p.display()))
 }
 
 pub fn load(settings: &Settings, id: &str) -> Result<Session> {
