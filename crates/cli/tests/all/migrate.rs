@@ -703,6 +703,21 @@ fn a_space_checkpoints_periodically_so_a_killed_space_loses_little() {
     assert_finished_like(&here, &a.url, "p", &plain.stdout);
 }
 
+/// The `files` guest (writing `rounds` rounds into `/data`) run here into a fresh `local`
+/// directory, for what a space run must end with: (the guest's path, that directory, the
+/// run, a mount of an empty `input` directory at `/data` for the space run).
+fn files_guest(
+    here: &Env,
+    rounds: &str,
+) -> (String, std::path::PathBuf, crate::harness::Seen, String) {
+    let g = guest("wasm/files.wasm").to_str().unwrap().to_owned();
+    let (local, at_local) = here.data_dir("local");
+    let plain = here.plain(&["--dir", &at_local, &g, "--", "/data", rounds]);
+    assert_eq!(plain.code, 0);
+    let (_, at_input) = here.data_dir("input");
+    (g, local, plain, at_input)
+}
+
 /// A space killed (`kill -9`) while a session writes files in a mount drops what the guest
 /// wrote after its last snapshot — files as well as output: the directory backing the mount
 /// is gone when the space starts again, and the resumed guest works in a fresh one filled
@@ -711,12 +726,8 @@ fn a_space_checkpoints_periodically_so_a_killed_space_loses_little() {
 fn a_killed_space_drops_the_files_written_after_the_last_snapshot() {
     let here = client();
     let mut a = SpaceProc::start(&[]);
-    let g = guest("wasm/files.wasm");
-    let g = g.to_str().unwrap();
-    let (local, at_local) = here.data_dir("local");
-    let plain = here.plain(&["--dir", &at_local, g, "--", "/data", "600"]);
-    assert_eq!(plain.code, 0);
-    let (_, at_input) = here.data_dir("input");
+    let (g, local, plain, at_input) = files_guest(&here, "600");
+    let g = g.as_str();
     ok(
         &here,
         &a.url,
@@ -859,12 +870,8 @@ fn a_sessions_files_come_back_from_the_space_where_it_ended() {
     let here = client();
     let a = SpaceProc::start(&[]);
     let b = SpaceProc::start(&["--gc-grace", "1s"]);
-    let g = guest("wasm/files.wasm");
-    let g = g.to_str().unwrap();
-    let (local, at_local) = here.data_dir("local");
-    let plain = here.plain(&["--dir", &at_local, g, "--", "/data", "400"]);
-    assert_eq!(plain.code, 0);
-    let (_, at_input) = here.data_dir("input");
+    let (g, local, plain, at_input) = files_guest(&here, "400");
+    let g = g.as_str();
     ok(
         &here,
         &a.url,
