@@ -469,7 +469,7 @@ impl Execution<'_> {
                             );
                         }
                         // Told to `ferry suspend` / `ferry checkpoint`, which wait for it.
-                        sess.snapshot_error = Some(e.to_string());
+                        sess.snapshot_error = Some(msg);
                         sess.snapshot_failures += 1;
                         let _ = session::save(settings, &sess);
                     }

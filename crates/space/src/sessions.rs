@@ -1104,6 +1104,10 @@ impl Sessions {
             waiting(i) && i.snapshot_failures == failures
         });
         if waiting(&after) && after.snapshot_failures != failures {
+            if kill {
+                // Not killed: a later suspend must not be taken for this kill.
+                live.kill.store(false, Ordering::SeqCst);
+            }
             return Err(ApiError::internal(format!(
                 "session `{id}` could not write its snapshot and keeps running: {}",
                 after
