@@ -57,6 +57,8 @@ pub struct Control {
     checked: Condvar,
     /// Whether a restoring run may start the guest before its checks end.
     run_while_checking: AtomicBool,
+    /// Whether a suspend whose snapshot cannot be written ends the run anyway (a kill).
+    end_without_snapshot: AtomicBool,
 }
 
 /// Checks in flight and the first that failed.
@@ -117,6 +119,18 @@ struct Timing {
 impl Control {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Whether the next suspends end the run even when their snapshot cannot be written:
+    /// the run then ends with [`EngineError::Unsaved`](crate::EngineError::Unsaved) once the
+    /// guest has unwound (a kill — the guest must stop, saved or not). Off by default: a
+    /// failed snapshot leaves the guest running.
+    pub fn end_without_snapshot(&self, on: bool) {
+        self.end_without_snapshot.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn ends_without_snapshot(&self) -> bool {
+        self.end_without_snapshot.load(Ordering::SeqCst)
     }
 
     /// Makes the next restoring run call `gate` once the guest's state is restored and

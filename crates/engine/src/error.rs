@@ -39,6 +39,11 @@ pub enum EngineError {
     Capture(String, String),
     #[error("{0}")]
     Io(String),
+    /// Stopped at a safe point without a snapshot, as asked
+    /// ([`Control::end_without_snapshot`](crate::Control::end_without_snapshot)): this one
+    /// could not be written.
+    #[error("stopped without a snapshot ({0})")]
+    Unsaved(String),
 }
 
 impl EngineError {

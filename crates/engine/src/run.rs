@@ -284,7 +284,15 @@ impl Runtime {
                     control.wait_checked()?;
                     let written = snapshot::write(inst, store, &meta, prepared, name, &mut dirty);
                     let ok = written.as_ref().ok().copied();
+                    let failed = written.as_ref().err().map(ToString::to_string);
                     on_snapshot(written, reason);
+                    if let Some(e) = failed
+                        && reason == Request::Suspend
+                        && control.ends_without_snapshot()
+                    {
+                        inst.host().wasi.flush();
+                        return Err(EngineError::Unsaved(e));
+                    }
                     if let Some(k) = ok {
                         meta.parent = Some(k);
                         meta.generation += 1;

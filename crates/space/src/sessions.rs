@@ -840,7 +840,10 @@ impl Sessions {
                 i.snapshot = Some(k.to_string());
             }
             Err(e) => {
-                i.state = State::Failed;
+                i.state = match e {
+                    EngineError::Unsaved(_) if killed => State::Killed,
+                    _ => State::Failed,
+                };
                 i.reason = Some(e.to_string());
                 set_final_files(i, files);
             }
@@ -1092,6 +1095,8 @@ impl Sessions {
             .ok_or_else(|| ApiError::conflict(format!("session `{id}` is not running")))?;
         if kill {
             live.kill.store(true, Ordering::SeqCst);
+            // A kill stops the guest even when its snapshot cannot be written.
+            control.end_without_snapshot(true);
         }
         let before = info.snapshot.clone();
         let failures = info.snapshot_failures;
@@ -1101,13 +1106,9 @@ impl Sessions {
             _ => i.snapshot == before && i.state.is_live(),
         };
         let after = live.wait_while(STOP_TIMEOUT, |i| {
-            waiting(i) && i.snapshot_failures == failures
+            waiting(i) && (kill || i.snapshot_failures == failures)
         });
-        if waiting(&after) && after.snapshot_failures != failures {
-            if kill {
-                // Not killed: a later suspend must not be taken for this kill.
-                live.kill.store(false, Ordering::SeqCst);
-            }
+        if !kill && waiting(&after) && after.snapshot_failures != failures {
             return Err(ApiError::internal(format!(
                 "session `{id}` could not write its snapshot and keeps running: {}",
                 after
