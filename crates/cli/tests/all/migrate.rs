@@ -808,23 +808,25 @@ fn a_snapshot_a_space_cannot_write_is_reported_and_the_guest_keeps_running() {
     let a = SpaceProc::start(&[]);
     let g = here.path("grows.wat");
     std::fs::write(&g, GROWS_A_HUGE_FILE).unwrap();
-    let (_, at_input) = here.data_dir("input");
-    ok(
-        &here,
-        &a.url,
-        &[
+    // Session `id` runs the guest until its file has grown; the file, on the space.
+    let start = |id: &str| {
+        let (_, at_input) = here.data_dir(&format!("input-{id}"));
+        let args = [
             "run",
             "--session",
-            "h",
+            id,
             "--dir",
             &at_input,
             g.to_str().unwrap(),
-        ],
-    );
-    let huge = a.env.store().join("space/mounts/h/0/huge.bin");
-    eventually("the guest grew its file", || {
-        std::fs::metadata(&huge).is_ok_and(|m| m.len() == 1 << 30 | 1)
-    });
+        ];
+        ok(&here, &a.url, &args);
+        let huge = a.env.store().join(format!("space/mounts/{id}/0/huge.bin"));
+        eventually("the guest grew its file", || {
+            std::fs::metadata(&huge).is_ok_and(|m| m.len() == 1 << 30 | 1)
+        });
+        huge
+    };
+    let huge = start("h");
     for verb in ["checkpoint", "suspend"] {
         let err = refused(&here, &a.url, &[verb, "h"]);
         assert!(
@@ -861,23 +863,7 @@ fn a_snapshot_a_space_cannot_write_is_reported_and_the_guest_keeps_running() {
     assert!(info.get("snapshot_error").is_none(), "{info}");
 
     // A kill ends the guest even when no snapshot can be written.
-    let (_, at_input) = here.data_dir("input-k");
-    ok(
-        &here,
-        &a.url,
-        &[
-            "run",
-            "--session",
-            "k",
-            "--dir",
-            &at_input,
-            g.to_str().unwrap(),
-        ],
-    );
-    let huge = a.env.store().join("space/mounts/k/0/huge.bin");
-    eventually("the second guest grew its file", || {
-        std::fs::metadata(&huge).is_ok_and(|m| m.len() == 1 << 30 | 1)
-    });
+    start("k");
     ok(&here, &a.url, &["kill", "k"]);
     let info = a.session("k").unwrap();
     assert_eq!(info["state"], "killed", "{info}");
