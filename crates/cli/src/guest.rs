@@ -407,13 +407,11 @@ impl Execution<'_> {
         let keep = self.keep;
         let open_line = self.open_line.clone();
         let outcome = on_guest_thread(move || {
-            // The last failure said, when, and how many checkpoints failed the same way since:
-            // with `--checkpoint-every 1s` and a full disk, one line a minute, not one a second.
-            let mut failing: Option<(String, std::time::Instant, u64)> = None;
+            let mut failures = Failures::default();
             let mut on_snapshot = |r: Result<Kappa, ferry_engine::EngineError>, why: Request| {
                 match r {
                     Ok(k) => {
-                        if failing.take().is_some() {
+                        if failures.ended() {
                             eprintln!("ferry: snapshots are written again ({k})");
                         }
                         // Said before the output files' ends are noted: with stderr in the
@@ -437,29 +435,11 @@ impl Execution<'_> {
                             _ => "snapshot",
                         };
                         let msg = e.to_string();
-                        // The same failure, but for numbers (temporary files, sizes).
-                        let kind: String = msg.chars().filter(|c| !c.is_ascii_digit()).collect();
-                        match failing.take() {
-                            Some((m, at, n))
-                                if why == Request::Checkpoint
-                                    && m == kind
-                                    && at.elapsed() < Duration::from_secs(60) =>
-                            {
-                                failing = Some((m, at, n + 1));
-                            }
-                            said => {
-                                let more = match said {
-                                    Some((m, _, n)) if m == kind && n > 0 => {
-                                        format!(" ({n} more like it since it was last shown)")
-                                    }
-                                    _ => String::new(),
-                                };
-                                eprintln!(
-                                    "ferry: {what} failed, the program keeps running (earlier \
-                                     snapshots are intact): {msg}{more}"
-                                );
-                                failing = Some((kind, std::time::Instant::now(), 0));
-                            }
+                        if let Some(more) = failures.note(&msg, why == Request::Checkpoint) {
+                            eprintln!(
+                                "ferry: {what} failed, the program keeps running (earlier \
+                                 snapshots are intact): {msg}{more}"
+                            );
                         }
                         if why == Request::Suspend {
                             eprintln!(
@@ -574,6 +554,46 @@ fn record(
         s.memory = crate::cmd::inspect::memory_len(store, &snap)?;
     }
     session::save(settings, s)
+}
+
+/// The snapshot failures a run has reported, so that a checkpoint failing the same way again
+/// and again (a full disk under `--checkpoint-every 1s`) is said once a minute, not each time.
+#[derive(Default)]
+struct Failures {
+    /// The last failure said (its digits left out: temporary files, sizes vary), when, and
+    /// how many like it were not said since.
+    last: Option<(String, std::time::Instant, u64)>,
+}
+
+impl Failures {
+    /// A snapshot failed with `msg`: `None` when it need not be said (`repeatable`, as a
+    /// checkpoint is, and like the last one said within a minute), else what to add to it.
+    fn note(&mut self, msg: &str, repeatable: bool) -> Option<String> {
+        let kind: String = msg.chars().filter(|c| !c.is_ascii_digit()).collect();
+        match self.last.take() {
+            Some((m, at, n))
+                if repeatable && m == kind && at.elapsed() < Duration::from_secs(60) =>
+            {
+                self.last = Some((m, at, n + 1));
+                None
+            }
+            said => {
+                let more = match said {
+                    Some((m, _, n)) if m == kind && n > 0 => {
+                        format!(" ({n} more like it since it was last shown)")
+                    }
+                    _ => String::new(),
+                };
+                self.last = Some((kind, std::time::Instant::now(), 0));
+                Some(more)
+            }
+        }
+    }
+
+    /// A snapshot was written: whether failures were said since the last one.
+    fn ended(&mut self) -> bool {
+        self.last.take().is_some()
+    }
 }
 
 /// The signals that control a guest: SIGINT, SIGTERM and SIGHUP ask for a suspend, SIGUSR1

@@ -53,9 +53,14 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         "SESSION", "PROGRAM", "STATE", "MEMORY", "UPDATED"
     );
     let mut lost = false;
+    let mut failing = Vec::new();
     for s in &sessions {
-        let state = s.shown_state(session::holder(settings, &s.id).is_some());
+        let running = session::holder(settings, &s.id).is_some();
+        let state = s.shown_state(running);
         lost |= state == "lost";
+        if running && let Some(e) = &s.snapshot_error {
+            failing.push(snapshot_failed(&s.id, e));
+        }
         let snap = s
             .last_snapshot
             .as_deref()
@@ -75,15 +80,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             s.id, s.program, state, mem, age, snap
         );
     }
-    for s in &sessions {
-        if let Some(e) = &s.snapshot_error
-            && session::holder(settings, &s.id).is_some()
-        {
-            eprintln!(
-                "ferry: {}: its last snapshot failed, it keeps running: {e}",
-                s.id
-            );
-        }
+    for line in failing {
+        eprintln!("{line}");
     }
     if hidden > 0 {
         eprintln!(
@@ -99,6 +97,11 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `ps` (local or a space's) says of a running session whose last snapshot failed.
+pub fn snapshot_failed(id: &str, error: &str) -> String {
+    format!("ferry: {id}: its last snapshot failed, it keeps running: {error}")
 }
 
 /// `d` as a short age: `12s ago`, `5m ago`, `3h ago`, `4d ago`.

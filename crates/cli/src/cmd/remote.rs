@@ -170,10 +170,7 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
         if s.state == State::Running
             && let Some(e) = &s.snapshot_error
         {
-            failing.push(format!(
-                "ferry: {}: its last snapshot failed, it keeps running: {e}",
-                s.id
-            ));
+            failing.push(crate::cmd::ps::snapshot_failed(&s.id, e));
         }
         let state = match (s.state, s.exit_code) {
             (State::Exited, Some(c)) => format!("exited({c})"),
