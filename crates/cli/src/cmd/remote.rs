@@ -228,17 +228,22 @@ pub fn logs(settings: &Settings, a: LogsArgs) -> Result<ExitCode> {
         if !chunk.records.is_empty() {
             continue;
         }
-        if !a.follow {
-            return Ok(ExitCode::SUCCESS);
-        }
         match (chunk.state, chunk.moved_to) {
+            // The log travels with the session: where it went holds the same records and
+            // the ones written since, so reading on from `from` there gives the rest.
             (State::Moved, Some(to)) => {
                 eprintln!(
-                    "ferry: session {} moved to {to}; following it there",
-                    a.session
+                    "ferry: session {} moved to {to}; {} there",
+                    a.session,
+                    if a.follow {
+                        "following it"
+                    } else {
+                        "the rest of its output is read from"
+                    }
                 );
                 c = c.elsewhere(&to);
             }
+            _ if !a.follow => return Ok(ExitCode::SUCCESS),
             (st, _) if st.is_live() || chunk.migrating_to.is_some() => {}
             (st, _) => {
                 eprintln!("ferry: session {} is {}", a.session, st.name());
@@ -449,6 +454,20 @@ fn mib(b: u64) -> f64 {
 }
 
 /// `ferry --space URL migrate SESSION --to URL`.
+/// Prints the pre-copy rounds after the first `shown` on stderr; returns how many are shown.
+fn show_rounds(rounds: &[ferry_space::api::Round], shown: usize) -> usize {
+    for (i, r) in rounds.iter().enumerate().skip(shown) {
+        eprintln!(
+            "ferry: pre-copy round {}: {} objects, {:.1} MiB, {} ms",
+            i + 1,
+            r.objects,
+            mib(r.bytes),
+            r.ms
+        );
+    }
+    shown.max(rounds.len())
+}
+
 pub fn migrate(settings: &Settings, a: MigrateArgs) -> Result<ExitCode> {
     let c = client(settings)?;
     let mut req = MigrateRequest::to(&a.to);
@@ -463,27 +482,22 @@ pub fn migrate(settings: &Settings, a: MigrateArgs) -> Result<ExitCode> {
                 if let Ok(s) = c.session(&id)
                     && let Some(m) = s.migration
                 {
-                    for (i, r) in m.rounds.iter().enumerate().skip(shown) {
-                        eprintln!(
-                            "ferry: pre-copy round {}: {} objects, {:.1} MiB, {} ms",
-                            i + 1,
-                            r.objects,
-                            mib(r.bytes),
-                            r.ms
-                        );
-                    }
-                    shown = shown.max(m.rounds.len());
+                    shown = show_rounds(&m.rounds, shown);
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
+            shown
         })
     });
     let r = c.migrate(&a.session, &req);
     done.store(true, std::sync::atomic::Ordering::SeqCst);
-    if let Some(w) = watcher {
-        let _ = w.join();
-    }
+    let shown = watcher.map_or(0, |w| w.join().unwrap_or(0));
     let report = r.map_err(api)?;
+    if a.progress {
+        // Rounds that ended between two looks of the watcher (a short move ends before its
+        // first look) are shown from the report.
+        show_rounds(&report.rounds, shown);
+    }
     eprintln!(
         "ferry: session {} moved to {}: {} pre-copy round(s) ({:.1} MiB), final delta {} objects ({:.1} MiB), \
          {:.1} MiB sent for {:.1} MiB of memory; paused {} ms, {} ms in all",

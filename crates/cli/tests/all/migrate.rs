@@ -41,22 +41,24 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// `ferry --space URL logs ID --follow` (following moves) must equal `expected`, and `wait`
-/// must report exit code 0.
+/// `ferry --space URL logs ID`, with and without `--follow` (both follow moves), must equal
+/// `expected`, and `wait` must report exit code 0.
 fn assert_finished_like(here: &Env, first: &str, id: &str, expected: &[u8]) {
     let (_, err, code) = cli(here, first, &["wait", id]);
     assert_eq!(code, 0, "wait: {err}");
-    let out = here
-        .ferry()
-        .args(["--space", first, "logs", id, "--follow"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(expected),
-        "combined output differs from an uninterrupted run"
-    );
+    for follow in [true, false] {
+        let mut args = vec!["--space", first, "logs", id];
+        if follow {
+            args.push("--follow");
+        }
+        let out = here.ferry().args(&args).output().unwrap();
+        assert!(out.status.success());
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(expected),
+            "combined output (logs, follow: {follow}) differs from an uninterrupted run"
+        );
+    }
 }
 
 #[test]
@@ -112,6 +114,16 @@ fn a_c_guest_moves_between_three_spaces_while_it_prints_and_its_output_is_unchan
         let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
         assert_eq!(report["outcome"], "committed");
         assert!(err.contains("moved to"), "{err}");
+        // --progress shows every pre-copy round, also those that ended before it looked.
+        let rounds = report["rounds"].as_array().unwrap().len();
+        assert!(rounds >= 1, "{report}");
+        for r in 1..=rounds {
+            assert_eq!(
+                err.matches(&format!("ferry: pre-copy round {r}: ")).count(),
+                1,
+                "{err}"
+            );
+        }
         moves += 1;
         // The source is fenced: it cannot resume the session.
         let (_, err, code) = cli(&here, &from.url, &["resume", "mover"]);
