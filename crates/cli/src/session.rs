@@ -81,6 +81,17 @@ pub fn named_snapshot(
     }
 }
 
+/// What `resume` and `inspect` say when `what` named no session (see [`named_snapshot`]) and
+/// the store could not resolve it as a κ either (`e`): a word that could be a session id is
+/// named as one too, so a mistyped session is not reported as a bad κ alone.
+pub fn unresolved(what: &str, e: ferry_store::StoreError) -> String {
+    if what.starts_with("blake3:") || checked_id(what).is_err() {
+        e.to_string()
+    } else {
+        format!("no session `{what}` (`ferry ps --all` lists them), and {e}")
+    }
+}
+
 /// Version of the session record (`sessions/<id>.json`).
 const FORMAT_VERSION: u32 = 1;
 

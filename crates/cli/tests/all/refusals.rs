@@ -115,6 +115,19 @@ fn unknown_snapshot_is_refused_while_resolving() {
         err.contains("refused while resolving") && err.contains("missing"),
         "{err}"
     );
+    // A word that could be a session id is named as one: a mistyped session is not just a
+    // bad κ.
+    for (what, then) in [
+        ("nosuch", "`nosuch` is not a κ or a κ prefix"),
+        ("abcd1234", "no object in the store starts with `abcd1234`"),
+    ] {
+        for verb in ["resume", "inspect"] {
+            let (_, err, code) = env.output(&[verb, what]);
+            assert_eq!(code, 1, "{err}");
+            let said = format!("no session `{what}` (`ferry ps --all` lists them), and {then}");
+            assert!(err.contains(&said), "{verb}: {err}");
+        }
+    }
 }
 
 /// Suspends a counter and returns (env, κ).
