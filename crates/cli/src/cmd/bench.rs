@@ -133,6 +133,13 @@ struct Workload {
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     anyhow::ensure!(a.pairs >= 1, "--pairs must be at least 1");
+    anyhow::ensure!(
+        a.guests.is_dir(),
+        "no directory `{}` here: `ferry bench` runs its guests from ferry's source checkout \
+         (built by scripts/setup.sh); run it from the checkout's root, or name the built guests \
+         with --guests DIR",
+        a.guests.display()
+    );
     let dir = tempfile_dir()?;
     let store = FsStore::open(dir.join("store"))?;
     let rt = Runtime::new(EngineKind::Jit, Some(settings.compiled_cache()))?;

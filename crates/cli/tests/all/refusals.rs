@@ -861,3 +861,31 @@ fn a_guest_running_while_its_chunks_are_checked_is_stopped_if_one_fails() {
     assert!(more.is_empty());
     assert_ne!(k2, k);
 }
+
+/// `ferry bench` outside the source checkout says where it must run, not just that a file is
+/// missing.
+#[test]
+fn bench_outside_the_checkout_says_where_to_run_it() {
+    let env = Env::new();
+    let out = env
+        .ferry()
+        .current_dir(env.path(""))
+        .args([
+            "bench",
+            "--only",
+            "steady",
+            "--pairs",
+            "1",
+            "--workloads",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no directory `guests/wasm` here")
+            && err.contains("run it from the checkout's root"),
+        "{err}"
+    );
+}
