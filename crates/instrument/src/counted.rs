@@ -84,70 +84,6 @@ pub(crate) struct Guard {
     /// at most one iteration unpolled per iteration of this loop, and the budget (over the
     /// whole body, inner loops included) still bounds the work between two polls.
     pub inner: u32,
-    /// The loop is only entered with `i ≠ n`: a test just before it leaves otherwise
-    /// ([`entry_distinct`]; v19). The `ne` guard then needs no lower bound.
-    pub distinct: bool,
-}
-
-/// Most instructions [`entry_distinct`] looks back over.
-const LOOK_BACK: usize = 64;
-
-/// Whether a loop whose guard is `g`, entered right after `prefix` (the function's
-/// instructions before its `loop`), is only ever entered with `i ≠ n` — for a count-down to
-/// zero (`n` the constant 0), a `local.get i; i.eqz; br_if` that leaves when `i` is zero,
-/// with nothing between it and the loop that writes `i` or that another path joins into
-/// (only straight-line code, `block` and `if` openers, other conditional branches out):
-/// wasi-libc's `memcmp` and the `while (n--)` loops C compilers rotate into
-/// `if (n) do … while (--n)`.
-pub(crate) fn entry_distinct(prefix: &[Operator<'_>], g: &Guard) -> bool {
-    if g.pred != Pred::Ne || g.limit != Operand::Const(0) {
-        return false;
-    }
-    let eqz = |o: &Operator<'_>| {
-        matches!(
-            (o, g.wide),
-            (Operator::I32Eqz, false) | (Operator::I64Eqz, true)
-        )
-    };
-    let reads_i = |o: &Operator<'_>| matches!(o, Operator::LocalGet { local_index } if *local_index == g.ivar);
-    for j in (prefix.len().saturating_sub(LOOK_BACK)..prefix.len()).rev() {
-        match &prefix[j] {
-            Operator::BrIf { .. } if j >= 2 && eqz(&prefix[j - 1]) && reads_i(&prefix[j - 2]) => {
-                return true;
-            }
-            Operator::LocalSet { local_index } | Operator::LocalTee { local_index }
-                if *local_index == g.ivar =>
-            {
-                return false;
-            }
-            // Joins (a block's or an `if`'s end, a loop header, an `else` arm) and the ends
-            // of straight-line code.
-            Operator::End
-            | Operator::Else
-            | Operator::Loop { .. }
-            | Operator::Br { .. }
-            | Operator::BrTable { .. }
-            | Operator::Return
-            | Operator::ReturnCall { .. }
-            | Operator::ReturnCallIndirect { .. }
-            | Operator::ReturnCallRef { .. }
-            | Operator::Unreachable
-            | Operator::Throw { .. }
-            | Operator::ThrowRef
-            | Operator::Rethrow { .. }
-            | Operator::Try { .. }
-            | Operator::TryTable { .. }
-            | Operator::Catch { .. }
-            | Operator::CatchAll
-            | Operator::Delegate { .. }
-            | Operator::BrOnNull { .. }
-            | Operator::BrOnNonNull { .. }
-            | Operator::BrOnCast { .. }
-            | Operator::BrOnCastFail { .. } => return false,
-            _ => {}
-        }
-    }
-    false
 }
 
 /// The guard for a loop whose body (between `loop` and its `end`, both excluded) is `body`,
@@ -381,7 +317,6 @@ impl Ctx<'_, '_> {
             pred,
             budget,
             inner: 0,
-            distinct: false,
         })
     }
 }
@@ -482,8 +417,7 @@ impl Guard {
     /// With `i0` the induction variable on entry and `a = |c|`, the `k`-th test sees
     /// `i0 + k·c` (k ≥ 1; with the test before the update, see `budget` below). For `ne` the
     /// loop ends at the `k` with `k·a = D` (`D = n − i0`, or `i0 − n` when counting down), so
-    /// `a ≤ D ≤ budget·a` and `a | D` suffice (`D ≤ budget·a` and `a | D` when the loop is
-    /// known to be entered with `D ≠ 0`: [`Guard::distinct`]). For the ordered tests, `i` moves monotonically without wrapping for `budget`
+    /// `a ≤ D ≤ budget·a` and `a | D` suffice. For the ordered tests, `i` moves monotonically without wrapping for `budget`
     /// steps when `i0` is at least `budget·a` from the end of its range, and the condition
     /// fails by then when `i0 ± budget·a` is past `n`; counting down to an unsigned limit has
     /// its own test (below).
@@ -522,15 +456,11 @@ impl Guard {
                 } else {
                     (i, &n[..])
                 };
-                if self.distinct {
-                    put(&[x, y, &[G::Sub, G::Const(ba), G::Le(false)]]);
-                } else {
-                    put(&[
-                        x,
-                        y,
-                        &[G::Sub, G::Const(a), G::Sub, G::Const(ba - a), G::Le(false)],
-                    ]);
-                }
+                put(&[
+                    x,
+                    y,
+                    &[G::Sub, G::Const(a), G::Sub, G::Const(ba - a), G::Le(false)],
+                ]);
                 if a > 1 {
                     put(&[x, y, &[G::Sub, G::Const(a - 1), G::And, G::Eqz, G::BothI32]]);
                 }
@@ -674,39 +604,22 @@ mod tests {
                 ] {
                     for &step in steps {
                         for (budget, pre) in [(5, false), (1000, false), (7, true)] {
-                            for distinct in [false, true] {
-                                if distinct && pred != Pred::Ne {
-                                    continue;
-                                }
-                                v.push(Guard {
-                                    wide,
-                                    ivar: 0,
-                                    step,
-                                    pre,
-                                    limit: Operand::Local(1),
-                                    pred,
-                                    budget,
-                                    inner: 0,
-                                    distinct,
-                                });
-                            }
+                            v.push(Guard {
+                                wide,
+                                ivar: 0,
+                                step,
+                                pre,
+                                limit: Operand::Local(1),
+                                pred,
+                                budget,
+                                inner: 0,
+                            });
                         }
                     }
                 }
             }
         }
         v
-    }
-
-    /// Whether entry values `i0`, `n` are ones the loop can be entered with: a guard that
-    /// knows `i ≠ n` on entry ([`Guard::distinct`]) is never asked about `i0 = n`.
-    fn may_enter(g: &Guard, i0: i64, n: i64) -> bool {
-        let mask = if g.wide {
-            u64::MAX
-        } else {
-            u64::from(u32::MAX)
-        };
-        !g.distinct || (i0 as u64 & mask) != (n as u64 & mask)
     }
 
     fn edge_values(wide: bool) -> Vec<i64> {
@@ -734,7 +647,7 @@ mod tests {
             let vals = edge_values(g.wide);
             for &i0 in &vals {
                 for &n in &vals {
-                    if may_enter(&g, i0, n) && eval(&g, &[(0, i0), (1, n)]) {
+                    if eval(&g, &[(0, i0), (1, n)]) {
                         admitted += 1;
                         assert!(g.admits(i0, n), "{g:?} i0={i0} n={n}");
                     }
@@ -769,7 +682,7 @@ mod tests {
         fn the_guard_is_sound_for_any_entry_values(i0 in any::<i64>(), n in any::<i64>(), near in -300i64..300) {
             for g in guards() {
                 for (i0, n) in [(i0, n), (i0, i0.wrapping_add(near)), (n.wrapping_add(near), n)] {
-                    if may_enter(&g, i0, n) && eval(&g, &[(0, i0), (1, n)]) {
+                    if eval(&g, &[(0, i0), (1, n)]) {
                         prop_assert!(g.admits(i0, n), "{:?} i0={} n={}", g, i0, n);
                     }
                 }
@@ -872,116 +785,6 @@ mod tests {
                (br_if 0 (i32.gt_u (local.get 0) (i32.const 10))))",
         ))
         .is_some());
-    }
-
-    /// For the function's last loop to start: whether it is counted, and then whether it is
-    /// known to be entered with `i ≠ n` ([`entry_distinct`]).
-    fn entered(wat: &str) -> Option<bool> {
-        let wasm = wat::parse_str(format!(
-            "(module (memory 1) (func (param i32 i32 i64 i64) (local i32 i64) {wat}))"
-        ))
-        .unwrap();
-        let ops: Vec<Operator<'_>> = wasmparser::Parser::new(0)
-            .parse_all(&wasm)
-            .find_map(|p| match p.unwrap() {
-                wasmparser::Payload::CodeSectionEntry(b) => Some(
-                    b.get_operators_reader()
-                        .unwrap()
-                        .into_iter()
-                        .map(Result::unwrap)
-                        .collect(),
-                ),
-                _ => None,
-            })
-            .unwrap();
-        let at = ops
-            .iter()
-            .rposition(|o| matches!(o, Operator::Loop { .. }))
-            .unwrap();
-        let mut depth = 0;
-        let end = (at..ops.len())
-            .find(|&j| {
-                match ops[j] {
-                    Operator::Block { .. } | Operator::Loop { .. } | Operator::If { .. } => {
-                        depth += 1
-                    }
-                    Operator::End => depth -= 1,
-                    _ => {}
-                }
-                depth == 0
-            })
-            .unwrap();
-        let g = analyze(&ops[at + 1..end])?;
-        Some(entry_distinct(&ops[..at], &g))
-    }
-
-    /// A count-down to zero entered only past a test that leaves when the counter is zero
-    /// (wasi-libc's `memcmp`) gets the shorter guard; anything that could bring the counter
-    /// to the loop as zero does not.
-    #[test]
-    fn loops_entered_past_a_zero_test_are_known_to_start_away_from_their_end() {
-        let down = "(loop (br_if 1 (i32.load8_u (local.get 0)))
-                      (br_if 0 (local.tee 4 (i32.add (local.get 4) (i32.const -1)))))";
-        let down64 = "(loop (br_if 1 (i32.load8_u (local.get 0)))
-                        (br_if 0 (i64.ne (local.tee 5 (i64.add (local.get 5) (i64.const -2)))
-                                         (i64.const 0))))";
-        for (known, wat) in [
-            (
-                true,
-                format!("(block (br_if 0 (i32.eqz (local.get 4))) (block {down}))"),
-            ),
-            (
-                true,
-                format!(
-                    "(block (br_if 0 (i32.eqz (local.get 4))) (drop (call 0 (i32.const 0)                      (i32.const 0) (i64.const 0) (i64.const 0))) (br_if 0 (local.get 1)) {down})"
-                ),
-            ),
-            (
-                true,
-                format!("(block (br_if 0 (i64.eqz (local.get 5))) {down64})"),
-            ),
-            (
-                true,
-                format!("(if (local.get 1) (then (br_if 1 (i32.eqz (local.get 4))) {down}))"),
-            ),
-            // The test on one arm of an `if` only.
-            (
-                false,
-                format!(
-                    "(block (if (local.get 1) (then (br_if 2 (i32.eqz (local.get 4))))) {down})"
-                ),
-            ),
-            // The counter written after the test.
-            (
-                false,
-                format!(
-                    "(block (br_if 0 (i32.eqz (local.get 4))) (local.set 4 (local.get 1)) {down})"
-                ),
-            ),
-            // Another local tested; the test inverted; no test at all.
-            (
-                false,
-                format!("(block (br_if 0 (i32.eqz (local.get 1))) {down})"),
-            ),
-            (false, format!("(block (br_if 0 (local.get 4)) {down})")),
-            (false, down.to_owned()),
-            // A loop header between (an enclosing loop entered again with anything).
-            (
-                false,
-                format!("(block (br_if 0 (i32.eqz (local.get 4))) (loop (block {down})))"),
-            ),
-        ] {
-            assert_eq!(entered(&wat), Some(known), "{wat}");
-        }
-        // Counting up to a limit that is not zero: `i ≠ n` is not what a zero test says.
-        assert_eq!(
-            entered(
-                "(block (br_if 0 (i32.eqz (local.get 4)))
-                   (loop (local.set 4 (i32.add (local.get 4) (i32.const 1)))
-                         (br_if 0 (i32.ne (local.get 4) (local.get 1)))))"
-            ),
-            Some(false)
-        );
     }
 
     #[test]

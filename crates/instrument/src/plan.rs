@@ -158,9 +158,8 @@ pub(crate) fn plan(
                     let height = loop_heights.get(&o.op);
                     if o.poll.is_some()
                         && body.range().len() <= crate::counted::MAX_FUNCTION
-                        && let Some(mut g) = crate::counted::analyze(&body_ops[o.op + 1..])
+                        && let Some(g) = crate::counted::analyze(&body_ops[o.op + 1..])
                     {
-                        g.distinct = crate::counted::entry_distinct(&body_ops[..o.op], &g);
                         let inner: Vec<usize> = (o.op + 1..idx)
                             .filter(|&j| matches!(body_ops[j], Operator::Loop { .. }))
                             .collect();
