@@ -51,7 +51,8 @@ enum Command {
     /// Forget sessions (not running; resumable ones with --force), local or a space's with
     /// --space, so `ferry store gc` can reclaim their snapshots.
     Rm(cmd::rm::Args),
-    /// Print a space's session output so far (with --space), read on where it moved; --follow keeps streaming.
+    /// Print a space's session output so far (with --space), read on where it moved; --follow
+    /// keeps streaming.
     Logs(cmd::remote::LogsArgs),
     /// Wait for a space's session to stop wherever it moved; exits with the guest's code.
     Wait(cmd::remote::SessionArgs),

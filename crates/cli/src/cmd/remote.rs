@@ -453,7 +453,6 @@ fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
 
-/// `ferry --space URL migrate SESSION --to URL`.
 /// Prints the pre-copy rounds after the first `shown` on stderr; returns how many are shown.
 fn show_rounds(rounds: &[ferry_space::api::Round], shown: usize) -> usize {
     for (i, r) in rounds.iter().enumerate().skip(shown) {
@@ -468,6 +467,7 @@ fn show_rounds(rounds: &[ferry_space::api::Round], shown: usize) -> usize {
     shown.max(rounds.len())
 }
 
+/// `ferry --space URL migrate SESSION --to URL`.
 pub fn migrate(settings: &Settings, a: MigrateArgs) -> Result<ExitCode> {
     let c = client(settings)?;
     let mut req = MigrateRequest::to(&a.to);
