@@ -81,6 +81,19 @@ pub fn named_snapshot(
     }
 }
 
+/// The snapshot `what` names for `inspect`, `export` and `push`: a session id (its last
+/// snapshot, also once it has exited) or a κ or unique κ prefix.
+pub fn snapshot_named(
+    settings: &Settings,
+    store: &dyn ferry_store::Store,
+    what: &str,
+) -> anyhow::Result<ferry_kappa::Kappa> {
+    let named = named_snapshot(settings, what, true).map_err(anyhow::Error::msg)?;
+    store
+        .resolve(named.as_deref().unwrap_or(what))
+        .map_err(|e| anyhow::anyhow!(unresolved(what, e)))
+}
+
 /// What `resume` and `inspect` say when `what` named no session (see [`named_snapshot`]) and
 /// the store could not resolve it as a κ either (`e`): a word that could be a session id is
 /// named as one too, so a mistyped session is not reported as a bad κ alone.

@@ -10,14 +10,14 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use ferry_engine::closure::{moving_order, snapshot_closure};
 use ferry_engine::snapshot;
-use ferry_store::Store;
 use ferry_store::capsule;
 
 use crate::settings::Settings;
 
 #[derive(Debug, clap::Args)]
 pub struct ExportArgs {
-    /// The snapshot: blake3:<hex> or a unique prefix.
+    /// The snapshot: blake3:<hex> or a unique prefix, or a session (its last snapshot).
+    #[arg(value_name = "SNAPSHOT|SESSION")]
     snapshot: String,
     /// The capsule file to write; `-` writes it to stdout, to pipe it
     /// (`ferry export κ -o - | ssh HOST ferry import -`).
@@ -73,7 +73,7 @@ impl Progress {
 
 pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
-    let root = store.resolve(&a.snapshot)?;
+    let root = crate::session::snapshot_named(settings, &store, &a.snapshot)?;
     // Refuse to export what could not be resumed: the closure must be complete and verify.
     let loaded = snapshot::load(&store, root).with_context(|| format!("cannot export {root}"))?;
     let mut closure = BTreeSet::new();

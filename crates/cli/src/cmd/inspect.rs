@@ -25,11 +25,7 @@ pub struct Args {
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let store = settings.open_store()?;
-    let named =
-        crate::session::named_snapshot(settings, &a.snapshot, true).map_err(anyhow::Error::msg)?;
-    let k = store
-        .resolve(named.as_deref().unwrap_or(&a.snapshot))
-        .map_err(|e| anyhow::anyhow!(crate::session::unresolved(&a.snapshot, e)))?;
+    let k = crate::session::snapshot_named(settings, &store, &a.snapshot)?;
     if a.history {
         return history(&store, k, a.json);
     }

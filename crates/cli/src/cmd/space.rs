@@ -46,7 +46,8 @@ pub struct ServeArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct PushArgs {
-    /// The snapshot: blake3:<hex> or a unique prefix.
+    /// The snapshot: blake3:<hex> or a unique prefix, or a session (its last snapshot).
+    #[arg(value_name = "SNAPSHOT|SESSION")]
     snapshot: String,
     /// The space to send it to, e.g. http://127.0.0.1:7070
     #[arg(long, value_name = "URL")]
@@ -184,7 +185,7 @@ fn report(verb: &str, k: &ferry_kappa::Kappa, s: SyncStats, started: Instant) {
 
 pub fn push(settings: &Settings, a: PushArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
-    let k = store.resolve(&a.snapshot)?;
+    let k = crate::session::snapshot_named(settings, &store, &a.snapshot)?;
     let space = RemoteStore::new(&a.to, &token(settings.token_file.as_ref())?);
     let started = Instant::now();
     let stats = ferry_space::push(&store, &space, k, &mut progress("sent"))

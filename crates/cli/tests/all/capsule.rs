@@ -1,7 +1,7 @@
 //! `ferry export` / `ferry import`: a suspended guest moved to a store that shares nothing
 //! with the first one continues byte-identically; damaged capsules are refused.
 
-use crate::harness::{Env, guest, resume_to_end, run_and_suspend};
+use crate::harness::{Env, guest, resume_to_end, run_and_suspend, session_of};
 
 /// A CPU guest suspended in a new environment: the environment, what an uninterrupted run
 /// prints, what this one printed before it was suspended, and its snapshot.
@@ -22,6 +22,12 @@ fn a_snapshot_moves_to_another_store_through_a_capsule() {
     let (_, err, code) = here.output(&["export", &k, "-o", capsule.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("ferry: exported "), "{err}");
+    // A session stands for its last snapshot, as for `resume` and `inspect`.
+    let session = session_of(&here, &k);
+    let by_session = here.path("by-session.ferry");
+    let (_, err, code) = here.output(&["export", &session, "-o", by_session.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(&by_session).unwrap() == std::fs::read(&capsule).unwrap());
     // The other store has never seen the program.
     let (_, err, code) = there.output(&["resume", &k]);
     assert_eq!(code, 1);

@@ -428,6 +428,20 @@ pub fn suspended_kappa(out: &std::process::Output) -> String {
         .to_owned()
 }
 
+/// The id of the local session whose last snapshot is `k` (from `ferry ps --all --json`).
+pub fn session_of(env: &Env, k: &str) -> String {
+    let (ps, err, code) = env.output(&["ps", "--all", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let ps: serde_json::Value = serde_json::from_str(&ps).expect("ps --json");
+    ps.as_array()
+        .expect("a list of sessions")
+        .iter()
+        .find(|s| s["last_snapshot"] == k)
+        .and_then(|s| s["id"].as_str())
+        .unwrap_or_else(|| panic!("no session has {k} as its last snapshot: {ps}"))
+        .to_owned()
+}
+
 /// Every file under `dir`, with contents, sorted (to compare directories).
 pub fn dir_contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();

@@ -2,7 +2,9 @@
 //! (only missing objects move, each verified), resumed there byte-identically; no token, no
 //! access; a damaged object in transit is refused.
 
-use crate::harness::{Env, SPACE_TOKEN, SpaceProc, guest, resume_to_end, run_and_suspend};
+use crate::harness::{
+    Env, SPACE_TOKEN, SpaceProc, guest, resume_to_end, run_and_suspend, session_of,
+};
 
 #[test]
 fn push_to_a_space_resume_there_pull_back_only_what_is_missing() {
@@ -16,10 +18,11 @@ fn push_to_a_space_resume_there_pull_back_only_what_is_missing() {
     let (_, err, code) = here.output(&["push", &k, "--to", &server.url]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("pushed "), "{err}");
-    // Again: nothing left to move.
-    let (_, err, code) = here.output(&["push", &k, "--to", &server.url]);
+    // Again, named by its session: nothing left to move.
+    let session = session_of(&here, &k);
+    let (_, err, code) = here.output(&["push", &session, "--to", &server.url]);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains(": 0 of its "), "{err}");
+    assert!(err.contains(&format!("pushed {k}: 0 of its ")), "{err}");
 
     // The space's store holds a verified, named snapshot that resumes to the rest.
     server.stop();
