@@ -241,8 +241,18 @@ fn report(e: &anyhow::Error) -> ExitCode {
         msg.push_str(&format!("\n  caused by: {cause}"));
     }
     eprintln!("{msg}");
+    // A guest that trapped (C's `abort()`, a failed `assert`, an access out of bounds) ends
+    // as `wasmtime run` ends it, 128 + SIGABRT, so that a crash is told from ferry failing.
+    if e.chain()
+        .any(|c| matches!(c.downcast_ref(), Some(ferry_engine::EngineError::Trap(_))))
+    {
+        return ExitCode::from(TRAPPED);
+    }
     ExitCode::FAILURE
 }
+
+/// The exit code of a guest that trapped (128 + SIGABRT, as `wasmtime run`).
+const TRAPPED: u8 = 134;
 
 #[cfg(test)]
 mod tests {

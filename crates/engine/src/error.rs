@@ -31,8 +31,12 @@ pub enum EngineError {
     Compile(String),
     #[error("instantiating the module failed: {0}")]
     Instantiate(String),
+    /// A WebAssembly trap in the guest (`ferry run` exits 134 then, as `wasmtime run` does).
     #[error("guest trapped: {0}")]
     Trap(String),
+    /// A host function failed while the guest ran, or the host could not drive it.
+    #[error("the host failed while the guest ran: {0}")]
+    Host(String),
     #[error("resume refused while {stage}: {reason}")]
     Refused { stage: Stage, reason: String },
     #[error("snapshot {0} could not be written: {1}")]

@@ -270,14 +270,15 @@ impl Instance for InterpInstance {
     fn call(&mut self, name: &str) -> Result<Option<i32>, Stop> {
         let f = self
             .func(name)
-            .ok_or_else(|| Stop::Trap(format!("no function `{name}`")))?;
+            .ok_or_else(|| Stop::Fatal(format!("no function `{name}`")))?;
         let r = match f {
             Entry::Unit(f) => f.call(&mut self.store, ()).map(|()| None),
             Entry::Code(f) => f.call(&mut self.store, ()).map(Some),
         };
         r.map_err(|e| match e.i32_exit_status() {
             Some(code) => Stop::Exit(code),
-            None => Stop::Trap(e.to_string()),
+            None if e.as_trap_code().is_some() => Stop::Trap(e.to_string()),
+            None => Stop::Fatal(e.to_string()),
         })
     }
 

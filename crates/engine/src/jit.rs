@@ -343,14 +343,15 @@ impl Instance for JitInstance {
     fn call(&mut self, name: &str) -> Result<Option<i32>, Stop> {
         let f = self
             .func(name)
-            .ok_or_else(|| Stop::Trap(format!("no function `{name}`")))?;
+            .ok_or_else(|| Stop::Fatal(format!("no function `{name}`")))?;
         let r = match f {
             Entry::Unit(f) => f.call(&mut self.store, ()).map(|()| None),
             Entry::Code(f) => f.call(&mut self.store, ()).map(Some),
         };
         r.map_err(|e| match e.downcast_ref::<GuestExit>() {
             Some(GuestExit(code)) => Stop::Exit(*code),
-            None => Stop::Trap(trap_message(&e)),
+            None if e.downcast_ref::<wasmtime::Trap>().is_some() => Stop::Trap(trap_message(&e)),
+            None => Stop::Fatal(trap_message(&e)),
         })
     }
 

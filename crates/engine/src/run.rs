@@ -308,6 +308,7 @@ impl Runtime {
                     return match stop {
                         Stop::Exit(code) => Ok(Outcome::Exited(code)),
                         Stop::Trap(m) => Err(EngineError::Trap(m)),
+                        Stop::Fatal(m) => Err(EngineError::Host(m)),
                     };
                 }
             }
@@ -358,6 +359,10 @@ impl Runtime {
                     inst.host().wasi.flush();
                     return Err(EngineError::Trap(m));
                 }
+                Err(Stop::Fatal(m)) => {
+                    inst.host().wasi.flush();
+                    return Err(EngineError::Host(m));
+                }
             }
         }
         inst.host().wasi.flush();
@@ -404,10 +409,10 @@ pub(crate) fn global_i32(inst: &mut dyn Instance, name: &str) -> Result<i32, Eng
 /// Arms a rewind of the frames saved in `ferry:stack`: the next entry call re-enters them.
 fn begin_rewind(inst: &mut dyn Instance) -> Result<(), EngineError> {
     inst.set_global(abi::STATE_GLOBAL, Value::I32(abi::STATE_REWIND))
-        .map_err(EngineError::Trap)?;
+        .map_err(EngineError::Host)?;
     let ctl = inst
         .memory_mut(abi::CTL_MEMORY)
-        .ok_or_else(|| EngineError::Trap("no `ferry:ctl` memory".into()))?;
+        .ok_or_else(|| EngineError::Host("no `ferry:ctl` memory".into()))?;
     ctl[..4].copy_from_slice(&1u32.to_le_bytes());
     Ok(())
 }

@@ -61,8 +61,11 @@ pub enum Value {
 pub enum Stop {
     /// The guest called `proc_exit` with this code.
     Exit(i32),
-    /// The guest trapped or a host function failed; the message says why.
+    /// The guest trapped (a WebAssembly trap: `unreachable`, an access out of bounds, the
+    /// stack exhausted, …); the message says which.
     Trap(String),
+    /// A host function failed, or the call could not be made; the message says why.
+    Fatal(String),
 }
 
 /// An engine: turns module bytes into something it can instantiate.

@@ -889,3 +889,40 @@ fn bench_outside_the_checkout_says_where_to_run_it() {
         "{err}"
     );
 }
+
+/// A guest that traps (here `unreachable`, as C's `abort()` compiles) ends with 134, as
+/// `wasmtime run` ends it (128 + SIGABRT), on either engine: what it printed first is shown,
+/// and the exit code tells a crash of the program from ferry failing (1).
+#[test]
+fn a_guest_that_traps_exits_134_as_under_wasmtime() {
+    let env = Env::new();
+    let m = env.path("abort.wat");
+    std::fs::write(
+        &m,
+        r#"(module
+             (import "wasi_snapshot_preview1" "fd_write"
+               (func $w (param i32 i32 i32 i32) (result i32)))
+             (memory (export "memory") 1)
+             (data (i32.const 16) "before\n")
+             (func (export "_start")
+               (i32.store (i32.const 0) (i32.const 16))
+               (i32.store (i32.const 4) (i32.const 7))
+               (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+               unreachable))"#,
+    )
+    .unwrap();
+    for engine in ["jit", "interp"] {
+        let out = env
+            .ferry()
+            .args(["run", "--engine", engine, m.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(134), "{engine}: {err}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "before\n");
+        assert!(
+            err.contains("ferry: guest trapped: ") && err.contains("unreachable"),
+            "{engine}: {err}"
+        );
+    }
+}
