@@ -246,13 +246,10 @@ fn report(e: &anyhow::Error) -> ExitCode {
     if e.chain()
         .any(|c| matches!(c.downcast_ref(), Some(ferry_engine::EngineError::Trap(_))))
     {
-        return ExitCode::from(TRAPPED);
+        return ExitCode::from(ferry_engine::EXIT_TRAPPED as u8);
     }
     ExitCode::FAILURE
 }
-
-/// The exit code of a guest that trapped (128 + SIGABRT, as `wasmtime run`).
-const TRAPPED: u8 = 134;
 
 #[cfg(test)]
 mod tests {

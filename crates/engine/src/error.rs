@@ -20,6 +20,10 @@ impl std::fmt::Display for Stage {
     }
 }
 
+/// The exit code of a guest that trapped (C's `abort()`, an access out of bounds):
+/// 128 + SIGABRT, as `wasmtime run` ends it, so a crash is told from a host failure.
+pub const EXIT_TRAPPED: i32 = 134;
+
 /// Why preparing, running, capturing or resuming a guest failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -31,7 +35,8 @@ pub enum EngineError {
     Compile(String),
     #[error("instantiating the module failed: {0}")]
     Instantiate(String),
-    /// A WebAssembly trap in the guest (`ferry run` exits 134 then, as `wasmtime run` does).
+    /// A WebAssembly trap in the guest: `ferry run` then exits [`EXIT_TRAPPED`], as
+    /// `wasmtime run` does.
     #[error("guest trapped: {0}")]
     Trap(String),
     /// A host function failed while the guest ran, or the host could not drive it.

@@ -22,7 +22,7 @@ mod seam;
 pub mod snapshot;
 
 pub use control::{Control, Hold, Request};
-pub use error::{EngineError, Stage};
+pub use error::{EXIT_TRAPPED, EngineError, Stage};
 pub use prepare::{OtherVersions, Prepared, Runtime};
 pub use run::{Outcome, PlainModule, SnapshotMeta, Start};
 pub use seam::{EngineKind, Stop, Value};

@@ -844,6 +844,9 @@ impl Sessions {
                     EngineError::Unsaved(_) if killed => State::Killed,
                     _ => State::Failed,
                 };
+                if matches!(e, EngineError::Trap(_)) {
+                    i.exit_code = Some(ferry_engine::EXIT_TRAPPED);
+                }
                 i.reason = Some(e.to_string());
                 set_final_files(i, files);
             }

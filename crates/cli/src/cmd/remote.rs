@@ -260,7 +260,7 @@ pub struct SessionArgs {
 }
 
 /// `ferry --space URL wait SESSION`: waits until the session stops wherever it moved, and
-/// exits with the guest's exit code (75 if it was suspended, 137 if killed).
+/// exits with the guest's exit code (75 if it was suspended, 137 if killed, 134 if it trapped).
 pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
     let mut c = client(settings)?;
     loop {
@@ -294,6 +294,15 @@ pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
                 return Ok(ExitCode::from(crate::guest::EXIT_SUSPENDED));
             }
             State::Killed => return Ok(ExitCode::from(137)),
+            // A guest that trapped: its exit code says so (134, as a local run).
+            State::Failed if s.exit_code.is_some() => {
+                eprintln!(
+                    "ferry: session {} failed: {}",
+                    a.session,
+                    s.reason.unwrap_or_default()
+                );
+                return Ok(ExitCode::from(s.exit_code.unwrap_or(1) as u8));
+            }
             _ => bail!(
                 "session {} failed: {}",
                 a.session,

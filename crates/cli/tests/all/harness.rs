@@ -428,6 +428,17 @@ pub fn suspended_kappa(out: &std::process::Output) -> String {
         .to_owned()
 }
 
+/// A WAT guest that prints `before\n` and traps (`unreachable`, as C's `abort()` compiles).
+pub const ABORTING_GUEST: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "before\n")
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 7))
+    (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+    unreachable))"#;
+
 /// The id of the local session whose last snapshot is `k` (from `ferry ps --all --json`).
 pub fn session_of(env: &Env, k: &str) -> String {
     let (ps, err, code) = env.output(&["ps", "--all", "--json"]);

@@ -1033,3 +1033,29 @@ fn a_sessions_stdin_goes_with_it() {
         "each line read once"
     );
 }
+
+/// A guest that traps in a space fails there with exit code 134 in its record, and `wait`
+/// ends with it, as a local run does.
+#[test]
+fn a_guest_that_traps_in_a_space_fails_with_134() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let g = here.path("abort.wat");
+    std::fs::write(&g, crate::harness::ABORTING_GUEST).unwrap();
+    ok(
+        &here,
+        &a.url,
+        &["run", "--session", "t", g.to_str().unwrap()],
+    );
+    let (_, err, code) = cli(&here, &a.url, &["wait", "t"]);
+    assert_eq!(code, 134, "{err}");
+    assert!(err.contains("session t failed: guest trapped: "), "{err}");
+    let info = a.session("t").unwrap();
+    assert_eq!(
+        (&info["state"], &info["exit_code"]),
+        (&serde_json::json!("failed"), &serde_json::json!(134)),
+        "{info}"
+    );
+    let (out, _, _) = cli(&here, &a.url, &["logs", "t"]);
+    assert_eq!(out, "before\n");
+}

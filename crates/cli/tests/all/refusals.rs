@@ -897,20 +897,7 @@ fn bench_outside_the_checkout_says_where_to_run_it() {
 fn a_guest_that_traps_exits_134_as_under_wasmtime() {
     let env = Env::new();
     let m = env.path("abort.wat");
-    std::fs::write(
-        &m,
-        r#"(module
-             (import "wasi_snapshot_preview1" "fd_write"
-               (func $w (param i32 i32 i32 i32) (result i32)))
-             (memory (export "memory") 1)
-             (data (i32.const 16) "before\n")
-             (func (export "_start")
-               (i32.store (i32.const 0) (i32.const 16))
-               (i32.store (i32.const 4) (i32.const 7))
-               (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
-               unreachable))"#,
-    )
-    .unwrap();
+    std::fs::write(&m, crate::harness::ABORTING_GUEST).unwrap();
     for engine in ["jit", "interp"] {
         let out = env
             .ferry()
