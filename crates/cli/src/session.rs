@@ -81,23 +81,25 @@ pub fn named_snapshot(
     }
 }
 
-/// The snapshot `what` names for `inspect`, `export` and `push`: a session id (its last
-/// snapshot, also once it has exited) or a κ or unique κ prefix.
+/// The snapshot `what` names for `resume`, `inspect`, `export` and `push`: a session id (its
+/// last snapshot; once it has exited only if `exited_ok`, see [`named_snapshot`]) or a κ or
+/// unique κ prefix. The error says why, for the caller to wrap.
 pub fn snapshot_named(
     settings: &Settings,
     store: &dyn ferry_store::Store,
     what: &str,
-) -> anyhow::Result<ferry_kappa::Kappa> {
-    let named = named_snapshot(settings, what, true).map_err(anyhow::Error::msg)?;
+    exited_ok: bool,
+) -> Result<ferry_kappa::Kappa, String> {
+    let named = named_snapshot(settings, what, exited_ok)?;
     store
         .resolve(named.as_deref().unwrap_or(what))
-        .map_err(|e| anyhow::anyhow!(unresolved(what, e)))
+        .map_err(|e| unresolved(what, e))
 }
 
-/// What `resume` and `inspect` say when `what` named no session (see [`named_snapshot`]) and
-/// the store could not resolve it as a κ either (`e`): a word that could be a session id is
-/// named as one too, so a mistyped session is not reported as a bad κ alone.
-pub fn unresolved(what: &str, e: ferry_store::StoreError) -> String {
+/// What is said when `what` named no session (see [`named_snapshot`]) and the store could
+/// not resolve it as a κ either (`e`): a word that could be a session id is named as one
+/// too, so a mistyped session is not reported as a bad κ alone.
+fn unresolved(what: &str, e: ferry_store::StoreError) -> String {
     if what.starts_with("blake3:") || checked_id(what).is_err() {
         e.to_string()
     } else {

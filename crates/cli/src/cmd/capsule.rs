@@ -73,7 +73,8 @@ impl Progress {
 
 pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
-    let root = crate::session::snapshot_named(settings, &store, &a.snapshot)?;
+    let root = crate::session::snapshot_named(settings, &store, &a.snapshot, true)
+        .map_err(anyhow::Error::msg)?;
     // Refuse to export what could not be resumed: the closure must be complete and verify.
     let loaded = snapshot::load(&store, root).with_context(|| format!("cannot export {root}"))?;
     let mut closure = BTreeSet::new();

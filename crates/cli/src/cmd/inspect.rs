@@ -25,7 +25,8 @@ pub struct Args {
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let store = settings.open_store()?;
-    let k = crate::session::snapshot_named(settings, &store, &a.snapshot)?;
+    let k = crate::session::snapshot_named(settings, &store, &a.snapshot, true)
+        .map_err(anyhow::Error::msg)?;
     if a.history {
         return history(&store, k, a.json);
     }

@@ -294,20 +294,21 @@ pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
                 return Ok(ExitCode::from(crate::guest::EXIT_SUSPENDED));
             }
             State::Killed => return Ok(ExitCode::from(137)),
-            // A guest that trapped: its exit code says so (134, as a local run).
-            State::Failed if s.exit_code.is_some() => {
-                eprintln!(
-                    "ferry: session {} failed: {}",
+            st => {
+                let why = format!(
+                    "session {} failed: {}",
                     a.session,
                     s.reason.unwrap_or_default()
                 );
-                return Ok(ExitCode::from(s.exit_code.unwrap_or(1) as u8));
+                // A guest that trapped: its exit code says so (134, as a local run).
+                match s.exit_code {
+                    Some(code) if st == State::Failed => {
+                        eprintln!("ferry: {why}");
+                        return Ok(ExitCode::from(code as u8));
+                    }
+                    _ => bail!("{why}"),
+                }
             }
-            _ => bail!(
-                "session {} failed: {}",
-                a.session,
-                s.reason.unwrap_or_default()
-            ),
         }
     }
 }

@@ -130,11 +130,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     }
     let env = a.guest.env()?;
     let store = settings.open_store()?;
-    let named = session::named_snapshot(settings, &a.snapshot, false)
+    let k = session::snapshot_named(settings, &store, &a.snapshot, false)
         .map_err(|why| refused(Stage::Resolving, why))?;
-    let k = store
-        .resolve(named.as_deref().unwrap_or(&a.snapshot))
-        .map_err(|e| refused(Stage::Resolving, session::unresolved(&a.snapshot, e)))?;
     let loaded = snapshot::load_leaving_module(&store, k)?;
     // Verifying the module (re-hashing up to 100 MB) goes on while the guest is admitted and
     // restored, and the memory chunks mapped from packs are re-hashed while it runs: it is

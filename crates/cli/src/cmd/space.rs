@@ -185,7 +185,8 @@ fn report(verb: &str, k: &ferry_kappa::Kappa, s: SyncStats, started: Instant) {
 
 pub fn push(settings: &Settings, a: PushArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
-    let k = crate::session::snapshot_named(settings, &store, &a.snapshot)?;
+    let k = crate::session::snapshot_named(settings, &store, &a.snapshot, true)
+        .map_err(anyhow::Error::msg)?;
     let space = RemoteStore::new(&a.to, &token(settings.token_file.as_ref())?);
     let started = Instant::now();
     let stats = ferry_space::push(&store, &space, k, &mut progress("sent"))
