@@ -1,32 +1,228 @@
-//! A batch of objects in one request body (`POST /v1/objects`): each entry is
-//! `[32] κ, u8 codec (0 raw, 1 zstd), u64 length, u64 stored length, stored bytes`.
+//! A batch of objects in one request body (`POST /v1/objects`, and the answer to
+//! `POST /v1/objects/fetch`): each entry is `[32] κ, u8 codec (0 raw, 1 zstd), u64 length,
+//! u64 stored length, stored bytes`.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::PathBuf;
 
 use ferry_kappa::Kappa;
+use ferry_store::{Hashed, Store, StoreError};
 
-use crate::MAX_OBJECT;
+use crate::{BATCH_BYTES, MAX_OBJECT};
 
-/// Appends one object to a batch, compressed when that saves at least an eighth.
-pub(crate) fn push(out: &mut Vec<u8>, bytes: &[u8]) {
-    let k = Kappa::of(bytes);
-    let packed = zstd::bulk::compress(bytes, 1).unwrap_or_default();
-    let (codec, body) = if !packed.is_empty() && packed.len() < bytes.len() - bytes.len() / 8 {
-        (1u8, packed.as_slice())
-    } else {
-        (0u8, bytes)
-    };
-    out.extend_from_slice(k.as_bytes());
-    out.push(codec);
-    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+/// Batch buffers kept for reuse: at most this many, each of at most [`KEPT`] bytes.
+const POOLED: usize = 8;
+const KEPT: usize = 64 << 20;
+
+static POOL: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+
+/// An empty buffer for a batch, one used before when there is one: memory the process has
+/// not touched before costs far more than filling it (on some VMs ~3 s per GiB to fault
+/// in), and a batch is 16 MiB.
+pub(crate) fn buffer() -> Vec<u8> {
+    POOL.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .pop()
+        .unwrap_or_default()
+}
+
+/// Returns a buffer from [`buffer`] for the next batch.
+pub(crate) fn give_back(mut b: Vec<u8>) {
+    if b.capacity() == 0 || b.capacity() > KEPT {
+        return;
+    }
+    b.clear();
+    let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+    if pool.len() < POOLED {
+        pool.push(b);
+    }
+}
+
+/// A buffer that goes back to the pool when dropped: the body of an answer, given back once
+/// it is sent.
+pub(crate) struct Pooled(pub(crate) Vec<u8>);
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        give_back(std::mem::take(&mut self.0));
+    }
+}
+
+/// Objects of at most this size are compressed whole; larger ones only when a sample of
+/// theirs compresses (random memory, the bulk of many snapshots, does not: trying it cost
+/// more than the whole transfer's hashing).
+const WHOLE: usize = 16 << 10;
+/// The sample: this many windows of [`WINDOW`] bytes spread evenly over the object.
+const WINDOWS: usize = 8;
+const WINDOW: usize = 512;
+
+/// Builds batches, keeping one compression context (making one per object cost a third of
+/// a push's time) and the pack files it reads open.
+pub(crate) struct Encoder {
+    zstd: zstd::bulk::Compressor<'static>,
+    sample: Vec<u8>,
+    files: HashMap<PathBuf, std::fs::File>,
+}
+
+impl Encoder {
+    pub(crate) fn new() -> Self {
+        Self {
+            zstd: zstd::bulk::Compressor::new(1).expect("zstd level 1"),
+            sample: Vec::with_capacity(WINDOWS * WINDOW),
+            files: HashMap::new(),
+        }
+    }
+
+    /// Whether compressing `bytes` looks worth it: small objects are tried whole, larger
+    /// ones by a sample of evenly spread windows.
+    fn worth_trying(&mut self, bytes: &[u8]) -> bool {
+        if bytes.len() <= WHOLE {
+            return true;
+        }
+        self.sample.clear();
+        let step = bytes.len() / WINDOWS;
+        for i in 0..WINDOWS {
+            self.sample
+                .extend_from_slice(&bytes[i * step..][..WINDOW.min(step)]);
+        }
+        let sample = std::mem::take(&mut self.sample);
+        let packed = self.zstd.compress(&sample).unwrap_or_default();
+        let worth = !packed.is_empty() && packed.len() < sample.len() - sample.len() / 8;
+        self.sample = sample;
+        worth
+    }
+
+    /// `bytes` compressed, if that saves at least an eighth.
+    fn compressed(&mut self, bytes: &[u8]) -> Option<Vec<u8>> {
+        if !self.worth_trying(bytes) {
+            return None;
+        }
+        let packed = self.zstd.compress(bytes).ok()?;
+        (packed.len() < bytes.len() - bytes.len() / 8).then_some(packed)
+    }
+
+    /// Appends object `k` (`bytes`, which the caller read under κ `k`) to a batch,
+    /// compressed when that saves at least an eighth.
+    pub(crate) fn push(&mut self, out: &mut Vec<u8>, k: &Kappa, bytes: &[u8]) {
+        match self.compressed(bytes) {
+            Some(z) => entry(out, k, 1, bytes.len(), &z),
+            None => entry(out, k, 0, bytes.len(), bytes),
+        }
+    }
+
+    /// Appends object `k` of `store` to a batch. An object stored as it is in a pack is read
+    /// from there straight into the batch and not hashed here: whoever receives the batch
+    /// re-hashes every object anyway (a corrupt one is refused there; see
+    /// [`crate::client`]'s sender for the message then). Others are read through
+    /// [`Store::get`], verified.
+    pub(crate) fn push_stored(
+        &mut self,
+        out: &mut Vec<u8>,
+        k: &Kappa,
+        store: &dyn Store,
+    ) -> Result<u64, StoreError> {
+        let Some(at) = store.stored_at(k) else {
+            let bytes = store.get(k)?;
+            self.push(out, k, &bytes);
+            return Ok(bytes.len() as u64);
+        };
+        let file = match self.files.entry(at.file.clone()) {
+            std::collections::hash_map::Entry::Occupied(f) => f.into_mut(),
+            std::collections::hash_map::Entry::Vacant(_) => {
+                if self.files.len() >= FILES_KEPT {
+                    self.files.clear();
+                }
+                let f = std::fs::File::open(&at.file)
+                    .map_err(|e| StoreError::io("open", &at.file)(e))?;
+                self.files.entry(at.file.clone()).or_insert(f)
+            }
+        };
+        let len = at.len as usize;
+        let start = out.len();
+        out.resize(start + HEADER + len, 0);
+        let read = std::os::unix::fs::FileExt::read_exact_at(
+            &*file,
+            &mut out[start + HEADER..],
+            at.offset,
+        );
+        if let Err(e) = read {
+            out.truncate(start);
+            // A pack compacted away since it was looked up: read the object where it is now.
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.kind() == std::io::ErrorKind::UnexpectedEof
+            {
+                self.files.remove(&at.file);
+                let bytes = store.get(k)?;
+                self.push(out, k, &bytes);
+                return Ok(bytes.len() as u64);
+            }
+            return Err(StoreError::io("read", &at.file)(e));
+        }
+        match self.compressed(&out[start + HEADER..]) {
+            Some(z) => {
+                out.truncate(start);
+                entry(out, k, 1, len, &z);
+            }
+            None => header(&mut out[start..start + HEADER], k, 0, len, len),
+        }
+        Ok(len as u64)
+    }
+}
+
+/// Pack files an [`Encoder`] keeps open at most (a GiB of memory chunks is about 64 packs).
+const FILES_KEPT: usize = 256;
+/// An entry's header: κ, codec, length, stored length.
+const HEADER: usize = 49;
+
+fn header(h: &mut [u8], k: &Kappa, codec: u8, len: usize, stored: usize) {
+    h[..32].copy_from_slice(k.as_bytes());
+    h[32] = codec;
+    h[33..41].copy_from_slice(&(len as u64).to_le_bytes());
+    h[41..49].copy_from_slice(&(stored as u64).to_le_bytes());
+}
+
+fn entry(out: &mut Vec<u8>, k: &Kappa, codec: u8, len: usize, body: &[u8]) {
+    let mut h = [0; HEADER];
+    header(&mut h, k, codec, len, body.len());
+    out.extend_from_slice(&h);
     out.extend_from_slice(body);
 }
 
-/// The objects of a batch, each re-hashed against its κ; any malformed or mismatching entry
-/// refuses the whole batch.
-pub(crate) fn decode(mut b: &[u8]) -> Result<Vec<Vec<u8>>, String> {
-    let mut out = Vec::new();
+/// The entries of a received batch, as claimed: each κ with its bytes (raw ones borrowed from
+/// the body). [`Batch::verify`] checks them.
+pub(crate) struct Batch<'a> {
+    entries: Vec<(Kappa, Cow<'a, [u8]>)>,
+}
+
+impl Batch<'_> {
+    /// Every object re-hashed against its κ (on up to four threads); any that does not match
+    /// refuses the whole batch.
+    pub(crate) fn verify(&self) -> Result<Vec<Hashed<'_>>, String> {
+        let claimed: Vec<(Kappa, &[u8])> = self.entries.iter().map(|(k, b)| (*k, &**b)).collect();
+        Hashed::check_all(&claimed, "the batch received").map_err(|e| match e {
+            ferry_store::StoreError::Corrupt { kappa, actual, .. } => {
+                format!("object {kappa} hashes to {actual}: refused")
+            }
+            e => e.to_string(),
+        })
+    }
+}
+
+/// Parses a batch (nothing is hashed yet: see [`Batch::verify`]). A malformed entry, or
+/// entries claiming more than [`MAX_OBJECT`] + [`BATCH_BYTES`] bytes in all, refuse the whole
+/// batch — the latter before anything is decompressed.
+pub(crate) fn decode(mut b: &[u8]) -> Result<Batch<'_>, String> {
+    let mut headers = Vec::new();
+    let mut total = 0u64;
     while !b.is_empty() {
-        if b.len() < 49 {
+        if b.len() < HEADER {
             return Err("truncated entry header".into());
         }
         let k = Kappa::from_bytes(b[..32].try_into().expect("32 bytes"));
@@ -38,25 +234,42 @@ pub(crate) fn decode(mut b: &[u8]) -> Result<Vec<Vec<u8>>, String> {
                 "object {k}: {len} bytes claimed, {stored} stored: out of bounds"
             ));
         }
-        let body = &b[49..49 + stored as usize];
+        total += len;
+        if total > (MAX_OBJECT + BATCH_BYTES) as u64 {
+            return Err(format!(
+                "more than {} bytes in all once decompressed: refused",
+                MAX_OBJECT + BATCH_BYTES
+            ));
+        }
+        let (body, rest) = b[49..].split_at(stored as usize);
+        headers.push((k, codec, len, body));
+        b = rest;
+    }
+    let mut entries = Vec::with_capacity(headers.len());
+    for (k, codec, len, body) in headers {
         let bytes = match codec {
-            0 if stored == len => body.to_vec(),
-            1 => zstd::bulk::decompress(body, len as usize)
-                .map_err(|e| format!("object {k}: {e}"))?,
+            0 if body.len() as u64 == len => Cow::Borrowed(body),
+            1 => {
+                let bytes = zstd::bulk::decompress(body, len as usize)
+                    .map_err(|e| format!("object {k}: {e}"))?;
+                if bytes.len() as u64 != len {
+                    return Err(format!(
+                        "object {k}: {len} bytes claimed, {} decompressed",
+                        bytes.len()
+                    ));
+                }
+                Cow::Owned(bytes)
+            }
             _ => {
                 return Err(format!(
-                    "object {k}: codec {codec}, {stored} of {len} bytes"
+                    "object {k}: codec {codec}, {} of {len} bytes",
+                    body.len()
                 ));
             }
         };
-        let actual = Kappa::of(&bytes);
-        if bytes.len() as u64 != len || actual != k {
-            return Err(format!("object {k} hashes to {actual}: refused"));
-        }
-        out.push(bytes);
-        b = &b[49 + stored as usize..];
+        entries.push((k, bytes));
     }
-    Ok(out)
+    Ok(Batch { entries })
 }
 
 #[cfg(test)]
@@ -65,21 +278,117 @@ mod tests {
 
     use super::*;
 
+    fn encode(objects: &[&[u8]]) -> Vec<u8> {
+        let mut e = Encoder::new();
+        let mut b = Vec::new();
+        for o in objects {
+            e.push(&mut b, &Kappa::of(o), o);
+        }
+        b
+    }
+
+    fn decoded(b: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+        let batch = decode(b)?;
+        Ok(batch.verify()?.iter().map(|h| h.bytes().to_vec()).collect())
+    }
+
     #[test]
     fn round_trip_and_refusals() {
-        let mut b = Vec::new();
-        push(&mut b, b"one");
-        push(&mut b, &vec![0u8; 100_000]);
-        let objs = decode(&b).unwrap();
-        assert_eq!(objs, vec![b"one".to_vec(), vec![0u8; 100_000]]);
+        let b = encode(&[b"one", &vec![0u8; 100_000]]);
+        assert_eq!(
+            decoded(&b).unwrap(),
+            vec![b"one".to_vec(), vec![0u8; 100_000]]
+        );
         for i in [0, 20, 32, 40, 48, 50, b.len() - 1] {
             let mut bad = b.clone();
             bad[i] ^= 0x10;
-            assert!(decode(&bad).is_err(), "flipping byte {i} was not noticed");
+            assert!(decoded(&bad).is_err(), "flipping byte {i} was not noticed");
         }
-        assert!(decode(&b[..b.len() - 1]).is_err());
+        assert!(decoded(&b[..b.len() - 1]).is_err());
         let mut huge = b[..49].to_vec();
         huge[33..41].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(decode(&huge).unwrap_err().contains("out of bounds"));
+        assert!(decoded(&huge).unwrap_err().contains("out of bounds"));
+    }
+
+    /// Random bytes travel raw, zeros and text compressed; a large object is sampled, so one
+    /// whose sample is random travels raw whatever the rest holds.
+    #[test]
+    fn what_is_compressed() {
+        let mut random = vec![0u8; 64 << 10];
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        for w in random.chunks_exact_mut(8) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            w.copy_from_slice(&s.to_le_bytes());
+        }
+        let text = b"a line of text that repeats\n".repeat(3000);
+        let codec = |o: &[u8]| encode(&[o])[32];
+        assert_eq!(codec(&random), 0);
+        assert_eq!(codec(&random[..1000]), 0);
+        assert_eq!(codec(&vec![0u8; 64 << 10]), 1);
+        assert_eq!(codec(&text), 1);
+        assert_eq!(codec(b"short"), 0);
+        let b = encode(&[&random, &text, &vec![7u8; 1 << 20]]);
+        assert!(b.len() < random.len() + 10_000, "{}", b.len());
+        assert_eq!(decoded(&b).unwrap()[2], vec![7u8; 1 << 20]);
+    }
+
+    /// Objects read straight from a store's packs travel as `get` would return them:
+    /// random ones raw, compressible ones compressed; loose ones through `get`.
+    #[test]
+    fn stored_objects_are_read_from_their_packs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ferry_store::FsStore::open(dir.path().join("s")).unwrap();
+        let mut random = vec![0u8; 64 << 10];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for w in random.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        let text = b"some text, again and again; ".repeat(2000);
+        let ks = store.put_many(&[&random, &text]).unwrap();
+        let loose = store.put(b"a small loose object").unwrap();
+        assert!(ks.iter().all(|k| store.stored_at(k).is_some()));
+        assert!(store.stored_at(&loose).is_none());
+        let mut e = Encoder::new();
+        let mut b = Vec::new();
+        for k in ks.iter().chain([&loose]) {
+            e.push_stored(&mut b, k, &store).unwrap();
+        }
+        let batch = decode(&b).unwrap();
+        assert_eq!(batch.entries[0].1.as_ref(), random.as_slice());
+        assert!(
+            matches!(batch.entries[0].1, Cow::Borrowed(_)),
+            "random travels raw"
+        );
+        assert!(
+            matches!(batch.entries[1].1, Cow::Owned(_)),
+            "text travels compressed"
+        );
+        let got: Vec<Vec<u8>> = batch
+            .verify()
+            .unwrap()
+            .iter()
+            .map(|h| h.bytes().to_vec())
+            .collect();
+        assert_eq!(got, vec![random, text, b"a small loose object".to_vec()]);
+    }
+
+    /// A batch that would decompress to more than a batch may hold is refused before
+    /// anything is decompressed (the entries claim 600 MiB each; their bodies are not even
+    /// valid zstd, which would be the error if they were looked at).
+    #[test]
+    fn a_decompression_bomb_is_refused() {
+        let mut one = Kappa::of(b"x").as_bytes().to_vec();
+        one.push(1);
+        one.extend_from_slice(&(600u64 << 20).to_le_bytes());
+        one.extend_from_slice(&4u64.to_le_bytes());
+        one.extend_from_slice(b"junk");
+        assert!(decode(&one).err().unwrap().contains("object"));
+        let two = one.repeat(2);
+        assert!(decode(&two).err().unwrap().contains("once decompressed"));
     }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use ferry_engine::closure::{memory_chunks, moving_order, snapshot_closure};
 use ferry_kappa::Kappa;
 use ferry_store::{RefValue, Store, StoreError};
+use tracing::info;
 
 use crate::api::{
     ApiError, Decision, GcReport, GcRequest, MigrateRequest, MigrationReport, PrepareRequest,
@@ -109,8 +110,14 @@ impl RemoteStore {
         Ok(out)
     }
 
-    /// Fetches `ks` (at most `MAX_FETCH`) in one request, each verified against its κ.
-    fn fetch_batch(&self, ks: &[Kappa]) -> Result<Vec<Vec<u8>>, StoreError> {
+    /// Fetches `ks` (at most `MAX_FETCH`) in one request and stores them in `local`, each
+    /// verified against its κ first. Returns their bytes in all.
+    fn fetch_batch(
+        &self,
+        ks: &[Kappa],
+        local: &dyn Store,
+        buf: &mut Vec<u8>,
+    ) -> Result<u64, StoreError> {
         let body: Vec<u8> = ks.iter().flat_map(|k| *k.as_bytes()).collect();
         let r = self
             .agent
@@ -119,18 +126,24 @@ impl RemoteStore {
             .send(&body[..])
             .map_err(remote)?;
         let mut r = self.check("fetching objects", r)?;
-        let bytes = r
-            .body_mut()
-            .with_config()
-            .limit((MAX_OBJECT + (1 << 20)) as u64)
-            .read_to_vec()
-            .map_err(remote)?;
-        let objects = crate::batch::decode(&bytes).map_err(remote)?;
-        // The batch is self-verifying; it must also be exactly what was asked, in order.
-        if objects.len() != ks.len() || objects.iter().zip(ks).any(|(o, k)| Kappa::of(o) != *k) {
+        buf.clear();
+        std::io::Read::read_to_end(
+            &mut r
+                .body_mut()
+                .with_config()
+                .limit((MAX_OBJECT + (1 << 20)) as u64)
+                .reader(),
+            buf,
+        )
+        .map_err(remote)?;
+        let batch = crate::batch::decode(buf).map_err(remote)?;
+        let objects = batch.verify().map_err(remote)?;
+        // Each object is what its κ says; they must also be exactly those asked, in order.
+        if objects.len() != ks.len() || objects.iter().zip(ks).any(|(o, k)| o.kappa() != *k) {
             return Err(remote("the space answered with other objects than asked"));
         }
-        Ok(objects)
+        local.put_hashed(&objects)?;
+        Ok(objects.iter().map(|o| o.bytes().len() as u64).sum())
     }
 
     /// Sends a batch built by `batch::push` (`POST /v1/objects`).
@@ -246,7 +259,9 @@ pub fn push(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<SyncStats, StoreError> {
     let stats = send_closure(local, space, k, progress)?;
+    info!(snapshot = %k, "sent; the space verifies and names it");
     space.name_snapshot(&k)?;
+    info!(snapshot = %k, "named on the space");
     Ok(stats)
 }
 
@@ -261,29 +276,118 @@ pub fn send_closure(
     let mut closure = BTreeSet::new();
     snapshot_closure(local, &k, false, &mut closure).map_err(remote)?;
     let all: Vec<Kappa> = closure.into_iter().collect();
+    info!(
+        objects = all.len(),
+        "closure walked; asking the space what it lacks"
+    );
     let mut todo = space.missing(&all)?;
+    info!(missing = todo.len(), "sending what it lacks");
     let chunks = moving_order(&k, memory_chunks(local, &k), &mut todo);
-    let mut stats = SyncStats {
-        objects: all.len(),
-        ..SyncStats::default()
-    };
-    // In batches of about BATCH_BYTES, each stored together on the other side.
-    let mut batch = Vec::new();
-    let mut raw = 0;
-    for (i, m) in todo.iter().enumerate() {
-        let bytes = local.get(m)?;
-        raw += bytes.len();
-        crate::batch::push(&mut batch, &bytes);
-        stats.moved += 1;
-        stats.bytes += bytes.len() as u64;
-        if raw >= BATCH_BYTES || i + 1 == todo.len() || i + 1 == chunks {
-            space.put_batch(&batch)?;
-            batch.clear();
-            raw = 0;
-            progress(i + 1, todo.len());
-        }
-    }
+    let mut stats = send_batches(local, space, &todo, chunks, progress)?;
+    stats.objects = all.len();
     Ok(stats)
+}
+
+/// How many batches may be on their way at once (each sent on its own connection while the
+/// next is read and encoded, so reading, sending and the space's checking and storing
+/// overlap).
+const SENDERS: usize = 2;
+
+/// Sends `todo` (read from `local`) in batches of about `BATCH_BYTES`, each stored together on
+/// the other side; the first `leading` objects (a snapshot's memory chunks) end a batch of
+/// their own. `progress(sent, total)` is called as batches arrive.
+fn send_batches(
+    local: &dyn Store,
+    space: &RemoteStore,
+    todo: &[Kappa],
+    leading: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<SyncStats, StoreError> {
+    let mut stats = SyncStats::default();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Vec<u8>)>(SENDERS);
+    let rx = std::sync::Mutex::new(rx);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<usize, StoreError>>();
+    let mut sent = 0;
+    let mut failed = None;
+    std::thread::scope(|s| {
+        for _ in 0..SENDERS {
+            let (rx, done_tx) = (&rx, done_tx.clone());
+            s.spawn(move || {
+                // After a failure, keep taking batches (unsent) so the reader never blocks.
+                let mut failed = false;
+                while let Ok((n, body)) = rx
+                    .lock()
+                    .map_or_else(|p| p.into_inner().recv(), |r| r.recv())
+                {
+                    if failed {
+                        continue;
+                    }
+                    let r = space.put_batch(&body).map(|()| n);
+                    crate::batch::give_back(body);
+                    failed = r.is_err();
+                    let _ = done_tx.send(r);
+                }
+            });
+        }
+        drop(done_tx);
+        let mut take = |r: Result<usize, StoreError>, failed: &mut Option<StoreError>| match r {
+            Ok(n) => {
+                sent += n;
+                progress(sent, todo.len());
+            }
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        };
+        let mut encoder = crate::batch::Encoder::new();
+        let mut batch = crate::batch::buffer();
+        let (mut raw, mut in_batch) = (0, 0);
+        for (i, m) in todo.iter().enumerate() {
+            while let Ok(r) = done_rx.try_recv() {
+                take(r, &mut failed);
+            }
+            if failed.is_some() {
+                break;
+            }
+            let len = match encoder.push_stored(&mut batch, m, local) {
+                Ok(len) => len,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
+            raw += len as usize;
+            in_batch += 1;
+            stats.moved += 1;
+            stats.bytes += len;
+            if raw >= BATCH_BYTES || i + 1 == todo.len() || i + 1 == leading {
+                let full = std::mem::replace(&mut batch, crate::batch::buffer());
+                if tx.send((in_batch, full)).is_err() {
+                    break;
+                }
+                (raw, in_batch) = (0, 0);
+            }
+        }
+        drop(tx);
+        for r in done_rx.iter() {
+            take(r, &mut failed);
+        }
+    });
+    match failed {
+        // Objects read straight from packs are not hashed here (the space hashes them): when
+        // the space finds one that does not match, say which of this store's is damaged.
+        Some(StoreError::Remote(why)) if why.contains(" hashes to ") => {
+            for k in todo {
+                if let Err(e @ StoreError::Corrupt { .. }) = local.check(k) {
+                    return Err(e);
+                }
+            }
+            Err(StoreError::Remote(why))
+        }
+        Some(e) => Err(e),
+        None if sent < todo.len() => Err(remote("a sender stopped before every batch was sent")),
+        None => Ok(stats),
+    }
 }
 
 /// Fetches snapshot κ's closure from `space` into `local` (only what it lacks), verifies it
@@ -298,9 +402,15 @@ pub fn pull(
     // only listed, then fetched if this store lacks them.
     let mut closure = BTreeSet::new();
     snapshot_closure(space, &k, false, &mut closure).map_err(remote)?;
+    info!(
+        objects = closure.len(),
+        "closure walked on the space; fetching what this store lacks"
+    );
     let order = |todo: &mut Vec<Kappa>| moving_order(&k, memory_chunks(space, &k), todo);
     let stats = fetch_missing(space, local, &closure, order, progress)?;
+    info!(moved = stats.moved, "fetched; making them durable");
     local.sync()?;
+    info!("durable; checking the closure");
     ferry_engine::snapshot::load(local, k).map_err(remote)?;
     ferry_engine::snapshot::name(local, k)?;
     Ok(stats)
@@ -322,7 +432,8 @@ pub fn pull_tree(
 
 /// Fetches the objects of `closure` that `local` lacks, each re-hashed, and stores them.
 /// `order` may reorder the missing ones and returns how many lead, fetched in batches of
-/// their own (a snapshot's memory chunks, in memory order).
+/// their own (a snapshot's memory chunks, in memory order). [`SENDERS`] batches are fetched
+/// at once, each checked and stored by the thread that fetched it.
 fn fetch_missing(
     space: &RemoteStore,
     local: &dyn Store,
@@ -337,23 +448,60 @@ fn fetch_missing(
         }
     }
     let leading = order(&mut todo);
+    let (leading, rest) = todo.split_at(leading);
+    let parts: Vec<&[Kappa]> = leading
+        .chunks(crate::MAX_FETCH)
+        .chain(rest.chunks(crate::MAX_FETCH))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(usize, u64), StoreError>>();
     let mut stats = SyncStats {
         objects: closure.len(),
         ..SyncStats::default()
     };
-    let (leading, rest) = todo.split_at(leading);
-    for part in leading
-        .chunks(crate::MAX_FETCH)
-        .chain(rest.chunks(crate::MAX_FETCH))
-    {
-        let objects = space.fetch_batch(part)?;
-        let refs: Vec<&[u8]> = objects.iter().map(Vec::as_slice).collect();
-        local.put_many(&refs)?;
-        stats.moved += part.len();
-        stats.bytes += objects.iter().map(|o| o.len() as u64).sum::<u64>();
-        progress(stats.moved, todo.len());
+    let mut failed = None;
+    std::thread::scope(|s| {
+        for _ in 0..SENDERS {
+            let (parts, next, stop, done_tx) = (&parts, &next, &stop, done_tx.clone());
+            s.spawn(move || {
+                use std::sync::atomic::Ordering::Relaxed;
+                let mut buf = crate::batch::buffer();
+                while !stop.load(Relaxed) {
+                    let Some(part) = parts.get(next.fetch_add(1, Relaxed)) else {
+                        break;
+                    };
+                    let r = space
+                        .fetch_batch(part, local, &mut buf)
+                        .map(|b| (part.len(), b));
+                    if r.is_err() {
+                        stop.store(true, Relaxed);
+                    }
+                    if done_tx.send(r).is_err() {
+                        break;
+                    }
+                }
+                crate::batch::give_back(buf);
+            });
+        }
+        drop(done_tx);
+        for r in done_rx.iter() {
+            match r {
+                Ok((n, bytes)) => {
+                    stats.moved += n;
+                    stats.bytes += bytes;
+                    progress(stats.moved, todo.len());
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(stats),
     }
-    Ok(stats)
 }
 
 /// The sessions and migration API of a space (docs/api.md), as its CLI and its peers call
@@ -580,20 +728,7 @@ pub fn send_objects(
     all: &[Kappa],
 ) -> Result<SyncStats, StoreError> {
     let todo = space.missing(all)?;
-    let mut stats = SyncStats {
-        objects: all.len(),
-        ..SyncStats::default()
-    };
-    let mut batch = Vec::new();
-    for (i, m) in todo.iter().enumerate() {
-        let bytes = local.get(m)?;
-        crate::batch::push(&mut batch, &bytes);
-        stats.moved += 1;
-        stats.bytes += bytes.len() as u64;
-        if batch.len() >= BATCH_BYTES || i + 1 == todo.len() {
-            space.put_batch(&batch)?;
-            batch.clear();
-        }
-    }
+    let mut stats = send_batches(local, space, &todo, 0, &mut |_, _| {})?;
+    stats.objects = all.len();
     Ok(stats)
 }

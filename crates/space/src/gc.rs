@@ -134,6 +134,14 @@ impl Store for Recording {
         Ok(ks)
     }
 
+    fn put_hashed(&self, objects: &[ferry_store::Hashed<'_>]) -> Result<(), StoreError> {
+        let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
+        self.inner.put_hashed(objects)?;
+        let ks: Vec<Kappa> = objects.iter().map(ferry_store::Hashed::kappa).collect();
+        self.note(&ks);
+        Ok(())
+    }
+
     fn has(&self, kappa: &Kappa) -> Result<bool, StoreError> {
         let _g = self.gate.read().unwrap_or_else(|p| p.into_inner());
         let there = self.inner.has(kappa)?;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -160,19 +160,60 @@ async fn put_object(
 /// `POST /v1/objects`: many objects in one body, each `[32] κ, u8 codec (0 raw, 1 zstd),
 /// u64 length, u64 stored length, stored bytes` (little-endian); every one is verified
 /// before any is stored, and they are stored together (one pack on disk).
-async fn put_objects(State(s): State<Shared>, body: Bytes) -> Response {
+async fn put_objects(State(s): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    let body = match read_body(&headers, body).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
     let r = blocking(move || {
-        let objects =
-            crate::batch::decode(&body).map_err(|e| text(StatusCode::UNPROCESSABLE_ENTITY, e))?;
-        let refs: Vec<&[u8]> = objects.iter().map(Vec::as_slice).collect();
-        s.store.put_many(&refs).map_err(internal)?;
-        Ok(())
+        let refuse = |e| text(StatusCode::UNPROCESSABLE_ENTITY, e);
+        let stored = (|| {
+            let batch = crate::batch::decode(&body).map_err(refuse)?;
+            let objects = batch.verify().map_err(refuse)?;
+            s.store.put_hashed(&objects).map_err(internal)
+        })();
+        crate::batch::give_back(body);
+        stored
     })
     .await;
     match r {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// A request body of at most `MAX_OBJECT` + 1 MiB, read into a buffer used before (see
+/// `batch::buffer`).
+async fn read_body(headers: &HeaderMap, mut body: Body) -> Result<Vec<u8>, Refusal> {
+    use http_body_util::BodyExt;
+    let limit = MAX_OBJECT + (1 << 20);
+    let too_big = || {
+        text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a body of more than {limit} bytes"),
+        )
+    };
+    let mut buf = crate::batch::buffer();
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if let Some(n) = announced {
+        if n > limit {
+            return Err(too_big());
+        }
+        buf.reserve(n);
+    }
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| text(StatusCode::BAD_REQUEST, e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                return Err(too_big());
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf)
 }
 
 /// `POST /v1/objects/fetch`: body = κ, 32 bytes each (at most `MAX_FETCH`); answer = those
@@ -186,11 +227,12 @@ async fn fetch_objects(State(s): State<Shared>, body: Bytes) -> Response {
         .into_response();
     }
     let r = blocking(move || {
-        let mut out = Vec::new();
+        let mut out = crate::batch::buffer();
+        let mut encoder = crate::batch::Encoder::new();
         for c in body.chunks_exact(32) {
             let k = Kappa::from_bytes(c.try_into().expect("32 bytes"));
-            match s.store.get(&k) {
-                Ok(b) => crate::batch::push(&mut out, &b),
+            match encoder.push_stored(&mut out, &k, s.store.as_ref()) {
+                Ok(_) => {}
                 Err(ferry_store::StoreError::NotFound(_)) => {
                     return Err(text(
                         StatusCode::NOT_FOUND,
@@ -204,7 +246,7 @@ async fn fetch_objects(State(s): State<Shared>, body: Bytes) -> Response {
     })
     .await;
     match r {
-        Ok(b) => b.into_response(),
+        Ok(b) => Bytes::from_owner(crate::batch::Pooled(b)).into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -58,10 +58,8 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    pub(crate) fn io(
-        op: &'static str,
-        path: impl Into<PathBuf>,
-    ) -> impl FnOnce(std::io::Error) -> Self {
+    /// Wraps an I/O error of `op` on `path`.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
         move |source| Self::Io { op, path, source }
     }

@@ -164,6 +164,8 @@ const DIRECT_ALIGN: usize = 4096;
 const DIRECT_MIN: usize = 4 << 20;
 /// Objects hashed, then handed to a writer, at a time (64 memory chunks: 4 MiB).
 const DIRECT_SEGMENT: usize = 64;
+/// Most staging memory a thread keeps between batches (a batch is about 16 MiB).
+const STAGED_KEPT: usize = 64 << 20;
 /// Threads writing a direct-I/O pack (requests in flight).
 const DIRECT_WRITERS: usize = 2;
 
@@ -180,14 +182,14 @@ pub(crate) struct Staged {
 }
 
 impl Staged {
-    pub(crate) fn of(blobs: &[&[u8]]) -> Self {
-        let mut s = Self::default();
-        s.blocks
+    /// Holds copies of `blobs` (each a whole number of blocks) instead of what it held.
+    pub(crate) fn refill(&mut self, blobs: &[&[u8]]) {
+        self.clear();
+        self.blocks
             .reserve(blobs.iter().map(|b| b.len() / DIRECT_ALIGN).sum());
         for b in blobs {
-            s.push(b);
+            self.push(b);
         }
-        s
     }
 
     /// Appends a copy of `blob`, whose length must be a multiple of the block size.
@@ -644,7 +646,12 @@ impl FsStore {
     /// the next segment is hashed. A blob counts as stored when a pack holds it (loose objects
     /// are not looked up: a copy in a pack as well costs space, never correctness).
     /// `Ok(None)`: the file system refused direct I/O; nothing was stored.
-    fn put_many_direct(&self, blobs: &[&[u8]]) -> Result<Option<Vec<Kappa>>, StoreError> {
+    /// `known`: the blobs' κ, when the caller hashed them already.
+    fn put_many_direct(
+        &self,
+        blobs: &[&[u8]],
+        known: Option<&[Kappa]>,
+    ) -> Result<Option<Vec<Kappa>>, StoreError> {
         use std::os::unix::fs::OpenOptionsExt;
         let refused = |e: &std::io::Error| e.raw_os_error() == Some(libc::EINVAL);
         let tmp = self.tmp_path();
@@ -699,8 +706,11 @@ impl FsStore {
                     })
                     .collect();
                 let mut hashed = Ok(());
-                for segment in blobs.chunks(DIRECT_SEGMENT) {
-                    let segment_ks = hash_all(segment);
+                for (i, segment) in blobs.chunks(DIRECT_SEGMENT).enumerate() {
+                    let segment_ks = match known {
+                        Some(ks) => ks[i * DIRECT_SEGMENT..][..segment.len()].to_vec(),
+                        None => hash_all(segment),
+                    };
                     let mut job = Vec::new();
                     let job_at = at;
                     for (k, b) in segment_ks.iter().zip(segment) {
@@ -752,6 +762,95 @@ impl FsStore {
         let (_, idx_bytes, pack_len) = pack::layout(&objects, DIRECT_ALIGN as u64);
         self.finish_pack(&tmp, &idx_bytes, pack_len)?;
         Ok(Some(ks))
+    }
+
+    /// `put_many` through [`Self::put_many_direct`] when the store writes these blobs with
+    /// direct I/O (copied into block-aligned memory first if need be); `None` when it does
+    /// not (or the file system refused it) and nothing was stored.
+    fn try_direct(
+        &self,
+        blobs: &[&[u8]],
+        known: Option<&[Kappa]>,
+    ) -> Result<Option<Vec<Kappa>>, StoreError> {
+        if !self.direct_candidate(blobs) {
+            return Ok(None);
+        }
+        let aligned = blobs
+            .iter()
+            .all(|b| (b.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN));
+        if aligned {
+            return self.put_many_direct(blobs, known);
+        }
+        // Batches a pull, push or import received arrive in ordinary buffers: copied into
+        // block-aligned memory first (cheap beside the write), they are packed block-aligned
+        // like a snapshot's, so a resume can map them. The staging memory is kept for the
+        // thread's next batch: memory the process has not touched before costs far more
+        // than the copy (on some VMs ~3 s per GiB to fault in).
+        thread_local! {
+            static STAGED: std::cell::RefCell<Staged> = std::cell::RefCell::default();
+        }
+        STAGED.with(|cell| {
+            let mut staged = cell.take();
+            staged.refill(blobs);
+            let r = self.put_many_direct(&staged.slices(), known);
+            if staged.bytes() <= STAGED_KEPT {
+                cell.replace(staged);
+            }
+            r
+        })
+    }
+
+    /// Writes the new ones of `objects` into one pack through the page cache (compressed
+    /// if the store compresses).
+    fn put_packed(&self, objects: &[crate::Hashed<'_>]) -> Result<(), StoreError> {
+        let mut seen = BTreeSet::new();
+        let new: Vec<(Kappa, &[u8])> = objects
+            .iter()
+            .filter(|o| !self.has(&o.kappa()).unwrap_or(false))
+            .filter(|o| seen.insert(o.kappa()))
+            .map(|o| (o.kappa(), o.bytes()))
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let compressed: Vec<Option<Vec<u8>>> = match self.zstd {
+            None => vec![None; new.len()],
+            Some(_) => {
+                let per = new.len().div_ceil(2).max(1);
+                std::thread::scope(|s| {
+                    let parts: Vec<_> = new
+                        .chunks(per)
+                        .map(|part| {
+                            s.spawn(move || {
+                                part.iter()
+                                    .map(|(_, b)| self.compress(b))
+                                    .collect::<Vec<_>>()
+                            })
+                        })
+                        .collect();
+                    parts
+                        .into_iter()
+                        .flat_map(|h| h.join().expect("compression thread"))
+                        .collect()
+                })
+            }
+        };
+        let objects: Vec<pack::Packable<'_>> = new
+            .iter()
+            .zip(&compressed)
+            .map(|((k, b), z)| match z {
+                Some(z) => (*k, z.as_slice(), b.len() as u32, true),
+                None => (*k, *b, b.len() as u32, false),
+            })
+            .collect();
+        let (header, idx_bytes, pack_len) = pack::layout(&objects, pack::PACK_HEADER);
+        self.take_writes(new.len() as u64, &self.root.join("packs"))?;
+        let parts: Vec<&[u8]> = std::iter::once(header.as_slice())
+            .chain(objects.iter().map(|o| o.1))
+            .collect();
+        let tmp = self.write_tmp(&parts, false)?;
+        self.finish_pack(&tmp, &idx_bytes, pack_len)?;
+        Ok(())
     }
 
     /// Moves a written pack from `tmp` into `packs/` (named after its index), writes the
@@ -888,6 +987,22 @@ impl Store for FsStore {
     }
 
     fn get(&self, kappa: &Kappa) -> Result<Vec<u8>, StoreError> {
+        // Packs first: most objects are packed, and looking for a loose file first cost two
+        // failed opens per object.
+        // (A pack that went away, compacted by another process, leaves the loose copy if
+        // there is one.)
+        let slot = self.packed().slots.get(kappa).cloned();
+        if let Some(slot) = slot {
+            let mut b = vec![0; slot.len as usize];
+            match self.read_slot(kappa, slot, &mut b) {
+                Ok(slot) => {
+                    Self::verify(kappa, &b, &slot.pack)?;
+                    return Ok(b);
+                }
+                Err(StoreError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
         let p = self.object_path(kappa);
         match fs::read(&p) {
             Ok(bytes) => {
@@ -917,16 +1032,7 @@ impl Store for FsStore {
             Err(e) if e.kind() != ErrorKind::NotFound => return Err(StoreError::io("read", &z)(e)),
             Err(_) => {}
         }
-        let slot = self
-            .packed()
-            .slots
-            .get(kappa)
-            .cloned()
-            .ok_or(StoreError::NotFound(*kappa))?;
-        let mut b = vec![0; slot.len as usize];
-        let slot = self.read_slot(kappa, slot, &mut b)?;
-        Self::verify(kappa, &b, &slot.pack)?;
-        Ok(b)
+        Err(StoreError::NotFound(*kappa))
     }
 
     /// Loose objects are hashed as they are read, a MiB at a time (a 100 MB module is checked
@@ -978,76 +1084,22 @@ impl Store for FsStore {
     }
 
     fn put_many(&self, blobs: &[&[u8]]) -> Result<Vec<Kappa>, StoreError> {
-        if self.direct_candidate(blobs) {
-            let aligned = blobs
-                .iter()
-                .all(|b| (b.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN));
-            let staged;
-            let direct: Vec<&[u8]> = if aligned {
-                blobs.to_vec()
-            } else {
-                // Batches a pull, push or import received arrive in ordinary buffers: copied
-                // into block-aligned memory first (cheap beside the write), they are packed
-                // block-aligned like a snapshot's, so a resume can map them.
-                staged = Staged::of(blobs);
-                staged.slices()
-            };
-            if let Some(ks) = self.put_many_direct(&direct)? {
-                return Ok(ks);
-            }
-        }
-        let ks = hash_all(blobs);
-        let mut seen = BTreeSet::new();
-        let new: Vec<(Kappa, &[u8])> = ks
-            .iter()
-            .zip(blobs)
-            .filter(|(k, _)| !self.has(k).unwrap_or(false))
-            .filter(|(k, _)| seen.insert(**k))
-            .map(|(k, b)| (*k, *b))
-            .collect();
-        if new.is_empty() {
+        if let Some(ks) = self.try_direct(blobs, None)? {
             return Ok(ks);
         }
-        let compressed: Vec<Option<Vec<u8>>> = match self.zstd {
-            None => vec![None; new.len()],
-            Some(_) => {
-                let per = new.len().div_ceil(2).max(1);
-                std::thread::scope(|s| {
-                    let parts: Vec<_> = new
-                        .chunks(per)
-                        .map(|part| {
-                            s.spawn(move || {
-                                part.iter()
-                                    .map(|(_, b)| self.compress(b))
-                                    .collect::<Vec<_>>()
-                            })
-                        })
-                        .collect();
-                    parts
-                        .into_iter()
-                        .flat_map(|h| h.join().expect("compression thread"))
-                        .collect()
-                })
-            }
-        };
-        let objects: Vec<pack::Packable<'_>> = new
-            .iter()
-            .zip(&compressed)
-            .map(|((k, b), z)| match z {
-                Some(z) => (*k, z.as_slice(), b.len() as u32, true),
-                None => (*k, *b, b.len() as u32, false),
-            })
-            .collect();
-        let (header, idx_bytes, pack_len) = pack::layout(&objects, pack::PACK_HEADER);
-        self.take_writes(new.len() as u64, &self.root.join("packs"))?;
-        let parts: Vec<&[u8]> = std::iter::once(header.as_slice())
-            .chain(objects.iter().map(|o| o.1))
-            .collect();
-        let tmp = self.write_tmp(&parts, false)?;
-        self.finish_pack(&tmp, &idx_bytes, pack_len)?;
-        Ok(ks)
+        let hashed = crate::Hashed::all(blobs);
+        self.put_packed(&hashed)?;
+        Ok(hashed.iter().map(crate::Hashed::kappa).collect())
     }
 
+    fn put_hashed(&self, objects: &[crate::Hashed<'_>]) -> Result<(), StoreError> {
+        let blobs: Vec<&[u8]> = objects.iter().map(|o| o.bytes()).collect();
+        let ks: Vec<Kappa> = objects.iter().map(crate::Hashed::kappa).collect();
+        if self.try_direct(&blobs, Some(&ks))?.is_none() {
+            self.put_packed(objects)?;
+        }
+        Ok(())
+    }
     fn has(&self, kappa: &Kappa) -> Result<bool, StoreError> {
         if self.packed().slots.contains_key(kappa) {
             return Ok(true);

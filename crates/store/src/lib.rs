@@ -76,6 +76,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn put_many(&self, blobs: &[&[u8]]) -> Result<Vec<Kappa>, StoreError> {
         blobs.iter().map(|b| self.put(b)).collect()
     }
+    /// [`Store::put_many`] for objects already hashed (received ones, checked against the
+    /// κ they were sent under): stores need not hash them again.
+    fn put_hashed(&self, objects: &[Hashed<'_>]) -> Result<(), StoreError> {
+        let blobs: Vec<&[u8]> = objects.iter().map(|o| o.bytes).collect();
+        self.put_many(&blobs).map(drop)
+    }
     /// Reads κ into `out`, verified; `out` must have the object's exact length.
     fn read_into(&self, kappa: &Kappa, out: &mut [u8]) -> Result<(), StoreError> {
         copy_exact(kappa, &self.get(kappa)?, out)
@@ -148,23 +154,68 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
 /// Hashes blobs on up to four threads, keeping their order.
 pub fn hash_all(blobs: &[&[u8]]) -> Vec<Kappa> {
+    in_parallel(blobs, |b| Kappa::of(b))
+}
+
+/// `f` of each item on up to four threads (one for fewer than 64 items), keeping the order.
+fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(4);
-    if threads < 2 || blobs.len() < 64 {
-        return blobs.iter().map(|b| Kappa::of(b)).collect();
+    if threads < 2 || items.len() < 64 {
+        return items.iter().map(f).collect();
     }
-    let per = blobs.len().div_ceil(threads);
+    let per = items.len().div_ceil(threads);
+    let f = &f;
     std::thread::scope(|s| {
-        let parts: Vec<_> = blobs
+        let parts: Vec<_> = items
             .chunks(per)
-            .map(|part| s.spawn(move || part.iter().map(|b| Kappa::of(b)).collect::<Vec<_>>()))
+            .map(|part| s.spawn(move || part.iter().map(f).collect::<Vec<_>>()))
             .collect();
         parts
             .into_iter()
             .flat_map(|h| h.join().expect("hashing thread"))
             .collect()
     })
+}
+
+/// Bytes together with their κ, which can only be had by hashing them ([`Hashed::all`],
+/// [`Hashed::check_all`]): a store given these ([`Store::put_hashed`]) need not hash again.
+#[derive(Debug, Clone, Copy)]
+pub struct Hashed<'a> {
+    kappa: Kappa,
+    bytes: &'a [u8],
+}
+
+impl<'a> Hashed<'a> {
+    pub fn kappa(&self) -> Kappa {
+        self.kappa
+    }
+
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// Hashes each blob (on up to four threads).
+    pub fn all(blobs: &[&'a [u8]]) -> Vec<Self> {
+        in_parallel(blobs, |b| Self {
+            kappa: Kappa::of(b),
+            bytes: b,
+        })
+    }
+
+    /// Checks that each object hashes to the κ it came with (on up to four threads); the
+    /// first that does not is [`StoreError::Corrupt`], found at `where_`.
+    pub fn check_all(claimed: &[(Kappa, &'a [u8])], where_: &str) -> Result<Vec<Self>, StoreError> {
+        in_parallel(claimed, |(k, b)| {
+            StoreError::check_actual(k, Kappa::of(b), || where_.to_owned()).map(|()| Self {
+                kappa: *k,
+                bytes: b,
+            })
+        })
+        .into_iter()
+        .collect()
+    }
 }
 
 /// Copies an object's bytes into `out`, which must have exactly their length.

@@ -55,6 +55,17 @@ impl Store for MemStore {
         Ok(bytes)
     }
 
+    fn put_hashed(&self, objects: &[crate::Hashed<'_>]) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        for o in objects {
+            inner
+                .objects
+                .entry(o.kappa())
+                .or_insert_with(|| o.bytes().to_vec());
+        }
+        Ok(())
+    }
+
     fn has(&self, kappa: &Kappa) -> Result<bool, StoreError> {
         Ok(self.lock().objects.contains_key(kappa))
     }

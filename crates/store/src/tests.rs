@@ -234,6 +234,43 @@ fn put_many_and_read_into_follow_the_contract() {
     }
 }
 
+/// Objects received with their κ are checked once ([`Hashed::check_all`]) and stored without
+/// hashing again; one that does not hash to its κ is refused before anything is stored.
+#[test]
+fn hashed_objects_are_checked_once_and_stored_as_put_many_would() {
+    // 100 chunks of 64 KiB (above the direct-I/O threshold), in an ordinary buffer: an
+    // on-disk store stages them into block-aligned memory, with the κ it was given.
+    let blobs: Vec<Vec<u8>> = (0..100u32)
+        .map(|i| {
+            (0..65536u32)
+                .map(|j| (i.wrapping_mul(31) ^ j.wrapping_mul(7)) as u8)
+                .collect()
+        })
+        .collect();
+    let claimed: Vec<(Kappa, &[u8])> = blobs.iter().map(|b| (Kappa::of(b), b.as_slice())).collect();
+    let mut forged = claimed.clone();
+    forged[57].0 = Kappa::of(b"something else");
+    match Hashed::check_all(&forged, "test") {
+        Err(StoreError::Corrupt { kappa, actual, .. }) => {
+            assert_eq!((kappa, actual), (forged[57].0, claimed[57].0));
+        }
+        other => panic!("{other:?}"),
+    }
+    let checked = Hashed::check_all(&claimed, "test").unwrap();
+    for (s, _d) in stores() {
+        s.put_hashed(&checked).unwrap();
+        s.put_hashed(&checked[..3]).unwrap();
+        let mut listed = s.list().unwrap();
+        listed.sort();
+        let mut want: Vec<Kappa> = claimed.iter().map(|c| c.0).collect();
+        want.sort();
+        assert_eq!(listed, want, "{s:?}");
+        for (k, b) in &claimed {
+            assert_eq!(&s.get(k).unwrap(), b);
+        }
+    }
+}
+
 /// 64 KiB of block-aligned memory, as a guest's memory chunk is.
 #[repr(C, align(4096))]
 struct Chunk([u8; 65536]);

@@ -140,3 +140,34 @@ fn moved_memory_is_packed_in_memory_order() {
         );
     }
 }
+
+/// A damaged chunk in the pushing store is named, not just refused: chunks go from the packs
+/// to the space without being hashed on the way out, the space re-hashes them and refuses the
+/// batch, and the sender then finds which of its own objects is corrupt.
+#[test]
+fn a_damaged_object_in_the_pushing_store_is_named() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let server = SpaceProc::start(&[]);
+    let g = guest("wasm/dirty.wasm");
+    // 16 MiB of random bytes: the largest pack holds the memory chunks.
+    let (seen, k) = run_and_suspend(&here, &[g.to_str().unwrap(), "--", "16", "20", "10"], 1500);
+    assert!(String::from_utf8_lossy(&seen).starts_with("ready\n"));
+    let pack = std::fs::read_dir(here.store().join("packs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pack"))
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    let mut bytes = std::fs::read(&pack).unwrap();
+    assert!(bytes.len() > 8 << 20, "{} bytes", bytes.len());
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&pack, &bytes).unwrap();
+
+    let (_, err, code) = here.output(&["push", &k, "--to", &server.url]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("is corrupt") && err.contains("ferry store verify"),
+        "{err}"
+    );
+}

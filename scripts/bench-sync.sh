@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Sync between two stores over loopback, as `ferry push` and `ferry pull` do it: a guest
+# holding MiB of random memory (incompressible: nothing for zstd or dedup to save) is
+# suspended once into a durable store; then ROUNDS times: `ferry serve` on a fresh durable
+# store, `push` to it, `pull` from it into a third fresh store. The space's store was written
+# with direct I/O, so a pull reads it from the disk. Each figure is the command's whole run
+# (closure walk, `missing` query, transfer, the receiver's checks, naming); the rate is the
+# closure's bytes over that time. Both ends share this machine's cores.
+# usage: scripts/bench-sync.sh [MiB=1024] [ROUNDS=3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mib=${1:-1024}
+rounds=${2:-3}
+ferry=${FERRY:-${CARGO_TARGET_DIR:-target}/release/ferry}
+[ -x "$ferry" ] || { echo "build first: cargo build --release ($ferry missing)" >&2; exit 1; }
+[ -f guests/wasm/dirty.wasm ] || { echo "run guests/build.sh first" >&2; exit 1; }
+work=$(mktemp -d /var/tmp/ferry-sync.XXXXXX)
+server=
+trap '[ -n "$server" ] && kill "$server" 2>/dev/null; rm -rf "$work"' EXIT
+export FERRY_TOKEN=bench-sync-token
+
+"$ferry" run --store "$work/a" guests/wasm/dirty.wasm -- "$mib" 100000 0 >"$work/out" 2>"$work/err" &
+pid=$!
+until grep -q ready "$work/out" 2>/dev/null; do sleep 0.2; done
+sleep 0.5
+kill -INT "$pid"
+wait "$pid" || true
+k=$(grep -o 'suspended blake3:[0-9a-f]*' "$work/err" | cut -d' ' -f2)
+echo "snapshot $k of a $mib MiB guest"
+
+# seconds a command took, and the MiB it says it moved
+timed() {
+    local t0 t1
+    t0=$(date +%s.%N)
+    "$@" 2>"$work/log" >/dev/null
+    t1=$(date +%s.%N)
+    local mibs
+    mibs=$(grep -o '([0-9.]* MiB)' "$work/log" | tr -d '(MiB)' | tail -1)
+    echo "$t0 $t1 $mibs" | awk '{printf "%.2f s (%.0f MB/s)", $2 - $1, $3 * 1.048576 / ($2 - $1)}'
+}
+
+echo "| round | push | pull |"
+echo "|---:|---:|---:|"
+for r in $(seq "$rounds"); do
+    rm -rf "$work/b" "$work/c"
+    sync
+    "$ferry" serve --listen 127.0.0.1:0 --store "$work/b" >"$work/serve" 2>&1 &
+    server=$!
+    until grep -q 'listening on' "$work/serve" 2>/dev/null; do sleep 0.1; done
+    url=$(grep -o 'http://[0-9.:]*' "$work/serve" | head -1)
+    push=$(timed "$ferry" push --store "$work/a" "$k" --to "$url")
+    sync
+    pull=$(timed "$ferry" pull --store "$work/c" "$k" --from "$url")
+    kill "$server"
+    wait "$server" 2>/dev/null || true
+    server=
+    echo "| $r | $push | $pull |"
+done
