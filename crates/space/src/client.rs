@@ -288,6 +288,21 @@ pub fn send_closure(
     Ok(stats)
 }
 
+/// `todo` cut into batches of about `BATCH_BYTES` by the objects' stored lengths (an object
+/// not in a pack counted as a 64 KiB chunk), the first `leading` in batches of their own.
+fn batches<'a>(local: &dyn Store, todo: &'a [Kappa], leading: usize) -> Vec<&'a [Kappa]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, k) in todo.iter().enumerate() {
+        bytes += local.stored_at(k).map_or(64 << 10, |l| l.len as usize);
+        if bytes >= BATCH_BYTES || i + 1 == todo.len() || i + 1 == leading {
+            out.push(&todo[start..=i]);
+            (start, bytes) = (i + 1, 0);
+        }
+    }
+    out
+}
+
 /// How many batches may be on their way at once (each sent on its own connection while the
 /// next is read and encoded, so reading, sending and the space's checking and storing
 /// overlap).
@@ -340,34 +355,29 @@ fn send_batches(
             }
         };
         let mut encoder = crate::batch::Encoder::new();
-        let mut batch = crate::batch::buffer();
-        let (mut raw, mut in_batch) = (0, 0);
-        for (i, m) in todo.iter().enumerate() {
+        for group in batches(local, todo, leading) {
             while let Ok(r) = done_rx.try_recv() {
                 take(r, &mut failed);
             }
             if failed.is_some() {
                 break;
             }
-            let len = match encoder.push_stored(&mut batch, m, local) {
-                Ok(len) => len,
+            let mut batch = crate::batch::buffer();
+            match encoder.push_many_stored(&mut batch, group, local) {
+                Ok(len) => {
+                    stats.moved += group.len();
+                    stats.bytes += len;
+                }
                 Err(e) => {
                     failed = Some(e);
                     break;
                 }
-            };
-            raw += len as usize;
-            in_batch += 1;
-            stats.moved += 1;
-            stats.bytes += len;
-            if raw >= BATCH_BYTES || i + 1 == todo.len() || i + 1 == leading {
-                let full = std::mem::replace(&mut batch, crate::batch::buffer());
-                if tx.send((in_batch, full)).is_err() {
-                    break;
-                }
-                (raw, in_batch) = (0, 0);
+            }
+            if tx.send((group.len(), batch)).is_err() {
+                break;
             }
         }
+        drop(encoder);
         drop(tx);
         for r in done_rx.iter() {
             take(r, &mut failed);

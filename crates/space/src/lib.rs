@@ -4,8 +4,10 @@
 //! * every request carries `Authorization: Bearer <token>` (no unauthenticated endpoint but
 //!   `GET /v1/health`);
 //! * the sender asks which of a closure's objects the receiver lacks
-//!   (`POST /v1/objects/missing`), then sends only those, each zstd-compressed on the wire
-//!   (`PUT /v1/objects/{κ}`); the receiver re-hashes every object before storing it;
+//!   (`POST /v1/objects/missing`), then sends only those in batches (`POST /v1/objects`;
+//!   `POST /v1/objects/fetch` for a pull), each object zstd-compressed when that pays, two
+//!   batches in flight; the receiver re-hashes every object before storing it (and is the
+//!   only one that hashes it);
 //! * a transfer that breaks is resumed by running it again: what arrived is kept (content
 //!   addressing), only what is still missing moves;
 //! * the snapshot is named only once its whole closure is present and verifies

@@ -229,18 +229,19 @@ async fn fetch_objects(State(s): State<Shared>, body: Bytes) -> Response {
     let r = blocking(move || {
         let mut out = crate::batch::buffer();
         let mut encoder = crate::batch::Encoder::new();
-        for c in body.chunks_exact(32) {
-            let k = Kappa::from_bytes(c.try_into().expect("32 bytes"));
-            match encoder.push_stored(&mut out, &k, s.store.as_ref()) {
-                Ok(_) => {}
-                Err(ferry_store::StoreError::NotFound(_)) => {
-                    return Err(text(
-                        StatusCode::NOT_FOUND,
-                        format!("object {k} is not here"),
-                    ));
-                }
-                Err(e) => return Err(internal(e)),
+        let ks: Vec<Kappa> = body
+            .chunks_exact(32)
+            .map(|c| Kappa::from_bytes(c.try_into().expect("32 bytes")))
+            .collect();
+        match encoder.push_many_stored(&mut out, &ks, s.store.as_ref()) {
+            Ok(_) => {}
+            Err(ferry_store::StoreError::NotFound(k)) => {
+                return Err(text(
+                    StatusCode::NOT_FOUND,
+                    format!("object {k} is not here"),
+                ));
             }
+            Err(e) => return Err(internal(e)),
         }
         Ok(out)
     })
