@@ -265,7 +265,7 @@ impl Encoder {
         let start = out.len();
         out.resize(start + HEADER + len, 0);
         let read = std::os::unix::fs::FileExt::read_exact_at(
-            &*file,
+            file,
             &mut out[start + HEADER..],
             at.offset,
         );
