@@ -264,11 +264,8 @@ impl Encoder {
         let len = at.len as usize;
         let start = out.len();
         out.resize(start + HEADER + len, 0);
-        let read = std::os::unix::fs::FileExt::read_exact_at(
-            file,
-            &mut out[start + HEADER..],
-            at.offset,
-        );
+        let read =
+            std::os::unix::fs::FileExt::read_exact_at(file, &mut out[start + HEADER..], at.offset);
         if let Err(e) = read {
             out.truncate(start);
             // A pack compacted away since it was looked up: read the object where it is now.

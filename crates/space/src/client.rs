@@ -303,14 +303,14 @@ fn batches<'a>(local: &dyn Store, todo: &'a [Kappa], leading: usize) -> Vec<&'a 
     out
 }
 
-/// How many batches may be on their way at once (each sent on its own connection while the
-/// next is read and encoded, so reading, sending and the space's checking and storing
-/// overlap).
-const SENDERS: usize = 2;
+/// How many batches are worked on at once, each by a thread of its own that reads, encodes
+/// and sends it (on its own connection) — or fetches, checks and stores it — so that reading,
+/// the network and the other side's checking and storing overlap.
+const IN_FLIGHT: usize = 2;
 
 /// Sends `todo` (read from `local`) in batches of about `BATCH_BYTES`, each stored together on
-/// the other side; the first `leading` objects (a snapshot's memory chunks) end a batch of
-/// their own. `progress(sent, total)` is called as batches arrive.
+/// the other side, [`IN_FLIGHT`] at once; the first `leading` objects (a snapshot's memory
+/// chunks) end a batch of their own. `progress(sent, total)` is called as batches arrive.
 fn send_batches(
     local: &dyn Store,
     space: &RemoteStore,
@@ -318,69 +318,49 @@ fn send_batches(
     leading: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<SyncStats, StoreError> {
+    let groups = batches(local, todo, leading);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(usize, u64), StoreError>>();
     let mut stats = SyncStats::default();
-    let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Vec<u8>)>(SENDERS);
-    let rx = std::sync::Mutex::new(rx);
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<usize, StoreError>>();
-    let mut sent = 0;
     let mut failed = None;
     std::thread::scope(|s| {
-        for _ in 0..SENDERS {
-            let (rx, done_tx) = (&rx, done_tx.clone());
+        for _ in 0..IN_FLIGHT {
+            let (groups, next, stop, done_tx) = (&groups, &next, &stop, done_tx.clone());
             s.spawn(move || {
-                // After a failure, keep taking batches (unsent) so the reader never blocks.
-                let mut failed = false;
-                while let Ok((n, body)) = rx
-                    .lock()
-                    .map_or_else(|p| p.into_inner().recv(), |r| r.recv())
-                {
-                    if failed {
-                        continue;
+                use std::sync::atomic::Ordering::Relaxed;
+                let mut encoder = crate::batch::Encoder::new();
+                let mut batch = crate::batch::buffer();
+                while !stop.load(Relaxed) {
+                    let Some(group) = groups.get(next.fetch_add(1, Relaxed)) else {
+                        break;
+                    };
+                    batch.clear();
+                    let r = encoder
+                        .push_many_stored(&mut batch, group, local)
+                        .and_then(|len| space.put_batch(&batch).map(|()| (group.len(), len)));
+                    if r.is_err() {
+                        stop.store(true, Relaxed);
                     }
-                    let r = space.put_batch(&body).map(|()| n);
-                    crate::batch::give_back(body);
-                    failed = r.is_err();
-                    let _ = done_tx.send(r);
+                    if done_tx.send(r).is_err() {
+                        break;
+                    }
                 }
+                crate::batch::give_back(batch);
             });
         }
         drop(done_tx);
-        let mut take = |r: Result<usize, StoreError>, failed: &mut Option<StoreError>| match r {
-            Ok(n) => {
-                sent += n;
-                progress(sent, todo.len());
-            }
-            Err(e) => {
-                failed.get_or_insert(e);
-            }
-        };
-        let mut encoder = crate::batch::Encoder::new();
-        for group in batches(local, todo, leading) {
-            while let Ok(r) = done_rx.try_recv() {
-                take(r, &mut failed);
-            }
-            if failed.is_some() {
-                break;
-            }
-            let mut batch = crate::batch::buffer();
-            match encoder.push_many_stored(&mut batch, group, local) {
-                Ok(len) => {
-                    stats.moved += group.len();
-                    stats.bytes += len;
+        for r in done_rx.iter() {
+            match r {
+                Ok((n, bytes)) => {
+                    stats.moved += n;
+                    stats.bytes += bytes;
+                    progress(stats.moved, todo.len());
                 }
                 Err(e) => {
-                    failed = Some(e);
-                    break;
+                    failed.get_or_insert(e);
                 }
             }
-            if tx.send((group.len(), batch)).is_err() {
-                break;
-            }
-        }
-        drop(encoder);
-        drop(tx);
-        for r in done_rx.iter() {
-            take(r, &mut failed);
         }
     });
     match failed {
@@ -395,7 +375,6 @@ fn send_batches(
             Err(StoreError::Remote(why))
         }
         Some(e) => Err(e),
-        None if sent < todo.len() => Err(remote("a sender stopped before every batch was sent")),
         None => Ok(stats),
     }
 }
@@ -442,7 +421,7 @@ pub fn pull_tree(
 
 /// Fetches the objects of `closure` that `local` lacks, each re-hashed, and stores them.
 /// `order` may reorder the missing ones and returns how many lead, fetched in batches of
-/// their own (a snapshot's memory chunks, in memory order). [`SENDERS`] batches are fetched
+/// their own (a snapshot's memory chunks, in memory order). [`IN_FLIGHT`] batches are fetched
 /// at once, each checked and stored by the thread that fetched it.
 fn fetch_missing(
     space: &RemoteStore,
@@ -472,7 +451,7 @@ fn fetch_missing(
     };
     let mut failed = None;
     std::thread::scope(|s| {
-        for _ in 0..SENDERS {
+        for _ in 0..IN_FLIGHT {
             let (parts, next, stop, done_tx) = (&parts, &next, &stop, done_tx.clone());
             s.spawn(move || {
                 use std::sync::atomic::Ordering::Relaxed;
