@@ -11,8 +11,9 @@ use ferry_store::{Hashed, Store, StoreError};
 
 use crate::{BATCH_BYTES, MAX_OBJECT};
 
-/// Batch buffers kept for reuse: at most this many, each of at most [`KEPT`] bytes.
-const POOLED: usize = 8;
+/// Batch buffers kept for reuse: at most this many (what two batches in flight use at each
+/// end), each of at most [`KEPT`] bytes.
+const POOLED: usize = 6;
 const KEPT: usize = 64 << 20;
 
 static POOL: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
@@ -56,15 +57,15 @@ impl Drop for Pooled {
 }
 
 /// Objects of at most this size are compressed whole; larger ones only when a sample of
-/// theirs compresses (random memory, the bulk of many snapshots, does not: trying it cost
-/// more than the whole transfer's hashing).
+/// theirs compresses (random memory, the bulk of many snapshots, does not: compressing a GiB
+/// of it only to find that took as long as hashing it).
 const WHOLE: usize = 16 << 10;
 /// The sample: this many windows of [`WINDOW`] bytes spread evenly over the object.
 const WINDOWS: usize = 8;
 const WINDOW: usize = 512;
 
-/// Builds batches, keeping one compression context (making one per object cost a third of
-/// a push's time) and the pack files it reads open.
+/// Builds batches, keeping one compression context (making one per object took a tenth of a
+/// push's time) and the pack files it reads open.
 pub(crate) struct Encoder {
     zstd: zstd::bulk::Compressor<'static>,
     sample: Vec<u8>,
@@ -152,8 +153,8 @@ impl Encoder {
 
     /// Reads `len` bytes at `offset` of `file` into block-aligned memory in `scratch` — copied
     /// from the page cache if all are there, else with direct I/O — returning where they
-    /// are; `None` when that did not work (the object is
-    /// then read the ordinary way; a file system that refuses direct I/O is not asked again).
+    /// are; `None` when that did not work (the objects are then read one by one the ordinary
+    /// way; a file system that refuses direct I/O is not asked again).
     fn read_direct(
         &mut self,
         file: &std::path::Path,
@@ -253,14 +254,26 @@ impl Encoder {
         k: &Kappa,
         store: &dyn Store,
     ) -> Result<u64, StoreError> {
-        let Some(at) = store.stored_at(k) else {
+        let through_get = |this: &mut Self, out: &mut Vec<u8>| {
             let bytes = store.get(k)?;
-            self.push(out, k, &bytes);
-            return Ok(bytes.len() as u64);
+            this.push(out, k, &bytes);
+            Ok(bytes.len() as u64)
         };
-        let file = self
-            .opened(&at.file)
-            .map_err(|e| StoreError::io("open", &at.file)(e))?;
+        let Some(at) = store.stored_at(k) else {
+            return through_get(self, out);
+        };
+        // A pack compacted away since it was looked up: the object is read where it is now.
+        let gone = |e: &std::io::Error| {
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::UnexpectedEof
+            )
+        };
+        let file = match self.opened(&at.file) {
+            Ok(f) => f,
+            Err(e) if gone(&e) => return through_get(self, out),
+            Err(e) => return Err(StoreError::io("open", &at.file)(e)),
+        };
         let len = at.len as usize;
         let start = out.len();
         out.resize(start + HEADER + len, 0);
@@ -268,14 +281,9 @@ impl Encoder {
             std::os::unix::fs::FileExt::read_exact_at(file, &mut out[start + HEADER..], at.offset);
         if let Err(e) = read {
             out.truncate(start);
-            // A pack compacted away since it was looked up: read the object where it is now.
-            if e.kind() == std::io::ErrorKind::NotFound
-                || e.kind() == std::io::ErrorKind::UnexpectedEof
-            {
+            if gone(&e) {
                 self.files.remove(&at.file);
-                let bytes = store.get(k)?;
-                self.push(out, k, &bytes);
-                return Ok(bytes.len() as u64);
+                return through_get(self, out);
             }
             return Err(StoreError::io("read", &at.file)(e));
         }
@@ -306,7 +314,7 @@ const RUN: usize = 4 << 20;
 /// readahead). `false` where it cannot be told.
 fn all_cached(f: &std::fs::File, offset: u64, len: usize) -> bool {
     use std::os::fd::AsRawFd;
-    /// `SYS_cachestat` (the same number on every architecture).
+    /// `SYS_cachestat` on x86_64 and in the generic table (aarch64, riscv64).
     const CACHESTAT: libc::c_long = 451;
     #[repr(C)]
     struct Range {

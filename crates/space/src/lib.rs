@@ -43,7 +43,9 @@ pub const MAX_FETCH: usize = 256;
 /// entry point (`fuzz/fuzz_targets/space_inputs.rs`, and a property test on stable). None may
 /// panic or allocate without bound.
 pub fn fuzz_inputs(data: &[u8]) {
-    let _ = batch::decode(data);
+    if let Ok(b) = batch::decode(data) {
+        let _ = b.verify();
+    }
     let _ = serde_json::from_slice::<api::RunRequest>(data);
     let _ = serde_json::from_slice::<api::PrepareRequest>(data);
     let _ = serde_json::from_slice::<api::MigrateRequest>(data);
