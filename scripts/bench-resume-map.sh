@@ -12,21 +12,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mib=${1:-1024}
 rounds=${2:-3}
-ferry=${FERRY:-${CARGO_TARGET_DIR:-target}/release/ferry}
-[ -x "$ferry" ] || { echo "build first: cargo build --release ($ferry missing)" >&2; exit 1; }
-[ -f guests/wasm/dirty.wasm ] || { echo "run guests/build.sh first" >&2; exit 1; }
+. scripts/bench-lib.sh
 work=$(mktemp -d /var/tmp/ferry-map.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export FERRY_STORE=$work/store
-
-"$ferry" run guests/wasm/dirty.wasm -- "$mib" 100000 10 >"$work/out" 2>"$work/err" &
-pid=$!
-until grep -q ready "$work/out" 2>/dev/null; do sleep 0.2; done
-sleep 1
-kill -INT "$pid"
-wait "$pid" || true
-k=$(grep -o 'suspended blake3:[0-9a-f]*' "$work/err" | cut -d' ' -f2)
-echo "snapshot $k of a $mib MiB guest"
+suspend_dirty "$mib" 10 "$work"
 
 switch=${SWITCH:-FERRY_MAP_CHUNKS}
 

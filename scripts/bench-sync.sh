@@ -11,22 +11,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mib=${1:-1024}
 rounds=${2:-3}
-ferry=${FERRY:-${CARGO_TARGET_DIR:-target}/release/ferry}
-[ -x "$ferry" ] || { echo "build first: cargo build --release ($ferry missing)" >&2; exit 1; }
-[ -f guests/wasm/dirty.wasm ] || { echo "run guests/build.sh first" >&2; exit 1; }
+. scripts/bench-lib.sh
 work=$(mktemp -d /var/tmp/ferry-sync.XXXXXX)
 server=
 trap '[ -n "$server" ] && kill "$server" 2>/dev/null; rm -rf "$work"' EXIT
 export FERRY_TOKEN=bench-sync-token
-
-"$ferry" run --store "$work/a" guests/wasm/dirty.wasm -- "$mib" 100000 0 >"$work/out" 2>"$work/err" &
-pid=$!
-until grep -q ready "$work/out" 2>/dev/null; do sleep 0.2; done
-sleep 0.5
-kill -INT "$pid"
-wait "$pid" || true
-k=$(grep -o 'suspended blake3:[0-9a-f]*' "$work/err" | cut -d' ' -f2)
-echo "snapshot $k of a $mib MiB guest"
+FERRY_STORE=$work/a suspend_dirty "$mib" 0 "$work"
 
 # seconds a command took, and the MiB it says it moved
 timed() {

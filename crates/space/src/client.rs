@@ -319,26 +319,69 @@ fn send_batches(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<SyncStats, StoreError> {
     let groups = batches(local, todo, leading);
+    let mut stats = SyncStats::default();
+    let sent = in_flight(
+        &groups,
+        todo.len(),
+        &mut stats,
+        progress,
+        || {
+            (
+                crate::batch::Encoder::new(),
+                crate::batch::Pooled(crate::batch::buffer()),
+            )
+        },
+        |(encoder, batch), group| {
+            batch.0.clear();
+            let len = encoder.push_many_stored(&mut batch.0, group, local)?;
+            space.put_batch(&batch.0)?;
+            Ok((group.len(), len))
+        },
+    );
+    match sent {
+        // Objects read straight from packs are not hashed here (the space hashes them): when
+        // the space finds one that does not match, say which of this store's is damaged.
+        Err(StoreError::Remote(why)) if why.contains(" hashes to ") => {
+            for k in todo {
+                if let Err(e @ StoreError::Corrupt { .. }) = local.check(k) {
+                    return Err(e);
+                }
+            }
+            Err(StoreError::Remote(why))
+        }
+        Err(e) => Err(e),
+        Ok(()) => Ok(stats),
+    }
+}
+
+/// Works on `parts` on [`IN_FLIGHT`] threads, each with a `state` of its own kept from one
+/// part to the next: `work` returns the objects and bytes a part moved, added to `stats` and
+/// reported as `progress(objects so far, total)`. The first error stops the threads taking
+/// more parts, and is returned once they are done.
+fn in_flight<P: Sync, S>(
+    parts: &[P],
+    total: usize,
+    stats: &mut SyncStats,
+    progress: &mut dyn FnMut(usize, usize),
+    state: impl Fn() -> S + Sync,
+    work: impl Fn(&mut S, &P) -> Result<(usize, u64), StoreError> + Sync,
+) -> Result<(), StoreError> {
+    use std::sync::atomic::Ordering::Relaxed;
     let next = std::sync::atomic::AtomicUsize::new(0);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(usize, u64), StoreError>>();
-    let mut stats = SyncStats::default();
     let mut failed = None;
     std::thread::scope(|s| {
         for _ in 0..IN_FLIGHT {
-            let (groups, next, stop, done_tx) = (&groups, &next, &stop, done_tx.clone());
+            let (next, stop, done_tx) = (&next, &stop, done_tx.clone());
+            let (state, work) = (&state, &work);
             s.spawn(move || {
-                use std::sync::atomic::Ordering::Relaxed;
-                let mut encoder = crate::batch::Encoder::new();
-                let mut batch = crate::batch::buffer();
+                let mut state = state();
                 while !stop.load(Relaxed) {
-                    let Some(group) = groups.get(next.fetch_add(1, Relaxed)) else {
+                    let Some(part) = parts.get(next.fetch_add(1, Relaxed)) else {
                         break;
                     };
-                    batch.clear();
-                    let r = encoder
-                        .push_many_stored(&mut batch, group, local)
-                        .and_then(|len| space.put_batch(&batch).map(|()| (group.len(), len)));
+                    let r = work(&mut state, part);
                     if r.is_err() {
                         stop.store(true, Relaxed);
                     }
@@ -346,7 +389,6 @@ fn send_batches(
                         break;
                     }
                 }
-                crate::batch::give_back(batch);
             });
         }
         drop(done_tx);
@@ -355,7 +397,7 @@ fn send_batches(
                 Ok((n, bytes)) => {
                     stats.moved += n;
                     stats.bytes += bytes;
-                    progress(stats.moved, todo.len());
+                    progress(stats.moved, total);
                 }
                 Err(e) => {
                     failed.get_or_insert(e);
@@ -363,20 +405,7 @@ fn send_batches(
             }
         }
     });
-    match failed {
-        // Objects read straight from packs are not hashed here (the space hashes them): when
-        // the space finds one that does not match, say which of this store's is damaged.
-        Some(StoreError::Remote(why)) if why.contains(" hashes to ") => {
-            for k in todo {
-                if let Err(e @ StoreError::Corrupt { .. }) = local.check(k) {
-                    return Err(e);
-                }
-            }
-            Err(StoreError::Remote(why))
-        }
-        Some(e) => Err(e),
-        None => Ok(stats),
-    }
+    failed.map_or(Ok(()), Err)
 }
 
 /// Fetches snapshot κ's closure from `space` into `local` (only what it lacks), verifies it
@@ -442,55 +471,19 @@ fn fetch_missing(
         .chunks(crate::MAX_FETCH)
         .chain(rest.chunks(crate::MAX_FETCH))
         .collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(usize, u64), StoreError>>();
     let mut stats = SyncStats {
         objects: closure.len(),
         ..SyncStats::default()
     };
-    let mut failed = None;
-    std::thread::scope(|s| {
-        for _ in 0..IN_FLIGHT {
-            let (parts, next, stop, done_tx) = (&parts, &next, &stop, done_tx.clone());
-            s.spawn(move || {
-                use std::sync::atomic::Ordering::Relaxed;
-                let mut buf = crate::batch::buffer();
-                while !stop.load(Relaxed) {
-                    let Some(part) = parts.get(next.fetch_add(1, Relaxed)) else {
-                        break;
-                    };
-                    let r = space
-                        .fetch_batch(part, local, &mut buf)
-                        .map(|b| (part.len(), b));
-                    if r.is_err() {
-                        stop.store(true, Relaxed);
-                    }
-                    if done_tx.send(r).is_err() {
-                        break;
-                    }
-                }
-                crate::batch::give_back(buf);
-            });
-        }
-        drop(done_tx);
-        for r in done_rx.iter() {
-            match r {
-                Ok((n, bytes)) => {
-                    stats.moved += n;
-                    stats.bytes += bytes;
-                    progress(stats.moved, todo.len());
-                }
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-    });
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(stats),
-    }
+    in_flight(
+        &parts,
+        todo.len(),
+        &mut stats,
+        progress,
+        || crate::batch::Pooled(crate::batch::buffer()),
+        |buf, part| Ok((part.len(), space.fetch_batch(part, local, &mut buf.0)?)),
+    )?;
+    Ok(stats)
 }
 
 /// The sessions and migration API of a space (docs/api.md), as its CLI and its peers call
