@@ -988,9 +988,8 @@ impl Store for FsStore {
 
     fn get(&self, kappa: &Kappa) -> Result<Vec<u8>, StoreError> {
         // Packs first: most objects are packed, and looking for a loose file first cost two
-        // failed opens per object.
-        // (A pack that went away, compacted by another process, leaves the loose copy if
-        // there is one.)
+        // failed opens per object. A pack gone since (compacted by another process) leaves
+        // the loose copy, if there is one.
         let slot = self.packed().slots.get(kappa).cloned();
         if let Some(slot) = slot {
             let mut b = vec![0; slot.len as usize];
