@@ -133,7 +133,7 @@ impl Encoder {
                 }
                 self.scratch = scratch;
             }
-            total += self.push_stored(out, &ks[i], store)?;
+            total += self.push_stored(out, &ks[i], locs[i].as_ref(), store)?;
             i += 1;
         }
         Ok(total)
@@ -141,14 +141,7 @@ impl Encoder {
 
     /// Pack `file`, opened for ordinary reads (kept open).
     fn opened(&mut self, file: &std::path::Path) -> std::io::Result<&std::fs::File> {
-        if !self.files.contains_key(file) {
-            if self.files.len() >= FILES_KEPT {
-                self.files.clear();
-            }
-            let f = std::fs::File::open(file)?;
-            self.files.insert(file.to_owned(), f);
-        }
-        Ok(&self.files[file])
+        kept_open(&mut self.files, file, 0)
     }
 
     /// Reads `len` bytes at `offset` of `file` into block-aligned memory in `scratch` — copied
@@ -162,7 +155,6 @@ impl Encoder {
         len: usize,
         scratch: &mut Vec<u8>,
     ) -> Option<std::ops::Range<usize>> {
-        use std::os::unix::fs::OpenOptionsExt;
         let refused = |e: &std::io::Error| e.raw_os_error() == Some(libc::EINVAL);
         if scratch.len() < len + ALIGN {
             scratch.resize(len + ALIGN, 0);
@@ -177,25 +169,13 @@ impl Encoder {
         {
             return Some(range);
         }
-        if !self.direct_files.contains_key(file) {
-            if self.direct_files.len() >= FILES_KEPT {
-                self.direct_files.clear();
+        let f = match kept_open(&mut self.direct_files, file, libc::O_DIRECT) {
+            Ok(f) => f,
+            Err(e) => {
+                self.direct &= !refused(&e);
+                return None;
             }
-            match std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(file)
-            {
-                Ok(f) => {
-                    self.direct_files.insert(file.to_owned(), f);
-                }
-                Err(e) => {
-                    self.direct &= !refused(&e);
-                    return None;
-                }
-            }
-        }
-        let f = self.direct_files.get(file)?;
+        };
         match std::os::unix::fs::FileExt::read_exact_at(f, &mut scratch[range.clone()], offset) {
             Ok(()) => Some(range),
             Err(e) => {
@@ -243,15 +223,17 @@ impl Encoder {
         }
     }
 
-    /// Appends object `k` of `store` to a batch. An object stored as it is in a pack is read
-    /// from there straight into the batch and not hashed here: whoever receives the batch
+    /// Appends object `k` of `store`, stored `at` ([`Store::stored_at`]), to a batch. An
+    /// object stored as it is in a pack is read from there straight into the batch and not
+    /// hashed here: whoever receives the batch
     /// re-hashes every object anyway (a corrupt one is refused there; see
     /// [`crate::client`]'s sender for the message then). Others are read through
     /// [`Store::get`], verified.
-    pub(crate) fn push_stored(
+    fn push_stored(
         &mut self,
         out: &mut Vec<u8>,
         k: &Kappa,
+        at: Option<&ferry_store::Location>,
         store: &dyn Store,
     ) -> Result<u64, StoreError> {
         let through_get = |this: &mut Self, out: &mut Vec<u8>| {
@@ -259,7 +241,7 @@ impl Encoder {
             this.push(out, k, &bytes);
             Ok(bytes.len() as u64)
         };
-        let Some(at) = store.stored_at(k) else {
+        let Some(at) = at else {
             return through_get(self, out);
         };
         // A pack compacted away since it was looked up: the object is read where it is now.
@@ -377,6 +359,27 @@ fn direct_run(locs: &[Option<ferry_store::Location>]) -> usize {
     n
 }
 
+/// `file` from `files`, opened (with `flags`) and kept there if it was not (all are closed
+/// once [`FILES_KEPT`] are open).
+fn kept_open<'a>(
+    files: &'a mut HashMap<PathBuf, std::fs::File>,
+    file: &std::path::Path,
+    flags: libc::c_int,
+) -> std::io::Result<&'a std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !files.contains_key(file) {
+        if files.len() >= FILES_KEPT {
+            files.clear();
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags)
+            .open(file)?;
+        files.insert(file.to_owned(), f);
+    }
+    Ok(&files[file])
+}
+
 /// Pack files an [`Encoder`] keeps open at most (a GiB of memory chunks is about 64 packs).
 const FILES_KEPT: usize = 256;
 /// An entry's header: κ, codec, length, stored length.
@@ -488,6 +491,19 @@ mod tests {
         b
     }
 
+    /// 64 KiB of pseudo-random bytes (xorshift): nothing for zstd to save.
+    fn random_chunk() -> Vec<u8> {
+        let mut random = vec![0u8; 64 << 10];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for w in random.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        random
+    }
+
     fn decoded(b: &[u8]) -> Result<Vec<Vec<u8>>, String> {
         let batch = decode(b)?;
         Ok(batch.verify()?.iter().map(|h| h.bytes().to_vec()).collect())
@@ -515,14 +531,7 @@ mod tests {
     /// whose sample is random travels raw whatever the rest holds.
     #[test]
     fn what_is_compressed() {
-        let mut random = vec![0u8; 64 << 10];
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        for w in random.chunks_exact_mut(8) {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            w.copy_from_slice(&s.to_le_bytes());
-        }
+        let random = random_chunk();
         let text = b"a line of text that repeats\n".repeat(3000);
         let codec = |o: &[u8]| encode(&[o])[32];
         assert_eq!(codec(&random), 0);
@@ -541,14 +550,7 @@ mod tests {
     fn stored_objects_are_read_from_their_packs() {
         let dir = tempfile::tempdir().unwrap();
         let store = ferry_store::FsStore::open(dir.path().join("s")).unwrap();
-        let mut random = vec![0u8; 64 << 10];
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        for w in random.chunks_exact_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            w.copy_from_slice(&x.to_le_bytes());
-        }
+        let random = random_chunk();
         let text = b"some text, again and again; ".repeat(2000);
         let ks = store.put_many(&[&random, &text]).unwrap();
         let loose = store.put(b"a small loose object").unwrap();
@@ -557,7 +559,8 @@ mod tests {
         let mut e = Encoder::new();
         let mut b = Vec::new();
         for k in ks.iter().chain([&loose]) {
-            e.push_stored(&mut b, k, &store).unwrap();
+            e.push_stored(&mut b, k, store.stored_at(k).as_ref(), &store)
+                .unwrap();
         }
         let batch = decode(&b).unwrap();
         assert_eq!(batch.entries[0].1.as_ref(), random.as_slice());

@@ -12,7 +12,7 @@ use crate::api::{
     ApiError, Decision, GcReport, GcRequest, MigrateRequest, MigrationReport, PrepareRequest,
     ResumeRequest, RunRequest, SessionInfo, session_id,
 };
-use crate::{BATCH_BYTES, MAX_OBJECT, MAX_QUERY};
+use crate::{BATCH_BYTES, MAX_BODY, MAX_OBJECT, MAX_QUERY};
 
 /// A space at `base` (e.g. `http://127.0.0.1:7070`), authenticated with `token`. Reads are
 /// verified like any store's: an object that does not hash to its κ is an error.
@@ -128,11 +128,7 @@ impl RemoteStore {
         let mut r = self.check("fetching objects", r)?;
         buf.clear();
         std::io::Read::read_to_end(
-            &mut r
-                .body_mut()
-                .with_config()
-                .limit((MAX_OBJECT + (1 << 20)) as u64)
-                .reader(),
+            &mut r.body_mut().with_config().limit(MAX_BODY as u64).reader(),
             buf,
         )
         .map_err(remote)?;
@@ -202,7 +198,7 @@ impl Store for RemoteStore {
         let body = r
             .body_mut()
             .with_config()
-            .limit(MAX_OBJECT as u64 + (1 << 20))
+            .limit(MAX_BODY as u64)
             .read_to_vec()
             .map_err(remote)?;
         let bytes = if zstd {

@@ -31,6 +31,8 @@ pub use sessions::{Config, Sessions};
 
 /// Largest object the protocol carries (as a capsule: a big instrumented module is ~100 MB).
 pub const MAX_OBJECT: usize = 1 << 30;
+/// Largest request or answer body: an object of [`MAX_OBJECT`] with room for its batch entry.
+pub const MAX_BODY: usize = MAX_OBJECT + (1 << 20);
 /// Most κ in one `missing` query.
 pub const MAX_QUERY: usize = 1 << 20;
 /// Objects are sent in batches of about this many bytes (before compression).

@@ -19,7 +19,7 @@ use crate::api::{
     RunRequest,
 };
 use crate::sessions::Sessions;
-use crate::{MAX_OBJECT, MAX_QUERY};
+use crate::{MAX_BODY, MAX_OBJECT, MAX_QUERY};
 
 /// What the server holds: the store it serves, the token clients must present, and the
 /// sessions it runs (absent: an object store only; the session routes answer 404).
@@ -182,11 +182,11 @@ async fn put_objects(State(s): State<Shared>, headers: HeaderMap, body: Body) ->
     }
 }
 
-/// A request body of at most `MAX_OBJECT` + 1 MiB, read into a buffer used before (see
+/// A request body of at most `MAX_BODY` bytes, read into a buffer used before (see
 /// `batch::buffer`).
 async fn read_body(headers: &HeaderMap, mut body: Body) -> Result<Vec<u8>, Refusal> {
     use http_body_util::BodyExt;
-    let limit = MAX_OBJECT + (1 << 20);
+    let limit = MAX_BODY;
     let too_big = || {
         text(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -546,7 +546,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/migrations/{id}/commit", post(commit_migration))
         .route("/v1/migrations/{id}/abort", post(abort_migration))
         .layer(middleware::from_fn_with_state(space.clone(), authenticate))
-        .layer(DefaultBodyLimit::max(MAX_OBJECT + (1 << 20)));
+        .layer(DefaultBodyLimit::max(MAX_BODY));
     Router::new()
         .route("/v1/health", get(|| async { "ferry space v1\n" }))
         .merge(authed)
