@@ -89,6 +89,9 @@ impl Env {
             .env("FERRY_VERIFY_DIRTY", "1")
             .env_remove("FERRY_LOG")
             .env_remove("FERRY_ENGINE")
+            // A space and token of the shell's own must not reach the tests' commands.
+            .env_remove("FERRY_SPACE")
+            .env_remove("FERRY_TOKEN")
             .stdin(Stdio::null());
         for (k, v) in &self.vars {
             c.env(k, v);
