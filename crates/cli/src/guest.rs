@@ -684,7 +684,7 @@ fn terminal_gone(terminals: &[i32]) {
 }
 
 /// `w` as one shell word (quoted when it holds anything but plain path characters).
-fn shell_word(w: &str) -> String {
+pub(crate) fn shell_word(w: &str) -> String {
     if !w.is_empty()
         && w.chars()
             .all(|c| c.is_ascii_alphanumeric() || "/._-:+=,@%".contains(c))

@@ -152,11 +152,26 @@ pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
         })
         .with_context(|| format!("cannot import {name}"))?;
     // The closure must be complete and verify before anything names it.
-    snapshot::load(&store, root).with_context(|| format!("{name} holds an incomplete snapshot"))?;
+    let loaded = snapshot::load(&store, root)
+        .with_context(|| format!("{name} holds an incomplete snapshot"))?;
     snapshot::name(&store, root)?;
     println!("imported {root}");
+    // Mounts are the destination's to grant: the hint names each guest path to give a
+    // directory for (a Python runtime's standard library is granted by resume itself).
+    let grants: String = loaded
+        .wasi
+        .mounts
+        .iter()
+        .filter(|m| m.guest_path != crate::cmd::python::STDLIB_GUEST)
+        .map(|m| {
+            format!(
+                "--dir {} ",
+                crate::guest::shell_word(&format!("HOST::{}", m.guest_path))
+            )
+        })
+        .collect();
     eprintln!(
-        "ferry: {} objects ({} new, {:.1} MiB); resume it with `ferry resume {}`",
+        "ferry: {} objects ({} new, {:.1} MiB); resume it with `ferry resume {grants}{}`",
         stats.objects,
         stats.new_objects,
         stats.bytes as f64 / (1u64 << 20) as f64,

@@ -1,7 +1,7 @@
 //! `ferry export` / `ferry import`: a suspended guest moved to a store that shares nothing
 //! with the first one continues byte-identically; damaged capsules are refused.
 
-use crate::harness::{Env, guest, resume_to_end, run_and_suspend, session_of};
+use crate::harness::{Env, dir_contents, guest, resume_to_end, run_and_suspend, session_of};
 
 /// A CPU guest suspended in a new environment: the environment, what an uninterrupted run
 /// prints, what this one printed before it was suspended, and its snapshot.
@@ -45,6 +45,56 @@ fn a_snapshot_moves_to_another_store_through_a_capsule() {
         String::from_utf8_lossy(&seen),
         String::from_utf8_lossy(&plain)
     );
+}
+
+/// A guest writing files in a mount moves through a capsule to a store (and a directory)
+/// that share nothing with the first: `import` says which directory to grant, the resume
+/// fills the empty one from the snapshot, and the guest ends with the files and output of an
+/// uninterrupted run.
+#[test]
+fn a_guest_with_a_mount_moves_through_a_capsule() {
+    let here = Env::new();
+    let g = guest("wasm/files.wasm");
+    let (plain_dir, pd) = here.data_dir("plain-data");
+    let (_, cd) = here.data_dir("data");
+    let plain = here.plain(&["--dir", &pd, g.to_str().unwrap(), "/data", "2000"]);
+    let (mut seen, k) = run_and_suspend(
+        &here,
+        &["--dir", &cd, g.to_str().unwrap(), "/data", "2000"],
+        400,
+    );
+    let capsule = here.path("moved.ferry");
+    let (_, err, code) = here.output(&["export", &k, "-o", capsule.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let there = Env::new();
+    let (out, err, code) = there.output(&["import", capsule.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("imported {k}"));
+    let short = &k[..19];
+    assert!(
+        err.contains(&format!(
+            "resume it with `ferry resume --dir HOST::/data {short}`"
+        )),
+        "{err}"
+    );
+    let (there_dir, td) = there.data_dir("data");
+    let resumed = there
+        .ferry()
+        .args(["resume", "--dir", &td, &k])
+        .output()
+        .expect("spawn ferry");
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    seen.extend(resumed.stdout);
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    assert_eq!(dir_contents(&there_dir), dir_contents(&plain_dir));
 }
 
 /// `ferry export κ -o - | ferry import -`: the capsule streams through a pipe (as through
