@@ -408,14 +408,32 @@ pub(crate) struct Batch<'a> {
 impl Batch<'_> {
     /// Every object re-hashed against its κ (on up to four threads); any that does not match
     /// refuses the whole batch.
-    pub(crate) fn verify(&self) -> Result<Vec<Hashed<'_>>, String> {
+    pub(crate) fn verify(&self) -> Result<Vec<Hashed<'_>>, Refused> {
         let claimed: Vec<(Kappa, &[u8])> = self.entries.iter().map(|(k, b)| (*k, &**b)).collect();
         Hashed::check_all(&claimed, "the batch received").map_err(|e| match e {
-            ferry_store::StoreError::Corrupt { kappa, actual, .. } => {
-                format!("object {kappa} hashes to {actual}: refused")
-            }
-            e => e.to_string(),
+            ferry_store::StoreError::Corrupt { kappa, actual, .. } => Refused {
+                object: Some(kappa),
+                reason: format!("object {kappa} hashes to {actual}: refused"),
+            },
+            e => Refused {
+                object: None,
+                reason: e.to_string(),
+            },
         })
+    }
+}
+
+/// Why a received batch was refused: its reason, and the object whose bytes did not hash to
+/// the κ it came with, when that was why.
+#[derive(Debug)]
+pub(crate) struct Refused {
+    pub object: Option<Kappa>,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
     }
 }
 
@@ -506,7 +524,8 @@ mod tests {
 
     fn decoded(b: &[u8]) -> Result<Vec<Vec<u8>>, String> {
         let batch = decode(b)?;
-        Ok(batch.verify()?.iter().map(|h| h.bytes().to_vec()).collect())
+        let hashed = batch.verify().map_err(|m| m.to_string())?;
+        Ok(hashed.iter().map(|h| h.bytes().to_vec()).collect())
     }
 
     #[test]

@@ -66,18 +66,22 @@ impl RemoteStore {
         if r.status().is_success() {
             return Ok(r);
         }
+        let refused_object = r
+            .headers()
+            .get(crate::server::REFUSED_OBJECT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<Kappa>().ok());
         let why = r
             .body_mut()
             .with_config()
             .limit(64 << 10)
             .read_to_string()
             .unwrap_or_default();
-        Err(remote(format!(
-            "{what}: {} {}: {}",
-            self.base,
-            r.status(),
-            why.trim()
-        )))
+        let why = format!("{what}: {} {}: {}", self.base, r.status(), why.trim());
+        Err(match refused_object {
+            Some(kappa) => StoreError::RemoteRefusedObject { kappa, why },
+            None => remote(why),
+        })
     }
 
     /// Which of `ks` the space lacks.
@@ -143,7 +147,7 @@ impl RemoteStore {
     }
 
     /// Sends a batch built by `batch::push` (`POST /v1/objects`).
-    fn put_batch(&self, body: &[u8]) -> Result<(), StoreError> {
+    pub(crate) fn put_batch(&self, body: &[u8]) -> Result<(), StoreError> {
         let r = self
             .agent
             .post(format!("{}/v1/objects", self.base))
@@ -336,15 +340,11 @@ fn send_batches(
     );
     match sent {
         // Objects read straight from packs are not hashed here (the space hashes them): when
-        // the space finds one that does not match, say which of this store's is damaged.
-        Err(StoreError::Remote(why)) if why.contains(" hashes to ") => {
-            for k in todo {
-                if let Err(e @ StoreError::Corrupt { .. }) = local.check(k) {
-                    return Err(e);
-                }
-            }
-            Err(StoreError::Remote(why))
-        }
+        // the space refuses one that does not match, say that this store's copy is damaged.
+        Err(StoreError::RemoteRefusedObject { kappa, why }) => match local.check(&kappa) {
+            Err(e @ StoreError::Corrupt { .. }) => Err(e),
+            _ => Err(StoreError::RemoteRefusedObject { kappa, why }),
+        },
         Err(e) => Err(e),
         Ok(()) => Ok(stats),
     }

@@ -36,18 +36,33 @@ pub struct Space {
 
 type Shared = Arc<Space>;
 
-/// A refusal: a status and its reason in plain text.
+/// A refusal: a status and its reason in plain text; for an object whose bytes do not hash to
+/// its κ, that κ too, in the [`REFUSED_OBJECT`] header, so that a client can act on it
+/// without reading the reason.
 #[derive(Debug)]
-struct Refusal(StatusCode, String);
+struct Refusal(StatusCode, String, Option<Kappa>);
+
+/// The header naming the object a `422` refused for not hashing to its κ.
+pub(crate) const REFUSED_OBJECT: &str = "ferry-refused-object";
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        (self.0, self.1).into_response()
+        let mut r = (self.0, self.1).into_response();
+        if let Some(k) = self.2 {
+            let v = header::HeaderValue::from_str(&k.to_string()).expect("a κ is ASCII");
+            r.headers_mut().insert(REFUSED_OBJECT, v);
+        }
+        r
     }
 }
 
 fn text(status: StatusCode, msg: impl Into<String>) -> Refusal {
-    Refusal(status, msg.into())
+    Refusal(status, msg.into(), None)
+}
+
+/// `422` for received objects that do not verify, naming the object when that is why.
+fn refused(r: crate::batch::Refused) -> Refusal {
+    Refusal(StatusCode::UNPROCESSABLE_ENTITY, r.reason, r.object)
 }
 
 /// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
@@ -142,10 +157,10 @@ async fn put_object(
         let actual = Kappa::of(&bytes);
         if actual != k {
             warn!(%k, %actual, "refused an object that does not hash to its κ");
-            return Err(text(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("object {k} hashes to {actual}: refused"),
-            ));
+            return Err(refused(crate::batch::Refused {
+                object: Some(k),
+                reason: format!("object {k} hashes to {actual}: refused"),
+            }));
         }
         s.store.put(&bytes).map_err(internal)?;
         Ok(())
@@ -169,7 +184,7 @@ async fn put_objects(State(s): State<Shared>, headers: HeaderMap, body: Body) ->
         let refuse = |e| text(StatusCode::UNPROCESSABLE_ENTITY, e);
         let stored = (|| {
             let batch = crate::batch::decode(&body).map_err(refuse)?;
-            let objects = batch.verify().map_err(refuse)?;
+            let objects = batch.verify().map_err(refused)?;
             s.store.put_hashed(&objects).map_err(internal)
         })();
         crate::batch::give_back(body);
@@ -572,6 +587,63 @@ pub async fn serve(listener: tokio::net::TcpListener, space: Arc<Space>) -> std:
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use ferry_kappa::Kappa;
+    use ferry_store::{MemStore, StoreError};
+
+    /// A batch holding an object whose bytes do not hash to its κ is refused with that κ in
+    /// the `Ferry-Refused-Object` header, which the client returns as a structured error
+    /// (what a push acts on: it checks that one object of its own store), and nothing of the
+    /// batch is stored.
+    #[test]
+    fn a_forged_object_is_refused_by_name() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let store = Arc::new(MemStore::new());
+        let space = Arc::new(super::Space {
+            store: store.clone(),
+            gc: None,
+            token: "t".into(),
+            sessions: None,
+        });
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        rt.spawn(async move { axum::serve(listener, super::router(space)).await });
+
+        let good = b"an honest object".to_vec();
+        let forged = Kappa::of(b"what the sender claims");
+        let mut body = Vec::new();
+        for (k, bytes) in [
+            (Kappa::of(&good), &good),
+            (forged, &b"other bytes".to_vec()),
+        ] {
+            body.extend_from_slice(k.as_bytes());
+            body.push(0); // raw
+            body.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+            body.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+            body.extend_from_slice(bytes);
+        }
+        let client = crate::client::RemoteStore::new(&url, "t");
+        match client.put_batch(&body) {
+            Err(StoreError::RemoteRefusedObject { kappa, why }) => {
+                assert_eq!(kappa, forged);
+                assert!(
+                    why.contains("422") && why.contains(&format!("object {forged} hashes to")),
+                    "{why}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!ferry_store::Store::has(&*store, &Kappa::of(&good)).unwrap());
+        // A malformed batch is refused without naming an object.
+        match client.put_batch(&body[..40]) {
+            Err(StoreError::Remote(why)) => assert!(why.contains("422"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// docs/openapi.yaml documents every route the router serves.
     #[test]
     fn openapi_lists_every_route() {

@@ -49,6 +49,10 @@ pub enum StoreError {
     Ambiguous(String, usize),
     #[error("remote store: {0}")]
     Remote(String),
+    /// A remote store refused an object whose bytes do not hash to its κ; `kappa` is the
+    /// object it names (the space's `Ferry-Refused-Object` header), `why` its reason.
+    #[error("remote store: {why}")]
+    RemoteRefusedObject { kappa: Kappa, why: String },
     #[error(
         "the store at {} is in use by another ferry process (a running session, `ferry serve`, \
          an import, …); run this again when nothing else uses it",
