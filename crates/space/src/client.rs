@@ -12,7 +12,7 @@ use crate::api::{
     ApiError, Decision, GcReport, GcRequest, MigrateRequest, MigrationReport, PrepareRequest,
     ResumeRequest, RunRequest, SessionInfo, session_id,
 };
-use crate::{BATCH_BYTES, MAX_BODY, MAX_OBJECT, MAX_QUERY};
+use crate::{MAX_BODY, MAX_OBJECT, MAX_QUERY};
 
 /// A space at `base` (e.g. `http://127.0.0.1:7070`), authenticated with `token`. Reads are
 /// verified like any store's: an object that does not hash to its κ is an error.
@@ -136,7 +136,7 @@ impl RemoteStore {
             buf,
         )
         .map_err(remote)?;
-        let batch = crate::batch::decode(buf).map_err(remote)?;
+        let batch = ferry_store::batch::decode(buf).map_err(remote)?;
         let objects = batch.verify().map_err(remote)?;
         // Each object is what its κ says; they must also be exactly those asked, in order.
         if objects.len() != ks.len() || objects.iter().zip(ks).any(|(o, k)| o.kappa() != *k) {
@@ -288,21 +288,6 @@ pub fn send_closure(
     Ok(stats)
 }
 
-/// `todo` cut into batches of about `BATCH_BYTES` by the objects' stored lengths (an object
-/// not in a pack counted as a 64 KiB chunk), the first `leading` in batches of their own.
-fn batches<'a>(local: &dyn Store, todo: &'a [Kappa], leading: usize) -> Vec<&'a [Kappa]> {
-    let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0);
-    for (i, k) in todo.iter().enumerate() {
-        bytes += local.stored_at(k).map_or(64 << 10, |l| l.len as usize);
-        if bytes >= BATCH_BYTES || i + 1 == todo.len() || i + 1 == leading {
-            out.push(&todo[start..=i]);
-            (start, bytes) = (i + 1, 0);
-        }
-    }
-    out
-}
-
 /// How many batches are worked on at once, each by a thread of its own that reads, encodes
 /// and sends it (on its own connection) — or fetches, checks and stores it — so that reading,
 /// the network and the other side's checking and storing overlap.
@@ -318,7 +303,7 @@ fn send_batches(
     leading: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<SyncStats, StoreError> {
-    let groups = batches(local, todo, leading);
+    let groups = ferry_store::batch::groups(local, todo, leading);
     let mut stats = SyncStats::default();
     let sent = in_flight(
         &groups,
@@ -327,8 +312,8 @@ fn send_batches(
         progress,
         || {
             (
-                crate::batch::Encoder::new(),
-                crate::batch::Pooled(crate::batch::buffer()),
+                ferry_store::batch::Encoder::new(),
+                ferry_store::batch::Pooled(ferry_store::batch::buffer()),
             )
         },
         |(encoder, batch), group| {
@@ -476,7 +461,7 @@ fn fetch_missing(
         todo.len(),
         &mut stats,
         progress,
-        || crate::batch::Pooled(crate::batch::buffer()),
+        || ferry_store::batch::Pooled(ferry_store::batch::buffer()),
         |buf, part| Ok((part.len(), space.fetch_batch(part, local, &mut buf.0)?)),
     )?;
     Ok(stats)

@@ -14,7 +14,6 @@
 //!   (`POST /v1/snapshots/{κ}`: Resolving + Verifying, then the ref `snapshot/<hex>`).
 
 pub mod api;
-mod batch;
 mod client;
 pub mod gc;
 pub mod policy;
@@ -29,14 +28,12 @@ pub use policy::Policy;
 pub use server::{Space, router, serve};
 pub use sessions::{Config, Sessions};
 
-/// Largest object the protocol carries (as a capsule: a big instrumented module is ~100 MB).
-pub const MAX_OBJECT: usize = 1 << 30;
+/// Largest object the protocol carries, and the size of its batches.
+pub use ferry_store::batch::{BATCH_BYTES, MAX_OBJECT};
 /// Largest request or answer body: an object of [`MAX_OBJECT`] with room for its batch entry.
 pub const MAX_BODY: usize = MAX_OBJECT + (1 << 20);
 /// Most κ in one `missing` query.
 pub const MAX_QUERY: usize = 1 << 20;
-/// Objects are sent in batches of about this many bytes (before compression).
-pub const BATCH_BYTES: usize = 16 << 20;
 /// Most objects fetched in one request (256 memory chunks: 16 MiB).
 pub const MAX_FETCH: usize = 256;
 
@@ -45,7 +42,7 @@ pub const MAX_FETCH: usize = 256;
 /// entry point (`fuzz/fuzz_targets/space_inputs.rs`, and a property test on stable). None may
 /// panic or allocate without bound.
 pub fn fuzz_inputs(data: &[u8]) {
-    if let Ok(b) = batch::decode(data) {
+    if let Ok(b) = ferry_store::batch::decode(data) {
         let _ = b.verify();
     }
     let _ = serde_json::from_slice::<api::RunRequest>(data);

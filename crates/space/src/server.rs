@@ -61,7 +61,7 @@ fn text(status: StatusCode, msg: impl Into<String>) -> Refusal {
 }
 
 /// `422` for received objects that do not verify, naming the object when that is why.
-fn refused(r: crate::batch::Refused) -> Refusal {
+fn refused(r: ferry_store::batch::Refused) -> Refusal {
     Refusal(StatusCode::UNPROCESSABLE_ENTITY, r.reason, r.object)
 }
 
@@ -157,7 +157,7 @@ async fn put_object(
         let actual = Kappa::of(&bytes);
         if actual != k {
             warn!(%k, %actual, "refused an object that does not hash to its κ");
-            return Err(refused(crate::batch::Refused {
+            return Err(refused(ferry_store::batch::Refused {
                 object: Some(k),
                 reason: format!("object {k} hashes to {actual}: refused"),
             }));
@@ -183,11 +183,11 @@ async fn put_objects(State(s): State<Shared>, headers: HeaderMap, body: Body) ->
     let r = blocking(move || {
         let refuse = |e| text(StatusCode::UNPROCESSABLE_ENTITY, e);
         let stored = (|| {
-            let batch = crate::batch::decode(&body).map_err(refuse)?;
+            let batch = ferry_store::batch::decode(&body).map_err(refuse)?;
             let objects = batch.verify().map_err(refused)?;
             s.store.put_hashed(&objects).map_err(internal)
         })();
-        crate::batch::give_back(body);
+        ferry_store::batch::give_back(body);
         stored
     })
     .await;
@@ -208,7 +208,7 @@ async fn read_body(headers: &HeaderMap, mut body: Body) -> Result<Vec<u8>, Refus
             format!("a body of more than {limit} bytes"),
         )
     };
-    let mut buf = crate::batch::buffer();
+    let mut buf = ferry_store::batch::buffer();
     let announced = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -242,8 +242,8 @@ async fn fetch_objects(State(s): State<Shared>, body: Bytes) -> Response {
         .into_response();
     }
     let r = blocking(move || {
-        let mut out = crate::batch::buffer();
-        let mut encoder = crate::batch::Encoder::new();
+        let mut out = ferry_store::batch::buffer();
+        let mut encoder = ferry_store::batch::Encoder::new();
         let ks: Vec<Kappa> = body
             .chunks_exact(32)
             .map(|c| Kappa::from_bytes(c.try_into().expect("32 bytes")))
@@ -262,7 +262,7 @@ async fn fetch_objects(State(s): State<Shared>, body: Bytes) -> Response {
     })
     .await;
     match r {
-        Ok(b) => Bytes::from_owner(crate::batch::Pooled(b)).into_response(),
+        Ok(b) => Bytes::from_owner(ferry_store::batch::Pooled(b)).into_response(),
         Err(e) => e.into_response(),
     }
 }

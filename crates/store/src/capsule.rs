@@ -20,7 +20,7 @@ use std::io::{Read, Write};
 use ferry_kappa::Kappa;
 
 use crate::fs::Staged;
-use crate::{Store, StoreError};
+use crate::{Hashed, Store, StoreError, batch};
 
 const MAGIC: &[u8; 8] = b"FERRYCAP";
 const END: &[u8; 8] = b"FERRYEND";
@@ -93,7 +93,9 @@ impl<R: Read> Read for Hashing<R> {
 /// Writes a capsule of `root` and `objects` (which should include `root`, each once) read
 /// from `store`, in the order given: an importer stores memory chunks in that order, so
 /// chunks listed in memory order land in memory order (a resume maps runs of them at once).
-/// `progress` is called after each object with the bytes written so far.
+/// Objects are read (straight from the store's packs, in runs), checked against their κ and
+/// encoded a batch at a time on a thread of their own while this one writes the batch before.
+/// `progress` is called after each batch with the bytes written so far.
 pub fn export(
     store: &dyn Store,
     root: Kappa,
@@ -111,24 +113,43 @@ pub fn export(
     w.write_all(root.as_bytes())?;
     w.write_all(&(objects.len() as u64).to_le_bytes())?;
     let mut stats = CapsuleStats::default();
-    for k in objects {
-        let bytes = store.get(k)?;
-        // Compress when it saves at least an eighth (memory is often sparse or repetitive).
-        let packed = zstd::bulk::compress(&bytes, 1)?;
-        let (codec, body) = if packed.len() < bytes.len() - bytes.len() / 8 {
-            (CODEC_ZSTD, packed.as_slice())
-        } else {
-            (CODEC_RAW, bytes.as_slice())
-        };
-        w.write_all(k.as_bytes())?;
-        w.write_all(&[codec])?;
-        w.write_all(&(bytes.len() as u64).to_le_bytes())?;
-        w.write_all(&(body.len() as u64).to_le_bytes())?;
-        w.write_all(body)?;
-        stats.objects += 1;
-        stats.bytes += bytes.len() as u64;
-        progress(w.count);
-    }
+    let groups = batch::groups(store, objects, 0);
+    std::thread::scope(|s| -> Result<(), CapsuleError> {
+        // Worker `i` encodes groups i, i + READERS, …, at most one ahead of the writer, so
+        // the disk reads one group while the others are checked and written.
+        let mut ready = Vec::new();
+        for first in 0..READERS {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            ready.push(rx);
+            let groups = &groups;
+            s.spawn(move || {
+                let mut encoder = batch::Encoder::verifying();
+                for group in groups.iter().skip(first).step_by(READERS) {
+                    let mut b = batch::buffer();
+                    let encoded = encoder
+                        .push_many_stored(&mut b, group, store)
+                        .map(|bytes| (b, group.len(), bytes));
+                    let failed = encoded.is_err();
+                    if tx.send(encoded).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+        }
+        // In order; on an error the receivers are dropped, which stops the workers.
+        for i in 0..groups.len() {
+            let encoded = ready[i % READERS]
+                .recv()
+                .expect("a worker sends every group it takes or an error");
+            let (b, n, bytes) = encoded?;
+            w.write_all(&b)?;
+            batch::give_back(b);
+            stats.objects += n as u64;
+            stats.bytes += bytes;
+            progress(w.count);
+        }
+        Ok(())
+    })?;
     let digest = w.hasher.finalize();
     w.write_all(END)?;
     w.inner.write_all(digest.as_bytes())?;
@@ -136,6 +157,9 @@ pub fn export(
     stats.stored_bytes = w.count + 32;
     Ok(stats)
 }
+
+/// Threads reading, checking and encoding the objects of an export.
+const READERS: usize = 2;
 
 fn read_array<const N: usize>(r: &mut impl Read) -> Result<[u8; N], CapsuleError> {
     let mut b = [0u8; N];
@@ -156,12 +180,109 @@ fn read_u64(r: &mut impl Read) -> Result<u64, CapsuleError> {
 const BATCH_BYTES: usize = 32 << 20;
 const CHUNK: usize = 65536;
 
-fn put_batch(store: &dyn Store, batch: &mut Staged) -> Result<(), StoreError> {
-    if batch.bytes() > 0 {
-        store.put_many(&batch.slices())?;
-        batch.clear();
+/// Memory chunks read from a capsule, not yet checked: staged block-aligned (so that the store
+/// writes them with direct I/O as they are), checked together on up to four threads, then the
+/// new ones stored together.
+#[derive(Default)]
+struct Chunks {
+    staged: Staged,
+    claimed: Vec<Kappa>,
+    new: Vec<bool>,
+}
+
+impl Chunks {
+    fn put(&mut self, store: &dyn Store) -> Result<(), CapsuleError> {
+        let slices = self.staged.slices();
+        let claimed: Vec<(Kappa, &[u8])> = self.claimed.iter().copied().zip(slices).collect();
+        let checked = Hashed::check_all(&claimed, "the capsule").map_err(mismatch)?;
+        let new: Vec<Hashed<'_>> = checked
+            .into_iter()
+            .zip(&self.new)
+            .filter_map(|(h, &new)| new.then_some(h))
+            .collect();
+        if !new.is_empty() {
+            store.put_hashed(&new)?;
+        }
+        self.staged.clear();
+        self.claimed.clear();
+        self.new.clear();
+        Ok(())
     }
-    Ok(())
+}
+
+/// Checks and stores full batches of chunks on a thread of its own while the next batch is
+/// read: the disk writes one while the capsule is read and hashed. Two batches' memory is
+/// used in turn.
+struct Storer {
+    full: std::sync::mpsc::SyncSender<Chunks>,
+    done: std::sync::mpsc::Receiver<Result<Chunks, CapsuleError>>,
+    in_flight: bool,
+}
+
+impl Storer {
+    fn start<'s>(s: &'s std::thread::Scope<'s, '_>, store: &'s dyn Store) -> Self {
+        let (full, to_store) = std::sync::mpsc::sync_channel::<Chunks>(1);
+        let (stored, done) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            for mut chunks in to_store {
+                let r = chunks.put(store).map(|()| chunks);
+                let failed = r.is_err();
+                if stored.send(r).is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Self {
+            full,
+            done,
+            in_flight: false,
+        }
+    }
+
+    /// The batch the thread stored last, once it is stored (its error if it was not).
+    fn wait(&mut self) -> Result<Option<Chunks>, CapsuleError> {
+        if !std::mem::take(&mut self.in_flight) {
+            return Ok(None);
+        }
+        let done = self
+            .done
+            .recv()
+            .expect("the storing thread answers every batch");
+        done.map(Some)
+    }
+
+    /// Hands `chunks` to the thread, leaving an empty batch in its place.
+    fn hand_over(&mut self, chunks: &mut Chunks) -> Result<(), CapsuleError> {
+        let empty = self.wait()?.unwrap_or_default();
+        let full = std::mem::replace(chunks, empty);
+        self.full
+            .send(full)
+            .expect("the storing thread takes batches until one fails");
+        self.in_flight = true;
+        Ok(())
+    }
+
+    /// Waits for the batch in flight.
+    fn finish(mut self) -> Result<(), CapsuleError> {
+        self.wait().map(drop)
+    }
+}
+
+/// An object whose bytes do not hash to its κ, as a capsule error.
+fn mismatch(e: StoreError) -> CapsuleError {
+    match e {
+        StoreError::Corrupt { kappa, actual, .. } => {
+            CapsuleError::Corrupt(format!("object {kappa} hashes to {actual}"))
+        }
+        e => e.into(),
+    }
+}
+
+fn truncated(e: std::io::Error) -> CapsuleError {
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => CapsuleError::Corrupt("truncated".into()),
+        _ => CapsuleError::Io(e),
+    }
 }
 
 /// Reads a capsule into `store`, verifying every object. Returns the root κ. `progress` is
@@ -192,65 +313,84 @@ pub fn import(
     }
     let mut seen = BTreeSet::new();
     let mut stats = CapsuleStats::default();
-    // Block-aligned, so that the store writes it with direct I/O without copying it again;
-    // its memory is reused batch after batch.
-    let mut batch = Staged::default();
-    for _ in 0..count {
-        let k = Kappa::from_bytes(read_array(&mut r)?);
-        let [codec] = read_array::<1>(&mut r)?;
-        let len = read_u64(&mut r)?;
-        let stored = read_u64(&mut r)?;
-        if len > MAX_OBJECT || stored > MAX_OBJECT {
-            return Err(CapsuleError::Corrupt(format!(
-                "object {k} claims {len} bytes (at most {MAX_OBJECT})"
-            )));
-        }
-        if !seen.insert(k) {
-            return Err(CapsuleError::Corrupt(format!("object {k} appears twice")));
-        }
-        let mut body = Vec::new();
-        (&mut r).take(stored).read_to_end(&mut body)?;
-        if body.len() as u64 != stored {
-            return Err(CapsuleError::Corrupt("truncated".into()));
-        }
-        let bytes = match codec {
-            CODEC_RAW if stored == len => body,
-            CODEC_ZSTD => zstd::bulk::decompress(&body, len as usize)
-                .map_err(|e| CapsuleError::Corrupt(format!("object {k}: {e}")))?,
-            _ => {
+    // Its memory is reused batch after batch.
+    let mut chunks = Chunks::default();
+    let mut body = Vec::new();
+    std::thread::scope(|s| -> Result<(), CapsuleError> {
+        let mut storer = Storer::start(s, store);
+        for _ in 0..count {
+            let k = Kappa::from_bytes(read_array(&mut r)?);
+            let [codec] = read_array::<1>(&mut r)?;
+            let len = read_u64(&mut r)?;
+            let stored = read_u64(&mut r)?;
+            if len > MAX_OBJECT || stored > MAX_OBJECT {
                 return Err(CapsuleError::Corrupt(format!(
-                    "object {k}: codec {codec}, {stored} of {len} bytes"
+                    "object {k} claims {len} bytes (at most {MAX_OBJECT})"
                 )));
             }
-        };
-        if bytes.len() as u64 != len {
-            return Err(CapsuleError::Corrupt(format!(
-                "object {k} is {} bytes, not {len}",
-                bytes.len()
-            )));
-        }
-        let actual = Kappa::of(&bytes);
-        if actual != k {
-            return Err(CapsuleError::Corrupt(format!(
-                "object {k} hashes to {actual}"
-            )));
-        }
-        if !store.has(&k)? {
+            if !seen.insert(k) {
+                return Err(CapsuleError::Corrupt(format!("object {k} appears twice")));
+            }
+            let new = !store.has(&k)?;
+            stats.objects += 1;
+            stats.bytes += len;
+            stats.new_objects += u64::from(new);
+            if codec == CODEC_RAW && stored == len && len == CHUNK as u64 {
+                // A raw memory chunk (the bulk of a capsule) is read straight into the staging.
+                chunks.staged.push_from(&mut r, CHUNK).map_err(truncated)?;
+                chunks.claimed.push(k);
+                chunks.new.push(new);
+                if chunks.staged.bytes() >= BATCH_BYTES {
+                    storer.hand_over(&mut chunks)?;
+                }
+                progress(r.count);
+                continue;
+            }
+            body.clear();
+            (&mut r).take(stored).read_to_end(&mut body)?;
+            if body.len() as u64 != stored {
+                return Err(CapsuleError::Corrupt("truncated".into()));
+            }
+            let decompressed;
+            let bytes = match codec {
+                CODEC_RAW if stored == len => &body[..],
+                CODEC_ZSTD => {
+                    decompressed = zstd::bulk::decompress(&body, len as usize)
+                        .map_err(|e| CapsuleError::Corrupt(format!("object {k}: {e}")))?;
+                    &decompressed[..]
+                }
+                _ => {
+                    return Err(CapsuleError::Corrupt(format!(
+                        "object {k}: codec {codec}, {stored} of {len} bytes"
+                    )));
+                }
+            };
+            if bytes.len() as u64 != len {
+                return Err(CapsuleError::Corrupt(format!(
+                    "object {k} is {} bytes, not {len}",
+                    bytes.len()
+                )));
+            }
             if bytes.len() == CHUNK {
-                batch.push(&bytes);
-                if batch.bytes() >= BATCH_BYTES {
-                    put_batch(store, &mut batch)?;
+                // Checked with the other chunks of its batch.
+                chunks.staged.push(bytes);
+                chunks.claimed.push(k);
+                chunks.new.push(new);
+                if chunks.staged.bytes() >= BATCH_BYTES {
+                    storer.hand_over(&mut chunks)?;
                 }
             } else {
-                store.put(&bytes)?;
+                StoreError::check_hash(&k, bytes, || "the capsule".into()).map_err(mismatch)?;
+                if new {
+                    // Kept loose, as a snapshot keeps them (a pack of one is no use).
+                    store.put(bytes)?;
+                }
             }
-            stats.new_objects += 1;
+            progress(r.count);
         }
-        stats.objects += 1;
-        stats.bytes += len;
-        progress(r.count);
-    }
-    put_batch(store, &mut batch)?;
+        storer.finish()
+    })?;
+    chunks.put(store)?;
     let digest = r.hasher.finalize();
     if &read_array::<8>(&mut r.inner)? != END {
         return Err(CapsuleError::Corrupt(

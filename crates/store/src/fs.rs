@@ -202,6 +202,33 @@ impl Staged {
         self.lens.push(blob.len());
     }
 
+    /// Appends `len` bytes (a multiple of the block size) read from `r`.
+    pub(crate) fn push_from(
+        &mut self,
+        r: &mut impl std::io::Read,
+        len: usize,
+    ) -> std::io::Result<()> {
+        assert!(len.is_multiple_of(DIRECT_ALIGN), "not whole blocks");
+        let start = self.blocks.len();
+        self.blocks
+            .resize_with(start + len / DIRECT_ALIGN, || Block([0; DIRECT_ALIGN]));
+        // SAFETY: `Block` is `repr(C)` bytes without padding, so the blocks from `start` on
+        // are `len` initialised bytes, borrowed mutably for the read only.
+        let new = unsafe {
+            std::slice::from_raw_parts_mut(self.blocks[start..].as_mut_ptr().cast::<u8>(), len)
+        };
+        match r.read_exact(new) {
+            Ok(()) => {
+                self.lens.push(len);
+                Ok(())
+            }
+            Err(e) => {
+                self.blocks.truncate(start);
+                Err(e)
+            }
+        }
+    }
+
     pub(crate) fn bytes(&self) -> usize {
         self.blocks.len() * DIRECT_ALIGN
     }

@@ -10,6 +10,7 @@
 //!
 //! [`MemStore`] is the reference implementation; [`FsStore`] is the embedded on-disk default.
 
+pub mod batch;
 pub mod capsule;
 mod error;
 mod fs;

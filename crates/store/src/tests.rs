@@ -692,6 +692,78 @@ mod capsules {
         assert_eq!(dest.stored_at(&root), None, "small objects stay loose");
     }
 
+    /// 64 KiB chunk `i` of pseudo-random bytes (nothing for zstd to save).
+    fn noise_chunk(i: u32) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(i).wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let mut c = vec![0u8; 65536];
+        for w in c.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        c
+    }
+
+    /// More chunks than one batch: the batches are checked and stored on a thread of their
+    /// own while the next is read. A chunk whose bytes do not match its κ is refused there,
+    /// by name, and so is a damaged one in the last batch (checked on the importing thread).
+    #[test]
+    fn batches_of_chunks_are_stored_while_the_next_is_read() {
+        let s = MemStore::new();
+        let root = s.put(b"root object").unwrap();
+        let mut order = vec![root];
+        for i in 0..1100 {
+            order.push(s.put(&noise_chunk(i)).unwrap());
+        }
+        let mut out = Vec::new();
+        capsule::export(&s, root, &order, &mut out, &mut |_| {}).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let dest = FsStore::open(dir.path()).unwrap();
+        let (got, stats) = capsule::import(&out[..], &dest, &mut |_| {}).unwrap();
+        assert_eq!((got, stats.new_objects), (root, 1101));
+        for k in [order[1], order[600], order[1100]] {
+            assert_eq!(dest.get(&k).unwrap(), s.get(&k).unwrap());
+        }
+        // Damaged: chunk 3 (in the first batch) and chunk 1090 (in the last).
+        let header = 8 + 4 + 32 + 8;
+        let entry = 49 + 65536;
+        let first_entry = header + 49 + 11;
+        for (i, k) in [(3, order[4]), (1090, order[1091])] {
+            let mut bad = out.clone();
+            bad[first_entry + i * entry + 49 + 100] ^= 1;
+            let e = capsule::import(&bad[..], &MemStore::new(), &mut |_| {}).unwrap_err();
+            assert!(
+                e.to_string().contains(&format!("object {k} hashes to")),
+                "{e}"
+            );
+        }
+    }
+
+    /// An export checks every object it reads straight from a pack: a damaged one fails the
+    /// export by name, rather than a capsule that only another machine would refuse.
+    #[test]
+    fn an_export_refuses_a_damaged_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FsStore::open(dir.path()).unwrap();
+        let root = s.put(b"root object").unwrap();
+        let chunks: Vec<Vec<u8>> = (0..96).map(noise_chunk).collect();
+        let slices: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+        let ks = s.put_many(&slices).unwrap();
+        let at = s.stored_at(&ks[50]).expect("packed");
+        let mut pack = std::fs::read(&at.file).unwrap();
+        pack[at.offset as usize + 10] ^= 0x40;
+        std::fs::write(&at.file, &pack).unwrap();
+        let s = FsStore::open(dir.path()).unwrap();
+        let mut order = vec![root];
+        order.extend(&ks);
+        let e = capsule::export(&s, root, &order, &mut Vec::new(), &mut |_| {}).unwrap_err();
+        assert!(
+            matches!(e, CapsuleError::Store(StoreError::Corrupt { kappa, .. }) if kappa == ks[50]),
+            "{e}"
+        );
+    }
+
     #[test]
     fn round_trip_into_every_store() {
         let (bytes, root, all) = capsule_bytes();

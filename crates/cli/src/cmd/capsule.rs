@@ -71,6 +71,45 @@ impl Progress {
     }
 }
 
+/// A file written front to back whose pages are handed to the disk as it goes (every
+/// [`WRITE_BACK`] bytes, `sync_file_range`), so the `fsync` that ends an export finds little
+/// left to write: the disk writes while the rest is read and encoded.
+struct WritingBack<'a> {
+    file: &'a std::fs::File,
+    written: u64,
+    /// Where the range not yet handed to the disk starts.
+    started: u64,
+}
+
+/// Bytes written between two hand-overs to the disk.
+const WRITE_BACK: u64 = 32 << 20;
+
+impl Write for WritingBack<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        if self.written - self.started >= WRITE_BACK {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a plain syscall on an open descriptor; it reads no memory of ours. A
+            // failure only means the final `fsync` writes more.
+            unsafe {
+                libc::sync_file_range(
+                    self.file.as_raw_fd(),
+                    self.started as i64,
+                    (self.written - self.started) as i64,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                )
+            };
+            self.started = self.written;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
 pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
     let root = crate::session::snapshot_named(settings, &store, &a.snapshot, true)
@@ -100,7 +139,14 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
         ),
     };
     let out: Box<dyn Write> = match &file {
-        Some(f) => Box::new(BufWriter::with_capacity(1 << 20, f)),
+        Some(f) => Box::new(BufWriter::with_capacity(
+            1 << 20,
+            WritingBack {
+                file: f,
+                written: 0,
+                started: 0,
+            },
+        )),
         None => Box::new(BufWriter::with_capacity(1 << 20, std::io::stdout().lock())),
     };
     let mut progress = Progress::new("exported", None);

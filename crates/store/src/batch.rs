@@ -1,15 +1,20 @@
-//! A batch of objects in one request body (`POST /v1/objects`, and the answer to
-//! `POST /v1/objects/fetch`): each entry is `[32] κ, u8 codec (0 raw, 1 zstd), u64 length,
-//! u64 stored length, stored bytes`.
+//! Batches of object entries, each `[32] κ, u8 codec (0 raw, 1 zstd), u64 length, u64 stored
+//! length, stored bytes` (little-endian): the body of a space's `POST /v1/objects` and of its
+//! answer to `POST /v1/objects/fetch` (docs/api.md), and the objects of a capsule
+//! ([`crate::capsule`]). [`Encoder`] writes entries, reading objects straight from a store's
+//! packs; [`decode`] and [`Batch::verify`] read a batch received.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use crate::{Hashed, Store, StoreError};
 use ferry_kappa::Kappa;
-use ferry_store::{Hashed, Store, StoreError};
 
-use crate::{BATCH_BYTES, MAX_OBJECT};
+/// Largest object a batch carries (as a capsule: a big instrumented module is ~100 MB).
+pub const MAX_OBJECT: usize = 1 << 30;
+/// Objects are sent in batches of about this many bytes (before compression).
+pub const BATCH_BYTES: usize = 16 << 20;
 
 /// Batch buffers kept for reuse: at most this many (what two batches in flight use at each
 /// end), each of at most [`KEPT`] bytes.
@@ -21,7 +26,7 @@ static POOL: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
 /// An empty buffer for a batch, one used before when there is one: memory the process has
 /// not touched before costs far more than filling it (on some VMs ~3 s per GiB to fault
 /// in), and a batch is 16 MiB.
-pub(crate) fn buffer() -> Vec<u8> {
+pub fn buffer() -> Vec<u8> {
     POOL.lock()
         .unwrap_or_else(|p| p.into_inner())
         .pop()
@@ -29,7 +34,7 @@ pub(crate) fn buffer() -> Vec<u8> {
 }
 
 /// Returns a buffer from [`buffer`] for the next batch.
-pub(crate) fn give_back(mut b: Vec<u8>) {
+pub fn give_back(mut b: Vec<u8>) {
     if b.capacity() == 0 || b.capacity() > KEPT {
         return;
     }
@@ -42,7 +47,13 @@ pub(crate) fn give_back(mut b: Vec<u8>) {
 
 /// A buffer that goes back to the pool when dropped: the body of an answer, given back once
 /// it is sent.
-pub(crate) struct Pooled(pub(crate) Vec<u8>);
+pub struct Pooled(pub Vec<u8>);
+
+impl std::fmt::Debug for Pooled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pooled({} bytes)", self.0.len())
+    }
+}
 
 impl AsRef<[u8]> for Pooled {
     fn as_ref(&self) -> &[u8] {
@@ -64,9 +75,24 @@ const WHOLE: usize = 16 << 10;
 const WINDOWS: usize = 8;
 const WINDOW: usize = 512;
 
+/// `todo` cut into batches of about [`BATCH_BYTES`] by the objects' stored lengths (an object
+/// not in a pack counted as a 64 KiB chunk), the first `leading` in batches of their own.
+pub fn groups<'a>(local: &dyn Store, todo: &'a [Kappa], leading: usize) -> Vec<&'a [Kappa]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, k) in todo.iter().enumerate() {
+        bytes += local.stored_at(k).map_or(64 << 10, |l| l.len as usize);
+        if bytes >= BATCH_BYTES || i + 1 == todo.len() || i + 1 == leading {
+            out.push(&todo[start..=i]);
+            (start, bytes) = (i + 1, 0);
+        }
+    }
+    out
+}
+
 /// Builds batches, keeping one compression context (making one per object took a tenth of a
 /// push's time) and the pack files it reads open.
-pub(crate) struct Encoder {
+pub struct Encoder {
     zstd: zstd::bulk::Compressor<'static>,
     sample: Vec<u8>,
     files: HashMap<PathBuf, std::fs::File>,
@@ -75,10 +101,27 @@ pub(crate) struct Encoder {
     scratch: Vec<u8>,
     /// Whether to read runs with direct I/O (until a file system refuses it).
     direct: bool,
+    /// Whether objects read straight from packs are hashed and checked too.
+    verify: bool,
+}
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoder")
+            .field("direct", &self.direct)
+            .field("verify", &self.verify)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Encoder {
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self {
             zstd: zstd::bulk::Compressor::new(1).expect("zstd level 1"),
             sample: Vec::with_capacity(WINDOWS * WINDOW),
@@ -86,7 +129,18 @@ impl Encoder {
             direct_files: HashMap::new(),
             scratch: buffer(),
             direct: true,
+            verify: false,
         }
+    }
+
+    /// An encoder that also checks every object it reads straight from a pack against its κ
+    /// ([`StoreError::Corrupt`] if one does not match): for entries nobody re-hashes on
+    /// receipt before it matters (a capsule is checked only on another machine, perhaps much
+    /// later).
+    pub fn verifying() -> Self {
+        let mut e = Self::new();
+        e.verify = true;
+        e
     }
 
     /// Appends objects `ks` of `store` to a batch, as [`Encoder::push_stored`] would one by
@@ -94,14 +148,13 @@ impl Encoder {
     /// direct I/O (a snapshot's memory chunks, in memory order) with one direct read: no page
     /// cache to fill (fresh memory is what costs most on some VMs), and reads of up to
     /// [`RUN`] bytes instead of 64 KiB ones. Returns the objects' bytes in all.
-    pub(crate) fn push_many_stored(
+    pub fn push_many_stored(
         &mut self,
         out: &mut Vec<u8>,
         ks: &[Kappa],
         store: &dyn Store,
     ) -> Result<u64, StoreError> {
-        let locs: Vec<Option<ferry_store::Location>> =
-            ks.iter().map(|k| store.stored_at(k)).collect();
+        let locs: Vec<Option<crate::Location>> = ks.iter().map(|k| store.stored_at(k)).collect();
         let mut total = 0;
         let mut i = 0;
         while i < ks.len() {
@@ -120,6 +173,24 @@ impl Encoder {
                 let read = self.read_direct(&first.file, first.offset, len, &mut scratch);
                 if let Some(range) = read {
                     let data = &scratch[range];
+                    if self.verify {
+                        let mut at = 0;
+                        let claimed: Vec<(Kappa, &[u8])> = ks[i..i + run]
+                            .iter()
+                            .zip(&locs[i..i + run])
+                            .map(|(k, l)| {
+                                let l = l.as_ref().map_or(0, |l| l.len as usize);
+                                at += l;
+                                (*k, &data[at - l..at])
+                            })
+                            .collect();
+                        let where_ =
+                            format!("{}, from offset {}", first.file.display(), first.offset);
+                        if let Err(e) = Hashed::check_all(&claimed, &where_) {
+                            self.scratch = scratch;
+                            return Err(e);
+                        }
+                    }
                     let mut at = 0;
                     for (k, l) in ks[i..i + run].iter().zip(&locs[i..i + run]) {
                         let l = l.as_ref().map_or(0, |l| l.len as usize);
@@ -216,7 +287,7 @@ impl Encoder {
 
     /// Appends object `k` (`bytes`, which the caller read under κ `k`) to a batch,
     /// compressed when that saves at least an eighth.
-    pub(crate) fn push(&mut self, out: &mut Vec<u8>, k: &Kappa, bytes: &[u8]) {
+    pub fn push(&mut self, out: &mut Vec<u8>, k: &Kappa, bytes: &[u8]) {
         match self.compressed(bytes) {
             Some(z) => entry(out, k, 1, bytes.len(), &z),
             None => entry(out, k, 0, bytes.len(), bytes),
@@ -227,13 +298,13 @@ impl Encoder {
     /// object stored as it is in a pack is read from there straight into the batch and not
     /// hashed here: whoever receives the batch
     /// re-hashes every object anyway (a corrupt one is refused there; see
-    /// [`crate::client`]'s sender for the message then). Others are read through
+    /// `ferry_space`'s push for the message then). Others are read through
     /// [`Store::get`], verified.
     fn push_stored(
         &mut self,
         out: &mut Vec<u8>,
         k: &Kappa,
-        at: Option<&ferry_store::Location>,
+        at: Option<&crate::Location>,
         store: &dyn Store,
     ) -> Result<u64, StoreError> {
         let through_get = |this: &mut Self, out: &mut Vec<u8>| {
@@ -268,6 +339,15 @@ impl Encoder {
                 return through_get(self, out);
             }
             return Err(StoreError::io("read", &at.file)(e));
+        }
+        if self.verify {
+            let checked = StoreError::check_hash(k, &out[start + HEADER..], || {
+                format!("{}, offset {}", at.file.display(), at.offset)
+            });
+            if let Err(e) = checked {
+                out.truncate(start);
+                return Err(e);
+            }
         }
         match self.compressed(&out[start + HEADER..]) {
             Some(z) => {
@@ -333,8 +413,8 @@ fn all_cached(f: &std::fs::File, offset: u64, len: usize) -> bool {
 
 /// How many of `locs` from the first on lie back to back in one pack, block-aligned, within
 /// [`RUN`] bytes (0: the first is not such an object).
-fn direct_run(locs: &[Option<ferry_store::Location>]) -> usize {
-    let aligned = |l: &ferry_store::Location| {
+fn direct_run(locs: &[Option<crate::Location>]) -> usize {
+    let aligned = |l: &crate::Location| {
         l.offset.is_multiple_of(ALIGN as u64) && (l.len as usize).is_multiple_of(ALIGN)
     };
     let Some(first) = locs.first().and_then(Option::as_ref).filter(|l| aligned(l)) else {
@@ -401,17 +481,23 @@ fn entry(out: &mut Vec<u8>, k: &Kappa, codec: u8, len: usize, body: &[u8]) {
 
 /// The entries of a received batch, as claimed: each κ with its bytes (raw ones borrowed from
 /// the body). [`Batch::verify`] checks them.
-pub(crate) struct Batch<'a> {
+pub struct Batch<'a> {
     entries: Vec<(Kappa, Cow<'a, [u8]>)>,
+}
+
+impl std::fmt::Debug for Batch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Batch({} entries)", self.entries.len())
+    }
 }
 
 impl Batch<'_> {
     /// Every object re-hashed against its κ (on up to four threads); any that does not match
     /// refuses the whole batch.
-    pub(crate) fn verify(&self) -> Result<Vec<Hashed<'_>>, Refused> {
+    pub fn verify(&self) -> Result<Vec<Hashed<'_>>, Refused> {
         let claimed: Vec<(Kappa, &[u8])> = self.entries.iter().map(|(k, b)| (*k, &**b)).collect();
         Hashed::check_all(&claimed, "the batch received").map_err(|e| match e {
-            ferry_store::StoreError::Corrupt { kappa, actual, .. } => Refused {
+            crate::StoreError::Corrupt { kappa, actual, .. } => Refused {
                 object: Some(kappa),
                 reason: format!("object {kappa} hashes to {actual}: refused"),
             },
@@ -426,7 +512,7 @@ impl Batch<'_> {
 /// Why a received batch was refused: its reason, and the object whose bytes did not hash to
 /// the κ it came with, when that was why.
 #[derive(Debug)]
-pub(crate) struct Refused {
+pub struct Refused {
     pub object: Option<Kappa>,
     pub reason: String,
 }
@@ -440,7 +526,7 @@ impl std::fmt::Display for Refused {
 /// Parses a batch (nothing is hashed yet: see [`Batch::verify`]). A malformed entry, or
 /// entries claiming more than [`MAX_OBJECT`] + [`BATCH_BYTES`] bytes in all, refuse the whole
 /// batch — the latter before anything is decompressed.
-pub(crate) fn decode(mut b: &[u8]) -> Result<Batch<'_>, String> {
+pub fn decode(mut b: &[u8]) -> Result<Batch<'_>, String> {
     let mut headers = Vec::new();
     let mut total = 0u64;
     while !b.is_empty() {
@@ -568,7 +654,7 @@ mod tests {
     #[test]
     fn stored_objects_are_read_from_their_packs() {
         let dir = tempfile::tempdir().unwrap();
-        let store = ferry_store::FsStore::open(dir.path().join("s")).unwrap();
+        let store = crate::FsStore::open(dir.path().join("s")).unwrap();
         let random = random_chunk();
         let text = b"some text, again and again; ".repeat(2000);
         let ks = store.put_many(&[&random, &text]).unwrap();
@@ -606,7 +692,7 @@ mod tests {
     #[test]
     fn runs_of_packed_chunks_are_read_directly_or_from_the_page_cache() {
         let dir = tempfile::tempdir().unwrap();
-        let store = ferry_store::FsStore::open(dir.path().join("s")).unwrap();
+        let store = crate::FsStore::open(dir.path().join("s")).unwrap();
         // 96 distinct 64 KiB chunks in block-aligned memory, as a guest's are: one direct pack.
         let mut mem = vec![0u8; 96 * 65536 + ALIGN];
         let at = mem.as_ptr().align_offset(ALIGN);
