@@ -16,17 +16,6 @@ work=$(mktemp -d /var/tmp/ferry-capsule.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 FERRY_STORE=$work/a suspend_dirty "$mib" 0 "$work"
 
-# seconds a command took, and its rate for the closure's MiB
-timed() {
-    local t0 t1
-    t0=$(date +%s.%N)
-    "$@" 2>"$work/log" >/dev/null
-    t1=$(date +%s.%N)
-    local mibs
-    mibs=$(grep -o '[0-9.]* MiB of data\|[0-9.]* MiB)' "$work/log" | grep -o '^[0-9.]*' | tail -1)
-    echo "$t0 $t1 $mibs" | awk '{printf "%.2f s (%.0f MB/s)", $2 - $1, $3 * 1.048576 / ($2 - $1)}'
-}
-
 echo "| round | export | import |"
 echo "|---:|---:|---:|"
 for r in $(seq "$rounds"); do

@@ -19,3 +19,15 @@ suspend_dirty() {
     k=$(grep -o 'suspended blake3:[0-9a-f]*' "$dir/err" | cut -d' ' -f2)
     echo "snapshot $k of a $mib MiB guest"
 }
+
+# timed CMD...: how long CMD took, and the rate for the MiB it says it moved ("… (X MiB)" as
+# push, pull and import say it, "X MiB of data" as export does). Its stderr goes to
+# $work/log.
+timed() {
+    local t0 t1 mibs
+    t0=$(date +%s.%N)
+    "$@" 2>"$work/log" >/dev/null
+    t1=$(date +%s.%N)
+    mibs=$(grep -o '[0-9.]* MiB\( of data\|)\)' "$work/log" | grep -o '^[0-9.]*' | tail -1)
+    echo "$t0 $t1 $mibs" | awk '{printf "%.2f s (%.0f MB/s)", $2 - $1, $3 * 1.048576 / ($2 - $1)}'
+}

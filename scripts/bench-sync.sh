@@ -18,17 +18,6 @@ trap '[ -n "$server" ] && kill "$server" 2>/dev/null; rm -rf "$work"' EXIT
 export FERRY_TOKEN=bench-sync-token
 FERRY_STORE=$work/a suspend_dirty "$mib" 0 "$work"
 
-# seconds a command took, and the MiB it says it moved
-timed() {
-    local t0 t1
-    t0=$(date +%s.%N)
-    "$@" 2>"$work/log" >/dev/null
-    t1=$(date +%s.%N)
-    local mibs
-    mibs=$(grep -o '([0-9.]* MiB)' "$work/log" | tr -d '(MiB)' | tail -1)
-    echo "$t0 $t1 $mibs" | awk '{printf "%.2f s (%.0f MB/s)", $2 - $1, $3 * 1.048576 / ($2 - $1)}'
-}
-
 echo "| round | push | pull |"
 echo "|---:|---:|---:|"
 for r in $(seq "$rounds"); do
