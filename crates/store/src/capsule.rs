@@ -212,29 +212,27 @@ impl Chunks {
 
 /// Checks and stores full batches of chunks on a thread of its own while the next batch is
 /// read: the disk writes one while the capsule is read and hashed. Two batches' memory is
-/// used in turn.
-struct Storer {
-    full: std::sync::mpsc::SyncSender<Chunks>,
-    done: std::sync::mpsc::Receiver<Result<Chunks, CapsuleError>>,
+/// used in turn. The thread starts with the first full batch (a capsule smaller than a
+/// batch starts none).
+struct Storer<'s, 'e> {
+    scope: &'s std::thread::Scope<'s, 'e>,
+    store: &'s dyn Store,
+    thread: Option<StorerThread>,
     in_flight: bool,
 }
 
-impl Storer {
-    fn start<'s>(s: &'s std::thread::Scope<'s, '_>, store: &'s dyn Store) -> Self {
-        let (full, to_store) = std::sync::mpsc::sync_channel::<Chunks>(1);
-        let (stored, done) = std::sync::mpsc::channel();
-        s.spawn(move || {
-            for mut chunks in to_store {
-                let r = chunks.put(store).map(|()| chunks);
-                let failed = r.is_err();
-                if stored.send(r).is_err() || failed {
-                    break;
-                }
-            }
-        });
+/// The storing thread's two channels: full batches to it, stored (emptied) ones back.
+struct StorerThread {
+    full: std::sync::mpsc::SyncSender<Chunks>,
+    done: std::sync::mpsc::Receiver<Result<Chunks, CapsuleError>>,
+}
+
+impl<'s, 'e> Storer<'s, 'e> {
+    fn new(scope: &'s std::thread::Scope<'s, 'e>, store: &'s dyn Store) -> Self {
         Self {
-            full,
-            done,
+            scope,
+            store,
+            thread: None,
             in_flight: false,
         }
     }
@@ -244,7 +242,11 @@ impl Storer {
         if !std::mem::take(&mut self.in_flight) {
             return Ok(None);
         }
-        let done = self
+        let thread = self
+            .thread
+            .as_ref()
+            .expect("a batch in flight has a thread");
+        let done = thread
             .done
             .recv()
             .expect("the storing thread answers every batch");
@@ -255,7 +257,23 @@ impl Storer {
     fn hand_over(&mut self, chunks: &mut Chunks) -> Result<(), CapsuleError> {
         let empty = self.wait()?.unwrap_or_default();
         let full = std::mem::replace(chunks, empty);
-        self.full
+        let store = self.store;
+        let thread = self.thread.get_or_insert_with(|| {
+            let (full, to_store) = std::sync::mpsc::sync_channel::<Chunks>(1);
+            let (stored, done) = std::sync::mpsc::channel();
+            self.scope.spawn(move || {
+                for mut chunks in to_store {
+                    let r = chunks.put(store).map(|()| chunks);
+                    let failed = r.is_err();
+                    if stored.send(r).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+            StorerThread { full, done }
+        });
+        thread
+            .full
             .send(full)
             .expect("the storing thread takes batches until one fails");
         self.in_flight = true;
@@ -317,7 +335,7 @@ pub fn import(
     let mut chunks = Chunks::default();
     let mut body = Vec::new();
     std::thread::scope(|s| -> Result<(), CapsuleError> {
-        let mut storer = Storer::start(s, store);
+        let mut storer = Storer::new(s, store);
         for _ in 0..count {
             let k = Kappa::from_bytes(read_array(&mut r)?);
             let [codec] = read_array::<1>(&mut r)?;

@@ -202,8 +202,20 @@ pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
         .with_context(|| format!("{name} holds an incomplete snapshot"))?;
     snapshot::name(&store, root)?;
     println!("imported {root}");
-    // Mounts are the destination's to grant: the hint names each guest path to give a
-    // directory for (a Python runtime's standard library is granted by resume itself).
+    eprintln!(
+        "ferry: {} objects ({} new, {:.1} MiB); {}",
+        stats.objects,
+        stats.new_objects,
+        stats.bytes as f64 / (1u64 << 20) as f64,
+        resume_hint(&loaded)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// "resume it with `ferry resume …`" for a snapshot brought from elsewhere: mounts are the
+/// destination's to grant, so it names each guest path to give a directory for (a Python
+/// runtime's standard library is granted by resume itself).
+pub fn resume_hint(loaded: &snapshot::Loaded) -> String {
     let grants: String = loaded
         .wasi
         .mounts
@@ -216,12 +228,8 @@ pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
             )
         })
         .collect();
-    eprintln!(
-        "ferry: {} objects ({} new, {:.1} MiB); resume it with `ferry resume {grants}{}`",
-        stats.objects,
-        stats.new_objects,
-        stats.bytes as f64 / (1u64 << 20) as f64,
-        root.fmt_short()
-    );
-    Ok(ExitCode::SUCCESS)
+    format!(
+        "resume it with `ferry resume {grants}{}`",
+        loaded.kappa.fmt_short()
+    )
 }

@@ -40,6 +40,10 @@ fn push_to_a_space_resume_there_pull_back_only_what_is_missing() {
     let (out, err, code) = third.output(&["pull", &k, "--from", &server.url]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), format!("pulled {k}"));
+    assert!(
+        err.contains(&format!("resume it with `ferry resume {}`", &k[..19])),
+        "{err}"
+    );
     let (_, err, code) = third.output(&["pull", &k, "--from", &server.url]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains(": 0 of its "), "{err}");
