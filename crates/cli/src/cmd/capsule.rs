@@ -130,6 +130,13 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
              give -o FILE)"
         );
     }
+    if !to_stdout && a.output.is_dir() {
+        anyhow::bail!(
+            "{} is a directory: give the capsule a file name (-o {}/NAME.ferry)",
+            a.output.display(),
+            a.output.display()
+        );
+    }
     let tmp = a.output.with_extension("ferry-partial");
     let file = match to_stdout {
         true => None,
@@ -161,9 +168,13 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
         }
     };
     if let Some(file) = file {
-        file.sync_all()?;
-        std::fs::rename(&tmp, &a.output)
-            .with_context(|| format!("cannot write {}", a.output.display()))?;
+        let done = file
+            .sync_all()
+            .and_then(|()| std::fs::rename(&tmp, &a.output));
+        if let Err(e) = done {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e).with_context(|| format!("cannot write {}", a.output.display()));
+        }
     }
     eprintln!(
         "ferry: exported {root} to {}: {} objects, {:.1} MiB of data in {:.1} MiB, {:.1} s",

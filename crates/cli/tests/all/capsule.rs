@@ -198,4 +198,15 @@ fn damaged_capsules_and_unknown_snapshots_are_refused() {
     let (_, err, code) = env.output(&["export", unknown, "-o", bad.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(err.contains("is missing from the store"), "{err}");
+
+    // A directory is not a capsule's name: refused before anything is written.
+    let dir = env.path("a-directory");
+    std::fs::create_dir(&dir).unwrap();
+    let (_, err, code) = env.output(&["export", &k, "-o", dir.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("is a directory: give the capsule a file name"),
+        "{err}"
+    );
+    assert!(!env.path("a-directory.ferry-partial").exists());
 }
