@@ -747,10 +747,12 @@ mod capsules {
         let dir = tempfile::tempdir().unwrap();
         let s = FsStore::open(dir.path()).unwrap();
         let root = s.put(b"root object").unwrap();
-        let chunks: Vec<Vec<u8>> = (0..96).map(noise_chunk).collect();
+        // Three batches' worth: the damaged chunk is in the second, which the second of the
+        // two reading threads encodes.
+        let chunks: Vec<Vec<u8>> = (0..600).map(noise_chunk).collect();
         let slices: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
         let ks = s.put_many(&slices).unwrap();
-        let at = s.stored_at(&ks[50]).expect("packed");
+        let at = s.stored_at(&ks[300]).expect("packed");
         let mut pack = std::fs::read(&at.file).unwrap();
         pack[at.offset as usize + 10] ^= 0x40;
         std::fs::write(&at.file, &pack).unwrap();
@@ -759,7 +761,7 @@ mod capsules {
         order.extend(&ks);
         let e = capsule::export(&s, root, &order, &mut Vec::new(), &mut |_| {}).unwrap_err();
         assert!(
-            matches!(e, CapsuleError::Store(StoreError::Corrupt { kappa, .. }) if kappa == ks[50]),
+            matches!(e, CapsuleError::Store(StoreError::Corrupt { kappa, .. }) if kappa == ks[300]),
             "{e}"
         );
     }
