@@ -207,7 +207,8 @@ pub fn pull(settings: &Settings, a: PullArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot pull {k} from {}", a.from))?;
     report("pulled", &k, stats, started);
     println!("pulled {k}");
-    let loaded = ferry_engine::snapshot::load(&store, k)
+    // (`pull` has verified the closure; this reads its mounts for the hint.)
+    let loaded = ferry_engine::snapshot::load_leaving_module(&store, k)
         .with_context(|| format!("{k} was pulled but does not load"))?;
     eprintln!("ferry: {}", super::capsule::resume_hint(&loaded));
     Ok(ExitCode::SUCCESS)
