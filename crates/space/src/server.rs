@@ -157,10 +157,7 @@ async fn put_object(
         let actual = Kappa::of(&bytes);
         if actual != k {
             warn!(%k, %actual, "refused an object that does not hash to its κ");
-            return Err(refused(ferry_store::batch::Refused {
-                object: Some(k),
-                reason: format!("object {k} hashes to {actual}: refused"),
-            }));
+            return Err(refused(ferry_store::batch::Refused::mismatch(k, actual)));
         }
         s.store.put(&bytes).map_err(internal)?;
         Ok(())

@@ -498,10 +498,7 @@ impl Batch<'_> {
     pub fn verify(&self) -> Result<Vec<Hashed<'_>>, Refused> {
         let claimed: Vec<(Kappa, &[u8])> = self.entries.iter().map(|(k, b)| (*k, &**b)).collect();
         Hashed::check_all(&claimed, "the batch received").map_err(|e| match e {
-            crate::StoreError::Corrupt { kappa, actual, .. } => Refused {
-                object: Some(kappa),
-                reason: format!("object {kappa} hashes to {actual}: refused"),
-            },
+            crate::StoreError::Corrupt { kappa, actual, .. } => Refused::mismatch(kappa, actual),
             e => Refused {
                 object: None,
                 reason: e.to_string(),
@@ -516,6 +513,16 @@ impl Batch<'_> {
 pub struct Refused {
     pub object: Option<Kappa>,
     pub reason: String,
+}
+
+impl Refused {
+    /// Object `kappa` received with bytes that hash to `actual`.
+    pub fn mismatch(kappa: Kappa, actual: Kappa) -> Self {
+        Self {
+            object: Some(kappa),
+            reason: format!("object {kappa} hashes to {actual}: refused"),
+        }
+    }
 }
 
 impl std::fmt::Display for Refused {

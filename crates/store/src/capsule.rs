@@ -163,10 +163,7 @@ const READERS: usize = 2;
 
 fn read_array<const N: usize>(r: &mut impl Read) -> Result<[u8; N], CapsuleError> {
     let mut b = [0u8; N];
-    r.read_exact(&mut b).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => CapsuleError::Corrupt("truncated".into()),
-        _ => CapsuleError::Io(e),
-    })?;
+    r.read_exact(&mut b).map_err(truncated)?;
     Ok(b)
 }
 
@@ -191,6 +188,20 @@ struct Chunks {
 }
 
 impl Chunks {
+    /// Adds chunk `k` (`new` if the store lacks it) once `stage` has staged its bytes; true
+    /// when the batch is full.
+    fn push(
+        &mut self,
+        k: Kappa,
+        new: bool,
+        stage: impl FnOnce(&mut Staged) -> std::io::Result<()>,
+    ) -> Result<bool, CapsuleError> {
+        stage(&mut self.staged).map_err(truncated)?;
+        self.claimed.push(k);
+        self.new.push(new);
+        Ok(self.staged.bytes() >= BATCH_BYTES)
+    }
+
     fn put(&mut self, store: &dyn Store) -> Result<(), CapsuleError> {
         let slices = self.staged.slices();
         let claimed: Vec<(Kappa, &[u8])> = self.claimed.iter().copied().zip(slices).collect();
@@ -296,6 +307,7 @@ fn mismatch(e: StoreError) -> CapsuleError {
     }
 }
 
+/// A read that ran out of capsule, as a capsule error.
 fn truncated(e: std::io::Error) -> CapsuleError {
     match e.kind() {
         std::io::ErrorKind::UnexpectedEof => CapsuleError::Corrupt("truncated".into()),
@@ -355,10 +367,7 @@ pub fn import(
             stats.new_objects += u64::from(new);
             if codec == CODEC_RAW && stored == len && len == CHUNK as u64 {
                 // A raw memory chunk (the bulk of a capsule) is read straight into the staging.
-                chunks.staged.push_from(&mut r, CHUNK).map_err(truncated)?;
-                chunks.claimed.push(k);
-                chunks.new.push(new);
-                if chunks.staged.bytes() >= BATCH_BYTES {
+                if chunks.push(k, new, |s| s.push_from(&mut r, CHUNK))? {
                     storer.hand_over(&mut chunks)?;
                 }
                 progress(r.count);
@@ -391,10 +400,11 @@ pub fn import(
             }
             if bytes.len() == CHUNK {
                 // Checked with the other chunks of its batch.
-                chunks.staged.push(bytes);
-                chunks.claimed.push(k);
-                chunks.new.push(new);
-                if chunks.staged.bytes() >= BATCH_BYTES {
+                let staged = |s: &mut Staged| {
+                    s.push(bytes);
+                    Ok(())
+                };
+                if chunks.push(k, new, staged)? {
                     storer.hand_over(&mut chunks)?;
                 }
             } else {
