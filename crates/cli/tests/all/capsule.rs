@@ -1,7 +1,9 @@
 //! `ferry export` / `ferry import`: a suspended guest moved to a store that shares nothing
 //! with the first one continues byte-identically; damaged capsules are refused.
 
-use crate::harness::{Env, dir_contents, guest, resume_to_end, run_and_suspend, session_of};
+use crate::harness::{
+    Env, dir_contents, guest, resume_to_end, resume_to_end_with, run_and_suspend, session_of,
+};
 
 /// A CPU guest suspended in a new environment: the environment, what an uninterrupted run
 /// prints, what this one printed before it was suspended, and its snapshot.
@@ -78,18 +80,7 @@ fn a_guest_with_a_mount_moves_through_a_capsule() {
         "{err}"
     );
     let (there_dir, td) = there.data_dir("data");
-    let resumed = there
-        .ferry()
-        .args(["resume", "--dir", &td, &k])
-        .output()
-        .expect("spawn ferry");
-    assert_eq!(
-        resumed.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&resumed.stderr)
-    );
-    seen.extend(resumed.stdout);
+    seen.extend(resume_to_end_with(&there, &["--dir", &td], &k));
     assert_eq!(
         String::from_utf8_lossy(&seen),
         String::from_utf8_lossy(&plain.stdout)

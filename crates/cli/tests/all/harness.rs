@@ -309,9 +309,16 @@ pub fn wait_until_running(env: &Env) {
 
 /// `ferry resume κ` in `env` to the guest's exit (code 0): its stdout.
 pub fn resume_to_end(env: &Env, k: &str) -> Vec<u8> {
+    resume_to_end_with(env, &[], k)
+}
+
+/// [`resume_to_end`] with options (`--dir HOST::GUEST`, …) before the κ.
+pub fn resume_to_end_with(env: &Env, options: &[&str], k: &str) -> Vec<u8> {
     let out = env
         .ferry()
-        .args(["resume", k])
+        .arg("resume")
+        .args(options)
+        .arg(k)
         .output()
         .expect("spawn ferry");
     assert_eq!(
