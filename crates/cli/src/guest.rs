@@ -35,6 +35,12 @@ pub struct GuestArgs {
     /// Write a snapshot this often while running (e.g. 500ms, 10s, 5m).
     #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
     pub checkpoint_every: Option<std::time::Duration>,
+    /// Copy the guest's memory to the store in the background this often (e.g. 1s), so that
+    /// a suspend or checkpoint has only what changed since to write: a much shorter pause for
+    /// a large guest, paid for with disk writes of memory that may change again (jit engine
+    /// only).
+    #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
+    pub pre_write: Option<std::time::Duration>,
     /// Keep only this session's newest N snapshots: after each snapshot the older ones are
     /// deleted from the store — when no other ferry process is using it; otherwise at a later
     /// snapshot, or by `ferry store gc --keep N`.
@@ -54,6 +60,7 @@ impl GuestArgs {
         self.dirs.is_empty()
             && self.envs.is_empty()
             && self.checkpoint_every.is_none()
+            && self.pre_write.is_none()
             && self.keep.is_none()
     }
 

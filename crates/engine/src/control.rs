@@ -59,6 +59,15 @@ pub struct Control {
     run_while_checking: AtomicBool,
     /// Whether a suspend whose snapshot cannot be written ends the run anyway (a kill).
     end_without_snapshot: AtomicBool,
+    /// Pre-write interval in milliseconds, 0 for none (see [`Control::pre_write_every`]).
+    pre_write_ms: AtomicU64,
+    /// The guest's `memory` as a host function last saw it: address and length in bytes
+    /// (address 0: not seen yet), and how many times it was seen.
+    memory_at: AtomicUsize,
+    memory_len: AtomicUsize,
+    memory_seen: AtomicU64,
+    /// Asks the next poll to report the memory (see [`Control::look_at_memory`]).
+    look: AtomicBool,
 }
 
 /// Checks in flight and the first that failed.
@@ -224,6 +233,52 @@ impl Control {
     /// The cap set by [`Control::limit_memory`], if any.
     pub fn memory_limit(&self) -> Option<u64> {
         Some(self.memory_limit.load(Ordering::SeqCst)).filter(|&b| b > 0)
+    }
+
+    /// Copies the guest's memory to the store in the background every `every` (`None`:
+    /// never), so that a suspend or checkpoint has only what was written since to store
+    /// (`crate::incremental`). Set before the run starts; the JIT engine only (an
+    /// interpreter's memory may move as it grows).
+    pub fn pre_write_every(&self, every: Option<Duration>) {
+        let ms = every.map_or(0, |d| d.as_millis().clamp(1, u128::from(u64::MAX)) as u64);
+        self.pre_write_ms.store(ms, Ordering::SeqCst);
+    }
+
+    pub(crate) fn pre_write(&self) -> Option<Duration> {
+        Some(self.pre_write_ms.load(Ordering::SeqCst))
+            .filter(|&ms| ms > 0)
+            .map(Duration::from_millis)
+    }
+
+    /// Notes where the guest's `memory` is and how long, as a host function sees it.
+    pub(crate) fn saw_memory(&self, memory: &[u8]) {
+        self.memory_len.store(memory.len(), Ordering::SeqCst);
+        self.memory_at
+            .store(memory.as_ptr() as usize, Ordering::SeqCst);
+        self.memory_seen.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Whether a look at the memory was asked for (and now is being served).
+    pub(crate) fn take_look(&self) -> bool {
+        self.look.swap(false, Ordering::SeqCst)
+    }
+
+    /// The guest's `memory` (address, length), as its next safe point reports it — or, if it
+    /// reaches none within 20 ms (it waits in a host call, which noted the memory on its way
+    /// in), as a host function last saw it. A memory only grows, so the length is at most
+    /// what it is now. `None` before any was seen.
+    pub(crate) fn look_at_memory(&self) -> Option<(usize, usize)> {
+        let seen = self.memory_seen.load(Ordering::SeqCst);
+        self.look.store(true, Ordering::SeqCst);
+        self.raise_flag();
+        for _ in 0..20 {
+            if self.memory_seen.load(Ordering::SeqCst) != seen {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let at = self.memory_at.load(Ordering::SeqCst);
+        (at != 0).then(|| (at, self.memory_len.load(Ordering::SeqCst)))
     }
 
     /// Asks for `r`. A suspend is never downgraded to a checkpoint.

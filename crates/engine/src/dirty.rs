@@ -98,6 +98,37 @@ fn check(r: libc::c_int) -> io::Result<()> {
     }
 }
 
+/// Registers `[start, start + len)` with `uffd` for write-protection and protects it.
+///
+/// # Safety
+/// The range must be memory of this process that stays mapped while `uffd` is open.
+unsafe fn protect(uffd: &OwnedFd, start: usize, len: usize) -> io::Result<()> {
+    let range = UffdioRange {
+        start: start as u64,
+        len: len as u64,
+    };
+    let mut reg = UffdioRegister {
+        range: UffdioRange { ..range },
+        mode: UFFDIO_REGISTER_MODE_WP,
+        ioctls: 0,
+    };
+    // SAFETY: UFFDIO_REGISTER reads and writes a `struct uffdio_register` we own; the range
+    // is the caller's.
+    check(unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_REGISTER as _, &mut reg) })?;
+    if reg.ioctls & UFFDIO_WRITEPROTECT_BIT == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "write-protection is not available for this memory",
+        ));
+    }
+    let mut wp = UffdioWriteprotect {
+        range,
+        mode: UFFDIO_WRITEPROTECT_MODE_WP,
+    };
+    // SAFETY: UFFDIO_WRITEPROTECT reads a `struct uffdio_writeprotect` we own.
+    check(unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_WRITEPROTECT as _, &mut wp) })
+}
+
 /// Write tracking of one page-aligned range of this process's memory.
 #[derive(Debug)]
 pub struct Tracker {
@@ -153,32 +184,8 @@ impl Tracker {
                 "no asynchronous userfaultfd write-protection",
             ));
         }
-        let mut reg = UffdioRegister {
-            range: UffdioRange {
-                start: start as u64,
-                len: len as u64,
-            },
-            mode: UFFDIO_REGISTER_MODE_WP,
-            ioctls: 0,
-        };
-        // SAFETY: UFFDIO_REGISTER reads and writes a `struct uffdio_register` we own; the
-        // range is the caller's (see # Safety).
-        check(unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_REGISTER as _, &mut reg) })?;
-        if reg.ioctls & UFFDIO_WRITEPROTECT_BIT == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "write-protection is not available for this memory",
-            ));
-        }
-        let mut wp = UffdioWriteprotect {
-            range: UffdioRange {
-                start: start as u64,
-                len: len as u64,
-            },
-            mode: UFFDIO_WRITEPROTECT_MODE_WP,
-        };
-        // SAFETY: UFFDIO_WRITEPROTECT reads a `struct uffdio_writeprotect` we own.
-        check(unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_WRITEPROTECT as _, &mut wp) })?;
+        // SAFETY: the range is the caller's (see # Safety).
+        unsafe { protect(&uffd, start, len)? };
         let pagemap = File::open("/proc/self/pagemap")?;
         let mut t = Self {
             uffd,
@@ -189,6 +196,27 @@ impl Tracker {
         // Fails here (not at the first snapshot) if PAGEMAP_SCAN is missing.
         t.take_written()?;
         Ok(t)
+    }
+
+    /// Extends the tracked range to `len` bytes from its start (the memory grew). Writes to
+    /// the new part are reported from now on; what was written there before is not.
+    ///
+    /// # Safety
+    /// As for [`Tracker::new`], for the whole new range.
+    pub unsafe fn grow(&mut self, len: usize) -> io::Result<()> {
+        if len <= self.len {
+            return Ok(());
+        }
+        if !len.is_multiple_of(page_size()) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "range is not page-aligned",
+            ));
+        }
+        // SAFETY: the caller's (see # Safety).
+        unsafe { protect(&self.uffd, self.start + self.len, len - self.len)? };
+        self.len = len;
+        Ok(())
     }
 
     /// Byte ranges `(offset, length)` of the tracked range written since the last call, in
@@ -275,10 +303,11 @@ mod tests {
         Map(p.cast(), len)
     }
 
-    /// A tracker of all of `m` (`None`: tracking is unavailable here, and this is not CI).
-    fn tracker(m: &Map) -> Option<Tracker> {
+    /// A tracker of the first `len` bytes of `m` (`None`: tracking is unavailable here, and
+    /// this is not CI).
+    fn tracker(m: &Map, len: usize) -> Option<Tracker> {
         // SAFETY: the mapping outlives the tracker (both live until the test ends).
-        match unsafe { Tracker::new(m.0, m.1) } {
+        match unsafe { Tracker::new(m.0, len) } {
             Ok(t) => Some(t),
             Err(e) => {
                 // CI runs on a machine that has it: there the test must not be skipped.
@@ -298,7 +327,7 @@ mod tests {
         let m = map(64 * page);
         // SAFETY: writing inside our mapping.
         unsafe { m.0.add(3 * page).write(1) };
-        let Some(mut t) = tracker(&m) else {
+        let Some(mut t) = tracker(&m, m.1) else {
             return;
         };
         assert_eq!(t.take_written().expect("scan"), vec![]);
@@ -320,6 +349,33 @@ mod tests {
             m.0.add(5 * page).write(9);
         }
         assert_eq!(t.take_written().expect("scan"), vec![(5 * page, page)]);
+    }
+
+    /// A memory that grew: the tracker follows it, and writes to the new part are reported
+    /// alongside those to the old.
+    #[test]
+    fn a_grown_range_is_tracked_in_full() {
+        let page = page_size();
+        let m = map(64 * page);
+        let Some(mut t) = tracker(&m, 16 * page) else {
+            return;
+        };
+        // SAFETY: writing inside our mapping, outside the tracked range so far.
+        unsafe { m.0.add(20 * page).write(1) };
+        assert_eq!(t.take_written().expect("scan"), vec![]);
+        // SAFETY: the mapping outlives the tracker.
+        unsafe { t.grow(48 * page) }.expect("grow");
+        assert_eq!(t.len(), 48 * page);
+        // SAFETY: writing inside our mapping.
+        unsafe {
+            m.0.add(2 * page).write(1);
+            m.0.add(30 * page).write(1);
+            m.0.add(50 * page).write(1);
+        }
+        assert_eq!(
+            t.take_written().expect("scan"),
+            vec![(2 * page, page), (30 * page, page)]
+        );
     }
 
     /// As after a restore that mapped chunks from a pack: part of the memory is a private
@@ -350,7 +406,7 @@ mod tests {
         for p in 16..24 {
             assert_eq!(unsafe { m.0.add(p * page).read_volatile() }, 5);
         }
-        let Some(mut t) = tracker(&m) else {
+        let Some(mut t) = tracker(&m, m.1) else {
             return;
         };
         assert_eq!(t.take_written().expect("scan"), vec![]);

@@ -109,6 +109,11 @@ pub(crate) fn poll(cx: &mut impl HostCx) -> Result<(), HostStop> {
         start_unwind(cx);
         return Ok(());
     }
+    if control.take_look()
+        && let Some((memory, _)) = cx.memory_and_host()
+    {
+        control.saw_memory(memory);
+    }
     match control.pending() {
         Request::None => cx.set_flag(control.counting()),
         Request::Probe => {
@@ -151,6 +156,7 @@ pub(crate) fn wasi_call(
             "the module calls WASI but exports no `memory`".into(),
         ));
     };
+    host.control.saw_memory(mem);
     host.wasi.rewinding = rewinding;
     let r = host.wasi.call(name, mem, args);
     host.wasi.rewinding = false;

@@ -14,6 +14,7 @@ pub mod dirty;
 mod error;
 pub mod gc;
 mod host;
+mod incremental;
 mod interp;
 mod jit;
 mod prepare;

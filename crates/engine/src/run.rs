@@ -151,7 +151,7 @@ impl Runtime {
         }
         let mut phase = 0;
         let mut rewinding = false;
-        let mut dirty = snapshot::Incremental::default();
+        let mut dirty = crate::incremental::Incremental::default();
 
         let ctl = inst.memory_mut(abi::CTL_MEMORY).ok_or_else(|| {
             EngineError::Instantiate("instrumented module lacks `ferry:ctl`".into())
@@ -240,79 +240,105 @@ impl Runtime {
             );
         }
 
-        loop {
-            let name = entries[phase];
-            let call = if std::mem::take(&mut rewinding) {
-                let rewind = abi::rewind_export(name);
-                if !inst.has_func(&rewind) {
-                    return Err(EngineError::refused(
-                        Stage::Restoring,
-                        format!("`{name}` has no rewind copy"),
-                    ));
-                }
-                rewind
-            } else {
-                name.to_owned()
-            };
-            match inst.call(&call) {
-                Ok(code) => {
-                    let state = global_i32(inst, abi::STATE_GLOBAL)?;
-                    if state == abi::STATE_REWIND {
-                        return Err(EngineError::refused(
-                            Stage::Restoring,
-                            "corrupt saved stack: the rewind never reached its call site",
-                        ));
-                    }
-                    if state != abi::STATE_UNWIND {
-                        phase += 1;
-                        if phase < entries.len() {
-                            continue;
-                        }
-                        inst.host().wasi.flush();
-                        return Ok(Outcome::Exited(code.unwrap_or(0)));
-                    }
-                    // Serve whatever was asked (the request stays pending until the unwind
-                    // reaches here: see `host::start_unwind`).
-                    let reason = control.take();
-                    if matches!(reason, Request::None | Request::Probe) {
-                        // Nothing to write (a probe, or a request already served): go on.
-                        begin_rewind(inst)?;
-                        rewinding = true;
-                        continue;
-                    }
-                    // Nothing is written from a guest whose snapshot is still being checked.
-                    control.wait_checked()?;
-                    let written = snapshot::write(inst, store, &meta, prepared, name, &mut dirty);
-                    let ok = written.as_ref().ok().copied();
-                    let failed = written.as_ref().err().map(ToString::to_string);
-                    on_snapshot(written, reason);
-                    if let Some(e) = failed
-                        && reason == Request::Suspend
-                        && control.ends_without_snapshot()
-                    {
-                        inst.host().wasi.flush();
-                        return Err(EngineError::Unsaved(e));
-                    }
-                    if let Some(k) = ok {
-                        meta.parent = Some(k);
-                        meta.generation += 1;
-                        if reason == Request::Suspend {
-                            return Ok(Outcome::Suspended(k));
-                        }
-                    }
-                    begin_rewind(inst)?;
-                    rewinding = true;
-                }
-                Err(stop) => {
-                    inst.host().wasi.flush();
-                    return match stop {
-                        Stop::Exit(code) => Ok(Outcome::Exited(code)),
-                        Stop::Trap(m) => Err(EngineError::Trap(m)),
-                        Stop::Fatal(m) => Err(EngineError::Host(m)),
-                    };
-                }
-            }
+        // Pre-writing reads the guest's memory from another thread while the guest runs:
+        // only where memories never move (the JIT's; see `incremental`).
+        let pre_write = control
+            .pre_write()
+            .filter(|_| self.kind() == crate::EngineKind::Jit);
+        if control.pre_write().is_some() && pre_write.is_none() {
+            info!(engine = %self.kind(), "pre-writing needs the jit engine; not pre-writing");
         }
+        let stopper = crate::incremental::Stopper::default();
+        let first = dirty.first();
+        std::thread::scope(|s| {
+            if let Some(every) = pre_write {
+                let (control, stopper) = (&control, &stopper);
+                let _ = std::thread::Builder::new()
+                    .name("ferry-pre-write".into())
+                    .spawn_scoped(s, move || {
+                        crate::incremental::pre_write(first, store, control, every, stopper)
+                    })
+                    .inspect_err(|e| tracing::warn!("cannot start pre-writing: {e}"));
+            }
+            let r = (|| {
+                loop {
+                    let name = entries[phase];
+                    let call = if std::mem::take(&mut rewinding) {
+                        let rewind = abi::rewind_export(name);
+                        if !inst.has_func(&rewind) {
+                            return Err(EngineError::refused(
+                                Stage::Restoring,
+                                format!("`{name}` has no rewind copy"),
+                            ));
+                        }
+                        rewind
+                    } else {
+                        name.to_owned()
+                    };
+                    match inst.call(&call) {
+                        Ok(code) => {
+                            let state = global_i32(inst, abi::STATE_GLOBAL)?;
+                            if state == abi::STATE_REWIND {
+                                return Err(EngineError::refused(
+                                    Stage::Restoring,
+                                    "corrupt saved stack: the rewind never reached its call site",
+                                ));
+                            }
+                            if state != abi::STATE_UNWIND {
+                                phase += 1;
+                                if phase < entries.len() {
+                                    continue;
+                                }
+                                inst.host().wasi.flush();
+                                return Ok(Outcome::Exited(code.unwrap_or(0)));
+                            }
+                            // Serve whatever was asked (the request stays pending until the unwind
+                            // reaches here: see `host::start_unwind`).
+                            let reason = control.take();
+                            if matches!(reason, Request::None | Request::Probe) {
+                                // Nothing to write (a probe, or a request already served): go on.
+                                begin_rewind(inst)?;
+                                rewinding = true;
+                                continue;
+                            }
+                            // Nothing is written from a guest whose snapshot is still being checked.
+                            control.wait_checked()?;
+                            let written =
+                                snapshot::write(inst, store, &meta, prepared, name, &mut dirty);
+                            let ok = written.as_ref().ok().copied();
+                            let failed = written.as_ref().err().map(ToString::to_string);
+                            on_snapshot(written, reason);
+                            if let Some(e) = failed
+                                && reason == Request::Suspend
+                                && control.ends_without_snapshot()
+                            {
+                                inst.host().wasi.flush();
+                                return Err(EngineError::Unsaved(e));
+                            }
+                            if let Some(k) = ok {
+                                meta.parent = Some(k);
+                                meta.generation += 1;
+                                if reason == Request::Suspend {
+                                    return Ok(Outcome::Suspended(k));
+                                }
+                            }
+                            begin_rewind(inst)?;
+                            rewinding = true;
+                        }
+                        Err(stop) => {
+                            inst.host().wasi.flush();
+                            return match stop {
+                                Stop::Exit(code) => Ok(Outcome::Exited(code)),
+                                Stop::Trap(m) => Err(EngineError::Trap(m)),
+                                Stop::Fatal(m) => Err(EngineError::Host(m)),
+                            };
+                        }
+                    }
+                }
+            })();
+            stopper.stop();
+            r
+        })
     }
 
     /// Compiles a module as it is, without instrumentation (the benchmark baseline).

@@ -25,7 +25,7 @@ use crate::seam::{Instance, Value};
 const MAX_MEMORY: u64 = 1 << 32;
 
 /// Whether a chunk is all zero bytes (OR-folded in blocks, which vectorizes).
-fn is_zero(chunk: &[u8]) -> bool {
+pub(crate) fn is_zero(chunk: &[u8]) -> bool {
     chunk
         .chunks(256)
         .all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
@@ -39,7 +39,7 @@ pub fn write_memory(store: &dyn Store, data: &[u8]) -> Result<Kappa, StoreError>
 }
 
 /// Stores the non-zero chunks of `data` and returns its image (not yet stored).
-fn memory_image(store: &dyn Store, data: &[u8]) -> Result<MemoryImage, StoreError> {
+pub(crate) fn memory_image(store: &dyn Store, data: &[u8]) -> Result<MemoryImage, StoreError> {
     let (indices, chunks): (Vec<u32>, Vec<&[u8]>) = data
         .chunks(CHUNK_SIZE as usize)
         .enumerate()
@@ -112,166 +112,6 @@ pub fn read_output(store: &dyn Store, k: &Kappa) -> Result<Vec<u8>, EngineError>
     Ok(out)
 }
 
-/// Incremental snapshots: for each memory, the image the last snapshot of this run stored
-/// (or the one it was restored from) and the tracking of the pages written since
-/// ([`crate::dirty`]). A snapshot then hashes and stores only the chunks under written pages;
-/// the others keep their κ. Where tracking is unavailable (or `FERRY_DIRTY=off`), every
-/// snapshot hashes the whole memory. `FERRY_VERIFY_DIRTY=1` also hashes everything and
-/// fails the snapshot if tracking missed a change (the tests run with it). Mounted
-/// directories are re-imported at every snapshot, reading only files that changed since this
-/// run last stored them ([`ferry_wasi::tree::ImportCache`]).
-#[derive(Debug, Default)]
-pub(crate) struct Incremental {
-    memories: Vec<Option<Tracked>>,
-    /// Mounted files already stored, by this run's snapshots or by earlier runs (the store's
-    /// `import-cache`, read at the first snapshot).
-    trees: ferry_wasi::tree::ImportCache,
-    trees_loaded: bool,
-}
-
-#[derive(Debug)]
-struct Tracked {
-    tracker: crate::dirty::Tracker,
-    image: MemoryImage,
-}
-
-fn tracking_enabled() -> bool {
-    std::env::var("FERRY_DIRTY").map_or(true, |v| v != "off")
-}
-
-impl Incremental {
-    /// After a restore: memory `i` holds exactly `images[i]`; track writes from here.
-    pub(crate) fn seed(&mut self, inst: &mut dyn Instance, images: &[MemoryImage]) {
-        self.memories = images
-            .iter()
-            .enumerate()
-            .map(|(i, img)| Self::track(inst, i, img.clone()))
-            .collect();
-    }
-
-    fn track(inst: &mut dyn Instance, i: usize, image: MemoryImage) -> Option<Tracked> {
-        if !tracking_enabled() {
-            return None;
-        }
-        let m = inst.memory(&abi::memory_export(i as u32))?;
-        if m.len() as u64 != image.len {
-            return None;
-        }
-        // SAFETY: a guest memory stays mapped while its instance lives; a memory that moves
-        // or grows is detected by its address and length before the tracker is used again,
-        // and the tracker is then replaced.
-        match unsafe { crate::dirty::Tracker::new(m.as_ptr(), m.len()) } {
-            Ok(tracker) => Some(Tracked { tracker, image }),
-            Err(e) => {
-                static ONCE: std::sync::Once = std::sync::Once::new();
-                ONCE.call_once(
-                    || info!(error = %e, "write tracking unavailable; snapshots hash all memory"),
-                );
-                None
-            }
-        }
-    }
-
-    /// Stores memory `i` as an image: only the written chunks when tracking allows, else all.
-    fn write(
-        &mut self,
-        inst: &mut dyn Instance,
-        i: usize,
-        store: &dyn Store,
-    ) -> Result<Kappa, StoreError> {
-        if self.memories.len() <= i {
-            self.memories.resize_with(i + 1, || None);
-        }
-        let name = abi::memory_export(i as u32);
-        let data = inst.memory(&name).expect("checked by the caller");
-        let mut kept = None;
-        if let Some(mut t) = self.memories[i].take()
-            && t.tracker.start() == data.as_ptr() as usize
-            && t.tracker.len() == data.len()
-            && let Ok(written) = t.tracker.take_written()
-        {
-            let image = changed_image(store, data, &t.image, &written)?;
-            if std::env::var_os("FERRY_VERIFY_DIRTY").is_some() {
-                verify_image(data, &image)?;
-            }
-            t.image = image;
-            kept = Some(t);
-        }
-        let (k, tracked) = match kept {
-            // The same tracker goes on: `take_written` re-armed it.
-            Some(t) => (store.put(&ferry_object::encode(&t.image))?, Some(t)),
-            None => {
-                let image = memory_image(store, data)?;
-                let k = store.put(&ferry_object::encode(&image))?;
-                (k, Self::track(inst, i, image))
-            }
-        };
-        self.memories[i] = tracked;
-        Ok(k)
-    }
-}
-
-/// The image of `data` given the previous image and the byte ranges written since: chunks
-/// under written pages are hashed (and stored unless zero), the others keep their κ.
-fn changed_image(
-    store: &dyn Store,
-    data: &[u8],
-    prev: &MemoryImage,
-    written: &[(usize, usize)],
-) -> Result<MemoryImage, StoreError> {
-    let size = CHUNK_SIZE as usize;
-    let mut dirty = std::collections::BTreeSet::new();
-    for &(off, len) in written {
-        if len > 0 {
-            dirty.extend((off / size) as u32..=((off + len - 1) / size) as u32);
-        }
-    }
-    let (indices, chunks): (Vec<u32>, Vec<&[u8]>) = dirty
-        .iter()
-        .map(|&c| (c, &data[c as usize * size..(c as usize + 1) * size]))
-        .filter(|(_, c)| !is_zero(c))
-        .unzip();
-    let kappas = store.put_many(&chunks)?;
-    let mut all: Vec<(u32, Kappa)> = prev
-        .chunks
-        .iter()
-        .filter(|(c, _)| !dirty.contains(c))
-        .copied()
-        .chain(indices.into_iter().zip(kappas))
-        .collect();
-    all.sort_by_key(|(c, _)| *c);
-    let (kind, v) = ferry_object::header::<MemoryImage>();
-    Ok(MemoryImage {
-        kind,
-        v,
-        len: data.len() as u64,
-        chunk_size: CHUNK_SIZE,
-        chunks: all,
-    })
-}
-
-/// `FERRY_VERIFY_DIRTY`: the incremental image must be the full one.
-fn verify_image(data: &[u8], img: &MemoryImage) -> Result<(), StoreError> {
-    let full: Vec<(u32, Kappa)> = data
-        .chunks(CHUNK_SIZE as usize)
-        .enumerate()
-        .filter(|(_, c)| !is_zero(c))
-        .map(|(i, c)| (i as u32, Kappa::of(c)))
-        .collect();
-    if full != img.chunks {
-        let bad = full
-            .iter()
-            .zip(&img.chunks)
-            .find(|(a, b)| a != b)
-            .map_or(0, |(a, _)| a.0);
-        return Err(StoreError::Remote(format!(
-            "write tracking missed a change (near chunk {bad}): the incremental image differs \
-             from the memory"
-        )));
-    }
-    Ok(())
-}
-
 fn global_value(index: u32, v: Value) -> GlobalValue {
     let (ty, bits) = match v {
         Value::I32(x) => ("i32", x.to_le_bytes().to_vec()),
@@ -306,7 +146,7 @@ pub(crate) fn write(
     meta: &SnapshotMeta,
     prepared: &Prepared,
     entry: &str,
-    dirty: &mut Incremental,
+    dirty: &mut crate::incremental::Incremental,
 ) -> Result<Kappa, EngineError> {
     let fail =
         |step: &str, e: &dyn std::fmt::Display| EngineError::Capture(step.into(), e.to_string());
@@ -1095,35 +935,4 @@ pub fn name(store: &dyn Store, k: Kappa) -> Result<(), StoreError> {
             target: k,
         }),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_incremental_image_equals_the_full_one_and_a_missed_write_is_caught() {
-        let store = ferry_store::MemStore::new();
-        let size = CHUNK_SIZE as usize;
-        let mut data = vec![0u8; 8 * size];
-        data[size + 5] = 1;
-        data[3 * size] = 2;
-        let prev = memory_image(&store, &data).expect("full image");
-        // Chunk 3 becomes zero, chunk 5 gets data, chunk 1 changes; 6 is written but unchanged.
-        data[3 * size] = 0;
-        data[5 * size + 9] = 3;
-        data[size + 5] = 4;
-        let written = [
-            (size, 4096),
-            (3 * size, 4096),
-            (5 * size, 8192),
-            (6 * size, 4096),
-        ];
-        let incr = changed_image(&store, &data, &prev, &written).expect("incremental");
-        assert_eq!(incr, memory_image(&store, &data).expect("full"));
-        verify_image(&data, &incr).expect("verified");
-        // Tracking that missed the write to chunk 5 yields an image the check refuses.
-        let missed = changed_image(&store, &data, &prev, &written[..2]).expect("incremental");
-        assert!(verify_image(&data, &missed).is_err());
-    }
 }

@@ -40,6 +40,10 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
         "--keep is for local runs: a space prunes histories when it collects garbage (`ferry \
          --space URL store gc --keep N`, or `ferry serve --gc-every D --gc-keep N`)"
     );
+    anyhow::ensure!(
+        a.guest.pre_write.is_none(),
+        "--pre-write is for local runs: a space writes a guest's memory when it snapshots it"
+    );
     let checkpoint_every_ms = match a.guest.checkpoint_every {
         Some(d) => {
             let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);

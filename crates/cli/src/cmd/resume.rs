@@ -44,13 +44,14 @@ impl Args {
     pub fn local_only(&self) -> Result<()> {
         anyhow::ensure!(
             self.guest.checkpoint_every.is_none()
+                && self.guest.pre_write.is_none()
                 && self.guest.keep.is_none()
                 && self.guest.mounts()?.is_empty()
                 && self.guest.env()?.is_empty()
                 && !self.allow_changed_dirs
                 && !self.trust_instrumented,
-            "--dir, --env, --allow-changed-dirs, --trust-instrumented, --checkpoint-every and \
-             --keep are for local resumes: a session on a space resumes with what it had (and \
+            "--dir, --env, --allow-changed-dirs, --trust-instrumented, --checkpoint-every, \
+             --pre-write and --keep are for local resumes: a session on a space resumes with what it had (and \
              the space's policy decides what it trusts)"
         );
         Ok(())
@@ -120,6 +121,7 @@ fn admit_mount(
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
+    control.pre_write_every(a.guest.pre_write);
     guest::install_signals(
         &control,
         "before the program continued: its snapshot is as it was, resume it again later",

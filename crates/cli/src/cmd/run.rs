@@ -223,6 +223,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         "--stdin is for runs on a space (--space URL); locally, redirect stdin (`< FILE`)"
     );
     let control = Arc::new(Control::new());
+    control.pre_write_every(a.guest.pre_write);
     guest::install_signals(
         &control,
         "before the program started: nothing ran, nothing to resume",

@@ -929,3 +929,94 @@ fn lua_interpreter_workload() {
     let churned = env.churn(&args, &["--dir", &mount], 5, 45, (60, 300));
     crate::harness::assert_same_run(&churned, &plain, 2);
 }
+
+/// `ferry -v COMMAND ARGS`, interrupted once its log has shown `n` pre-write passes that
+/// stored chunks: (its stdout, its stderr, the snapshot κ).
+fn suspend_after_pre_writes(env: &Env, command: &[&str], n: usize) -> (Vec<u8>, String, String) {
+    use std::io::{BufRead, Read};
+    let mut child = env
+        .ferry()
+        .arg("-v")
+        .args(command)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ferry");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        stdout.read_to_end(&mut v).expect("read stdout");
+        v
+    });
+    let mut lines = std::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut err = String::new();
+    let mut passes = 0;
+    while passes < n {
+        let Some(Ok(line)) = lines.next() else {
+            panic!("the run ended after {passes} pre-write passes:\n{err}");
+        };
+        if line.contains("memory pre-written") && !line.contains(" stored=0 ") {
+            passes += 1;
+        }
+        err.push_str(&line);
+        err.push('\n');
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    for line in lines {
+        err.push_str(&line.expect("stderr"));
+        err.push('\n');
+    }
+    let status = child.wait().expect("wait ferry");
+    assert_eq!(status.code(), Some(75), "not suspended:\n{err}");
+    let k = err
+        .lines()
+        .find_map(|l| l.strip_prefix("suspended "))
+        .expect("a `suspended κ` line")
+        .to_owned();
+    (reader.join().expect("stdout reader"), err, k)
+}
+
+/// Memory copied out of a running guest (`--pre-write`) and the writes made meanwhile make
+/// snapshots that resume to exactly what an uninterrupted run prints — the fresh run's
+/// memory, a restored one's, and one that grew. Every snapshot is checked against a full
+/// hash of the memory (`FERRY_VERIFY_DIRTY`), so a missed write fails the suspend itself.
+#[test]
+fn pre_written_memory_resumes_to_the_same_output() {
+    let env = Env::new();
+    let g = guest("wasm/dirty.wasm");
+    let args = [g.to_str().unwrap(), "--", "24", "30", "100"];
+    let plain = env.plain(&args);
+    assert_eq!(plain.code, 0);
+
+    let mut run = vec!["run", "--pre-write", "20ms"];
+    run.extend(args);
+    let (mut stdout, err, k) = suspend_after_pre_writes(&env, &run, 3);
+    assert!(err.contains("snapshot written"), "{err}");
+    let (more, err, k) = suspend_after_pre_writes(&env, &["resume", "--pre-write", "20ms", &k], 3);
+    stdout.extend(more);
+    assert!(err.contains("snapshot written"), "{err}");
+    // The interpreter's memory may move as it grows: it runs without pre-writing, and says so.
+    let out = env
+        .ferry()
+        .args([
+            "-v",
+            "resume",
+            "--engine",
+            "interp",
+            "--pre-write",
+            "20ms",
+            &k,
+        ])
+        .output()
+        .expect("spawn ferry");
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("pre-writing needs the jit engine"), "{err}");
+    assert!(!err.contains("memory pre-written"), "{err}");
+    stdout.extend(out.stdout);
+    assert_eq!(
+        String::from_utf8_lossy(&stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+}
