@@ -38,11 +38,11 @@ pub struct Args {
     /// Alternating plain/instrumented pairs per steady-state workload.
     #[arg(long, default_value_t = 3)]
     pairs: usize,
-    /// Sections to run: steady, safepoint, snapshot, engines, migrate, python.
+    /// Sections to run: steady, safepoint, snapshot, prewrite, engines, migrate, python.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "steady,safepoint,snapshot,engines,migrate,python"
+        default_value = "steady,safepoint,snapshot,prewrite,engines,migrate,python"
     )]
     only: Vec<String>,
     /// Only the workloads whose name contains one of these words (case-insensitive), e.g.
@@ -474,6 +474,9 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             }
         }
     }
+    if on("prewrite") {
+        pre_write_section(&rt, &dir, &dirty, &a.sizes, a.pairs)?;
+    }
     if let (true, Some(wasm), Some(py)) = (on("python"), &py315_wasm, &py315) {
         python_figures(settings, &rt, &store, &dir, wasm, py)?;
     }
@@ -693,6 +696,109 @@ fn time_plain(rt: &Runtime, plain: &PlainModule, w: &Workload) -> Result<Duratio
     let code = on_guest_thread(|| rt.run_plain(plain, ctx, w.main))?;
     anyhow::ensure!(code == 0, "{}: plain run exited {code}", w.name);
     Ok(t.elapsed())
+}
+
+/// Pre-write interval of the `prewrite` section.
+const BENCH_PRE_WRITE: Duration = Duration::from_millis(500);
+
+/// A run's first snapshot is a suspend, with and without pre-writing, side by side: the
+/// `dirty` guest, each run in a new durable store of its own (its memory is the same every
+/// run, so a shared store would hold it already).
+fn pre_write_section(
+    rt: &Runtime,
+    dir: &std::path::Path,
+    dirty: &[u8],
+    sizes: &[u64],
+    pairs: usize,
+) -> Result<()> {
+    println!(
+        "\n## Suspend of a running guest, without and with pre-writing (guest `dirty`, ~1% of pages \
+         rewritten per 100 ms tick; durable store; suspended 2 s after it is ready, its first \
+         snapshot)\n"
+    );
+    println!(
+        "| memory | pair | suspend → durable, without (ms) | with `--pre-write {}ms` (ms) | store size after, without / with (MiB) |",
+        BENCH_PRE_WRITE.as_millis()
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for &mib in sizes {
+        for pair in 1..=pairs {
+            let (without, stored) = suspend_timed(rt, &dir.join("pw-a"), dirty, mib, None)?;
+            let (with, stored_with) =
+                suspend_timed(rt, &dir.join("pw-b"), dirty, mib, Some(BENCH_PRE_WRITE))?;
+            println!(
+                "| {mib} MiB | {pair} | {:.0} | {:.0} | {:.0} / {:.0} |",
+                ms(without),
+                ms(with),
+                stored as f64 / f64::from(1 << 20),
+                stored_with as f64 / f64::from(1 << 20)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs the `dirty` guest holding `mib` MiB in a new durable store at `at` and suspends it
+/// 2 s after it is ready: the time from the request until its snapshot was durable, and the
+/// bytes of objects the run stored.
+fn suspend_timed(
+    rt: &Runtime,
+    at: &std::path::Path,
+    dirty: &[u8],
+    mib: u64,
+    pre_write: Option<Duration>,
+) -> Result<(Duration, u64)> {
+    let _ = std::fs::remove_dir_all(at);
+    let store = FsStore::open(at)?;
+    let prepared = rt.prepare(&store, dirty, &|_| {})?;
+    let before = dir_bytes(at);
+    let c = Arc::new(Control::new());
+    c.pre_write_every(pre_write);
+    let (tx, rx) = channel();
+    let size = mib.to_string();
+    let ctx = wasi(
+        &["dirty", &size, "1000", "10"],
+        vec![],
+        Box::new(LineSignal { tx, buf: vec![] }),
+        &c,
+    )?;
+    let (snap_tx, snap_rx) = channel::<Instant>();
+    let took = std::thread::scope(|s| -> Result<_> {
+        let (c2, prepared, store) = (c.clone(), &prepared, &store);
+        let h = spawn_guest(s, move || {
+            let meta = SnapshotMeta::fresh("dirty");
+            rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {
+                let _ = snap_tx.send(Instant::now());
+            })
+        });
+        rx.recv_timeout(Duration::from_secs(600))
+            .context("guest never got ready")?;
+        std::thread::sleep(Duration::from_secs(2));
+        let t = Instant::now();
+        c.request(Request::Suspend);
+        let done = snap_rx.recv()?;
+        match h.join().expect("guest thread")? {
+            Outcome::Suspended(_) => Ok(done - t),
+            out => bail!("dirty guest was not suspended: {out:?}"),
+        }
+    })?;
+    let stored = dir_bytes(at) - before;
+    drop(store);
+    let _ = std::fs::remove_dir_all(at);
+    Ok((took, stored))
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            _ => e.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
 }
 
 /// Takes a snapshot of the `dirty` guest holding `mib` MiB on `from`.
