@@ -222,6 +222,38 @@ impl Tracker {
     /// Byte ranges `(offset, length)` of the tracked range written since the last call, in
     /// order, at page granularity; the pages are write-protected again in the same step.
     pub fn take_written(&mut self) -> io::Result<Vec<(usize, usize)>> {
+        self.scan(PM_SCAN_WP_MATCHING)
+    }
+
+    /// As [`Tracker::take_written`], but the pages stay unprotected: further writes to them
+    /// cost nothing, and they are reported again until they are protected
+    /// ([`Tracker::protect`], or a `take_written`).
+    pub fn peek_written(&mut self) -> io::Result<Vec<(usize, usize)>> {
+        self.scan(0)
+    }
+
+    /// Write-protects `len` bytes at `offset` of the tracked range again: they count as not
+    /// written from now on.
+    pub fn protect(&mut self, offset: usize, len: usize) -> io::Result<()> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "range outside the tracked memory",
+            ));
+        }
+        let mut wp = UffdioWriteprotect {
+            range: UffdioRange {
+                start: (self.start + offset) as u64,
+                len: len as u64,
+            },
+            mode: UFFDIO_WRITEPROTECT_MODE_WP,
+        };
+        // SAFETY: UFFDIO_WRITEPROTECT reads a `struct uffdio_writeprotect` we own; the range
+        // lies within the registered one.
+        check(unsafe { libc::ioctl(self.uffd.as_raw_fd(), UFFDIO_WRITEPROTECT as _, &mut wp) })
+    }
+
+    fn scan(&mut self, wp: u64) -> io::Result<Vec<(usize, usize)>> {
         let _ = &self.uffd; // registered for as long as the tracker lives
         let end = (self.start + self.len) as u64;
         let mut at = self.start as u64;
@@ -230,7 +262,7 @@ impl Tracker {
         while at < end {
             let mut arg = PmScanArg {
                 size: std::mem::size_of::<PmScanArg>() as u64,
-                flags: PM_SCAN_WP_MATCHING | PM_SCAN_CHECK_WPASYNC,
+                flags: wp | PM_SCAN_CHECK_WPASYNC,
                 start: at,
                 end,
                 walk_end: 0,
@@ -349,6 +381,19 @@ mod tests {
             m.0.add(5 * page).write(9);
         }
         assert_eq!(t.take_written().expect("scan"), vec![(5 * page, page)]);
+        // A peek leaves the pages written; protecting part of them clears that part.
+        // SAFETY: writing inside our mapping.
+        unsafe {
+            m.0.add(8 * page).write(1);
+            m.0.add(9 * page).write(1);
+        }
+        assert_eq!(t.peek_written().expect("scan"), vec![(8 * page, 2 * page)]);
+        assert_eq!(t.peek_written().expect("scan"), vec![(8 * page, 2 * page)]);
+        t.protect(8 * page, page).expect("protect");
+        assert_eq!(t.peek_written().expect("scan"), vec![(9 * page, page)]);
+        assert!(t.protect(63 * page, 2 * page).is_err());
+        assert_eq!(t.take_written().expect("scan"), vec![(9 * page, page)]);
+        assert_eq!(t.peek_written().expect("scan"), vec![]);
     }
 
     /// A memory that grew: the tracker follows it, and writes to the new part are reported

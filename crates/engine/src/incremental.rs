@@ -38,6 +38,9 @@ const SIZE: usize = CHUNK_SIZE as usize;
 /// for hours without a snapshot must not fill the disk with it.
 const PRE_WRITE_BUDGET: u64 = 2;
 
+/// Every this many pre-write passes, one protects every written page again (see `pass`).
+const FULL_EVERY: u64 = 8;
+
 /// Chunks a pre-write pass copies and stores at a time (16 MiB: one pack each). A snapshot
 /// that wants the memory waits for at most one batch.
 const PASS_BATCH: usize = 256;
@@ -94,6 +97,8 @@ struct Tracked {
     pre_written: u64,
     /// Chunks written in the interval before the last pass's.
     written_before: BTreeSet<u32>,
+    /// Pre-write passes so far.
+    passes: u64,
 }
 
 fn tracking_enabled() -> bool {
@@ -128,6 +133,7 @@ impl Tracked {
             pending,
             pre_written: 0,
             written_before: BTreeSet::new(),
+            passes: 0,
         })
     }
 
@@ -136,27 +142,32 @@ impl Tracked {
     }
 
     /// Follows the memory to `len` bytes: the part it grew by is tracked from now on and
-    /// pending (its content before now is unknown).
+    /// pending (its content before now is unknown). Returns that part's chunks.
     ///
     /// # Safety
     /// The memory at the tracker's start must now be at least `len` bytes, mapped for as long
     /// as the tracker lives.
-    unsafe fn grow(&mut self, len: usize) -> std::io::Result<()> {
+    unsafe fn grow(&mut self, len: usize) -> std::io::Result<std::ops::Range<u32>> {
         let old = self.len();
+        let new = (old / SIZE) as u32..len.div_ceil(SIZE) as u32;
         if len > old {
             // SAFETY: the caller's.
             unsafe { self.tracker.grow(len)? };
-            self.pending
-                .extend((old / SIZE) as u32..len.div_ceil(SIZE) as u32);
+            self.pending.extend(new.clone());
         }
-        Ok(())
+        Ok(new)
     }
 
     /// Adds the chunks under pages written since the last look to `pending`, and returns
-    /// them.
-    fn collect(&mut self) -> std::io::Result<BTreeSet<u32>> {
+    /// them. `protect`: their pages are write-protected again, so that what is written next
+    /// is seen; else they stay unprotected, and reported, until [`Tracker::protect`].
+    fn collect(&mut self, protect: bool) -> std::io::Result<BTreeSet<u32>> {
+        let pages = match protect {
+            true => self.tracker.take_written()?,
+            false => self.tracker.peek_written()?,
+        };
         let mut written = BTreeSet::new();
-        mark(&mut written, &self.tracker.take_written()?);
+        mark(&mut written, &pages);
         self.pending.extend(&written);
         Ok(written)
     }
@@ -274,7 +285,7 @@ impl Incremental {
             && t.len() <= data.len()
             // SAFETY: the same memory (same address), `data.len()` bytes now.
             && unsafe { t.grow(data.len()) }.is_ok()
-            && t.collect().is_ok()
+            && t.collect(true).is_ok()
         {
             settle(store, data, &mut t.chunks, &mut t.pending)?;
             t.pre_written = 0;
@@ -429,6 +440,8 @@ fn pass(
     copies: &mut Vec<Block>,
 ) -> Result<Passed, String> {
     let mut tracked = slot.lock();
+    // Chunks new to the tracking (all of a fresh run's memory, the part a memory grew by).
+    let mut fresh = 0..0;
     let t = match tracked.as_mut() {
         Some(t) if t.tracker.start() != start => {
             return Err("the memory is not the one tracked".into());
@@ -448,6 +461,7 @@ fn pass(
                 )
             }
             .map_err(|e| format!("cannot track the memory: {e}"))?;
+            fresh = 0..(len / SIZE) as u32;
             tracked.insert(t)
         }
     };
@@ -457,14 +471,26 @@ fn pass(
         return Ok(passed);
     }
     // SAFETY: as above; the memory never shrinks, so `len` bytes are still there.
-    unsafe { t.grow(len) }.map_err(|e| format!("cannot track the grown memory: {e}"))?;
+    let grown =
+        unsafe { t.grow(len) }.map_err(|e| format!("cannot track the grown memory: {e}"))?;
+    if fresh.is_empty() {
+        fresh = grown;
+    }
     // Chunks written in each of the last two intervals are left for later: a chunk the guest
-    // keeps writing would be stored again and again, each copy soon of no use.
+    // keeps writing would be stored again and again, each copy soon of no use. Their pages
+    // are not protected again either (a write to a protected page costs the guest a fault;
+    // a guest rewriting all its memory would pay one per page per pass), except at every
+    // `FULL_EVERY`th pass, which sees whether they are still written.
+    t.passes += 1;
+    let full = t.passes % FULL_EVERY == 1;
     let written = t
-        .collect()
+        .collect(full)
         .map_err(|e| format!("cannot read the written pages: {e}"))?;
-    let hot: BTreeSet<u32> = written.intersection(&t.written_before).copied().collect();
+    // Memory new to the tracking is most likely being filled: it counts as written in both.
+    let mut hot: BTreeSet<u32> = written.intersection(&t.written_before).copied().collect();
+    hot.extend(fresh.clone());
     t.written_before = written;
+    t.written_before.extend(fresh);
     let todo: Vec<u32> = t.pending.difference(&hot).copied().collect();
     passed.hot = t.pending.len() - todo.len();
     let blocks = SIZE / std::mem::size_of::<Block>();
@@ -474,6 +500,13 @@ fn pass(
             passed.left = todo.len() - b * PASS_BATCH;
             break;
         }
+        // Protected before they are copied: a write from now on is seen by the next look.
+        for run in batch.chunk_by(|a, b| a + 1 == *b) {
+            t.tracker
+                .protect(run[0] as usize * SIZE, run.len() * SIZE)
+                .map_err(|e| format!("cannot protect the pages to copy: {e}"))?;
+        }
+        // Hashed here, as each is copied: the guest keeps the other core.
         let mut nonzero = Vec::new();
         for (&c, copy) in batch.iter().zip(copies.chunks_exact_mut(blocks)) {
             // SAFETY: `Block` is plain bytes without padding.
@@ -486,18 +519,19 @@ fn pass(
                 t.chunks.remove(&c);
                 t.pending.remove(&c);
             } else {
-                nonzero.push((c, &*copy));
+                nonzero.push((c, ferry_store::Hashed::one(copy)));
             }
         }
-        let blobs: Vec<&[u8]> = nonzero.iter().map(|(_, b)| *b).collect();
-        let kappas = store.put_many(&blobs).map_err(|e| e.to_string())?;
-        for ((c, _), k) in nonzero.iter().zip(kappas) {
-            t.chunks.insert(*c, k);
+        let hashed: Vec<_> = nonzero.iter().map(|(_, h)| *h).collect();
+        store.put_hashed(&hashed).map_err(|e| e.to_string())?;
+        for (c, h) in &nonzero {
+            t.chunks.insert(*c, h.kappa());
             t.pending.remove(c);
         }
+        let stored = (hashed.len() * SIZE) as u64;
         passed.hashed += batch.len();
-        passed.stored += (blobs.len() * SIZE) as u64;
-        t.pre_written += (blobs.len() * SIZE) as u64;
+        passed.stored += stored;
+        t.pre_written += stored;
     }
     Ok(passed)
 }

@@ -197,6 +197,14 @@ impl<'a> Hashed<'a> {
         self.bytes
     }
 
+    /// Hashes one blob, on this thread.
+    pub fn one(bytes: &'a [u8]) -> Self {
+        Self {
+            kappa: Kappa::of(bytes),
+            bytes,
+        }
+    }
+
     /// Hashes each blob (on up to four threads).
     pub fn all(blobs: &[&'a [u8]]) -> Vec<Self> {
         in_parallel(blobs, |b| Self {
