@@ -344,6 +344,10 @@ impl Stopper {
         self.cv.notify_all();
     }
 
+    fn stopped(&self) -> bool {
+        *self.stopped.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Waits `d`; `true` if stopped meanwhile.
     fn wait(&self, d: Duration) -> bool {
         let g = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
@@ -378,7 +382,7 @@ pub(crate) fn pre_write(
             continue;
         };
         let t = Instant::now();
-        match pass(&slot, store, start, len, &mut copies) {
+        match pass(&slot, store, start, len, &mut copies, stop) {
             Ok(p) if p.over_budget => {
                 if !std::mem::replace(&mut said_over, true) {
                     info!(
@@ -404,7 +408,11 @@ pub(crate) fn pre_write(
                     tracing::warn!("pre-write: {e}");
                 }
             }
-            Err(e) => tracing::warn!("pre-write stopped: {e}"),
+            Err(e) => {
+                // Snapshots go on as without pre-writing (a full disk fails them itself).
+                tracing::warn!("pre-writing stopped: {e}");
+                return;
+            }
         }
     }
 }
@@ -431,13 +439,14 @@ struct Block([u8; 4096]);
 
 /// One pass over the guest memory at `start`, at least `len` bytes long now: the chunks
 /// written since the last pass or snapshot are copied, stored and recorded, [`PASS_BATCH`]
-/// at a time, until none is left or a snapshot wants the memory.
+/// at a time, until none is left, a snapshot wants the memory or the run ends.
 fn pass(
     slot: &Slot,
     store: &dyn Store,
     start: usize,
     len: usize,
     copies: &mut Vec<Block>,
+    stop: &Stopper,
 ) -> Result<Passed, String> {
     let mut tracked = slot.lock();
     // Chunks new to the tracking (all of a fresh run's memory, the part a memory grew by).
@@ -496,7 +505,7 @@ fn pass(
     let blocks = SIZE / std::mem::size_of::<Block>();
     copies.resize(PASS_BATCH * blocks, Block([0; 4096]));
     for (b, batch) in todo.chunks(PASS_BATCH).enumerate() {
-        if slot.wanted() {
+        if slot.wanted() || stop.stopped() {
             passed.left = todo.len() - b * PASS_BATCH;
             break;
         }
