@@ -103,12 +103,11 @@ fn check(r: libc::c_int) -> io::Result<()> {
 /// # Safety
 /// The range must be memory of this process that stays mapped while `uffd` is open.
 unsafe fn protect(uffd: &OwnedFd, start: usize, len: usize) -> io::Result<()> {
-    let range = UffdioRange {
-        start: start as u64,
-        len: len as u64,
-    };
     let mut reg = UffdioRegister {
-        range: UffdioRange { ..range },
+        range: UffdioRange {
+            start: start as u64,
+            len: len as u64,
+        },
         mode: UFFDIO_REGISTER_MODE_WP,
         ioctls: 0,
     };
@@ -121,11 +120,20 @@ unsafe fn protect(uffd: &OwnedFd, start: usize, len: usize) -> io::Result<()> {
             "write-protection is not available for this memory",
         ));
     }
+    write_protect(uffd, start, len)
+}
+
+/// Write-protects `[start, start + len)`, a range registered with `uffd`.
+fn write_protect(uffd: &OwnedFd, start: usize, len: usize) -> io::Result<()> {
     let mut wp = UffdioWriteprotect {
-        range,
+        range: UffdioRange {
+            start: start as u64,
+            len: len as u64,
+        },
         mode: UFFDIO_WRITEPROTECT_MODE_WP,
     };
-    // SAFETY: UFFDIO_WRITEPROTECT reads a `struct uffdio_writeprotect` we own.
+    // SAFETY: UFFDIO_WRITEPROTECT reads a `struct uffdio_writeprotect` we own; the kernel
+    // refuses a range not registered with `uffd`.
     check(unsafe { libc::ioctl(uffd.as_raw_fd(), UFFDIO_WRITEPROTECT as _, &mut wp) })
 }
 
@@ -241,16 +249,7 @@ impl Tracker {
                 "range outside the tracked memory",
             ));
         }
-        let mut wp = UffdioWriteprotect {
-            range: UffdioRange {
-                start: (self.start + offset) as u64,
-                len: len as u64,
-            },
-            mode: UFFDIO_WRITEPROTECT_MODE_WP,
-        };
-        // SAFETY: UFFDIO_WRITEPROTECT reads a `struct uffdio_writeprotect` we own; the range
-        // lies within the registered one.
-        check(unsafe { libc::ioctl(self.uffd.as_raw_fd(), UFFDIO_WRITEPROTECT as _, &mut wp) })
+        write_protect(&self.uffd, self.start + offset, len)
     }
 
     fn scan(&mut self, wp: u64) -> io::Result<Vec<(usize, usize)>> {

@@ -113,6 +113,23 @@ fn wasi(
     .map_err(anyhow::Error::msg)
 }
 
+/// The WASI context of a guest with `args` and `mounts` whose stdout is watched for its
+/// `ready` line, and the receiver that gets one message per such line.
+fn wasi_until_ready(
+    args: &[&str],
+    mounts: Vec<MountSpec>,
+    control: &Arc<Control>,
+) -> Result<(WasiCtx, std::sync::mpsc::Receiver<()>)> {
+    let (tx, rx) = channel();
+    let ctx = wasi(
+        args,
+        mounts,
+        Box::new(LineSignal { tx, buf: vec![] }),
+        control,
+    )?;
+    Ok((ctx, rx))
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -416,14 +433,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             for mib in &a.sizes {
                 let prepared = rt.prepare(store, &dirty, &|_| {})?;
                 let c = Arc::new(Control::new());
-                let (tx, rx) = channel();
                 let size = mib.to_string();
-                let ctx = wasi(
-                    &["dirty", &size, "100", "10"],
-                    vec![],
-                    Box::new(LineSignal { tx, buf: vec![] }),
-                    &c,
-                )?;
+                let (ctx, rx) = wasi_until_ready(&["dirty", &size, "100", "10"], vec![], &c)?;
                 let (snap_tx, snap_rx) = channel::<(Instant, Result<ferry_kappa::Kappa, String>)>();
                 let (full, incr, new_bytes, k) = std::thread::scope(|s| -> Result<_> {
                     let c2 = c.clone();
@@ -754,14 +765,8 @@ fn suspend_timed(
     let before = dir_bytes(at);
     let c = Arc::new(Control::new());
     c.pre_write_every(pre_write);
-    let (tx, rx) = channel();
     let size = mib.to_string();
-    let ctx = wasi(
-        &["dirty", &size, "1000", "10"],
-        vec![],
-        Box::new(LineSignal { tx, buf: vec![] }),
-        &c,
-    )?;
+    let (ctx, rx) = wasi_until_ready(&["dirty", &size, "1000", "10"], vec![], &c)?;
     let (snap_tx, snap_rx) = channel::<Instant>();
     let took = std::thread::scope(|s| -> Result<_> {
         let (c2, prepared, store) = (c.clone(), &prepared, &store);
@@ -810,14 +815,8 @@ fn dirty_snapshot(
 ) -> Result<ferry_kappa::Kappa> {
     let prepared = rt.prepare(store, dirty, &|_| {})?;
     let c = Arc::new(Control::new());
-    let (tx, rx) = channel();
     let size = mib.to_string();
-    let ctx = wasi(
-        &["dirty", &size, "100", "10"],
-        vec![],
-        Box::new(LineSignal { tx, buf: vec![] }),
-        &c,
-    )?;
+    let (ctx, rx) = wasi_until_ready(&["dirty", &size, "100", "10"], vec![], &c)?;
     std::thread::scope(|s| -> Result<_> {
         let c2 = c.clone();
         let prepared = &prepared;
@@ -1059,13 +1058,7 @@ fn python_figures(
     println!("|---|---:|---:|---:|---:|---:|");
     for round in 1..=3 {
         let c = Arc::new(Control::new());
-        let (tx, rx) = channel();
-        let ctx = wasi(
-            &["python", "/app/big.py"],
-            grants.clone(),
-            Box::new(LineSignal { tx, buf: vec![] }),
-            &c,
-        )?;
+        let (ctx, rx) = wasi_until_ready(&["python", "/app/big.py"], grants.clone(), &c)?;
         let (snap_tx, snap_rx) = channel::<(Instant, Result<ferry_kappa::Kappa, String>)>();
         let (first, new_objects, suspend, k) = std::thread::scope(|s| -> Result<_> {
             let c2 = c.clone();
