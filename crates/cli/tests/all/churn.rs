@@ -55,6 +55,22 @@ fn c_heap_of_256_mib() {
     assert!(bytes >= 256 << 20, "memory image is only {bytes} bytes");
 }
 
+/// The heap guest suspended at random points while its memory is pre-written in every run
+/// and resume (growing, then rewritten again and again): the same output as an uninterrupted
+/// run, every snapshot checked against a full hash of the memory.
+#[test]
+fn c_heap_churned_while_pre_writing() {
+    let env = Env::new();
+    let g = guest("wasm/heap.wasm");
+    let args = [g.to_str().unwrap(), "--", "64", "60"];
+    let plain = env.plain(&args);
+    assert_eq!(plain.code, 0);
+    let mut run = vec!["--pre-write", "10ms"];
+    run.extend(args);
+    let churned = env.churn(&run, &["--pre-write", "10ms"], 6, 7, (100, 400));
+    assert_same_run(&churned, &plain, 2);
+}
+
 #[test]
 fn c_file_io_in_a_mount() {
     let env = Env::new();
