@@ -68,6 +68,10 @@ pub struct Control {
     memory_seen: AtomicU64,
     /// Asks the next poll to report the memory (see [`Control::look_at_memory`]).
     look: AtomicBool,
+    /// Whether a JIT run pre-writes before each [`Control::request_checkpoint`].
+    pre_write_checkpoints: AtomicBool,
+    /// The running pre-writer, if any.
+    pre_writer: Mutex<Option<Arc<crate::incremental::Waker>>>,
 }
 
 /// Checks in flight and the first that failed.
@@ -248,6 +252,30 @@ impl Control {
         Some(self.pre_write_ms.load(Ordering::SeqCst))
             .filter(|&ms| ms > 0)
             .map(Duration::from_millis)
+    }
+
+    /// Whether a run on the JIT pre-writes the guest's changed memory before each checkpoint
+    /// asked for with [`Control::request_checkpoint`], so that the guest pauses only for what
+    /// it writes during that pass. Set before the run starts.
+    pub fn pre_write_before_checkpoints(&self, on: bool) {
+        self.pre_write_checkpoints.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn pre_writes_before_checkpoints(&self) -> bool {
+        self.pre_write_checkpoints.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn attach_pre_writer(&self, w: Option<Arc<crate::incremental::Waker>>) {
+        *self.pre_writer.lock().unwrap_or_else(|p| p.into_inner()) = w;
+    }
+
+    /// Asks for a checkpoint: where a pre-writer runs, after one pass of it (the guest runs
+    /// meanwhile), else at once.
+    pub fn request_checkpoint(&self) {
+        match &*self.pre_writer.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(w) => w.checkpoint(),
+            None => self.request(Request::Checkpoint),
+        }
     }
 
     /// Notes where the guest's `memory` is and how long, as a host function sees it.

@@ -331,58 +331,117 @@ fn verify_image(data: &[u8], img: &MemoryImage) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Tells a pre-writer to stop (its run is ending).
+/// What wakes a pre-writer: its interval, a checkpoint to prepare, the end of its run.
 #[derive(Debug, Default)]
-pub(crate) struct Stopper {
-    stopped: Mutex<bool>,
+pub struct Waker {
+    state: Mutex<Wakes>,
     cv: std::sync::Condvar,
 }
 
-impl Stopper {
+#[derive(Debug, Default)]
+struct Wakes {
+    stopped: bool,
+    checkpoint: bool,
+}
+
+/// Why a pre-writer woke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    Stop,
+    /// Its interval passed.
+    Tick,
+    /// A checkpoint is due: one pass, then the checkpoint is requested.
+    Checkpoint,
+}
+
+impl Waker {
+    fn wakes(&self) -> MutexGuard<'_, Wakes> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(crate) fn stop(&self) {
-        *self.stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.wakes().stopped = true;
+        self.cv.notify_all();
+    }
+
+    /// Asks for one pass and then a checkpoint.
+    pub(crate) fn checkpoint(&self) {
+        self.wakes().checkpoint = true;
         self.cv.notify_all();
     }
 
     fn stopped(&self) -> bool {
-        *self.stopped.lock().unwrap_or_else(|p| p.into_inner())
+        self.wakes().stopped
     }
 
-    /// Waits `d`; `true` if stopped meanwhile.
-    fn wait(&self, d: Duration) -> bool {
-        let g = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
-        let (g, _) = self
-            .cv
-            .wait_timeout_while(g, d, |stopped| !*stopped)
-            .unwrap_or_else(|p| p.into_inner());
-        *g
+    /// Waits until `every` has passed (never, if `None`), a checkpoint is asked for, or the
+    /// run ends.
+    fn wait(&self, every: Option<Duration>) -> Wake {
+        let g = self.wakes();
+        let waiting = |w: &mut Wakes| !w.stopped && !w.checkpoint;
+        let mut g = match every {
+            Some(d) => {
+                self.cv
+                    .wait_timeout_while(g, d, waiting)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            }
+            None => self
+                .cv
+                .wait_while(g, waiting)
+                .unwrap_or_else(|p| p.into_inner()),
+        };
+        if g.stopped {
+            Wake::Stop
+        } else if std::mem::take(&mut g.checkpoint) {
+            Wake::Checkpoint
+        } else {
+            Wake::Tick
+        }
     }
 }
 
-/// The pre-writer: every `every`, one pass over memory 0 (see the module documentation),
-/// until `stop`.
+/// The pre-writer: a pass over memory 0 (see the module documentation) every `every` (if
+/// any) and before each checkpoint asked for through [`Control::request_checkpoint`], until
+/// its run ends. Registered with `control` while it runs.
 pub(crate) fn pre_write(
     slot: Slot,
     store: &dyn Store,
     control: &Control,
-    every: Duration,
-    stop: &Stopper,
+    every: Option<Duration>,
+    waker: &Arc<Waker>,
 ) {
+    control.attach_pre_writer(Some(waker.clone()));
     let mut copies = Vec::new();
     let mut said_over = false;
     loop {
-        if stop.wait(every) {
-            return;
-        }
+        let wake = waker.wait(every);
+        let checkpoint = || {
+            if wake == Wake::Checkpoint {
+                control.request(crate::Request::Checkpoint);
+            }
+        };
         // Nothing is written from a guest whose snapshot is still being checked.
-        if control.wait_checked().is_err() {
-            return;
+        if wake == Wake::Stop || control.wait_checked().is_err() {
+            break;
         }
         let Some((start, len)) = control.look_at_memory() else {
+            checkpoint();
             continue;
         };
         let t = Instant::now();
-        match pass(&slot, store, start, len, &mut copies, stop) {
+        // Before a checkpoint every changed chunk is copied: the checkpoint would store the
+        // same chunks with the guest stopped.
+        let passed = pass(
+            &slot,
+            store,
+            start,
+            len,
+            &mut copies,
+            waker,
+            wake == Wake::Tick,
+        );
+        match passed {
             Ok(p) if p.over_budget => {
                 if !std::mem::replace(&mut said_over, true) {
                     info!(
@@ -402,6 +461,7 @@ pub(crate) fn pre_write(
                     hot = p.hot,
                     left = p.left,
                     ms = t.elapsed().as_millis() as u64,
+                    before_checkpoint = wake == Wake::Checkpoint,
                     "memory pre-written"
                 );
                 if let Err(e) = synced {
@@ -411,10 +471,14 @@ pub(crate) fn pre_write(
             Err(e) => {
                 // Snapshots go on as without pre-writing (a full disk fails them itself).
                 tracing::warn!("pre-writing stopped: {e}");
+                control.attach_pre_writer(None);
+                checkpoint();
                 return;
             }
         }
+        checkpoint();
     }
+    control.attach_pre_writer(None);
 }
 
 /// What a pass did.
@@ -439,14 +503,16 @@ struct Block([u8; 4096]);
 
 /// One pass over the guest memory at `start`, at least `len` bytes long now: the chunks
 /// written since the last pass or snapshot are copied, stored and recorded, [`PASS_BATCH`]
-/// at a time, until none is left, a snapshot wants the memory or the run ends.
+/// at a time, until none is left, a snapshot wants the memory or the run ends. `skip_hot`:
+/// chunks that look still in use wait (see below).
 fn pass(
     slot: &Slot,
     store: &dyn Store,
     start: usize,
     len: usize,
     copies: &mut Vec<Block>,
-    stop: &Stopper,
+    stop: &Waker,
+    skip_hot: bool,
 ) -> Result<Passed, String> {
     let mut tracked = slot.lock();
     // Chunks new to the tracking (all of a fresh run's memory, the part a memory grew by).
@@ -500,6 +566,9 @@ fn pass(
     hot.extend(fresh.clone());
     t.written_before = written;
     t.written_before.extend(fresh);
+    if !skip_hot {
+        hot.clear();
+    }
     let todo: Vec<u32> = t.pending.difference(&hot).copied().collect();
     passed.hot = t.pending.len() - todo.len();
     let blocks = SIZE / std::mem::size_of::<Block>();

@@ -242,21 +242,20 @@ impl Runtime {
 
         // Pre-writing reads the guest's memory from another thread while the guest runs:
         // only where memories never move (the JIT's; see `incremental`).
-        let pre_write = control
-            .pre_write()
-            .filter(|_| self.kind() == crate::EngineKind::Jit);
-        if control.pre_write().is_some() && pre_write.is_none() {
+        let jit = self.kind() == crate::EngineKind::Jit;
+        let every = control.pre_write();
+        if every.is_some() && !jit {
             info!(engine = %self.kind(), "pre-writing needs the jit engine; not pre-writing");
         }
-        let stopper = crate::incremental::Stopper::default();
+        let waker = Arc::new(crate::incremental::Waker::default());
         let first = dirty.first();
         std::thread::scope(|s| {
-            if let Some(every) = pre_write {
-                let (control, stopper) = (&control, &stopper);
+            if jit && (every.is_some() || control.pre_writes_before_checkpoints()) {
+                let (control, waker) = (&control, &waker);
                 let _ = std::thread::Builder::new()
                     .name("ferry-pre-write".into())
                     .spawn_scoped(s, move || {
-                        crate::incremental::pre_write(first, store, control, every, stopper)
+                        crate::incremental::pre_write(first, store, control, every, waker)
                     })
                     .inspect_err(|e| tracing::warn!("cannot start pre-writing: {e}"));
             }
@@ -336,7 +335,8 @@ impl Runtime {
                     }
                 }
             })();
-            stopper.stop();
+            control.attach_pre_writer(None);
+            waker.stop();
             r
         })
     }

@@ -1036,3 +1036,49 @@ fn pre_written_memory_resumes_to_the_same_output() {
         String::from_utf8_lossy(&plain.stdout)
     );
 }
+
+/// With `--checkpoint-every`, a JIT run copies the changed memory just before each checkpoint
+/// while the guest runs (the guest then pauses only for what it wrote meanwhile); the
+/// interpreter checkpoints without. Either way every checkpoint is taken and the output is
+/// the uninterrupted run's.
+#[test]
+fn checkpoints_are_pre_written_on_the_jit_and_none_is_lost() {
+    let env = Env::new();
+    let g = guest("wasm/heap.wasm");
+    let args = [g.to_str().unwrap(), "--", "16", "100"];
+    let plain = env.plain(&args);
+    for engine in ["jit", "interp"] {
+        let out = env
+            .ferry()
+            .args([
+                "-v",
+                "run",
+                "--engine",
+                engine,
+                "--checkpoint-every",
+                "100ms",
+            ])
+            .args(args)
+            .output()
+            .expect("spawn ferry");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert_eq!(out.stdout, plain.stdout, "{engine}");
+        let checkpoints = err
+            .lines()
+            .filter(|l| l.starts_with("ferry: checkpoint "))
+            .count();
+        assert!(
+            checkpoints >= 2,
+            "{engine}: {checkpoints} checkpoints\n{err}"
+        );
+        let pre_written = err
+            .lines()
+            .filter(|l| l.contains("memory pre-written") && l.contains("before_checkpoint=true"))
+            .count();
+        match engine {
+            "jit" => assert!(pre_written >= checkpoints, "{err}"),
+            _ => assert_eq!(pre_written, 0, "{err}"),
+        }
+    }
+}
