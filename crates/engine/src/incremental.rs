@@ -12,7 +12,10 @@
 //! records their κ, so that a suspend or checkpoint has only what was written since to store —
 //! CRIU's pre-dump, done as the guest runs. A chunk the guest writes while it is copied is
 //! reported written again and hashed at the next pass or snapshot; the copy itself is stored
-//! under its own κ, a consistent object whatever the guest did meanwhile.
+//! under its own κ, a consistent object whatever the guest did meanwhile. A `--keep` prune
+//! right after a snapshot cannot delete a chunk the run still counts as the memory's: the
+//! snapshot names every chunk recorded and leaves none pending, and the guest, stopped until
+//! the prune ends, writes nothing a pass could store meanwhile.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

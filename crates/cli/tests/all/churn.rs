@@ -1082,3 +1082,29 @@ fn checkpoints_are_pre_written_on_the_jit_and_none_is_lost() {
         }
     }
 }
+
+/// `--keep` deletes what no snapshot names right after each checkpoint, while pre-write
+/// passes keep storing chunks: none the run still counts as the memory's is deleted, so every
+/// snapshot's closure stays whole and the last one resumes.
+#[test]
+fn keep_and_pre_writing_leave_every_snapshot_whole() {
+    let env = Env::new();
+    let g = guest("wasm/dirty.wasm");
+    let args = [g.to_str().unwrap(), "--", "16", "30", "200"];
+    let plain = env.plain(&args);
+    let mut run = vec![
+        "run",
+        "--pre-write",
+        "2ms",
+        "--checkpoint-every",
+        "40ms",
+        "--keep",
+        "1",
+    ];
+    run.extend(args);
+    let (stdout, k) = crate::harness::run_and_suspend_after_checkpoints(&env, &run[1..], 12);
+    let (verified, err, code) = env.output(&["store", "verify"]);
+    assert_eq!(code, 0, "{verified}{err}");
+    let rest = crate::harness::resume_to_end(&env, &k);
+    assert_eq!([stdout, rest].concat(), plain.stdout);
+}
