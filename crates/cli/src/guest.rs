@@ -388,11 +388,7 @@ impl Execution<'_> {
             })
             .collect();
         if let Some(every) = self.checkpoint_every {
-            // The guest pauses only for what it writes while its changed memory is copied
-            // just before (`FERRY_PRE_WRITE_CHECKPOINTS=off`: for all of it).
-            self.control.pre_write_before_checkpoints(
-                std::env::var("FERRY_PRE_WRITE_CHECKPOINTS").map_or(true, |v| v != "off"),
-            );
+            // With --pre-write, each comes after one more pass of it.
             let c = self.control.clone();
             std::thread::spawn(move || {
                 loop {

@@ -68,8 +68,6 @@ pub struct Control {
     memory_seen: AtomicU64,
     /// Asks the next poll to report the memory (see [`Control::look_at_memory`]).
     look: AtomicBool,
-    /// Whether a JIT run pre-writes before each [`Control::request_checkpoint`].
-    pre_write_checkpoints: AtomicBool,
     /// The running pre-writer, if any.
     pre_writer: Mutex<Option<Arc<crate::incremental::Waker>>>,
 }
@@ -241,7 +239,8 @@ impl Control {
 
     /// Copies the guest's memory to the store in the background every `every` (`None`:
     /// never), so that a suspend or checkpoint has only what was written since to store
-    /// (`crate::incremental`). Set before the run starts; the JIT engine only (an
+    /// (`crate::incremental`); a checkpoint asked for with [`Control::request_checkpoint`]
+    /// then comes after one more pass. Set before the run starts; the JIT engine only (an
     /// interpreter's memory may move as it grows).
     pub fn pre_write_every(&self, every: Option<Duration>) {
         let ms = every.map_or(0, |d| d.as_millis().clamp(1, u128::from(u64::MAX)) as u64);
@@ -254,23 +253,13 @@ impl Control {
             .map(Duration::from_millis)
     }
 
-    /// Whether a run on the JIT pre-writes the guest's changed memory before each checkpoint
-    /// asked for with [`Control::request_checkpoint`], so that the guest pauses only for what
-    /// it writes during that pass. Set before the run starts.
-    pub fn pre_write_before_checkpoints(&self, on: bool) {
-        self.pre_write_checkpoints.store(on, Ordering::SeqCst);
-    }
-
-    pub(crate) fn pre_writes_before_checkpoints(&self) -> bool {
-        self.pre_write_checkpoints.load(Ordering::SeqCst)
-    }
-
     pub(crate) fn attach_pre_writer(&self, w: Option<Arc<crate::incremental::Waker>>) {
         *self.pre_writer.lock().unwrap_or_else(|p| p.into_inner()) = w;
     }
 
-    /// Asks for a checkpoint: where a pre-writer runs, after one pass of it (the guest runs
-    /// meanwhile), else at once.
+    /// Asks for a checkpoint: where a pre-writer runs ([`Control::pre_write_every`]), after
+    /// one pass of it (the guest runs meanwhile, and then pauses only for what it wrote
+    /// during the pass), else at once.
     pub fn request_checkpoint(&self) {
         match &*self.pre_writer.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(w) => w.checkpoint(),

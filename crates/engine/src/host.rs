@@ -65,9 +65,19 @@ fn finish_rewind(cx: &mut impl HostCx) -> Result<(), HostStop> {
     cx.set_state(abi::STATE_NORMAL);
     let control = cx.host().control.clone();
     control.mark_running();
-    cx.set_flag(control.pending() != Request::None || control.counting());
-    keep_failed_raised(cx, &control);
+    lower_flag(cx, &control);
     Ok(())
+}
+
+/// Lowers the poll flag unless something is asked of the guest. A request made from another
+/// thread between the look and the lowering raised the flag just before it was lowered:
+/// looking again after lowering raises it back, so no request waits for a later one.
+fn lower_flag(cx: &mut impl HostCx, control: &Control) {
+    cx.set_flag(control.counting());
+    if control.pending() != Request::None {
+        cx.set_flag(true);
+    }
+    keep_failed_raised(cx, control);
 }
 
 /// A check that failed while the guest ran raises its flag (`Control::end_check`); a flag
@@ -115,14 +125,16 @@ pub(crate) fn poll(cx: &mut impl HostCx) -> Result<(), HostStop> {
         control.saw_memory(memory);
     }
     match control.pending() {
-        Request::None => cx.set_flag(control.counting()),
+        Request::None => lower_flag(cx, &control),
         Request::Probe => {
             control.take();
-            cx.set_flag(control.counting());
+            lower_flag(cx, &control);
         }
-        _ => start_unwind(cx),
+        _ => {
+            start_unwind(cx);
+            keep_failed_raised(cx, &control);
+        }
     }
-    keep_failed_raised(cx, &control);
     Ok(())
 }
 

@@ -295,7 +295,7 @@ struct JitInstance {
 /// allows a process ~65,000 mappings in all (`vm.max_map_count`), which wasmtime needs too:
 /// beyond [`MAX_LIVE_MAPPINGS`] chunks are copied instead (a space restores many guests).
 static MAPPINGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-const MAX_LIVE_MAPPINGS: usize = 16_384;
+const MAX_LIVE_MAPPINGS: usize = 32_768;
 
 impl Drop for JitInstance {
     fn drop(&mut self) {

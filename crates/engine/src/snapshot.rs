@@ -515,7 +515,7 @@ fn mapping_enabled() -> bool {
 
 /// Most mappings one restore makes (the kernel allows ~65,000 per process; runs of chunks
 /// adjacent in memory and in a pack take one each).
-const MAX_MAPPINGS: usize = 8192;
+const MAX_MAPPINGS: usize = 16_384;
 
 /// Where a mapped chunk lies: a pack (an index into [`Mapped::files`]) and an offset in it.
 #[derive(Debug, Clone, Copy)]
@@ -771,9 +771,18 @@ impl DeferredCheck {
     /// Reads and hashes every mapped chunk, on up to four threads; the first that fails.
     pub(crate) fn run(&self) -> Result<(), StoreError> {
         for (chunks, mapped) in &self.memories {
+            // In the packs' order, not the memory's: a memory whose chunks were stored over
+            // many snapshots (or pre-write passes) has them scattered through many packs,
+            // and reading each pack front to back is what the disk does fast.
+            let mut order: Vec<usize> = (0..chunks.len())
+                .filter(|&i| mapped.from[i].is_some())
+                .collect();
+            order.sort_by_key(|&i| mapped.from[i].map(|m| (m.file, m.offset)));
+            let chunks: Vec<(u32, Kappa)> = order.iter().map(|&i| chunks[i]).collect();
+            let from: Vec<Option<MappedFrom>> = order.iter().map(|&i| mapped.from[i]).collect();
             in_parts(
-                chunks,
-                &mapped.from,
+                &chunks,
+                &from,
                 |_| (),
                 |part, from, ()| {
                     let mut scratch = Vec::new();

@@ -1037,9 +1037,9 @@ fn pre_written_memory_resumes_to_the_same_output() {
     );
 }
 
-/// With `--checkpoint-every`, a JIT run copies the changed memory just before each checkpoint
-/// while the guest runs (the guest then pauses only for what it wrote meanwhile); the
-/// interpreter checkpoints without. Either way every checkpoint is taken and the output is
+/// With `--checkpoint-every` and `--pre-write`, a JIT run copies the changed memory just
+/// before each checkpoint while the guest runs (the guest then pauses only for what it wrote
+/// meanwhile); the interpreter checkpoints without. Either way every checkpoint is taken and the output is
 /// the uninterrupted run's.
 #[test]
 fn checkpoints_are_pre_written_on_the_jit_and_none_is_lost() {
@@ -1057,6 +1057,9 @@ fn checkpoints_are_pre_written_on_the_jit_and_none_is_lost() {
                 engine,
                 "--checkpoint-every",
                 "100ms",
+                // Passes only before checkpoints (the interval is longer than the run).
+                "--pre-write",
+                "10m",
             ])
             .args(args)
             .output()
