@@ -130,10 +130,8 @@ pub(crate) fn poll(cx: &mut impl HostCx) -> Result<(), HostStop> {
             control.take();
             lower_flag(cx, &control);
         }
-        _ => {
-            start_unwind(cx);
-            keep_failed_raised(cx, &control);
-        }
+        // The flag stays raised: a failed check is seen too.
+        _ => start_unwind(cx),
     }
     Ok(())
 }
@@ -168,7 +166,10 @@ pub(crate) fn wasi_call(
             "the module calls WASI but exports no `memory`".into(),
         ));
     };
-    host.control.saw_memory(mem);
+    // For the pre-writer only (nothing else reads it).
+    if host.control.pre_write().is_some() {
+        host.control.saw_memory(mem);
+    }
     host.wasi.rewinding = rewinding;
     let r = host.wasi.call(name, mem, args);
     host.wasi.rewinding = false;

@@ -348,6 +348,20 @@ struct Wakes {
     checkpoint: bool,
 }
 
+/// Ends pre-writing when dropped (the run's loop is over, however it ended): checkpoints are
+/// no longer handed to the pre-writer, and it stops at its next batch.
+pub(crate) struct EndsPreWriting<'a> {
+    pub(crate) control: &'a Control,
+    pub(crate) waker: &'a Waker,
+}
+
+impl Drop for EndsPreWriting<'_> {
+    fn drop(&mut self) {
+        self.control.attach_pre_writer(None);
+        self.waker.stop();
+    }
+}
+
 /// Why a pre-writer woke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wake {

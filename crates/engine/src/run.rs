@@ -259,85 +259,85 @@ impl Runtime {
                     })
                     .inspect_err(|e| tracing::warn!("cannot start pre-writing: {e}"));
             }
-            let r = (|| {
-                loop {
-                    let name = entries[phase];
-                    let call = if std::mem::take(&mut rewinding) {
-                        let rewind = abi::rewind_export(name);
-                        if !inst.has_func(&rewind) {
+            // However the loop ends, the pre-writer stops before the scope waits for it.
+            let _ends = crate::incremental::EndsPreWriting {
+                control: &control,
+                waker: &waker,
+            };
+            loop {
+                let name = entries[phase];
+                let call = if std::mem::take(&mut rewinding) {
+                    let rewind = abi::rewind_export(name);
+                    if !inst.has_func(&rewind) {
+                        return Err(EngineError::refused(
+                            Stage::Restoring,
+                            format!("`{name}` has no rewind copy"),
+                        ));
+                    }
+                    rewind
+                } else {
+                    name.to_owned()
+                };
+                match inst.call(&call) {
+                    Ok(code) => {
+                        let state = global_i32(inst, abi::STATE_GLOBAL)?;
+                        if state == abi::STATE_REWIND {
                             return Err(EngineError::refused(
                                 Stage::Restoring,
-                                format!("`{name}` has no rewind copy"),
+                                "corrupt saved stack: the rewind never reached its call site",
                             ));
                         }
-                        rewind
-                    } else {
-                        name.to_owned()
-                    };
-                    match inst.call(&call) {
-                        Ok(code) => {
-                            let state = global_i32(inst, abi::STATE_GLOBAL)?;
-                            if state == abi::STATE_REWIND {
-                                return Err(EngineError::refused(
-                                    Stage::Restoring,
-                                    "corrupt saved stack: the rewind never reached its call site",
-                                ));
-                            }
-                            if state != abi::STATE_UNWIND {
-                                phase += 1;
-                                if phase < entries.len() {
-                                    continue;
-                                }
-                                inst.host().wasi.flush();
-                                return Ok(Outcome::Exited(code.unwrap_or(0)));
-                            }
-                            // Serve whatever was asked (the request stays pending until the unwind
-                            // reaches here: see `host::start_unwind`).
-                            let reason = control.take();
-                            if matches!(reason, Request::None | Request::Probe) {
-                                // Nothing to write (a probe, or a request already served): go on.
-                                begin_rewind(inst)?;
-                                rewinding = true;
+                        if state != abi::STATE_UNWIND {
+                            phase += 1;
+                            if phase < entries.len() {
                                 continue;
                             }
-                            // Nothing is written from a guest whose snapshot is still being checked.
-                            control.wait_checked()?;
-                            let written =
-                                snapshot::write(inst, store, &meta, prepared, name, &mut dirty);
-                            let ok = written.as_ref().ok().copied();
-                            let failed = written.as_ref().err().map(ToString::to_string);
-                            on_snapshot(written, reason);
-                            if let Some(e) = failed
-                                && reason == Request::Suspend
-                                && control.ends_without_snapshot()
-                            {
-                                inst.host().wasi.flush();
-                                return Err(EngineError::Unsaved(e));
-                            }
-                            if let Some(k) = ok {
-                                meta.parent = Some(k);
-                                meta.generation += 1;
-                                if reason == Request::Suspend {
-                                    return Ok(Outcome::Suspended(k));
-                                }
-                            }
+                            inst.host().wasi.flush();
+                            return Ok(Outcome::Exited(code.unwrap_or(0)));
+                        }
+                        // Serve whatever was asked (the request stays pending until the unwind
+                        // reaches here: see `host::start_unwind`).
+                        let reason = control.take();
+                        if matches!(reason, Request::None | Request::Probe) {
+                            // Nothing to write (a probe, or a request already served): go on.
                             begin_rewind(inst)?;
                             rewinding = true;
+                            continue;
                         }
-                        Err(stop) => {
+                        // Nothing is written from a guest whose snapshot is still being checked.
+                        control.wait_checked()?;
+                        let written =
+                            snapshot::write(inst, store, &meta, prepared, name, &mut dirty);
+                        let ok = written.as_ref().ok().copied();
+                        let failed = written.as_ref().err().map(ToString::to_string);
+                        on_snapshot(written, reason);
+                        if let Some(e) = failed
+                            && reason == Request::Suspend
+                            && control.ends_without_snapshot()
+                        {
                             inst.host().wasi.flush();
-                            return match stop {
-                                Stop::Exit(code) => Ok(Outcome::Exited(code)),
-                                Stop::Trap(m) => Err(EngineError::Trap(m)),
-                                Stop::Fatal(m) => Err(EngineError::Host(m)),
-                            };
+                            return Err(EngineError::Unsaved(e));
                         }
+                        if let Some(k) = ok {
+                            meta.parent = Some(k);
+                            meta.generation += 1;
+                            if reason == Request::Suspend {
+                                return Ok(Outcome::Suspended(k));
+                            }
+                        }
+                        begin_rewind(inst)?;
+                        rewinding = true;
+                    }
+                    Err(stop) => {
+                        inst.host().wasi.flush();
+                        return match stop {
+                            Stop::Exit(code) => Ok(Outcome::Exited(code)),
+                            Stop::Trap(m) => Err(EngineError::Trap(m)),
+                            Stop::Fatal(m) => Err(EngineError::Host(m)),
+                        };
                     }
                 }
-            })();
-            control.attach_pre_writer(None);
-            waker.stop();
-            r
+            }
         })
     }
 
