@@ -541,7 +541,12 @@ fn prune(store: &FsStore, id: &str, n: u64) {
     }
 }
 
-/// Points the session's ref and file at a new snapshot.
+/// Points the session's file and ref at a new snapshot, in that order: the file is what a
+/// resume reads (where the output files ended at this snapshot, for a lost run's replay), so
+/// a process dying between the two leaves a file naming the new snapshot with its marks, and
+/// a resume of it finds the session by its file (`cmd::resume`). The other order left a ref
+/// at the new snapshot and a file at the old one, whose resume then started a new session
+/// and wrote again what the lost run had written.
 fn record(
     settings: &Settings,
     store: &FsStore,
@@ -552,7 +557,7 @@ fn record(
     let name = format!("session/{}", s.id);
     let current = store.get_ref(&name)?;
     let epoch = current.map_or(1, |c| c.epoch + 1);
-    store.cas_ref(&name, current, Some(RefValue { epoch, target: k }))?;
+    let before = s.clone();
     s.last_snapshot = Some(k.to_string());
     s.snapshot_error = None;
     if why == Request::Suspend {
@@ -561,7 +566,28 @@ fn record(
     if let Ok(snap) = ferry_object::decode::<ferry_object::Snapshot>(&store.get(&k)?) {
         s.memory = crate::cmd::inspect::memory_len(store, &snap)?;
     }
-    session::save(settings, s)
+    session::save(settings, s)?;
+    fault_while_recording();
+    if let Err(e) = store.cas_ref(&name, current, Some(RefValue { epoch, target: k })) {
+        // The file goes back to the snapshot the ref still names.
+        *s = before;
+        let _ = session::save(settings, s);
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// Dies like `kill -9` between the two writes of the `n`th snapshot this process records,
+/// when `FERRY_FAULT` is `recording-<n>`: the crash tests stop a run there.
+fn fault_while_recording() {
+    static RECORDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = RECORDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    if std::env::var("FERRY_FAULT").is_ok_and(|f| f == format!("recording-{n}")) {
+        // SAFETY: sending SIGKILL to ourselves; nothing after this runs.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
 }
 
 /// The snapshot failures a run has reported, so that a checkpoint failing the same way again

@@ -361,7 +361,7 @@ fn continuing_session(
     store: &dyn Store,
     k: &ferry_kappa::Kappa,
 ) -> Result<(String, session::Lease, Option<Session>)> {
-    if let Some(id) = owning_session(store, k) {
+    if let Some(id) = owning_session(settings, store, k) {
         let lease = match session::lease(settings, &id)? {
             Ok(lease) => lease,
             Err(pid) => {
@@ -391,12 +391,25 @@ fn continuing_session(
     Ok((id, lease, None))
 }
 
-/// The session whose latest snapshot is κ.
-fn owning_session(store: &dyn Store, k: &ferry_kappa::Kappa) -> Option<String> {
-    store
-        .list_refs()
-        .ok()?
-        .into_iter()
-        .find(|(name, v)| name.starts_with("session/") && v.target == *k)
-        .map(|(name, _)| name["session/".len()..].to_owned())
+/// The session whose latest snapshot is κ: the one whose ref names it, else the one whose
+/// file does (a run that died between writing its file and its ref; see `guest::record`),
+/// the most recently active first.
+fn owning_session(
+    settings: &Settings,
+    store: &dyn Store,
+    k: &ferry_kappa::Kappa,
+) -> Option<String> {
+    let by_ref = store.list_refs().ok().and_then(|refs| {
+        refs.into_iter()
+            .find(|(name, v)| name.starts_with("session/") && v.target == *k)
+            .map(|(name, _)| name["session/".len()..].to_owned())
+    });
+    by_ref.or_else(|| {
+        let k = k.to_string();
+        session::list(settings)
+            .ok()?
+            .into_iter()
+            .find(|s| s.last_snapshot.as_deref() == Some(k.as_str()))
+            .map(|s| s.id)
+    })
 }

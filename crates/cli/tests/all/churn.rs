@@ -682,6 +682,55 @@ fn crash_churn(merged: bool) {
     assert_eq!(seen, String::from_utf8_lossy(&plain.stdout));
 }
 
+/// A run killed while it records a checkpoint (between the session's file and its ref, the
+/// two writes that name the new snapshot) resumes from what the session's record says, as
+/// the same session, with its output whole and once. (When the ref was written first, the
+/// record still named the checkpoint before, whose resume started a new session and wrote
+/// again all the lost run had written since.)
+#[test]
+fn killed_while_recording_a_checkpoint_the_output_is_still_whole_and_once() {
+    use std::os::unix::process::ExitStatusExt;
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let args = [g.to_str().unwrap(), "--", "400"];
+    let plain = env.plain(&args);
+    let out = env.path("out.txt");
+    let (stdout, stderr) = appending(&out, false);
+    // ~100 rounds a second, flushed every ~28: output follows the first checkpoint.
+    let status = env
+        .ferry()
+        .env("FERRY_FAULT", "recording-2")
+        .args(["run", "--session", "job", "--checkpoint-every", "1s"])
+        .args(args)
+        .stdout(stdout)
+        .stderr(stderr)
+        .status()
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    let k = env.session_record("job")["last_snapshot"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (stdout, stderr) = appending(&out, false);
+    let status = env
+        .ferry()
+        .args(["resume", &k])
+        .stdout(stdout)
+        .stderr(stderr)
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let seen = String::from_utf8(std::fs::read(&out).unwrap()).unwrap();
+    assert!(
+        seen == String::from_utf8_lossy(&plain.stdout),
+        "{} bytes written, {} expected",
+        seen.len(),
+        plain.stdout.len()
+    );
+    // It went on as the same session, not as a new one.
+    assert_eq!(env.session_record("job")["state"], "exited(0)");
+}
+
 /// What a lost run wrote is never overwritten: where the resumed guest writes something else
 /// (here the file was edited), ferry says so and appends from there on.
 #[test]
