@@ -388,7 +388,12 @@ impl Execution<'_> {
             })
             .collect();
         if let Some(every) = self.checkpoint_every {
-            // With --pre-write, each comes after one more pass of it.
+            // On the JIT each comes after a pass that copies the changed memory while the
+            // guest runs, so it pauses only for what the guest wrote meanwhile
+            // (`FERRY_PRE_WRITE_CHECKPOINTS=off`: for all of it).
+            self.control.pre_write_before_checkpoints(
+                std::env::var("FERRY_PRE_WRITE_CHECKPOINTS").map_or(true, |v| v != "off"),
+            );
             let c = self.control.clone();
             std::thread::spawn(move || {
                 loop {

@@ -68,6 +68,9 @@ pub struct Control {
     memory_seen: AtomicU64,
     /// Asks the next poll to report the memory (see [`Control::look_at_memory`]).
     look: AtomicBool,
+    /// Whether a JIT run pre-writes before each [`Control::request_checkpoint`] even
+    /// without an interval (see [`Control::pre_write_before_checkpoints`]).
+    pre_write_checkpoints: AtomicBool,
     /// The running pre-writer, if any.
     pre_writer: Mutex<Option<Arc<crate::incremental::Waker>>>,
 }
@@ -251,6 +254,21 @@ impl Control {
         Some(self.pre_write_ms.load(Ordering::SeqCst))
             .filter(|&ms| ms > 0)
             .map(Duration::from_millis)
+    }
+
+    /// Whether a run on the JIT copies the guest's changed memory before each checkpoint
+    /// asked for with [`Control::request_checkpoint`] even without
+    /// [`Control::pre_write_every`]: the guest runs during that pass and then pauses only
+    /// for what it wrote meanwhile (1 GiB changed: ~25–60 ms instead of ~0.2–0.7 s). Set
+    /// before the run starts.
+    pub fn pre_write_before_checkpoints(&self, on: bool) {
+        self.pre_write_checkpoints.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether this run has a pre-writer (on the JIT): an interval, or passes before
+    /// checkpoints only.
+    pub(crate) fn pre_writes(&self) -> bool {
+        self.pre_write().is_some() || self.pre_write_checkpoints.load(Ordering::SeqCst)
     }
 
     pub(crate) fn attach_pre_writer(&self, w: Option<Arc<crate::incremental::Waker>>) {

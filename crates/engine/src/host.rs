@@ -167,7 +167,7 @@ pub(crate) fn wasi_call(
         ));
     };
     // For the pre-writer only (nothing else reads it).
-    if host.control.pre_write().is_some() {
+    if host.control.pre_writes() {
         host.control.saw_memory(mem);
     }
     host.wasi.rewinding = rewinding;

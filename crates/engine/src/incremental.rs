@@ -7,8 +7,9 @@
 //! the whole memory. `FERRY_VERIFY_DIRTY=1` also hashes everything and fails the snapshot if
 //! the image differs from the memory (the tests run with it).
 //!
-//! Pre-writing (`Control::pre_write_every`; one more pass before each checkpoint asked for
-//! with `Control::request_checkpoint`) does the same work while the guest runs: a thread
+//! Pre-writing (`Control::pre_write_every`; and one more pass before each checkpoint asked
+//! for with `Control::request_checkpoint`, which `Control::pre_write_before_checkpoints` asks
+//! for without an interval) does the same work while the guest runs: a thread
 //! copies the changed chunks of memory 0 out of the running guest, stores the copies and
 //! records their κ, so that a suspend or checkpoint has only what was written since to store —
 //! CRIU's pre-dump, done as the guest runs. A chunk the guest writes while it is copied is

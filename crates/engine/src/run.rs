@@ -250,7 +250,7 @@ impl Runtime {
         let waker = Arc::new(crate::incremental::Waker::default());
         let first = dirty.first();
         std::thread::scope(|s| {
-            if jit && every.is_some() {
+            if jit && control.pre_writes() {
                 let (control, waker) = (&control, &waker);
                 let _ = std::thread::Builder::new()
                     .name("ferry-pre-write".into())

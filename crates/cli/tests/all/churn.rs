@@ -1086,19 +1086,20 @@ fn pre_written_memory_resumes_to_the_same_output() {
     );
 }
 
-/// With `--checkpoint-every` and `--pre-write`, a JIT run copies the changed memory just
-/// before each checkpoint while the guest runs (the guest then pauses only for what it wrote
-/// meanwhile); the interpreter checkpoints without. Either way every checkpoint is taken and the output is
-/// the uninterrupted run's.
+/// With `--checkpoint-every`, a JIT run copies the changed memory just before each
+/// checkpoint while the guest runs (the guest then pauses only for what it wrote meanwhile);
+/// the interpreter, and the JIT with `FERRY_PRE_WRITE_CHECKPOINTS=off`, checkpoint without.
+/// Every way every checkpoint is taken and the output is the uninterrupted run's.
 #[test]
 fn checkpoints_are_pre_written_on_the_jit_and_none_is_lost() {
     let env = Env::new();
     let g = guest("wasm/heap.wasm");
     let args = [g.to_str().unwrap(), "--", "16", "100"];
     let plain = env.plain(&args);
-    for engine in ["jit", "interp"] {
+    for (engine, passes) in [("jit", "on"), ("jit", "off"), ("interp", "on")] {
         let out = env
             .ferry()
+            .env("FERRY_PRE_WRITE_CHECKPOINTS", passes)
             .args([
                 "-v",
                 "run",
@@ -1106,9 +1107,6 @@ fn checkpoints_are_pre_written_on_the_jit_and_none_is_lost() {
                 engine,
                 "--checkpoint-every",
                 "100ms",
-                // Passes only before checkpoints (the interval is longer than the run).
-                "--pre-write",
-                "10m",
             ])
             .args(args)
             .output()
@@ -1128,9 +1126,9 @@ fn checkpoints_are_pre_written_on_the_jit_and_none_is_lost() {
             .lines()
             .filter(|l| l.contains("memory pre-written") && l.contains("before_checkpoint=true"))
             .count();
-        match engine {
-            "jit" => assert!(pre_written >= checkpoints, "{err}"),
-            _ => assert_eq!(pre_written, 0, "{err}"),
+        match (engine, passes) {
+            ("jit", "on") => assert!(pre_written >= checkpoints, "{err}"),
+            _ => assert_eq!(pre_written, 0, "{engine}, passes {passes}: {err}"),
         }
     }
 }
