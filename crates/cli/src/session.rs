@@ -214,8 +214,17 @@ pub fn save(settings: &Settings, s: &Session) -> Result<()> {
     let p = path(settings, &s.id);
     // Each writer its own temporary file: `ferry ps` may read while a session writes.
     let tmp = p.with_extension(format!("{}.tmp", std::process::id()));
-    let written = std::fs::write(&tmp, serde_json::to_vec_pretty(&v)?)
-        .and_then(|()| std::fs::rename(&tmp, &p));
+    let bytes = serde_json::to_vec_pretty(&v)?;
+    // Durable before it replaces the record, and the replacement too, as the store's refs
+    // are: after a power cut the record names the snapshot its ref does (or, cut between
+    // the two, the next one; see `guest::record`), never an older one or nothing.
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| {
+            std::io::Write::write_all(&mut f, &bytes)?;
+            f.sync_data()
+        })
+        .and_then(|()| std::fs::rename(&tmp, &p))
+        .and_then(|()| std::fs::File::open(&dir)?.sync_all());
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
