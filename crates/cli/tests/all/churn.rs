@@ -711,15 +711,7 @@ fn killed_while_recording_a_checkpoint_the_output_is_still_whole_and_once() {
         .as_str()
         .unwrap()
         .to_owned();
-    let (stdout, stderr) = appending(&out, false);
-    let status = env
-        .ferry()
-        .args(["resume", &k])
-        .stdout(stdout)
-        .stderr(stderr)
-        .status()
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
+    resume_appending(&env, &k, &out);
     let seen = String::from_utf8(std::fs::read(&out).unwrap()).unwrap();
     assert!(
         seen == String::from_utf8_lossy(&plain.stdout),
