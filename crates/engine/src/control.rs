@@ -128,6 +128,10 @@ struct Timing {
     requested: Option<Instant>,
     to_safe_point: Vec<Duration>,
     running_at: Option<Instant>,
+    /// When the guest stopped for the snapshot it is being written now, if any.
+    stopped_at: Option<Instant>,
+    /// How long the guest was stopped for each snapshot it then went on from.
+    pauses: Vec<Duration>,
 }
 
 impl Control {
@@ -338,7 +342,18 @@ impl Control {
     }
 
     pub(crate) fn mark_running(&self) {
-        self.timing().running_at = Some(Instant::now());
+        let now = Instant::now();
+        let mut t = self.timing();
+        t.running_at = Some(now);
+        if let Some(at) = t.stopped_at.take() {
+            t.pauses.push(now - at);
+        }
+    }
+
+    /// How long the guest was stopped for each snapshot it went on from (a checkpoint), from
+    /// the safe point that served the request until it ran again, oldest first.
+    pub fn pauses(&self) -> Vec<Duration> {
+        self.timing().pauses.clone()
     }
 
     /// The pending request.
@@ -359,6 +374,9 @@ impl Control {
         let mut t = self.timing();
         if let Some(at) = t.requested.take() {
             t.to_safe_point.push(at.elapsed());
+        }
+        if !matches!(r, Request::None | Request::Probe) {
+            t.stopped_at = Some(Instant::now());
         }
         r
     }

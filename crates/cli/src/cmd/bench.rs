@@ -746,7 +746,84 @@ fn pre_write_section(
             );
         }
     }
+    println!(
+        "\n## Checkpoint pauses, without and with a pre-write pass first (the same guest; \
+         {CHECKPOINTS} checkpoints {}s apart after it is ready; how long the guest was stopped \
+         for each, from its safe point until it ran again)\n",
+        CHECKPOINT_SPACING.as_secs()
+    );
+    println!(
+        "| memory | pair | pauses, at once (`FERRY_PRE_WRITE_CHECKPOINTS=off`) (ms) | pauses after a pass (the default) (ms) |"
+    );
+    println!("|---|---:|---|---|");
+    let list = |p: &[Duration]| {
+        p.iter()
+            .map(|d| format!("{:.0}", ms(*d)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for &mib in sizes {
+        for pair in 1..=pairs {
+            let at_once = checkpoint_pauses(rt, &dir.join("pw-a"), dirty, mib, false)?;
+            let passed = checkpoint_pauses(rt, &dir.join("pw-b"), dirty, mib, true)?;
+            println!(
+                "| {mib} MiB | {pair} | {} | {} |",
+                list(&at_once),
+                list(&passed)
+            );
+        }
+    }
     Ok(())
+}
+
+/// Checkpoints each run of the `checkpoint pauses` table takes, and their spacing.
+const CHECKPOINTS: usize = 3;
+const CHECKPOINT_SPACING: Duration = Duration::from_secs(3);
+
+/// Runs the `dirty` guest holding `mib` MiB in a new durable store at `at`, asks for
+/// [`CHECKPOINTS`] checkpoints as `--checkpoint-every` does (with a pre-write pass first if
+/// `pass`), then suspends it: how long the guest was stopped for each checkpoint.
+fn checkpoint_pauses(
+    rt: &Runtime,
+    at: &std::path::Path,
+    dirty: &[u8],
+    mib: u64,
+    pass: bool,
+) -> Result<Vec<Duration>> {
+    let _ = std::fs::remove_dir_all(at);
+    let store = FsStore::open(at)?;
+    let prepared = rt.prepare(&store, dirty, &|_| {})?;
+    let c = Arc::new(Control::new());
+    c.pre_write_before_checkpoints(pass);
+    let size = mib.to_string();
+    let (ctx, rx) = wasi_until_ready(&["dirty", &size, "1000", "10"], vec![], &c)?;
+    let (snap_tx, snap_rx) = channel::<()>();
+    std::thread::scope(|s| -> Result<_> {
+        let (c2, prepared, store) = (c.clone(), &prepared, &store);
+        let h = spawn_guest(s, move || {
+            let meta = SnapshotMeta::fresh("dirty");
+            rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {
+                let _ = snap_tx.send(());
+            })
+        });
+        rx.recv_timeout(Duration::from_secs(600))
+            .context("guest never got ready")?;
+        for _ in 0..CHECKPOINTS {
+            std::thread::sleep(CHECKPOINT_SPACING);
+            c.request_checkpoint();
+            snap_rx
+                .recv_timeout(Duration::from_secs(600))
+                .context("no checkpoint")?;
+        }
+        c.request(Request::Suspend);
+        match h.join().expect("guest thread")? {
+            Outcome::Suspended(_) => Ok(()),
+            out => bail!("dirty guest was not suspended: {out:?}"),
+        }
+    })?;
+    drop(store);
+    let _ = std::fs::remove_dir_all(at);
+    Ok(c.pauses())
 }
 
 /// Runs the `dirty` guest holding `mib` MiB in a new durable store at `at` and suspends it

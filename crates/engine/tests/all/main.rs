@@ -3,3 +3,4 @@
 #![allow(clippy::unwrap_used)] // a test that cannot unwrap should fail loudly
 
 mod every_safe_point;
+mod pauses;
