@@ -133,8 +133,11 @@ pub fn tree_closure(
     }
     let t: Tree = decode(store, k)?;
     for e in t.entries.values() {
-        if e.mode == "dir" {
+        if e.mode == ferry_object::MODE_DIR {
             tree_closure(store, &e.object, out, depth + 1)?;
+        } else if e.chunked() && out.insert(e.object) {
+            let f: ferry_object::FileChunks = decode(store, &e.object)?;
+            out.extend(f.chunks);
         } else {
             out.insert(e.object);
         }

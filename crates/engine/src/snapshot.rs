@@ -471,15 +471,28 @@ fn check_tree(store: &dyn Store, k: &Kappa, depth: usize) -> Result<(), EngineEr
         ));
     }
     let tree: ferry_object::Tree = get_object(store, k, "directory tree")?;
+    tree.check()
+        .map_err(|why| EngineError::refused(Stage::Verifying, format!("tree {k}: {why}")))?;
     for (name, e) in &tree.entries {
-        if e.mode == "dir" {
+        if e.mode == ferry_object::MODE_DIR {
             check_tree(store, &e.object, depth + 1)?;
-        } else if !store.has(&e.object)? {
-            return Err(EngineError::missing(
-                Stage::Resolving,
-                &format!("file `{name}`"),
-                &e.object,
-            ));
+            continue;
+        }
+        let missing =
+            |k: &Kappa| EngineError::missing(Stage::Resolving, &format!("file `{name}`"), k);
+        if !store.has(&e.object)? {
+            return Err(missing(&e.object));
+        }
+        if e.chunked() {
+            let f: ferry_object::FileChunks = get_object(store, &e.object, "chunked file")?;
+            f.check().map_err(|why| {
+                EngineError::refused(Stage::Verifying, format!("file `{name}`: {why}"))
+            })?;
+            for c in &f.chunks {
+                if !store.has(c)? {
+                    return Err(missing(c));
+                }
+            }
         }
     }
     Ok(())

@@ -134,7 +134,9 @@ kind!(MemoryImage, "ferry.memory", 1, |s| s
     .map(|(_, k)| *k)
     .collect());
 
-/// A directory tree: names to files and subtrees.
+/// A directory tree: names to files and subtrees. Version 1 holds every file as one blob;
+/// version 2 (only a tree with a chunked file: a file's content as a [`FileChunks`]) is what
+/// makes a ferry that does not know chunked files refuse the tree instead of misreading it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tree {
@@ -142,19 +144,126 @@ pub struct Tree {
     pub v: u32,
     pub entries: BTreeMap<String, TreeEntry>,
 }
-kind!(Tree, "ferry.tree", 1, |s| s
-    .entries
-    .values()
-    .map(|e| e.object)
-    .collect());
+impl crate::ObjectKind for Tree {
+    const KIND: &'static str = "ferry.tree";
+    const VERSION: u32 = 1;
+    const NEWEST: u32 = 2;
+    fn children(&self) -> Vec<Kappa> {
+        self.entries.values().map(|e| e.object).collect()
+    }
+}
+
+/// Tree entry modes: a file (one blob), an executable file, the same two held as a
+/// [`FileChunks`], a subtree, a symlink (its target as the blob).
+pub const MODE_FILE: &str = "file";
+pub const MODE_EXEC: &str = "exec";
+pub const MODE_FILE_CHUNKS: &str = "file-chunks";
+pub const MODE_EXEC_CHUNKS: &str = "exec-chunks";
+pub const MODE_DIR: &str = "dir";
+pub const MODE_SYMLINK: &str = "symlink";
+
+impl Tree {
+    /// The version a tree with these entries has: 2 if one of them is a chunked file.
+    pub fn version_for(entries: &BTreeMap<String, TreeEntry>) -> u32 {
+        if entries.values().any(TreeEntry::chunked) {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Refuses an entry mode this version does not have, and a version 2 tree without a
+    /// chunked file (each content has one tree, so one κ).
+    pub fn check(&self) -> Result<(), String> {
+        for (name, e) in &self.entries {
+            let known = [MODE_FILE, MODE_EXEC, MODE_DIR, MODE_SYMLINK].contains(&e.mode.as_str())
+                || (self.v >= 2 && e.chunked());
+            if !known {
+                return Err(format!(
+                    "tree entry `{name}` has mode `{}`, which a version {} tree does not have",
+                    e.mode, self.v
+                ));
+            }
+        }
+        if self.v != Self::version_for(&self.entries) {
+            return Err(format!(
+                "a version {} tree whose entries make it version {}",
+                self.v,
+                Self::version_for(&self.entries)
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// One entry of a [`Tree`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TreeEntry {
-    /// `file`, `exec` (executable file), `dir` or `symlink` (target as the blob).
+    /// `file`, `exec` (executable file), `file-chunks` / `exec-chunks` (the same, the object
+    /// a [`FileChunks`]), `dir` or `symlink` (target as the blob).
     pub mode: String,
     pub object: Kappa,
+}
+
+impl TreeEntry {
+    /// Whether the entry is a file held as a [`FileChunks`].
+    pub fn chunked(&self) -> bool {
+        self.mode == MODE_FILE_CHUNKS || self.mode == MODE_EXEC_CHUNKS
+    }
+}
+
+/// Size of a chunk of a [`FileChunks`] (1 MiB).
+pub const FILE_CHUNK_SIZE: u32 = 1 << 20;
+/// Largest file a [`FileChunks`] holds (1 TiB: its list of chunks stays within an object's
+/// size limit).
+pub const MAX_CHUNKED_FILE: u64 = 1 << 40;
+
+/// A file too large to be one blob, as the blobs of its consecutive chunks: every chunk
+/// `chunk_size` bytes but the last. Chunks alike (zeros) are one object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileChunks {
+    pub kind: String,
+    pub v: u32,
+    pub len: u64,
+    pub chunk_size: u32,
+    pub chunks: Vec<Kappa>,
+}
+kind!(FileChunks, "ferry.file", 1, |s| s.chunks.clone());
+
+impl FileChunks {
+    /// Refuses a chunk size other than [`FILE_CHUNK_SIZE`], a length over
+    /// [`MAX_CHUNKED_FILE`] or a chunk count that does not match the length.
+    pub fn check(&self) -> Result<(), String> {
+        if self.chunk_size != FILE_CHUNK_SIZE {
+            return Err(format!(
+                "chunked file with {}-byte chunks (ferry uses {FILE_CHUNK_SIZE})",
+                self.chunk_size
+            ));
+        }
+        if self.len > MAX_CHUNKED_FILE {
+            return Err(format!(
+                "chunked file of {} bytes (at most {MAX_CHUNKED_FILE})",
+                self.len
+            ));
+        }
+        let want = self.len.div_ceil(u64::from(self.chunk_size));
+        if self.chunks.len() as u64 != want {
+            return Err(format!(
+                "chunked file of {} bytes lists {} chunks, not {want}",
+                self.len,
+                self.chunks.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The length of chunk `i`.
+    pub fn chunk_len(&self, i: usize) -> u64 {
+        let size = u64::from(self.chunk_size);
+        (self.len - i as u64 * size).min(size)
+    }
 }
 
 /// The virtual WASI state of a guest at a safe point.

@@ -18,8 +18,11 @@ use serde::de::DeserializeOwned;
 pub trait ObjectKind: Serialize + DeserializeOwned {
     /// The `kind` field, e.g. `ferry.snapshot`.
     const KIND: &'static str;
-    /// The only `v` this build reads and writes.
+    /// The `v` this build writes (and the oldest it reads).
     const VERSION: u32;
+    /// The newest `v` this build reads (and writes where an object needs it: a [`Tree`] with
+    /// a chunked file is version 2, every other tree version 1).
+    const NEWEST: u32 = Self::VERSION;
     /// Every κ this object refers to (its direct children in the closure).
     fn children(&self) -> Vec<Kappa>;
 }
@@ -82,11 +85,11 @@ pub fn decode<T: ObjectKind>(bytes: &[u8]) -> Result<T, ObjectError> {
             found: header.kind,
         });
     }
-    if header.v != T::VERSION {
+    if !(T::VERSION..=T::NEWEST).contains(&header.v) {
         return Err(ObjectError::UnsupportedVersion {
             kind: T::KIND,
             found: header.v,
-            supported: T::VERSION,
+            supported: T::NEWEST,
         });
     }
     Ok(ferry_kappa::decode(bytes)?)
@@ -100,6 +103,12 @@ pub fn fuzz_decode(bytes: &[u8]) {
     let _ = decode::<Tree>(bytes);
     let _ = decode::<WasiState>(bytes);
     let _ = decode::<OutputLog>(bytes);
+    if let Ok(t) = decode::<Tree>(bytes) {
+        let _ = t.check();
+    }
+    if let Ok(f) = decode::<FileChunks>(bytes) {
+        let _ = f.check();
+    }
 }
 
 #[cfg(test)]

@@ -554,13 +554,116 @@ fn a_mounted_file_over_the_limit_is_refused_before_it_is_read() {
     let e = crate::tree::import(&store, dir.path()).unwrap_err();
     let msg = e.to_string();
     assert!(
-        msg.contains("huge.bin") && msg.contains("1073741825-byte file"),
+        msg.contains("huge.bin")
+            && msg.contains(&format!("{}-byte file", crate::tree::MAX_FILE + 1)),
         "{msg}"
     );
     assert!(
         ferry_store::Store::list(&store).unwrap().is_empty(),
         "nothing stored"
     );
+}
+
+/// A file over [`crate::tree::MAX_BLOB_FILE`] is stored as 1 MiB chunks (a version 2 tree, the
+/// zeros one object), hashes to the same tree without being stored (what a resume compares),
+/// and comes back byte for byte, sparse where it was zeros.
+#[test]
+fn a_file_over_a_gib_is_stored_in_chunks_and_comes_back_whole() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let store = ferry_store::MemStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let len = crate::tree::MAX_BLOB_FILE + 3 * (1 << 20) + 5;
+    let marks: [(u64, &[u8]); 3] = [(0, b"start"), (len / 2, b"middle"), (len - 3, b"end")];
+    let f = std::fs::File::create(dir.path().join("big.bin")).unwrap();
+    f.set_len(len).unwrap();
+    for (at, bytes) in marks {
+        f.write_all_at(bytes, at).unwrap();
+    }
+    std::fs::write(dir.path().join("small.txt"), "small").unwrap();
+    let k = crate::tree::import(&store, dir.path()).unwrap();
+    let tree: ferry_object::Tree =
+        ferry_object::decode(&ferry_store::Store::get(&store, &k).unwrap()).unwrap();
+    assert_eq!(tree.v, 2);
+    assert_eq!(tree.entries["big.bin"].mode, ferry_object::MODE_FILE_CHUNKS);
+    assert_eq!(tree.entries["small.txt"].mode, ferry_object::MODE_FILE);
+    let file: ferry_object::FileChunks = ferry_object::decode(
+        &ferry_store::Store::get(&store, &tree.entries["big.bin"].object).unwrap(),
+    )
+    .unwrap();
+    assert_eq!((file.len, file.chunks.len()), (len, 1028));
+    // Zeros, three marked chunks, the short last one, the FileChunks, the blob and the tree.
+    let objects = ferry_store::Store::list(&store).unwrap().len();
+    assert!(objects <= 8, "{objects} objects");
+    let mut cache = crate::tree::ImportCache::default();
+    assert_eq!(
+        crate::tree::tree_kappa(&ferry_store::MemStore::new(), dir.path(), &mut cache, &[])
+            .unwrap(),
+        k
+    );
+    let back = tempfile::tempdir().unwrap();
+    crate::tree::materialize(&store, &k, back.path()).unwrap();
+    let b = std::fs::File::open(back.path().join("big.bin")).unwrap();
+    assert_eq!(b.metadata().unwrap().len(), len);
+    assert!(
+        b.metadata().unwrap().blocks() * 512 < 16 << 20,
+        "holes kept"
+    );
+    for (at, bytes) in marks {
+        let mut got = vec![0u8; bytes.len()];
+        b.read_exact_at(&mut got, at).unwrap();
+        assert_eq!(got, bytes);
+    }
+    assert_eq!(crate::tree::import(&store, back.path()).unwrap(), k);
+}
+
+/// A tree whose entries do not fit its version, or a chunked file whose chunks do not fit
+/// its length, is refused when materialized.
+#[test]
+fn a_tree_or_chunked_file_that_does_not_add_up_is_refused() {
+    use ferry_object::{FileChunks, MODE_FILE_CHUNKS, Tree, TreeEntry};
+    let store = ferry_store::MemStore::new();
+    let put = |b: &[u8]| ferry_store::Store::put(&store, b).unwrap();
+    let (kind, v) = ferry_object::header::<FileChunks>();
+    let short = FileChunks {
+        kind,
+        v,
+        len: crate::tree::MAX_BLOB_FILE + 1,
+        chunk_size: ferry_object::FILE_CHUNK_SIZE,
+        chunks: vec![put(b"x")],
+    };
+    let file = put(&ferry_object::encode(&short));
+    let tree = |v: u32, mode: &str, object| {
+        let mut entries = std::collections::BTreeMap::new();
+        entries.insert(
+            "f".to_owned(),
+            TreeEntry {
+                mode: mode.into(),
+                object,
+            },
+        );
+        put(&ferry_object::encode(&Tree {
+            kind: "ferry.tree".into(),
+            v,
+            entries,
+        }))
+    };
+    let cases = [
+        (
+            tree(1, MODE_FILE_CHUNKS, file),
+            "which a version 1 tree does not have",
+        ),
+        (
+            tree(2, "file", put(b"x")),
+            "whose entries make it version 1",
+        ),
+        (tree(2, MODE_FILE_CHUNKS, file), "lists 1 chunks, not 1025"),
+        (tree(3, "file", put(b"x")), "format version 3"),
+    ];
+    for (k, why) in cases {
+        let out = tempfile::tempdir().unwrap();
+        let e = crate::tree::materialize(&store, &k, out.path()).unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+    }
 }
 
 /// Files ferry's output went to are left out of a mount's tree and named in the snapshot;

@@ -8,13 +8,19 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_kappa::Kappa;
-use ferry_object::{Tree, TreeEntry};
+use ferry_object::{
+    FILE_CHUNK_SIZE, FileChunks, MODE_DIR, MODE_EXEC, MODE_EXEC_CHUNKS, MODE_FILE,
+    MODE_FILE_CHUNKS, MODE_SYMLINK, Tree, TreeEntry,
+};
 use ferry_store::Store;
 
 /// Deepest directory nesting imported or materialized.
 pub const MAX_DEPTH: usize = 64;
-/// Largest file imported from a mount (1 GiB): each is read whole into memory when stored.
-pub const MAX_FILE: u64 = 1 << 30;
+/// Largest file stored as one blob (1 GiB), read whole into memory; a larger one is stored
+/// as a [`FileChunks`], read and stored 1 MiB at a time.
+pub const MAX_BLOB_FILE: u64 = 1 << 30;
+/// Largest file a snapshot carries from a mount (1 TiB).
+pub const MAX_FILE: u64 = ferry_object::MAX_CHUNKED_FILE;
 
 /// Why a tree could not be imported or materialized.
 #[derive(Debug, thiserror::Error)]
@@ -30,11 +36,13 @@ pub enum TreeError {
     #[error("tree entry name `{0}` is not a plain file name")]
     BadName(String),
     #[error(
-        "{0}: a {1}-byte file; snapshots store mounted files of up to {MAX_FILE} bytes (read \
-         whole into memory): pass its directory through with --bind instead of --dir (snapshots \
-         then leave it on this host)"
+        "{0}: a {1}-byte file; snapshots store mounted files of up to {MAX_FILE} bytes: pass \
+         its directory through with --bind instead of --dir (snapshots then leave it on this \
+         host)"
     )]
     TooLarge(String, u64),
+    #[error("{0}")]
+    Malformed(String),
 }
 
 fn io(p: &Path) -> impl FnOnce(std::io::Error) -> TreeError + '_ {
@@ -323,29 +331,83 @@ impl ImportCache {
         self.reads
     }
 
-    /// The κ of the file at `p`, reading it only when it may have changed.
-    fn file(&mut self, store: Sink<'_>, p: &Path, md: &fs::Metadata) -> Result<Kappa, TreeError> {
+    /// The κ of the file at `p`, reading it only when it may have changed, and whether it is
+    /// a [`FileChunks`] (else a blob).
+    fn file(
+        &mut self,
+        store: Sink<'_>,
+        p: &Path,
+        md: &fs::Metadata,
+    ) -> Result<(Kappa, bool), TreeError> {
         let stamp = Stamp::of(md);
         if let Some((seen, k)) = self.files.get(p)
             && *seen == stamp
             && store.has(k)?
         {
-            return Ok(*k);
+            // Unchanged since it was stored: the same length, so the same form.
+            return Ok((*k, seen.len > MAX_BLOB_FILE));
         }
         if md.len() > MAX_FILE {
             return Err(TreeError::TooLarge(p.display().to_string(), md.len()));
         }
         self.reads += 1;
-        let bytes = fs::read(p).map_err(io(p))?;
-        let k = store.put(&bytes)?;
+        let (k, chunked) = if md.len() > MAX_BLOB_FILE {
+            put_chunked(store, p)?
+        } else {
+            (store.put(&fs::read(p).map_err(io(p))?)?, false)
+        };
         let after = fs::symlink_metadata(p).map(|m| Stamp::of(&m)).ok();
         if after == Some(stamp) && stamp.older_than(self.settled.unwrap_or(SETTLED)) {
             self.files.insert(p.to_path_buf(), (stamp, k));
         } else {
             self.files.remove(p);
         }
-        Ok(k)
+        Ok((k, chunked))
     }
+}
+
+/// Stores the file at `p` (over [`MAX_BLOB_FILE`] when it was looked at) as a
+/// [`FileChunks`], 1 MiB at a time; its κ. A file that shrank to [`MAX_BLOB_FILE`] or less
+/// meanwhile is stored as one blob after all (each content has one form, so one κ), and the
+/// caller's check of its times then finds it changed. Whether it was stored chunked.
+fn put_chunked(store: Sink<'_>, p: &Path) -> Result<(Kappa, bool), TreeError> {
+    use std::io::Read;
+    let mut f = fs::File::open(p).map_err(io(p))?;
+    let mut chunks = Vec::new();
+    let mut len = 0u64;
+    let mut buf = vec![0u8; FILE_CHUNK_SIZE as usize];
+    loop {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match f.read(&mut buf[filled..]).map_err(io(p))? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        if filled == 0 {
+            break;
+        }
+        len += filled as u64;
+        if len > MAX_FILE {
+            return Err(TreeError::TooLarge(p.display().to_string(), len));
+        }
+        chunks.push(store.put(&buf[..filled])?);
+        if filled < buf.len() {
+            break;
+        }
+    }
+    if len <= MAX_BLOB_FILE {
+        return Ok((store.put(&fs::read(p).map_err(io(p))?)?, false));
+    }
+    let (kind, v) = ferry_object::header::<FileChunks>();
+    let file = FileChunks {
+        kind,
+        v,
+        len,
+        chunk_size: FILE_CHUNK_SIZE,
+        chunks,
+    };
+    Ok((store.put(&ferry_object::encode(&file))?, true))
 }
 
 fn import_at(
@@ -374,21 +436,22 @@ fn import_at(
         let name = e.file_name().to_string_lossy().into_owned();
         let entry = if md.is_dir() {
             TreeEntry {
-                mode: "dir".into(),
+                mode: MODE_DIR.into(),
                 object: import_at(store, &p, depth + 1, cache, skip)?,
             }
         } else if md.file_type().is_symlink() {
             let t = fs::read_link(&p).map_err(io(&p))?;
             TreeEntry {
-                mode: "symlink".into(),
+                mode: MODE_SYMLINK.into(),
                 object: store.put(t.to_string_lossy().as_bytes())?,
             }
         } else if md.is_file() {
-            let object = cache.file(store, &p, &md)?;
-            let mode = if md.permissions().mode() & 0o111 != 0 {
-                "exec"
-            } else {
-                "file"
+            let (object, chunked) = cache.file(store, &p, &md)?;
+            let mode = match (md.permissions().mode() & 0o111 != 0, chunked) {
+                (true, false) => MODE_EXEC,
+                (false, false) => MODE_FILE,
+                (true, true) => MODE_EXEC_CHUNKS,
+                (false, true) => MODE_FILE_CHUNKS,
             };
             TreeEntry {
                 mode: mode.into(),
@@ -399,6 +462,7 @@ fn import_at(
         };
         tree.entries.insert(name, entry);
     }
+    tree.v = Tree::version_for(&tree.entries);
     Ok(store.put(&ferry_object::encode(&tree))?)
 }
 
@@ -417,6 +481,7 @@ fn materialize_at(
         return Err(TreeError::TooDeep(dir.display().to_string()));
     }
     let tree: Tree = ferry_object::decode(&store.get(kappa)?)?;
+    tree.check().map_err(TreeError::Malformed)?;
     fs::create_dir_all(dir).map_err(io(dir))?;
     for (name, e) in &tree.entries {
         if name.is_empty()
@@ -429,19 +494,47 @@ fn materialize_at(
         }
         let p = dir.join(name);
         match e.mode.as_str() {
-            "dir" => materialize_at(store, &e.object, &p, depth + 1)?,
-            "symlink" => {
+            MODE_DIR => materialize_at(store, &e.object, &p, depth + 1)?,
+            MODE_SYMLINK => {
                 let t = String::from_utf8_lossy(&store.get(&e.object)?).into_owned();
                 let _ = fs::remove_file(&p);
                 std::os::unix::fs::symlink(t, &p).map_err(io(&p))?;
             }
-            mode => {
-                fs::write(&p, store.get(&e.object)?).map_err(io(&p))?;
-                if mode == "exec" {
-                    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).map_err(io(&p))?;
-                }
-            }
+            MODE_FILE | MODE_EXEC => fs::write(&p, store.get(&e.object)?).map_err(io(&p))?,
+            _ => write_chunked(store, &e.object, &p)?,
+        }
+        if e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS {
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).map_err(io(&p))?;
         }
     }
+    Ok(())
+}
+
+/// Writes the chunked file `k` to `p`: the chunks of zeros as holes (the file is sparse
+/// where it was likely sparse), the others as they are.
+fn write_chunked(store: &dyn Store, k: &Kappa, p: &Path) -> Result<(), TreeError> {
+    use std::os::unix::fs::FileExt;
+    let file: FileChunks = ferry_object::decode(&store.get(k)?)?;
+    file.check()
+        .map_err(|why| TreeError::Malformed(format!("{}: {why}", p.display())))?;
+    let zeros = Kappa::of(&vec![0u8; FILE_CHUNK_SIZE as usize]);
+    let f = fs::File::create(p).map_err(io(p))?;
+    for (i, c) in file.chunks.iter().enumerate() {
+        let len = file.chunk_len(i);
+        if *c == zeros && len == u64::from(FILE_CHUNK_SIZE) {
+            continue;
+        }
+        let bytes = store.get(c)?;
+        if bytes.len() as u64 != len {
+            return Err(TreeError::Malformed(format!(
+                "{}: chunk {i} holds {} bytes, not {len}",
+                p.display(),
+                bytes.len()
+            )));
+        }
+        f.write_all_at(&bytes, i as u64 * u64::from(FILE_CHUNK_SIZE))
+            .map_err(io(p))?;
+    }
+    f.set_len(file.len).map_err(io(p))?;
     Ok(())
 }

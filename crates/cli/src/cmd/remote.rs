@@ -159,7 +159,7 @@ fn read_stdin_file(path: &std::path::Path) -> Result<Vec<u8>> {
 }
 
 /// Largest stdin `--stdin` sends (as one blob, like a mounted file).
-const MAX_STDIN: u64 = ferry_wasi::tree::MAX_FILE;
+const MAX_STDIN: u64 = ferry_wasi::tree::MAX_BLOB_FILE;
 
 /// `ferry --space URL ps`.
 pub fn ps(settings: &Settings) -> Result<ExitCode> {

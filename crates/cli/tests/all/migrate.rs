@@ -803,7 +803,7 @@ const GROWS_A_HUGE_FILE: &str = r#"(module
     (if (call $path_open (i32.const 3) (i32.const 0) (i32.const 16) (i32.const 8) (i32.const 1)
           (i64.const -1) (i64.const -1) (i32.const 0) (i32.const 8))
       (then (call $exit (i32.const 2))))
-    (if (call $set_size (i32.load (i32.const 8)) (i64.const 1073741825))
+    (if (call $set_size (i32.load (i32.const 8)) (i64.const 1099511627777))
       (then (call $exit (i32.const 3))))
     (i32.store (i32.const 0) (i32.const 32))
     (i32.store (i32.const 4) (i32.const 6))
@@ -834,7 +834,7 @@ fn a_snapshot_a_space_cannot_write_is_reported_and_the_guest_keeps_running() {
         ok(&here, &a.url, &args);
         let huge = a.env.store().join(format!("space/mounts/{id}/0/huge.bin"));
         eventually("the guest grew its file", || {
-            std::fs::metadata(&huge).is_ok_and(|m| m.len() == 1 << 30 | 1)
+            std::fs::metadata(&huge).is_ok_and(|m| m.len() == 1 << 40 | 1)
         });
         huge
     };
@@ -843,7 +843,7 @@ fn a_snapshot_a_space_cannot_write_is_reported_and_the_guest_keeps_running() {
         let err = refused(&here, &a.url, &[verb, "h"]);
         assert!(
             err.contains("session `h` could not write its snapshot and keeps running")
-                && err.contains("a 1073741825-byte file"),
+                && err.contains("a 1099511627777-byte file"),
             "{verb}: {err}"
         );
     }
