@@ -21,6 +21,8 @@ pub const MAX_DEPTH: usize = 64;
 pub const MAX_BLOB_FILE: u64 = 1 << 30;
 /// Largest file a snapshot carries from a mount (1 TiB).
 pub const MAX_FILE: u64 = ferry_object::MAX_CHUNKED_FILE;
+/// Pieces of a chunked file read and stored at a time (16 MiB).
+const PIECES_AT_ONCE: usize = 16;
 
 /// Why a tree could not be imported or materialized.
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +131,13 @@ impl Sink<'_> {
         match self {
             Sink::Store(s) => s.put(bytes),
             Sink::HashOnly(_) => Ok(Kappa::of(bytes)),
+        }
+    }
+
+    fn put_many(self, blobs: &[&[u8]]) -> Result<Vec<Kappa>, ferry_store::StoreError> {
+        match self {
+            Sink::Store(s) => s.put_many(blobs),
+            Sink::HashOnly(_) => Ok(ferry_store::hash_all(blobs)),
         }
     }
 
@@ -375,7 +384,9 @@ fn put_chunked(store: Sink<'_>, p: &Path) -> Result<(Kappa, bool), TreeError> {
     let mut f = fs::File::open(p).map_err(io(p))?;
     let mut chunks = Vec::new();
     let mut len = 0u64;
-    let mut buf = vec![0u8; FILE_CHUNK_SIZE as usize];
+    // Pieces go to the store a batch at a time (hashed in parallel, written together: one
+    // pack, not a file and an fsync each).
+    let mut buf = vec![0u8; PIECES_AT_ONCE * FILE_CHUNK_SIZE as usize];
     loop {
         let mut filled = 0;
         while filled < buf.len() {
@@ -384,14 +395,12 @@ fn put_chunked(store: Sink<'_>, p: &Path) -> Result<(Kappa, bool), TreeError> {
                 n => filled += n,
             }
         }
-        if filled == 0 {
-            break;
-        }
         len += filled as u64;
         if len > MAX_FILE {
             return Err(TreeError::TooLarge(p.display().to_string(), len));
         }
-        chunks.push(store.put(&buf[..filled])?);
+        let pieces: Vec<&[u8]> = buf[..filled].chunks(FILE_CHUNK_SIZE as usize).collect();
+        chunks.extend(store.put_many(&pieces)?);
         if filled < buf.len() {
             break;
         }
