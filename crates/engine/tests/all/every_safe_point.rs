@@ -10,7 +10,7 @@ use ferry_store::MemStore;
 use ferry_wasi::{HostClock, Stdio, WasiCtx};
 
 #[derive(Clone, Default)]
-struct Buf(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Buf(Arc<Mutex<Vec<u8>>>);
 
 impl Write for Buf {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
@@ -22,7 +22,7 @@ impl Write for Buf {
     }
 }
 
-fn stdio(out: &Buf) -> Stdio {
+pub(crate) fn stdio(out: &Buf) -> Stdio {
     Stdio {
         stdin: Box::new(std::io::empty()),
         stdin_fd: None,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ferry_engine::{Control, EngineKind, Outcome, Request, Runtime, SnapshotMeta, Start};
 use ferry_store::MemStore;
-use ferry_wasi::{HostClock, Stdio, WasiCtx};
+use ferry_wasi::{HostClock, WasiCtx};
 
 /// Counts for ever: every way back through the loop is a safe point.
 const SPINNER: &str = r#"(module
@@ -25,15 +25,7 @@ fn each_checkpoint_the_guest_goes_on_from_is_one_pause() {
         let store = MemStore::new();
         let prepared = rt.prepare(&store, &wasm, &|_| {}).unwrap();
         let c = Arc::new(Control::new());
-        let stdio = Stdio {
-            stdin: Box::new(std::io::empty()),
-            stdin_fd: None,
-            terminals: [false; 3],
-            log: None,
-            input: None,
-            stdout: Box::new(std::io::sink()),
-            stderr: Box::new(std::io::sink()),
-        };
+        let stdio = crate::every_safe_point::stdio(&Default::default());
         let ctx = WasiCtx::new(
             vec!["t".into()],
             vec![],
