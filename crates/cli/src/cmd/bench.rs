@@ -790,39 +790,19 @@ fn checkpoint_pauses(
     mib: u64,
     pass: bool,
 ) -> Result<Vec<Duration>> {
-    let _ = std::fs::remove_dir_all(at);
-    let store = FsStore::open(at)?;
-    let prepared = rt.prepare(&store, dirty, &|_| {})?;
     let c = Arc::new(Control::new());
     c.pre_write_before_checkpoints(pass);
-    let size = mib.to_string();
-    let (ctx, rx) = wasi_until_ready(&["dirty", &size, "1000", "10"], vec![], &c)?;
-    let (snap_tx, snap_rx) = channel::<()>();
-    std::thread::scope(|s| -> Result<_> {
-        let (c2, prepared, store) = (c.clone(), &prepared, &store);
-        let h = spawn_guest(s, move || {
-            let meta = SnapshotMeta::fresh("dirty");
-            rt.run(prepared, ctx, c2, Start::Fresh, store, meta, &mut |_, _| {
-                let _ = snap_tx.send(());
-            })
-        });
-        rx.recv_timeout(Duration::from_secs(600))
-            .context("guest never got ready")?;
+    run_dirty(rt, at, dirty, mib, &c, |snapshots| {
         for _ in 0..CHECKPOINTS {
             std::thread::sleep(CHECKPOINT_SPACING);
             c.request_checkpoint();
-            snap_rx
+            snapshots
                 .recv_timeout(Duration::from_secs(600))
                 .context("no checkpoint")?;
         }
         c.request(Request::Suspend);
-        match h.join().expect("guest thread")? {
-            Outcome::Suspended(_) => Ok(()),
-            out => bail!("dirty guest was not suspended: {out:?}"),
-        }
+        Ok(())
     })?;
-    drop(store);
-    let _ = std::fs::remove_dir_all(at);
     Ok(c.pauses())
 }
 
@@ -836,16 +816,35 @@ fn suspend_timed(
     mib: u64,
     pre_write: Option<Duration>,
 ) -> Result<(Duration, u64)> {
+    let c = Arc::new(Control::new());
+    c.pre_write_every(pre_write);
+    run_dirty(rt, at, dirty, mib, &c, |snapshots| {
+        std::thread::sleep(Duration::from_secs(2));
+        let t = Instant::now();
+        c.request(Request::Suspend);
+        Ok(snapshots.recv()? - t)
+    })
+}
+
+/// Runs the `dirty` guest holding `mib` MiB under `c` in a new durable store at `at` (removed
+/// again after), and once it is ready, `drive` with the times its snapshots were written at;
+/// `drive` must end it with a suspend. What `drive` returned, and the bytes the run stored.
+fn run_dirty<T>(
+    rt: &Runtime,
+    at: &std::path::Path,
+    dirty: &[u8],
+    mib: u64,
+    c: &Arc<Control>,
+    drive: impl FnOnce(&std::sync::mpsc::Receiver<Instant>) -> Result<T>,
+) -> Result<(T, u64)> {
     let _ = std::fs::remove_dir_all(at);
     let store = FsStore::open(at)?;
     let prepared = rt.prepare(&store, dirty, &|_| {})?;
     let before = dir_bytes(at);
-    let c = Arc::new(Control::new());
-    c.pre_write_every(pre_write);
     let size = mib.to_string();
-    let (ctx, rx) = wasi_until_ready(&["dirty", &size, "1000", "10"], vec![], &c)?;
+    let (ctx, rx) = wasi_until_ready(&["dirty", &size, "1000", "10"], vec![], c)?;
     let (snap_tx, snap_rx) = channel::<Instant>();
-    let took = std::thread::scope(|s| -> Result<_> {
+    let out = std::thread::scope(|s| -> Result<_> {
         let (c2, prepared, store) = (c.clone(), &prepared, &store);
         let h = spawn_guest(s, move || {
             let meta = SnapshotMeta::fresh("dirty");
@@ -855,19 +854,16 @@ fn suspend_timed(
         });
         rx.recv_timeout(Duration::from_secs(600))
             .context("guest never got ready")?;
-        std::thread::sleep(Duration::from_secs(2));
-        let t = Instant::now();
-        c.request(Request::Suspend);
-        let done = snap_rx.recv()?;
+        let out = drive(&snap_rx)?;
         match h.join().expect("guest thread")? {
-            Outcome::Suspended(_) => Ok(done - t),
+            Outcome::Suspended(_) => Ok(out),
             out => bail!("dirty guest was not suspended: {out:?}"),
         }
     })?;
     let stored = dir_bytes(at) - before;
     drop(store);
     let _ = std::fs::remove_dir_all(at);
-    Ok((took, stored))
+    Ok((out, stored))
 }
 
 /// Bytes of the files under `dir`.
