@@ -587,12 +587,7 @@ fn record(
 fn fault_while_recording() {
     static RECORDED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = RECORDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-    if std::env::var("FERRY_FAULT").is_ok_and(|f| f == format!("recording-{n}")) {
-        // SAFETY: sending SIGKILL to ourselves; nothing after this runs.
-        unsafe {
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
-    }
+    ferry_space::sessions::fault(&format!("recording-{n}"));
 }
 
 /// The snapshot failures a run has reported, so that a checkpoint failing the same way again

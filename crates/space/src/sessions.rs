@@ -53,8 +53,9 @@ pub struct Config {
 }
 
 /// Dies like `kill -9` at `step` when `FERRY_FAULT` names it: the fault-injection tests use
-/// this to stop a space at each step of the migration protocol.
-fn fault(step: &str) {
+/// this to stop a space at each step of the migration protocol, and a local run while it
+/// records a snapshot (`recording-<n>`).
+pub fn fault(step: &str) {
     if std::env::var("FERRY_FAULT").is_ok_and(|f| f == step) {
         warn!(step, "fault injection: dying now");
         // SAFETY: sending SIGKILL to ourselves; nothing after this runs.
