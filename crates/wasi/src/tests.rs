@@ -414,21 +414,21 @@ fn files_in_a_mount_and_no_way_out() {
 /// does not read it, and the tree is the same as a reading import's.
 #[test]
 fn a_file_ferry_wrote_itself_is_not_read_again() {
-    use ferry_store::Store;
-
     use crate::tree::{ImportCache, import, import_cached};
     let store = ferry_store::MemStore::new();
     let dir = tempfile::tempdir().unwrap();
-    let zip = vec![3u8; 50_000];
-    let k = store.put(&zip).unwrap();
-    std::fs::write(dir.path().join("python315.zip"), &zip).unwrap();
-    let mut cache = ImportCache::default();
-    cache
-        .remember_written(&dir.path().join("python315.zip"), k)
-        .unwrap();
-    let tree = import_cached(&store, &dir.path().canonicalize().unwrap(), &mut cache, &[]).unwrap();
-    assert_eq!(cache.files_read(), 0);
-    assert_eq!(tree, import(&store, dir.path()).unwrap());
+    for len in [50_000, (3 << 20) + 7] {
+        let zip: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("python315.zip"), &zip).unwrap();
+        let mut cache = ImportCache::default();
+        cache
+            .remember_written(&store, &dir.path().join("python315.zip"), &zip)
+            .unwrap();
+        let tree =
+            import_cached(&store, &dir.path().canonicalize().unwrap(), &mut cache, &[]).unwrap();
+        assert_eq!(cache.files_read(), 0, "{len} bytes");
+        assert_eq!(tree, import(&store, dir.path()).unwrap(), "{len} bytes");
+    }
 }
 
 #[test]
@@ -529,7 +529,7 @@ fn a_saved_import_cache_spares_the_next_run_its_reads() {
     longer.push(0);
     assert!(ImportCache::decode(&longer).is_none());
     let mut other_version = saved.clone();
-    other_version[8] = 2;
+    other_version[8] = 1;
     assert!(ImportCache::decode(&other_version).is_none());
 }
 
@@ -539,7 +539,7 @@ proptest::proptest! {
         data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)
     ) {
         let _ = crate::tree::ImportCache::decode(&data);
-        let mut framed = b"FERRYIMC\x01\x00\x00\x00".to_vec();
+        let mut framed = b"FERRYIMC\x02\x00\x00\x00".to_vec();
         framed.extend_from_slice(&data);
         let _ = crate::tree::ImportCache::decode(&framed);
     }
@@ -568,11 +568,11 @@ fn a_mounted_file_over_the_limit_is_refused_before_it_is_read() {
 /// zeros one object), hashes to the same tree without being stored (what a resume compares),
 /// and comes back byte for byte, sparse where it was zeros.
 #[test]
-fn a_file_over_a_gib_is_stored_in_chunks_and_comes_back_whole() {
+fn a_file_over_a_mib_is_stored_in_chunks_and_comes_back_whole() {
     use std::os::unix::fs::{FileExt, MetadataExt};
     let store = ferry_store::MemStore::new();
     let dir = tempfile::tempdir().unwrap();
-    let len = crate::tree::MAX_BLOB_FILE + 3 * (1 << 20) + 5;
+    let len = (24 << 20) + 5;
     let marks: [(u64, &[u8]); 3] = [(0, b"start"), (len / 2, b"middle"), (len - 3, b"end")];
     let f = std::fs::File::create(dir.path().join("big.bin")).unwrap();
     f.set_len(len).unwrap();
@@ -590,7 +590,7 @@ fn a_file_over_a_gib_is_stored_in_chunks_and_comes_back_whole() {
         &ferry_store::Store::get(&store, &tree.entries["big.bin"].object).unwrap(),
     )
     .unwrap();
-    assert_eq!((file.len, file.chunks.len()), (len, 1028));
+    assert_eq!((file.len, file.chunks.len()), (len, 25));
     // Zeros, three marked chunks, the short last one, the FileChunks, the blob and the tree.
     let objects = ferry_store::Store::list(&store).unwrap().len();
     assert!(objects <= 8, "{objects} objects");
@@ -604,16 +604,77 @@ fn a_file_over_a_gib_is_stored_in_chunks_and_comes_back_whole() {
     crate::tree::materialize(&store, &k, back.path()).unwrap();
     let b = std::fs::File::open(back.path().join("big.bin")).unwrap();
     assert_eq!(b.metadata().unwrap().len(), len);
-    assert!(
-        b.metadata().unwrap().blocks() * 512 < 16 << 20,
-        "holes kept"
-    );
+    assert!(b.metadata().unwrap().blocks() * 512 < 8 << 20, "holes kept");
     for (at, bytes) in marks {
         let mut got = vec![0u8; bytes.len()];
         b.read_exact_at(&mut got, at).unwrap();
         assert_eq!(got, bytes);
     }
     assert_eq!(crate::tree::import(&store, back.path()).unwrap(), k);
+}
+
+/// A big file changed in one place costs the next snapshot one new piece, not the file
+/// again; a snapshot taken when files up to 1 GiB were one blob still matches its unchanged
+/// directory, and no longer once the directory changes.
+#[test]
+fn a_big_file_changed_in_one_place_stores_one_piece_and_older_trees_still_match() {
+    use crate::tree::{ImportCache, import_cached, matches_tree, tree_kappa};
+    use std::os::unix::fs::FileExt;
+    let store = ferry_store::MemStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let big: Vec<u8> = (0..40u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(root.join("db.bin"), &big).unwrap();
+    std::fs::write(root.join("small.txt"), "small").unwrap();
+    let first = import_cached(&store, &root, &mut ImportCache::default(), &[]).unwrap();
+    let bytes = |s: &ferry_store::MemStore| -> u64 {
+        let st: &dyn ferry_store::Store = s;
+        st.list()
+            .unwrap()
+            .iter()
+            .map(|k| st.get(k).unwrap().len() as u64)
+            .sum()
+    };
+    let before = bytes(&store);
+    assert!(before >= 40 << 20, "{before}");
+    std::fs::File::options()
+        .write(true)
+        .open(root.join("db.bin"))
+        .unwrap()
+        .write_all_at(b"changed", 17 << 20)
+        .unwrap();
+    let second = import_cached(&store, &root, &mut ImportCache::default(), &[]).unwrap();
+    assert_ne!(second, first);
+    let added = bytes(&store) - before;
+    assert!(
+        added > 1 << 20 && added < (1 << 20) + 8192,
+        "one 1 MiB piece, the piece list and the tree: {added} bytes"
+    );
+
+    // The older form: the same directory hashed as ferry before 2026-12-03 stored it.
+    let mut older = ImportCache::default().in_legacy_form();
+    let legacy = tree_kappa(&store, &root, &mut older, &[]).unwrap();
+    assert_ne!(legacy, second, "one blob, not pieces");
+    let tree: ferry_object::Tree = ferry_object::decode(
+        &crate::tree::import_cached(
+            &store,
+            &root,
+            &mut ImportCache::default().in_legacy_form(),
+            &[],
+        )
+        .map(|k| ferry_store::Store::get(&store, &k).unwrap())
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!((tree.v, tree.entries["db.bin"].mode.as_str()), (1, "file"));
+    let mut cache = ImportCache::default();
+    assert!(matches_tree(&store, &root, &mut cache, &[], &second).unwrap());
+    assert!(matches_tree(&store, &root, &mut cache, &[], &legacy).unwrap());
+    assert!(!matches_tree(&store, &root, &mut cache, &[], &first).unwrap());
+    std::fs::write(root.join("small.txt"), "changed").unwrap();
+    assert!(!matches_tree(&store, &root, &mut cache, &[], &legacy).unwrap());
 }
 
 /// A tree whose entries do not fit its version, or a chunked file whose chunks do not fit
@@ -656,7 +717,7 @@ fn a_tree_or_chunked_file_that_does_not_add_up_is_refused() {
             tree(2, "file", put(b"x")),
             "whose entries make it version 1",
         ),
-        (tree(2, MODE_FILE_CHUNKS, file), "lists 1 chunks, not 1025"),
+        (tree(2, MODE_FILE_CHUNKS, file), "lists 1 chunks, not 2"),
         (tree(3, "file", put(b"x")), "format version 3"),
     ];
     for (k, why) in cases {

@@ -16,9 +16,13 @@ use ferry_store::Store;
 
 /// Deepest directory nesting imported or materialized.
 pub const MAX_DEPTH: usize = 64;
-/// Largest file stored as one blob (1 GiB), read whole into memory; a larger one is stored
-/// as a [`FileChunks`], read and stored 1 MiB at a time.
-pub const MAX_BLOB_FILE: u64 = 1 << 30;
+/// Largest file stored as one blob (1 MiB, one piece); a larger one is stored as a
+/// [`FileChunks`], read and stored 1 MiB at a time, so a snapshot of a big file changed in
+/// a few places stores only the pieces that changed.
+pub const MAX_BLOB_FILE: u64 = FILE_CHUNK_SIZE as u64;
+/// Largest file stored as one blob by ferry before 2026-12-03 (1 GiB): a resume of such a
+/// snapshot compares a mount in that form too ([`matches_tree`]).
+pub const LEGACY_MAX_BLOB_FILE: u64 = 1 << 30;
 /// Largest file a snapshot carries from a mount (1 TiB).
 pub const MAX_FILE: u64 = ferry_object::MAX_CHUNKED_FILE;
 /// Pieces of a chunked file read and stored at a time (16 MiB).
@@ -92,11 +96,42 @@ pub fn tree_kappa(
     import_at(Sink::HashOnly(store), dir, 0, cache, skip)
 }
 
+/// Whether `dir` (paths in `skip` aside) holds what tree `want` holds: its κ as
+/// [`tree_kappa`] computes it, or — when a file of `dir` is one that ferry before 2026-12-03
+/// stored as a blob and ferry now stores in pieces — its κ in that older form, so a snapshot
+/// taken then still finds its unchanged directory unchanged. Equal κ in either form means
+/// equal content.
+pub fn matches_tree(
+    store: &dyn Store,
+    dir: &Path,
+    cache: &mut ImportCache,
+    skip: &[PathBuf],
+    want: &Kappa,
+) -> Result<bool, TreeError> {
+    if tree_kappa(store, dir, cache, skip)? == *want {
+        return Ok(true);
+    }
+    let legacy = |len| len > MAX_BLOB_FILE && len <= LEGACY_MAX_BLOB_FILE;
+    if first_file(dir, skip, legacy).is_none() {
+        return Ok(false);
+    }
+    let mut older = cache.in_legacy_form();
+    let same = tree_kappa(store, dir, &mut older, skip)? == *want;
+    cache.reads += older.reads;
+    Ok(same)
+}
+
 /// The first file under `dir` (paths in `skip` aside) too large for a snapshot to carry
 /// ([`MAX_FILE`]), with its length. Only looks at metadata, never reads a file; a directory
 /// it cannot list, or nesting past [`MAX_DEPTH`], ends the search quietly (an import would
 /// report it).
 pub fn first_too_large(dir: &Path, skip: &[PathBuf]) -> Option<(PathBuf, u64)> {
+    first_file(dir, skip, |len| len > MAX_FILE)
+}
+
+/// The first file under `dir` (paths in `skip` aside) whose length `pick` picks, as
+/// [`first_too_large`] looks.
+fn first_file(dir: &Path, skip: &[PathBuf], pick: impl Fn(u64) -> bool) -> Option<(PathBuf, u64)> {
     let mut todo = vec![(dir.to_path_buf(), 0)];
     while let Some((d, depth)) = todo.pop() {
         for e in fs::read_dir(&d).ok()?.flatten() {
@@ -109,7 +144,7 @@ pub fn first_too_large(dir: &Path, skip: &[PathBuf]) -> Option<(PathBuf, u64)> {
             };
             if md.is_dir() && depth < MAX_DEPTH {
                 todo.push((p, depth + 1));
-            } else if md.is_file() && md.len() > MAX_FILE {
+            } else if md.is_file() && pick(md.len()) {
                 return Some((p, md.len()));
             }
         }
@@ -160,6 +195,9 @@ pub struct ImportCache {
     reads: u64,
     /// How old files must be to be remembered ([`SETTLED`] unless a test says otherwise).
     settled: Option<Duration>,
+    /// Largest file stored as one blob ([`MAX_BLOB_FILE`] unless this cache computes the
+    /// form of older snapshots, [`ImportCache::in_legacy_form`]).
+    blob_limit: Option<u64>,
 }
 
 /// How old a file's times must be before [`ImportCache`] trusts them.
@@ -204,12 +242,14 @@ pub const IMPORT_CACHE_FILE: &str = "import-cache";
 /// Most files a saved [`ImportCache`] keeps (the rest are read again when next seen).
 pub const MAX_SAVED: usize = 200_000;
 const CACHE_MAGIC: &[u8; 8] = b"FERRYIMC";
-const CACHE_VERSION: u32 = 1;
+/// Version 2 since files over 1 MiB are pieces: a version 1 cache names blobs of files
+/// up to 1 GiB, so it is dropped.
+const CACHE_VERSION: u32 = 2;
 const MAX_PATH: usize = 4096;
 
 impl ImportCache {
     /// The files remembered, as bytes for [`ImportCache::decode`] (at most [`MAX_SAVED`]):
-    /// `"FERRYIMC"`, u32 version 1, u32 count, then per file u16 path length, the absolute
+    /// `"FERRYIMC"`, u32 version 2, u32 count, then per file u16 path length, the absolute
     /// path's bytes, u64 device, inode and length, i64 seconds and nanoseconds of the
     /// modification and status-change times, the 32-byte κ; little-endian.
     pub fn encode(&self) -> Vec<u8> {
@@ -324,13 +364,27 @@ impl ImportCache {
         }
     }
 
-    /// Remembers the file at `p` as holding κ `k` at once, without waiting for its times to
-    /// settle: for a file ferry itself has just written whole from that object, in a
-    /// directory of its own that nothing else writes (a Python runtime's standard library
-    /// under `<store>/runtimes/`), so even the first snapshot that mounts it need not read it.
-    pub fn remember_written(&mut self, p: &Path, k: Kappa) -> std::io::Result<()> {
-        let p = p.canonicalize()?;
-        let md = fs::symlink_metadata(&p)?;
+    /// Stores `bytes` in the form an import stores a file (a blob, or pieces over
+    /// [`MAX_BLOB_FILE`]) and remembers the file at `p` as holding them at once, without
+    /// waiting for its times to settle: for a file ferry itself has just written whole with
+    /// `bytes`, in a directory of its own that nothing else writes (a Python runtime's
+    /// standard library under `<store>/runtimes/`), so even the first snapshot that mounts it
+    /// need not read it.
+    pub fn remember_written(
+        &mut self,
+        store: &dyn Store,
+        p: &Path,
+        bytes: &[u8],
+    ) -> Result<(), TreeError> {
+        let p = p.canonicalize().map_err(io(p))?;
+        let md = fs::symlink_metadata(&p).map_err(io(&p))?;
+        let sink = Sink::Store(store);
+        let k = if bytes.len() as u64 <= self.blob_limit() {
+            sink.put(bytes)?
+        } else {
+            let pieces: Vec<&[u8]> = bytes.chunks(FILE_CHUNK_SIZE as usize).collect();
+            put_file_chunks(sink, bytes.len() as u64, sink.put_many(&pieces)?)?
+        };
         self.files.insert(p, (Stamp::of(&md), k));
         Ok(())
     }
@@ -338,6 +392,27 @@ impl ImportCache {
     /// Files read (not taken from the cache) so far.
     pub fn files_read(&self) -> u64 {
         self.reads
+    }
+
+    /// A cache computing trees in the form of ferry before 2026-12-03 (files up to
+    /// [`LEGACY_MAX_BLOB_FILE`] one blob), knowing the files this one knows whose form is
+    /// the same in both (up to [`MAX_BLOB_FILE`]).
+    pub(crate) fn in_legacy_form(&self) -> Self {
+        Self {
+            files: self
+                .files
+                .iter()
+                .filter(|(_, (stamp, _))| stamp.len <= MAX_BLOB_FILE)
+                .map(|(p, v)| (p.clone(), *v))
+                .collect(),
+            reads: 0,
+            settled: self.settled,
+            blob_limit: Some(LEGACY_MAX_BLOB_FILE),
+        }
+    }
+
+    fn blob_limit(&self) -> u64 {
+        self.blob_limit.unwrap_or(MAX_BLOB_FILE)
     }
 
     /// The κ of the file at `p`, reading it only when it may have changed, and whether it is
@@ -349,19 +424,20 @@ impl ImportCache {
         md: &fs::Metadata,
     ) -> Result<(Kappa, bool), TreeError> {
         let stamp = Stamp::of(md);
+        let limit = self.blob_limit();
         if let Some((seen, k)) = self.files.get(p)
             && *seen == stamp
             && store.has(k)?
         {
             // Unchanged since it was stored: the same length, so the same form.
-            return Ok((*k, seen.len > MAX_BLOB_FILE));
+            return Ok((*k, seen.len > limit));
         }
         if md.len() > MAX_FILE {
             return Err(TreeError::TooLarge(p.display().to_string(), md.len()));
         }
         self.reads += 1;
-        let (k, chunked) = if md.len() > MAX_BLOB_FILE {
-            put_chunked(store, p)?
+        let (k, chunked) = if md.len() > limit {
+            put_chunked(store, p, limit)?
         } else {
             (store.put(&fs::read(p).map_err(io(p))?)?, false)
         };
@@ -375,11 +451,11 @@ impl ImportCache {
     }
 }
 
-/// Stores the file at `p` (over [`MAX_BLOB_FILE`] when it was looked at) as a
-/// [`FileChunks`], 1 MiB at a time; its κ. A file that shrank to [`MAX_BLOB_FILE`] or less
-/// meanwhile is stored as one blob after all (each content has one form, so one κ), and the
-/// caller's check of its times then finds it changed. Whether it was stored chunked.
-fn put_chunked(store: Sink<'_>, p: &Path) -> Result<(Kappa, bool), TreeError> {
+/// Stores the file at `p` (over `limit` when it was looked at) as a [`FileChunks`], 1 MiB
+/// at a time; its κ. A file that shrank to `limit` or less meanwhile is stored as one blob
+/// after all (each content has one form, so one κ), and the caller's check of its times
+/// then finds it changed. Whether it was stored chunked.
+fn put_chunked(store: Sink<'_>, p: &Path, limit: u64) -> Result<(Kappa, bool), TreeError> {
     use std::io::Read;
     let mut f = fs::File::open(p).map_err(io(p))?;
     let mut chunks = Vec::new();
@@ -405,9 +481,14 @@ fn put_chunked(store: Sink<'_>, p: &Path) -> Result<(Kappa, bool), TreeError> {
             break;
         }
     }
-    if len <= MAX_BLOB_FILE {
+    if len <= limit {
         return Ok((store.put(&fs::read(p).map_err(io(p))?)?, false));
     }
+    Ok((put_file_chunks(store, len, chunks)?, true))
+}
+
+/// Stores the [`FileChunks`] of a `len`-byte file whose pieces are `chunks`; its κ.
+fn put_file_chunks(store: Sink<'_>, len: u64, chunks: Vec<Kappa>) -> Result<Kappa, TreeError> {
     let (kind, v) = ferry_object::header::<FileChunks>();
     let file = FileChunks {
         kind,
@@ -416,7 +497,7 @@ fn put_chunked(store: Sink<'_>, p: &Path) -> Result<(Kappa, bool), TreeError> {
         chunk_size: FILE_CHUNK_SIZE,
         chunks,
     };
-    Ok((store.put(&ferry_object::encode(&file))?, true))
+    Ok(store.put(&ferry_object::encode(&file))?)
 }
 
 fn import_at(

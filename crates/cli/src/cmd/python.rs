@@ -519,9 +519,10 @@ pub fn place_stdlib(store: &dyn Store, dir: &Path, version: &str, lib: Kappa) ->
             })
             .with_context(|| format!("cannot write {}", tmp.display()))?;
         std::fs::rename(&tmp, &file)?;
-        // A run's first snapshot imports this directory: it need not read the zip again.
+        // A run's first snapshot imports this directory: it need not read the zip again (its
+        // pieces are stored now, as that import would store them).
         let mut known = ferry_wasi::tree::ImportCache::saved_in(store);
-        if known.remember_written(&file, lib).is_ok() {
+        if known.remember_written(store, &file, &bytes).is_ok() {
             let _ = known.save_in(store);
         }
     }

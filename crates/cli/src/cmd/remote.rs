@@ -158,8 +158,8 @@ fn read_stdin_file(path: &std::path::Path) -> Result<Vec<u8>> {
     Ok(data)
 }
 
-/// Largest stdin `--stdin` sends (as one blob, like a mounted file).
-const MAX_STDIN: u64 = ferry_wasi::tree::MAX_BLOB_FILE;
+/// Largest stdin `--stdin` sends (1 GiB, as one blob).
+const MAX_STDIN: u64 = 1 << 30;
 
 /// `ferry --space URL ps`.
 pub fn ps(settings: &Settings) -> Result<ExitCode> {

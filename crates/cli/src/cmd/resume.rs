@@ -102,9 +102,9 @@ fn admit_mount(
     let root = dir.canonicalize().unwrap_or_else(|_| dir.clone());
     let mut skip: Vec<_> = m.not_carried.iter().map(|p| root.join(p)).collect();
     skip.extend_from_slice(own_output);
-    let now = ferry_wasi::tree::tree_kappa(store, &root, known, &skip)
+    let same = ferry_wasi::tree::matches_tree(store, &root, known, &skip, &m.tree)
         .with_context(|| format!("reading {}", dir.display()))?;
-    if now != m.tree && !allow_changed {
+    if !same && !allow_changed {
         return Err(refused(
             Stage::Admitting,
             format!(

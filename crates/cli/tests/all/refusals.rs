@@ -255,16 +255,16 @@ fn a_file_too_large_to_carry_is_reported_at_start() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("done "));
 }
 
-/// A file over 1 GiB in a carried mount (stored as 1 MiB chunks, never read whole) goes with
-/// the snapshot: resumed into an empty directory, it comes back byte for byte, sparse where
-/// it was, and the program finishes.
+/// A big file in a carried mount (over 1 MiB: stored as 1 MiB chunks, never read whole) goes
+/// with the snapshot: resumed into an empty directory, it comes back byte for byte, sparse
+/// where it was, and the program finishes.
 #[test]
-fn a_file_over_a_gib_in_a_mount_is_carried_in_chunks() {
+fn a_big_file_in_a_mount_is_carried_in_chunks() {
     use std::os::unix::fs::{FileExt, MetadataExt};
     let env = Env::new();
     let g = guest("wasm/files.wasm");
     let (d, dir) = env.data_dir("data");
-    let len = ferry_wasi::tree::MAX_BLOB_FILE + 3 * (1 << 20) + 5;
+    let len = (24 << 20) + 5;
     let marks: [(u64, &[u8]); 3] = [(0, b"start"), (len / 2, b"middle"), (len - 3, b"end")];
     let big = std::fs::File::create(d.join("big.bin")).unwrap();
     big.set_len(len).unwrap();
@@ -286,7 +286,7 @@ fn a_file_over_a_gib_in_a_mount_is_carried_in_chunks() {
     let back = std::fs::File::open(fresh.join("big.bin")).unwrap();
     assert_eq!(back.metadata().unwrap().len(), len);
     assert!(
-        back.metadata().unwrap().blocks() * 512 < 16 << 20,
+        back.metadata().unwrap().blocks() * 512 < 8 << 20,
         "holes kept"
     );
     for (at, bytes) in marks {
