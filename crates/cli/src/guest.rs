@@ -3,6 +3,7 @@
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -665,6 +666,7 @@ pub fn install_signals(control: &Arc<Control>, before_start: &'static str) -> Re
     let c = control.clone();
     std::thread::spawn(move || {
         let mut interrupts = 0;
+        let watching = Arc::new(AtomicBool::new(false));
         for sig in signals.forever() {
             match sig {
                 SIGUSR1 => c.request(Request::Checkpoint),
@@ -690,12 +692,85 @@ pub fn install_signals(control: &Arc<Control>, before_start: &'static str) -> Re
                         eprintln!("ferry: interrupted again; exiting without a snapshot");
                         std::process::exit(130);
                     }
+                    if interrupts == 2 && c.writing().is_some() {
+                        eprintln!(
+                            "ferry: still writing the snapshot; interrupt once more to exit \
+                             without it (the run's last snapshot, if any, stays resumable)"
+                        );
+                    }
                     c.request(Request::Suspend);
+                    if !watching.swap(true, Ordering::SeqCst) {
+                        watch_suspend(c.clone(), watching.clone());
+                    }
                 }
             }
         }
     });
     Ok(())
+}
+
+/// How long a suspend's snapshot may take before [`watch_suspend`] says what it is doing:
+/// `FERRY_PROGRESS_AFTER_MS`, 1000 unless set (tests set 0).
+fn progress_after() -> Duration {
+    let ms = std::env::var("FERRY_PROGRESS_AFTER_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    Duration::from_millis(ms)
+}
+
+/// Says on stderr, every 2 s once a suspend's snapshot has taken [`progress_after`], that it
+/// is still being written and how much of the mounted directories it has read (a first
+/// snapshot of a big data set reads it all), so that a long suspend is not taken for a hung
+/// one and interrupted unsaved. Ends, clearing `watching`, once no snapshot is being written
+/// or asked for (the suspend failed: the guest runs on).
+fn watch_suspend(c: Arc<Control>, watching: Arc<AtomicBool>) {
+    let after = progress_after();
+    let poll = Duration::from_millis(if after.is_zero() { 5 } else { 50 });
+    std::thread::spawn(move || {
+        let mut seen = false;
+        let mut next = Duration::ZERO;
+        loop {
+            std::thread::sleep(poll);
+            match c.writing() {
+                Some((took, read)) => {
+                    seen = true;
+                    if took >= after && took >= next {
+                        next = took + Duration::from_secs(2);
+                        let files = match read {
+                            0 => String::new(),
+                            b => format!("; {} MiB of mounted files read", b >> 20),
+                        };
+                        eprintln!(
+                            "ferry: still writing the snapshot ({:.0} s{files})",
+                            took.as_secs_f64()
+                        );
+                    }
+                }
+                None if seen && c.pending() == Request::None => {
+                    watching.store(false, Ordering::SeqCst);
+                    return;
+                }
+                None => {}
+            }
+        }
+    });
+}
+
+/// Until `done`, says `what()` on stderr once a second has passed and every 2 s after: progress
+/// of long work before the guest runs (writing a snapshot's directory back).
+pub fn report_progress(done: &AtomicBool, what: impl Fn() -> String) {
+    let started = std::time::Instant::now();
+    let after = progress_after();
+    let mut next = after;
+    while !done.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+        let took = started.elapsed();
+        if took >= next && !done.load(Ordering::SeqCst) {
+            next = took + Duration::from_secs(2);
+            eprintln!("ferry: {}", what());
+        }
+    }
 }
 
 /// After a hangup, those of stdout and stderr that were the terminal (`terminals`) go to

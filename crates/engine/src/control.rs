@@ -73,6 +73,33 @@ pub struct Control {
     pre_write_checkpoints: AtomicBool,
     /// The running pre-writer, if any.
     pre_writer: Mutex<Option<Arc<crate::incremental::Waker>>>,
+    /// When the snapshot being written now began (its request was taken), if one is (see
+    /// [`Control::writing`]).
+    writing_since: Mutex<Option<Instant>>,
+    /// Bytes of mounted files the snapshot being written has read so far.
+    files_read: Arc<AtomicU64>,
+}
+
+/// Marks a snapshot as being written (see [`Control::writing`]) until dropped.
+pub(crate) struct Writing<'a> {
+    control: &'a Control,
+}
+
+impl Writing<'_> {
+    /// The counter of mounted-file bytes read for this snapshot.
+    pub(crate) fn files_read(&self) -> Arc<AtomicU64> {
+        self.control.files_read.clone()
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        *self
+            .control
+            .writing_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+    }
 }
 
 /// Checks in flight and the first that failed.
@@ -356,6 +383,25 @@ impl Control {
         self.timing().pauses.clone()
     }
 
+    /// Marks the snapshot [`Control::take`] asked for as being written until the returned
+    /// guard is dropped.
+    pub(crate) fn begin_writing(&self) -> Writing<'_> {
+        self.files_read.store(0, Ordering::Relaxed);
+        self.writing_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(Instant::now);
+        Writing { control: self }
+    }
+
+    /// The snapshot being written now, if any: how long it has taken so far and how many
+    /// bytes of mounted files it has read (a first snapshot of a big directory reads it all;
+    /// later ones only the files that changed). A CLI shows it when a suspend takes long.
+    pub fn writing(&self) -> Option<(Duration, u64)> {
+        let since = (*self.writing_since.lock().unwrap_or_else(|p| p.into_inner()))?;
+        Some((since.elapsed(), self.files_read.load(Ordering::Relaxed)))
+    }
+
     /// The pending request.
     pub fn pending(&self) -> Request {
         Request::from_u8(self.request.load(Ordering::SeqCst))
@@ -376,7 +422,11 @@ impl Control {
             t.to_safe_point.push(at.elapsed());
         }
         if !matches!(r, Request::None | Request::Probe) {
-            t.stopped_at = Some(Instant::now());
+            let now = Instant::now();
+            t.stopped_at = Some(now);
+            // A snapshot is written from here on (see `begin_writing`): no gap in which one
+            // is asked for and none is being written.
+            *self.writing_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
         }
         r
     }

@@ -306,8 +306,17 @@ impl Runtime {
                         }
                         // Nothing is written from a guest whose snapshot is still being checked.
                         control.wait_checked()?;
-                        let written =
-                            snapshot::write(inst, store, &meta, prepared, name, &mut dirty);
+                        let writing = control.begin_writing();
+                        let written = snapshot::write(
+                            inst,
+                            store,
+                            &meta,
+                            prepared,
+                            name,
+                            &mut dirty,
+                            writing.files_read(),
+                        );
+                        drop(writing);
                         let ok = written.as_ref().ok().copied();
                         let failed = written.as_ref().err().map(ToString::to_string);
                         on_snapshot(written, reason);

@@ -147,6 +147,7 @@ pub(crate) fn write(
     prepared: &Prepared,
     entry: &str,
     dirty: &mut crate::incremental::Incremental,
+    files_read: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> Result<Kappa, EngineError> {
     let fail =
         |step: &str, e: &dyn std::fmt::Display| EngineError::Capture(step.into(), e.to_string());
@@ -177,7 +178,9 @@ pub(crate) fn write(
     // one reads and hashes files, the other mostly waits for the disk.
     let started = std::time::Instant::now();
     let mut tree_cache = std::mem::take(&mut dirty.trees);
+    tree_cache.count_bytes_into(Some(files_read));
     let load_saved = !std::mem::replace(&mut dirty.trees_loaded, true);
+    let mut read_before = 0;
     let (trees, memories) = std::thread::scope(|s| {
         let importer = s.spawn(|| {
             // What earlier runs stored (a 50 MB standard library, a data set) is not read
@@ -185,7 +188,7 @@ pub(crate) fn write(
             if load_saved && !mounts.is_empty() {
                 tree_cache.absorb(ferry_wasi::tree::ImportCache::saved_in(store));
             }
-            let read_before = tree_cache.files_read();
+            read_before = tree_cache.files_read();
             let trees = mounts
                 .iter()
                 .zip(&not_carried)
@@ -221,6 +224,8 @@ pub(crate) fn write(
         let trees = importer.join().expect("mount import thread");
         (trees.map_err(|e| fail("mount", &e)), Ok(memories))
     });
+    tree_cache.count_bytes_into(None);
+    let files_read = tree_cache.files_read() - read_before;
     dirty.trees = tree_cache;
     let (trees, memories) = (trees?, memories?);
 
@@ -279,7 +284,7 @@ pub(crate) fn write(
         .map_err(|e| fail("snapshot", &e))?;
     let stored = started.elapsed();
     store.sync().map_err(|e| fail("sync", &e))?;
-    info!(snapshot = %k, written_ms = stored.as_millis(), total_ms = started.elapsed().as_millis(), "snapshot written");
+    info!(snapshot = %k, written_ms = stored.as_millis(), total_ms = started.elapsed().as_millis(), files_read, "snapshot written");
     Ok(k)
 }
 

@@ -521,8 +521,15 @@ impl Sessions {
             .mount(guest, read_only)
             .map_err(ApiError::forbidden)?;
         let dir = Self::mount_dir(&grant.root, id, index)?;
-        ferry_wasi::tree::materialize(self.store.as_ref(), tree, &dir)
+        // The files written are remembered: the session's next snapshot does not read them.
+        let store = self.store.as_ref();
+        let mut known = ferry_wasi::tree::ImportCache::saved_in(store);
+        ferry_wasi::tree::materialize(store, tree, &dir)
+            .and_then(|()| ferry_wasi::tree::remember_tree(store, tree, &dir, &mut known))
             .map_err(|e| ApiError::unprocessable(format!("mount `{guest}`: tree {tree}: {e}")))?;
+        if let Err(e) = known.save_in(store) {
+            warn!(session = %id, error = %e, "could not save the mount import cache");
+        }
         Ok(MountSpec {
             guest_path: guest.to_owned(),
             host_dir: dir,

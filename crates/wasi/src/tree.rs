@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_kappa::Kappa;
@@ -198,6 +200,9 @@ pub struct ImportCache {
     /// Largest file stored as one blob ([`MAX_BLOB_FILE`] unless this cache computes the
     /// form of older snapshots, [`ImportCache::in_legacy_form`]).
     blob_limit: Option<u64>,
+    /// Where the bytes of files read are counted, if anywhere
+    /// ([`ImportCache::count_bytes_into`]).
+    bytes_read: Option<Arc<AtomicU64>>,
 }
 
 /// How old a file's times must be before [`ImportCache`] trusts them.
@@ -389,6 +394,31 @@ impl ImportCache {
         Ok(())
     }
 
+    /// Remembers the file at `p`, just written whole from object `k`, dating it [`SETTLED`]
+    /// back first (see [`remember_tree`]); whether it did.
+    /// A file in another form than this cache's ([`LEGACY_MAX_BLOB_FILE`]: a blob over
+    /// 1 MiB, from an older snapshot) is left to be read: its κ is not what an import gives.
+    fn remember_materialized(
+        &mut self,
+        p: &Path,
+        k: Kappa,
+        chunked: bool,
+    ) -> Result<bool, TreeError> {
+        let len = fs::symlink_metadata(p).map_err(io(p))?.len();
+        if chunked != (len > self.blob_limit()) {
+            return Ok(false);
+        }
+        let back = SystemTime::now() - SETTLED;
+        fs::File::options()
+            .write(true)
+            .open(p)
+            .and_then(|f| f.set_times(fs::FileTimes::new().set_modified(back)))
+            .map_err(io(p))?;
+        let md = fs::symlink_metadata(p).map_err(io(p))?;
+        self.files.insert(p.to_path_buf(), (Stamp::of(&md), k));
+        Ok(true)
+    }
+
     /// Files read (not taken from the cache) so far.
     pub fn files_read(&self) -> u64 {
         self.reads
@@ -408,7 +438,14 @@ impl ImportCache {
             reads: 0,
             settled: self.settled,
             blob_limit: Some(LEGACY_MAX_BLOB_FILE),
+            bytes_read: self.bytes_read.clone(),
         }
+    }
+
+    /// Adds the bytes of every file this cache reads from now on to `counter` (none: stop),
+    /// as it reads them: progress a long import can show.
+    pub fn count_bytes_into(&mut self, counter: Option<Arc<AtomicU64>>) {
+        self.bytes_read = counter;
     }
 
     fn blob_limit(&self) -> u64 {
@@ -436,10 +473,15 @@ impl ImportCache {
             return Err(TreeError::TooLarge(p.display().to_string(), md.len()));
         }
         self.reads += 1;
+        let counter = self.bytes_read.as_deref();
         let (k, chunked) = if md.len() > limit {
-            put_chunked(store, p, limit)?
+            put_chunked(store, p, limit, counter)?
         } else {
-            (store.put(&fs::read(p).map_err(io(p))?)?, false)
+            let bytes = fs::read(p).map_err(io(p))?;
+            if let Some(c) = counter {
+                c.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+            (store.put(&bytes)?, false)
         };
         let after = fs::symlink_metadata(p).map(|m| Stamp::of(&m)).ok();
         if after == Some(stamp) && stamp.older_than(self.settled.unwrap_or(SETTLED)) {
@@ -452,10 +494,16 @@ impl ImportCache {
 }
 
 /// Stores the file at `p` (over `limit` when it was looked at) as a [`FileChunks`], 1 MiB
-/// at a time; its κ. A file that shrank to `limit` or less meanwhile is stored as one blob
-/// after all (each content has one form, so one κ), and the caller's check of its times
-/// then finds it changed. Whether it was stored chunked.
-fn put_chunked(store: Sink<'_>, p: &Path, limit: u64) -> Result<(Kappa, bool), TreeError> {
+/// at a time, adding the bytes read to `counter` as it goes; its κ. A file that shrank to
+/// `limit` or less meanwhile is stored as one blob after all (each content has one form, so
+/// one κ), and the caller's check of its times then finds it changed. Whether it was stored
+/// chunked.
+fn put_chunked(
+    store: Sink<'_>,
+    p: &Path,
+    limit: u64,
+    counter: Option<&AtomicU64>,
+) -> Result<(Kappa, bool), TreeError> {
     use std::io::Read;
     let mut f = fs::File::open(p).map_err(io(p))?;
     let mut chunks = Vec::new();
@@ -477,6 +525,9 @@ fn put_chunked(store: Sink<'_>, p: &Path, limit: u64) -> Result<(Kappa, bool), T
         }
         let pieces: Vec<&[u8]> = buf[..filled].chunks(FILE_CHUNK_SIZE as usize).collect();
         chunks.extend(store.put_many(&pieces)?);
+        if let Some(c) = counter {
+            c.fetch_add(filled as u64, Ordering::Relaxed);
+        }
         if filled < buf.len() {
             break;
         }
@@ -558,7 +609,58 @@ fn import_at(
 
 /// Writes tree κ into `dir` (created if missing; existing files are overwritten).
 pub fn materialize(store: &dyn Store, kappa: &Kappa, dir: &Path) -> Result<(), TreeError> {
-    materialize_at(store, kappa, dir, 0)
+    materialize_at(store, kappa, dir, 0, None)
+}
+
+/// [`materialize`] that adds the bytes of each file to `written` as it writes them: progress
+/// a long write-back can show.
+pub fn materialize_counting(
+    store: &dyn Store,
+    kappa: &Kappa,
+    dir: &Path,
+    written: &AtomicU64,
+) -> Result<(), TreeError> {
+    materialize_at(store, kappa, dir, 0, Some(written))
+}
+
+/// Tells `cache` what each file of `dir`, just written from tree κ by [`materialize`] (and
+/// perhaps moved there whole since), holds, so that the next snapshot of `dir` does not read
+/// them again (a resume into an empty directory writes a data set back; its first snapshot
+/// would otherwise read it all); the number of files remembered. Each file is dated
+/// [`SETTLED`] back first: any later write to it, even in the same coarse timestamp tick,
+/// then sets another modification time, so the stamp remembered can be trusted at once.
+/// (Kernels with multigrain timestamps, Linux ≥ 6.13 on ext4, xfs, btrfs and tmpfs, already
+/// give a change after a `stat` a later time; older ones need the back-dating.) The files'
+/// modification times are therefore those of the resume, less [`SETTLED`]: a tree carries
+/// no times. A file whose κ is not what an import gives now (a blob over 1 MiB, from an
+/// older snapshot) is left to be read.
+pub fn remember_tree(
+    store: &dyn Store,
+    kappa: &Kappa,
+    dir: &Path,
+    cache: &mut ImportCache,
+) -> Result<u64, TreeError> {
+    let root = dir.canonicalize().map_err(io(dir))?;
+    let mut todo = vec![(*kappa, root, 0)];
+    let mut remembered = 0;
+    while let Some((k, d, depth)) = todo.pop() {
+        if depth > MAX_DEPTH {
+            return Err(TreeError::TooDeep(d.display().to_string()));
+        }
+        let tree: Tree = ferry_object::decode(&store.get(&k)?)?;
+        for (name, e) in &tree.entries {
+            let p = d.join(name);
+            match e.mode.as_str() {
+                MODE_DIR => todo.push((e.object, p, depth + 1)),
+                MODE_SYMLINK => {}
+                _ => {
+                    remembered +=
+                        u64::from(cache.remember_materialized(&p, e.object, e.chunked())?)
+                }
+            }
+        }
+    }
+    Ok(remembered)
 }
 
 fn materialize_at(
@@ -566,6 +668,7 @@ fn materialize_at(
     kappa: &Kappa,
     dir: &Path,
     depth: usize,
+    written: Option<&AtomicU64>,
 ) -> Result<(), TreeError> {
     if depth > MAX_DEPTH {
         return Err(TreeError::TooDeep(dir.display().to_string()));
@@ -584,14 +687,20 @@ fn materialize_at(
         }
         let p = dir.join(name);
         match e.mode.as_str() {
-            MODE_DIR => materialize_at(store, &e.object, &p, depth + 1)?,
+            MODE_DIR => materialize_at(store, &e.object, &p, depth + 1, written)?,
             MODE_SYMLINK => {
                 let t = String::from_utf8_lossy(&store.get(&e.object)?).into_owned();
                 let _ = fs::remove_file(&p);
                 std::os::unix::fs::symlink(t, &p).map_err(io(&p))?;
             }
-            MODE_FILE | MODE_EXEC => fs::write(&p, store.get(&e.object)?).map_err(io(&p))?,
-            _ => write_chunked(store, &e.object, &p)?,
+            MODE_FILE | MODE_EXEC => {
+                let bytes = store.get(&e.object)?;
+                fs::write(&p, &bytes).map_err(io(&p))?;
+                if let Some(w) = written {
+                    w.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                }
+            }
+            _ => write_chunked(store, &e.object, &p, written)?,
         }
         if e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS {
             fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).map_err(io(&p))?;
@@ -602,7 +711,12 @@ fn materialize_at(
 
 /// Writes the chunked file `k` to `p`: the chunks of zeros as holes (the file is sparse
 /// where it was likely sparse), the others as they are.
-fn write_chunked(store: &dyn Store, k: &Kappa, p: &Path) -> Result<(), TreeError> {
+fn write_chunked(
+    store: &dyn Store,
+    k: &Kappa,
+    p: &Path,
+    written: Option<&AtomicU64>,
+) -> Result<(), TreeError> {
     use std::os::unix::fs::FileExt;
     let file: FileChunks = ferry_object::decode(&store.get(k)?)?;
     file.check()
@@ -624,6 +738,9 @@ fn write_chunked(store: &dyn Store, k: &Kappa, p: &Path) -> Result<(), TreeError
         }
         f.write_all_at(&bytes, i as u64 * u64::from(FILE_CHUNK_SIZE))
             .map_err(io(p))?;
+        if let Some(w) = written {
+            w.fetch_add(len, Ordering::Relaxed);
+        }
     }
     f.set_len(file.len).map_err(io(p))?;
     Ok(())

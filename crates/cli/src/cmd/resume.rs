@@ -1,6 +1,7 @@
 //! `ferry resume SNAPSHOT`: the verified transition Resolving → Verifying → Admitting →
 //! Restoring → Running (DESIGN §1.6).
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -70,6 +71,74 @@ fn refused(stage: Stage, why: impl std::fmt::Display) -> anyhow::Error {
     })
 }
 
+/// What a write-back into a mount's directory is staged in, inside it, until it is whole:
+/// this prefix and ferry's process id.
+const PARTIAL: &str = ".ferry-partial-";
+
+/// Whether `dir` is missing, empty, or holds only the staging of a write-back that did not
+/// end (interrupted, failed), which is then removed.
+fn empty_but_for_partial(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return !dir.exists();
+    };
+    let mut partial = Vec::new();
+    for e in entries {
+        let Ok(e) = e else { return false };
+        if !e.file_name().to_string_lossy().starts_with(PARTIAL) {
+            return false;
+        }
+        partial.push(e.path());
+    }
+    partial
+        .iter()
+        .all(|p| std::fs::remove_dir_all(p).is_ok() || !p.exists())
+}
+
+/// Writes mount `m`'s tree into the empty directory `dir`: into a staging directory inside
+/// it first, whose entries are then moved up, so that an interrupted or failed write-back
+/// leaves only the staging, which the next resume removes (`dir` does not look changed).
+/// Says how far it got when it takes long; tells `known` what the files hold, so the run's
+/// first snapshot does not read them.
+fn write_back(
+    store: &dyn Store,
+    m: &ferry_object::Mount,
+    dir: &Path,
+    known: &mut ferry_wasi::tree::ImportCache,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let staging = dir.join(format!("{PARTIAL}{}", std::process::id()));
+    let written = std::sync::atomic::AtomicU64::new(0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let result = std::thread::scope(|s| {
+        s.spawn(|| {
+            guest::report_progress(&done, || {
+                format!(
+                    "writing the snapshot's `{}` into {}: {} MiB",
+                    m.guest_path,
+                    dir.display(),
+                    written.load(std::sync::atomic::Ordering::Relaxed) >> 20
+                )
+            })
+        });
+        let r = ferry_wasi::tree::materialize_counting(store, &m.tree, &staging, &written);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        r
+    });
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(e.into());
+    }
+    // The crash tests stop a write-back here (`FERRY_FAULT=write-back`).
+    ferry_space::sessions::fault("write-back");
+    for e in std::fs::read_dir(&staging)? {
+        let e = e?;
+        std::fs::rename(e.path(), dir.join(e.file_name()))?;
+    }
+    std::fs::remove_dir(&staging)?;
+    ferry_wasi::tree::remember_tree(store, &m.tree, dir, known)?;
+    Ok(())
+}
+
 /// Admitting a mount: the granted host directory must hold what the snapshot saw, or be empty
 /// (then the snapshot's tree is written into it).
 fn admit_mount(
@@ -81,19 +150,14 @@ fn admit_mount(
     own_output: &[std::path::PathBuf],
 ) -> Result<()> {
     let dir = &grant.host_dir;
-    let empty = !dir.exists()
-        || std::fs::read_dir(dir)
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(false);
-    if empty {
-        ferry_wasi::tree::materialize(store, &m.tree, dir).with_context(|| {
+    if empty_but_for_partial(dir) {
+        return write_back(store, m, dir, known).with_context(|| {
             format!(
                 "writing the snapshot's `{}` into {}",
                 m.guest_path,
                 dir.display()
             )
-        })?;
-        return Ok(());
+        });
     }
     // Files a snapshot stored and that have not changed since are not read again (a 52 MB
     // standard library, a data set): the store's import cache knows them.
@@ -254,6 +318,9 @@ fn admit_and_run(
             &mut known,
             &own_output,
         )?;
+    }
+    if let Err(e) = known.save_in(store) {
+        tracing::warn!("could not save the mount import cache: {e}");
     }
     let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;
     let other = if a.trust_instrumented {

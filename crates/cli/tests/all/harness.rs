@@ -400,6 +400,18 @@ pub fn resume_and_suspend(env: &Env, args: &[&str], ms: u64) -> (Vec<u8>, String
 }
 
 fn suspend_after(env: &Env, command: &str, args: &[&str], ms: u64) -> (Vec<u8>, String) {
+    let (out, k) = suspend_after_output(env, command, args, ms);
+    (out.stdout, k)
+}
+
+/// `ferry COMMAND ARGS` interrupted once after `ms` (later if it was interrupted before the
+/// guest started): its whole output and the κ of its snapshot.
+pub fn suspend_after_output(
+    env: &Env,
+    command: &str,
+    args: &[&str],
+    ms: u64,
+) -> (std::process::Output, String) {
     let mut ms = ms;
     for _ in 0..8 {
         let child = env
@@ -423,7 +435,7 @@ fn suspend_after(env: &Env, command: &str, args: &[&str], ms: u64) -> (Vec<u8>, 
             continue;
         }
         let k = suspended_kappa(&out);
-        return (out.stdout, k);
+        return (out, k);
     }
     panic!("ferry keeps being interrupted before the guest starts");
 }

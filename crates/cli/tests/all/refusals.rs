@@ -1,6 +1,6 @@
 //! Bad input gets a clear error and changes nothing.
 
-use crate::harness::{Env, guest};
+use crate::harness::{Env, dir_contents, guest, run_and_suspend, suspend_after_output};
 
 #[test]
 fn not_wasm_is_refused() {
@@ -294,6 +294,81 @@ fn a_big_file_in_a_mount_is_carried_in_chunks() {
         back.read_exact_at(&mut got, at).unwrap();
         assert_eq!(got, bytes);
     }
+}
+
+/// A write-back into an empty directory that dies half-way leaves only its staging, which the
+/// next resume removes instead of taking the directory for changed; the files written back
+/// are not read again by the resumed run's first snapshot; the run ends as an uninterrupted
+/// one, with the directory as it was.
+#[test]
+fn a_write_back_that_dies_is_redone_and_its_files_are_not_read_again() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let (d, dir) = env.data_dir("data");
+    let big: Vec<u8> = (0..(3u32 << 20) + 7).map(|i| (i % 251) as u8).collect();
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+    std::fs::create_dir(d.join("sub")).unwrap();
+    std::fs::write(d.join("sub/note.txt"), "note").unwrap();
+    let plain = env.plain(&["--dir", &dir, g.to_str().unwrap(), "--", "120"]);
+    let (mut seen, k) = run_and_suspend(
+        &env,
+        &["--dir", &dir, g.to_str().unwrap(), "--", "120"],
+        300,
+    );
+    let fresh = env.path("fresh");
+    let fresh_dir = format!("{}::/data", fresh.display());
+    let died = env
+        .ferry()
+        .env("FERRY_FAULT", "write-back")
+        .args(["resume", "--dir", &fresh_dir, &k])
+        .output()
+        .unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&died.status),
+        Some(libc::SIGKILL)
+    );
+    let left: Vec<String> = std::fs::read_dir(&fresh)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        left.len() == 1 && left[0].starts_with(".ferry-partial-"),
+        "{left:?}"
+    );
+    let (out, k) = suspend_after_output(&env, "resume", &["-v", "--dir", &fresh_dir, &k], 300);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("files_read=0"), "{err}");
+    seen.extend_from_slice(&out.stdout);
+    let (rest, err, code) = env.output(&["resume", "--dir", &fresh_dir, &k]);
+    assert_eq!(code, 0, "{err}");
+    seen.extend_from_slice(rest.as_bytes());
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    assert_eq!(dir_contents(&fresh), dir_contents(&d));
+}
+
+/// A first suspend that takes a while (a big mounted file to store) says it is still writing
+/// the snapshot (after `FERRY_PROGRESS_AFTER_MS`, 1 s unless set).
+#[test]
+fn a_long_suspend_says_it_is_still_writing() {
+    let env = Env::new().with_var("FERRY_PROGRESS_AFTER_MS", "0");
+    let g = guest("wasm/cpu.wasm");
+    let (d, dir) = env.data_dir("data");
+    let big: Vec<u8> = (0..128u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+    let (out, _) = suspend_after_output(
+        &env,
+        "run",
+        &["--dir", &dir, g.to_str().unwrap(), "--", "400"],
+        300,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ferry: still writing the snapshot ("), "{err}");
+    assert_eq!(out.status.code(), Some(75), "{err}");
 }
 
 #[test]
