@@ -94,7 +94,9 @@ pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
         }
     }
     bail!(
-        "session `{}` wrote no snapshot within {} s",
+        "session `{}` wrote no snapshot within {} s; it may still be writing one (a first \
+         snapshot of a big mounted directory reads all of it; the session's own terminal says \
+         how far it is): see `ferry ps`, or wait longer with --timeout",
         s.id,
         a.timeout
     )
