@@ -748,6 +748,50 @@ fn files_written_back_are_known_without_reading_and_a_later_write_is_still_seen(
     assert_eq!(next.files_read(), 1);
 }
 
+/// What changed in a directory since its tree, as a refused resume shows it: files changed
+/// (content or executable bit), missing and added, in nested directories too, a few named
+/// and all counted; nothing for an unchanged directory, in today's form or an older one.
+#[test]
+fn the_differences_from_a_tree_are_named() {
+    use crate::tree::{ImportCache, differences, import, import_cached};
+    use std::os::unix::fs::PermissionsExt;
+    let store = ferry_store::MemStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::create_dir(root.join("sub")).unwrap();
+    std::fs::write(root.join("a.txt"), "a").unwrap();
+    std::fs::write(root.join("sub/b.txt"), "b").unwrap();
+    std::fs::write(root.join("big.bin"), vec![7u8; (3 << 20) + 1]).unwrap();
+    std::os::unix::fs::symlink("a.txt", root.join("link")).unwrap();
+    let k = import(&store, &root).unwrap();
+    let legacy = import_cached(
+        &store,
+        &root,
+        &mut ImportCache::default().in_legacy_form(),
+        &[],
+    )
+    .unwrap();
+    let diff = |want, limit| {
+        differences(&store, &root, want, &mut ImportCache::default(), &[], limit).unwrap()
+    };
+    assert_eq!(diff(&k, 5), (vec![], 0));
+    assert_eq!(diff(&legacy, 5), (vec![], 0));
+
+    std::fs::remove_file(root.join("a.txt")).unwrap();
+    std::fs::write(root.join("sub/b.txt"), "B").unwrap();
+    std::fs::set_permissions(root.join("big.bin"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(root.join("new.txt"), "new").unwrap();
+    let all = vec![
+        "`a.txt` missing".to_owned(),
+        "`big.bin` changed".to_owned(),
+        "`sub/b.txt` changed".to_owned(),
+        "`new.txt` added".to_owned(),
+    ];
+    assert_eq!(diff(&k, 5), (all.clone(), 4));
+    assert_eq!(diff(&legacy, 5), (all.clone(), 4));
+    assert_eq!(diff(&k, 2), (all[..2].to_vec(), 4));
+}
+
 /// A tree whose entries do not fit its version, or a chunked file whose chunks do not fit
 /// its length, is refused when materialized.
 #[test]

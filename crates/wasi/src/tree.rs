@@ -123,6 +123,113 @@ pub fn matches_tree(
     Ok(same)
 }
 
+/// How `dir` (paths in `skip` aside) differs from tree `want`, for a user: at most `limit`
+/// entries, each a path relative to `dir` and `changed`, `added` or `missing`, in path order
+/// within each directory; and how many differences were found in all. A file is compared in
+/// the form `want` holds it (an older snapshot's blob over 1 MiB as a blob), read only when
+/// `cache` does not know it unchanged; nothing is stored.
+pub fn differences(
+    store: &dyn Store,
+    dir: &Path,
+    want: &Kappa,
+    cache: &mut ImportCache,
+    skip: &[PathBuf],
+    limit: usize,
+) -> Result<(Vec<String>, usize), TreeError> {
+    let mut older = cache.in_legacy_form();
+    let mut found = (Vec::new(), 0);
+    diff_at(
+        store,
+        dir,
+        Path::new(""),
+        want,
+        (cache, &mut older),
+        skip,
+        limit,
+        &mut found,
+    )?;
+    Ok(found)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn diff_at(
+    store: &dyn Store,
+    dir: &Path,
+    rel: &Path,
+    want: &Kappa,
+    caches: (&mut ImportCache, &mut ImportCache),
+    skip: &[PathBuf],
+    limit: usize,
+    found: &mut (Vec<String>, usize),
+) -> Result<(), TreeError> {
+    let (cache, older) = caches;
+    if rel.components().count() > MAX_DEPTH {
+        return Err(TreeError::TooDeep(dir.display().to_string()));
+    }
+    let tree: Tree = ferry_object::decode(&store.get(want)?)?;
+    let note = |found: &mut (Vec<String>, usize), name: &str, what: &str| {
+        found.1 += 1;
+        if found.0.len() < limit {
+            found
+                .0
+                .push(format!("`{}` {what}", rel.join(name).display()));
+        }
+    };
+    let mut here = std::collections::BTreeMap::new();
+    for e in fs::read_dir(dir).map_err(io(dir))? {
+        let e = e.map_err(io(dir))?;
+        if !skip.contains(&e.path()) {
+            here.insert(e.file_name().to_string_lossy().into_owned(), e.path());
+        }
+    }
+    for (name, e) in &tree.entries {
+        let Some(p) = here.remove(name) else {
+            note(found, name, "missing");
+            continue;
+        };
+        let md = fs::symlink_metadata(&p).map_err(io(&p))?;
+        let same = match e.mode.as_str() {
+            MODE_DIR if md.is_dir() => {
+                let sub = rel.join(name);
+                diff_at(
+                    store,
+                    &p,
+                    &sub,
+                    &e.object,
+                    (cache, older),
+                    skip,
+                    limit,
+                    found,
+                )?;
+                true
+            }
+            MODE_SYMLINK if md.file_type().is_symlink() => {
+                let t = fs::read_link(&p).map_err(io(&p))?;
+                Kappa::of(t.to_string_lossy().as_bytes()) == e.object
+            }
+            MODE_FILE | MODE_EXEC | MODE_FILE_CHUNKS | MODE_EXEC_CHUNKS if md.is_file() => {
+                let exec = md.permissions().mode() & 0o111 != 0;
+                // The form `want` holds the file in: today's, or an older snapshot's blob.
+                let form = if e.chunked() == (md.len() > MAX_BLOB_FILE) {
+                    &mut *cache
+                } else {
+                    &mut *older
+                };
+                let (k, _) = form.file(Sink::HashOnly(store), &p, &md)?;
+                k == e.object && exec == (e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS)
+            }
+            _ => false,
+        };
+        if !same {
+            note(found, name, "changed");
+        }
+    }
+    for name in here.keys() {
+        note(found, name, "added");
+    }
+    Ok(())
+}
+
 /// The first file under `dir` (paths in `skip` aside) too large for a snapshot to carry
 /// ([`MAX_FILE`]), with its length. Only looks at metadata, never reads a file; a directory
 /// it cannot list, or nesting past [`MAX_DEPTH`], ends the search quietly (an import would

@@ -169,10 +169,21 @@ fn admit_mount(
     let same = ferry_wasi::tree::matches_tree(store, &root, known, &skip, &m.tree)
         .with_context(|| format!("reading {}", dir.display()))?;
     if !same && !allow_changed {
+        // What changed, for the user (a few entries; the refusal stands whatever this finds).
+        let what = match ferry_wasi::tree::differences(store, &root, &m.tree, known, &skip, 5) {
+            Ok((shown, all)) if !shown.is_empty() => {
+                let more = match all - shown.len() {
+                    0 => String::new(),
+                    n => format!(", and {n} more"),
+                };
+                format!(": {}{more}", shown.join(", "))
+            }
+            _ => String::new(),
+        };
         return Err(refused(
             Stage::Admitting,
             format!(
-                "host directory {} (mounted at `{}`) changed since the snapshot was taken; \
+                "host directory {} (mounted at `{}`) changed since the snapshot was taken{what}; \
                  restore it, mount an empty directory to get the snapshot's copy, or pass \
                  --allow-changed-dirs to continue with the directory as it is now",
                 dir.display(),

@@ -391,7 +391,10 @@ fn changed_mount_is_refused_unless_allowed() {
     std::fs::write(d.join("intruder.txt"), "surprise").unwrap();
     let (_, err, code) = env.output(&["resume", "--dir", &dir, k]);
     assert_eq!(code, 1);
-    assert!(err.contains("changed since the snapshot"), "{err}");
+    assert!(
+        err.contains("changed since the snapshot was taken: `intruder.txt` added;"),
+        "{err}"
+    );
     // An empty directory receives the snapshot's copy and the guest finishes.
     let fresh = env.path("fresh");
     let fresh_dir = format!("{}::/data", fresh.display());
