@@ -140,7 +140,7 @@ fn write_back(
 }
 
 /// Admitting a mount: the granted host directory must hold what the snapshot saw, or be empty
-/// (then the snapshot's tree is written into it).
+/// (then the snapshot's tree is written into it: `true`).
 fn admit_mount(
     store: &dyn Store,
     m: &ferry_object::Mount,
@@ -148,16 +148,17 @@ fn admit_mount(
     allow_changed: bool,
     known: &mut ferry_wasi::tree::ImportCache,
     own_output: &[std::path::PathBuf],
-) -> Result<()> {
+) -> Result<bool> {
     let dir = &grant.host_dir;
     if empty_but_for_partial(dir) {
-        return write_back(store, m, dir, known).with_context(|| {
+        write_back(store, m, dir, known).with_context(|| {
             format!(
                 "writing the snapshot's `{}` into {}",
                 m.guest_path,
                 dir.display()
             )
-        });
+        })?;
+        return Ok(true);
     }
     // Files a snapshot stored and that have not changed since are not read again (a 52 MB
     // standard library, a data set): the store's import cache knows them.
@@ -191,7 +192,7 @@ fn admit_mount(
             ),
         ));
     }
-    Ok(())
+    Ok(false)
 }
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
@@ -285,6 +286,7 @@ fn admit_and_run(
     };
     let mut known = ferry_wasi::tree::ImportCache::saved_in(store);
     let own_output = guest::own_output_files();
+    let mut wrote_back = false;
     for m in &loaded.wasi.mounts {
         let grant = grants
             .iter()
@@ -321,7 +323,7 @@ fn admit_and_run(
             }
             continue;
         }
-        admit_mount(
+        wrote_back |= admit_mount(
             store,
             m,
             grant,
@@ -330,7 +332,8 @@ fn admit_and_run(
             &own_output,
         )?;
     }
-    if let Err(e) = known.save_in(store) {
+    // What was written back is remembered for the run's first snapshot.
+    if wrote_back && let Err(e) = known.save_in(store) {
         tracing::warn!("could not save the mount import cache: {e}");
     }
     let runtime = Runtime::new(a.guest.engine(), Some(settings.compiled_cache()))?;
