@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use anyhow::{Context, Result, anyhow};
 use ferry_engine::{
@@ -107,8 +108,8 @@ fn write_back(
 ) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let staging = dir.join(format!("{PARTIAL}{}", std::process::id()));
-    let written = std::sync::atomic::AtomicU64::new(0);
-    let done = std::sync::atomic::AtomicBool::new(false);
+    let written = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
     let result = std::thread::scope(|s| {
         s.spawn(|| {
             guest::report_progress(&done, || {
@@ -116,12 +117,12 @@ fn write_back(
                     "writing the snapshot's `{}` into {}: {} MiB",
                     m.guest_path,
                     dir.display(),
-                    written.load(std::sync::atomic::Ordering::Relaxed) >> 20
+                    written.load(Ordering::Relaxed) >> 20
                 )
             })
         });
         let r = ferry_wasi::tree::materialize_counting(store, &m.tree, &staging, &written);
-        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        done.store(true, Ordering::SeqCst);
         r
     });
     if let Err(e) = result {
