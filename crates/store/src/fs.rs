@@ -647,6 +647,30 @@ impl FsStore {
         self.root.join("refs").join(name)
     }
 
+    /// Removes (unless `dry_run`) what `tmp/` holds — writes a process never finished because
+    /// it died in the middle (`kill -9`, a power cut): a pack of a 1 GiB snapshot cut short
+    /// would otherwise stay there for good. Returns how many files and bytes. Only for a
+    /// store opened with [`FsStore::open_exclusive`] and not writing itself (`store gc`):
+    /// then no write is in progress anywhere.
+    pub fn remove_unfinished(&self, dry_run: bool) -> Result<(u64, u64), StoreError> {
+        let dir = self.root.join("tmp");
+        let (mut files, mut bytes) = (0, 0);
+        for e in fs::read_dir(&dir).map_err(StoreError::io("list", &dir))? {
+            let e = e.map_err(StoreError::io("list", &dir))?;
+            let p = e.path();
+            let md = fs::symlink_metadata(&p).map_err(StoreError::io("look at", &p))?;
+            if !md.is_file() {
+                continue;
+            }
+            if !dry_run {
+                fs::remove_file(&p).map_err(StoreError::io("remove", &p))?;
+            }
+            files += 1;
+            bytes += md.len();
+        }
+        Ok((files, bytes))
+    }
+
     fn tmp_path(&self) -> PathBuf {
         self.root.join("tmp").join(format!(
             "{}-{}.tmp",

@@ -105,9 +105,19 @@ fn verify(store: &dyn Store) -> Result<ExitCode> {
     })
 }
 
-fn gc(store: &dyn Store, dry_run: bool, keep: usize) -> Result<ExitCode> {
+fn gc(store: &ferry_store::FsStore, dry_run: bool, keep: usize) -> Result<ExitCode> {
     let c = ferry_engine::gc::collect(store, dry_run, &|_| keep, u64::MAX, None)?;
     print_collected(&c, dry_run);
+    // Alone with the store (opened exclusively): what `tmp/` holds, no process is writing.
+    let (files, bytes) = store.remove_unfinished(dry_run)?;
+    if files > 0 {
+        println!(
+            "{} {files} unfinished write{} ({:.1} MiB) left by a ferry that died while writing",
+            if dry_run { "would remove" } else { "removed" },
+            if files == 1 { "" } else { "s" },
+            bytes as f64 / f64::from(1 << 20)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -571,6 +571,38 @@ fn verifies_and_finishes(env: &Env, first: Vec<u8>, k: &str, expected: &[u8]) {
     assert_eq!(all, expected);
 }
 
+/// What a ferry that died while writing left in the store's `tmp/` (a pack cut short) is
+/// removed by `store gc` (`--dry-run` only says so); the snapshots stay whole.
+#[test]
+fn gc_removes_what_a_dead_writer_left() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let k = env.suspend_once(&[g.to_str().unwrap(), "--", "120"], 300);
+    let (out, err, code) = env.output(&["store", "gc"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("unfinished"), "{out}");
+    let left = env.store().join("tmp").join("4242-0.tmp");
+    std::fs::write(&left, vec![1u8; 3 << 20]).unwrap();
+    let (out, err, code) = env.output(&["store", "gc", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("would remove 1 unfinished write (3.0 MiB)"),
+        "{out}"
+    );
+    assert!(left.exists());
+    let (out, err, code) = env.output(&["store", "gc"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("removed 1 unfinished write (3.0 MiB)"),
+        "{out}"
+    );
+    assert!(!left.exists());
+    let (_, err, code) = env.output(&["store", "verify"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, err, code) = env.output(&["resume", &k]);
+    assert_eq!(code, 0, "{err}");
+}
+
 /// `store gc --keep N` keeps the newest N snapshots of each session: older checkpoints go,
 /// and the session still resumes to an uninterrupted run's output.
 #[test]
