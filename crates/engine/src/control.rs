@@ -75,7 +75,7 @@ pub struct Control {
     pre_writer: Mutex<Option<Arc<crate::incremental::Waker>>>,
     /// When the snapshot being written now began (its request was taken), if one is (see
     /// [`Control::writing`]).
-    writing_since: Mutex<Option<Instant>>,
+    writing_since: Mutex<Option<(Instant, Request)>>,
     /// Bytes of mounted files the snapshot being written has read so far.
     files_read: Arc<AtomicU64>,
 }
@@ -390,7 +390,7 @@ impl Control {
         self.writing_since
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert_with(Instant::now);
+            .get_or_insert_with(|| (Instant::now(), Request::Checkpoint));
         Writing { control: self }
     }
 
@@ -398,8 +398,18 @@ impl Control {
     /// bytes of mounted files it has read (a first snapshot of a big directory reads it all;
     /// later ones only the files that changed). A CLI shows it when a suspend takes long.
     pub fn writing(&self) -> Option<(Duration, u64)> {
-        let since = (*self.writing_since.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let (since, _) = (*self.writing_since.lock().unwrap_or_else(|p| p.into_inner()))?;
         Some((since.elapsed(), self.files_read.load(Ordering::Relaxed)))
+    }
+
+    /// Whether a suspend is asked for or its snapshot being written: background work on the
+    /// guest's behalf gives way (a checkpoint, the guest running on, does not stop it).
+    pub(crate) fn suspending(&self) -> bool {
+        self.pending() == Request::Suspend
+            || matches!(
+                *self.writing_since.lock().unwrap_or_else(|p| p.into_inner()),
+                Some((_, Request::Suspend))
+            )
     }
 
     /// The pending request.
@@ -426,7 +436,7 @@ impl Control {
             t.stopped_at = Some(now);
             // A snapshot is written from here on (see `begin_writing`): no gap in which one
             // is asked for and none is being written.
-            *self.writing_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+            *self.writing_since.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, r));
         }
         r
     }

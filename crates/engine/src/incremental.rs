@@ -20,6 +20,7 @@
 //! the prune ends, writes nothing a pass could store meanwhile.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -28,6 +29,7 @@ use ferry_instrument::abi;
 use ferry_kappa::Kappa;
 use ferry_object::{CHUNK_SIZE, MemoryImage};
 use ferry_store::{Store, StoreError};
+use ferry_wasi::tree::ImportCache;
 use tracing::info;
 
 use crate::control::Control;
@@ -416,6 +418,77 @@ impl Waker {
             Wake::Checkpoint
         } else {
             Wake::Tick
+        }
+    }
+}
+
+/// The carried (not host-bound) mounts of `wasi`: host directory and the paths left out.
+pub(crate) fn carried_mounts(wasi: &ferry_wasi::WasiCtx) -> Vec<(PathBuf, Vec<PathBuf>)> {
+    wasi.mounts()
+        .into_iter()
+        .zip(wasi.not_carried())
+        .filter(|(m, _)| !m.host_bound)
+        .map(|(m, skip)| (m.host_dir, skip))
+        .collect()
+}
+
+/// The mounts whose settled files a run pre-stores ([`pre_store`]), and where what it finds
+/// goes: each snapshot takes it.
+pub(crate) struct PreStore<'a> {
+    pub(crate) mounts: &'a [(PathBuf, Vec<PathBuf>)],
+    pub(crate) found: &'a Mutex<ImportCache>,
+}
+
+/// Time between two looks at the mounts (each lists every file).
+const PRE_STORE_EVERY: Duration = Duration::from_secs(10);
+
+/// Stores the settled files of the mounts ([`ImportCache::pre_store`]) while the guest runs,
+/// at once and then every [`PRE_STORE_EVERY`], until `waker` stops: a run that pre-writes
+/// its memory (`--pre-write`, the pass before checkpoints) spares its snapshots reading a
+/// data set with the guest stopped. A thread of its own, so a long first look never holds
+/// up a checkpoint; it gives way to a suspend (between files, and every 16 MiB of one), not
+/// to a checkpoint: one that comes while a big file is still being stored reads it itself,
+/// the next ones do not.
+pub(crate) fn pre_store(store: &dyn Store, control: &Control, waker: &Waker, files: PreStore<'_>) {
+    let mut own = ImportCache::default();
+    while !waker.stopped() {
+        files.pass(&mut own, store, control, waker);
+        let t = Instant::now();
+        while t.elapsed() < PRE_STORE_EVERY && !waker.stopped() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl PreStore<'_> {
+    /// One look at the mounts; `own` is what this run knows it stored.
+    fn pass(&self, own: &mut ImportCache, store: &dyn Store, control: &Control, waker: &Waker) {
+        let t = Instant::now();
+        let stop = || waker.stopped() || control.suspending();
+        let mut files = 0;
+        for (dir, skip) in self.mounts {
+            match own.pre_store(store, dir, skip, &stop) {
+                Ok(fresh) => {
+                    files += fresh.len();
+                    self.found
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .update_from(&fresh);
+                }
+                // The snapshot reads what was not stored here, and says what fails.
+                Err(e) => tracing::debug!("pre-storing {}: {e}", dir.display()),
+            }
+        }
+        if files > 0 {
+            let synced = store.sync();
+            info!(
+                files,
+                ms = t.elapsed().as_millis() as u64,
+                "mounted files pre-stored"
+            );
+            if let Err(e) = synced {
+                tracing::warn!("pre-store: {e}");
+            }
         }
     }
 }

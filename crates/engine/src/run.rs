@@ -249,7 +249,24 @@ impl Runtime {
         }
         let waker = Arc::new(crate::incremental::Waker::default());
         let first = dirty.first();
+        // The carried mounts, whose settled files the pre-writer stores ahead of snapshots
+        // (into `pre_stored`, which each snapshot takes in).
+        let mounts = crate::incremental::carried_mounts(&inst.host().wasi);
+        let pre_stored = std::sync::Mutex::new(ferry_wasi::tree::ImportCache::default());
         std::thread::scope(|s| {
+            if control.pre_writes() && !mounts.is_empty() {
+                let (control, waker) = (&control, &waker);
+                let files = crate::incremental::PreStore {
+                    mounts: &mounts,
+                    found: &pre_stored,
+                };
+                let _ = std::thread::Builder::new()
+                    .name("ferry-pre-store".into())
+                    .spawn_scoped(s, move || {
+                        crate::incremental::pre_store(store, control, waker, files)
+                    })
+                    .inspect_err(|e| tracing::warn!("cannot start pre-storing: {e}"));
+            }
             if jit && control.pre_writes() {
                 let (control, waker) = (&control, &waker);
                 let _ = std::thread::Builder::new()
@@ -306,6 +323,11 @@ impl Runtime {
                         }
                         // Nothing is written from a guest whose snapshot is still being checked.
                         control.wait_checked()?;
+                        // What the pre-writer stored of the mounts is not read again.
+                        let found = std::mem::take(
+                            &mut *pre_stored.lock().unwrap_or_else(|p| p.into_inner()),
+                        );
+                        dirty.trees.update_from(&found);
                         let writing = control.begin_writing();
                         let written = snapshot::write(
                             inst,

@@ -792,6 +792,50 @@ fn the_differences_from_a_tree_are_named() {
     assert_eq!(diff(&k, 2), (all[..2].to_vec(), 4));
 }
 
+/// Pre-storing a directory stores and remembers its settled files, so an import after it
+/// reads none; a file modified just now is left to the import; told to stop, it stores
+/// nothing more.
+#[test]
+fn pre_storing_spares_the_import_its_reads_but_not_a_fresh_file() {
+    use crate::tree::{ImportCache, import, import_cached};
+    let store = ferry_store::MemStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::create_dir(root.join("sub")).unwrap();
+    std::fs::write(root.join("sub/big.bin"), vec![5u8; (3 << 20) + 1]).unwrap();
+    std::fs::write(root.join("a.txt"), "a").unwrap();
+
+    let stopped = ImportCache::trusting_recent_files()
+        .pre_store(&store, &root, &[], &|| true)
+        .unwrap();
+    assert!(stopped.is_empty());
+
+    let mut own = ImportCache::trusting_recent_files();
+    let found = own.pre_store(&store, &root, &[], &|| false).unwrap();
+    assert_eq!(found.len(), 2);
+    assert!(
+        own.pre_store(&store, &root, &[], &|| false)
+            .unwrap()
+            .is_empty(),
+        "known"
+    );
+    let mut snapshot = ImportCache::default();
+    snapshot.update_from(&found);
+    assert_eq!(
+        import_cached(&store, &root, &mut snapshot, &[]).unwrap(),
+        import(&store, &root).unwrap()
+    );
+    assert_eq!(snapshot.files_read(), 0);
+
+    // With the real settling time, files written just now are not pre-stored.
+    assert!(
+        ImportCache::default()
+            .pre_store(&store, &root, &[], &|| false)
+            .unwrap()
+            .is_empty()
+    );
+}
+
 /// A tree whose entries do not fit its version, or a chunked file whose chunks do not fit
 /// its length, is refused when materialized.
 #[test]

@@ -51,6 +51,9 @@ pub enum TreeError {
     TooLarge(String, u64),
     #[error("{0}")]
     Malformed(String),
+    /// [`ImportCache::pre_store`] was told to stop in the middle of a file.
+    #[error("stopped")]
+    Stopped,
 }
 
 fn io(p: &Path) -> impl FnOnce(std::io::Error) -> TreeError + '_ {
@@ -215,7 +218,7 @@ fn diff_at(
                 } else {
                     &mut *older
                 };
-                let (k, _) = form.file(Sink::HashOnly(store), &p, &md)?;
+                let (k, _) = form.file(Sink::HashOnly(store), &p, &md, None)?;
                 k == e.object && exec == (e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS)
             }
             _ => false,
@@ -467,6 +470,64 @@ impl ImportCache {
         }
     }
 
+    /// Takes what `other` remembers, over what this cache remembers of the same files (read
+    /// more recently: [`ImportCache::pre_store`]'s findings).
+    pub fn update_from(&mut self, other: &Self) {
+        for (p, v) in &other.files {
+            self.files.insert(p.clone(), *v);
+        }
+    }
+
+    /// Stores every file under `dir` (paths in `skip` aside) that this cache does not know
+    /// unchanged and whose times are [`SETTLED`] old, as an import would, and remembers it:
+    /// what a later import then need not read. `--pre-write` and the pass before a
+    /// checkpoint run this while the guest runs, so that a snapshot's pause is not spent
+    /// reading a data set. Files modified more recently are left to the import (one being
+    /// written would only be read again), as are files too large to carry; `stop` is asked
+    /// between files and every 16 MiB of one. What it stored and remembered, as a cache of
+    /// its own.
+    pub fn pre_store(
+        &mut self,
+        store: &dyn Store,
+        dir: &Path,
+        skip: &[PathBuf],
+        stop: &dyn Fn() -> bool,
+    ) -> Result<ImportCache, TreeError> {
+        let mut fresh = ImportCache::default();
+        let settled = self.settled.unwrap_or(SETTLED);
+        let mut todo = vec![(dir.to_path_buf(), 0)];
+        while let Some((d, depth)) = todo.pop() {
+            for e in fs::read_dir(&d).map_err(io(&d))? {
+                if stop() {
+                    return Ok(fresh);
+                }
+                let p = e.map_err(io(&d))?.path();
+                if skip.contains(&p) {
+                    continue;
+                }
+                let md = fs::symlink_metadata(&p).map_err(io(&p))?;
+                if md.is_dir() && depth < MAX_DEPTH {
+                    todo.push((p, depth + 1));
+                    continue;
+                }
+                let stamp = Stamp::of(&md);
+                let known = self.files.get(&p).is_some_and(|(seen, _)| *seen == stamp);
+                if !md.is_file() || known || md.len() > MAX_FILE || !stamp.older_than(settled) {
+                    continue;
+                }
+                let k = match self.file(Sink::Store(store), &p, &md, Some(stop)) {
+                    Ok((k, _)) => k,
+                    Err(TreeError::Stopped) => return Ok(fresh),
+                    Err(e) => return Err(e),
+                };
+                if let Some(v) = self.files.get(&p).filter(|(_, kept)| *kept == k) {
+                    fresh.files.insert(p, *v);
+                }
+            }
+        }
+        Ok(fresh)
+    }
+
     /// A cache that also trusts files modified less than [`SETTLED`] ago.
     #[cfg(test)]
     pub(crate) fn trusting_recent_files() -> Self {
@@ -526,6 +587,16 @@ impl ImportCache {
         Ok(true)
     }
 
+    /// How many files this cache remembers.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Whether this cache remembers no file.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
     /// Files read (not taken from the cache) so far.
     pub fn files_read(&self) -> u64 {
         self.reads
@@ -566,6 +637,7 @@ impl ImportCache {
         store: Sink<'_>,
         p: &Path,
         md: &fs::Metadata,
+        stop: Option<&dyn Fn() -> bool>,
     ) -> Result<(Kappa, bool), TreeError> {
         let stamp = Stamp::of(md);
         let limit = self.blob_limit();
@@ -582,7 +654,7 @@ impl ImportCache {
         self.reads += 1;
         let counter = self.bytes_read.as_deref();
         let (k, chunked) = if md.len() > limit {
-            put_chunked(store, p, limit, counter)?
+            put_chunked(store, p, limit, counter, stop)?
         } else {
             let bytes = fs::read(p).map_err(io(p))?;
             if let Some(c) = counter {
@@ -601,7 +673,8 @@ impl ImportCache {
 }
 
 /// Stores the file at `p` (over `limit` when it was looked at) as a [`FileChunks`], 1 MiB
-/// at a time, adding the bytes read to `counter` as it goes; its κ. A file that shrank to
+/// at a time, adding the bytes read to `counter` as it goes and asking `stop` before each
+/// 16 MiB ([`TreeError::Stopped`]); its κ. A file that shrank to
 /// `limit` or less meanwhile is stored as one blob after all (each content has one form, so
 /// one κ), and the caller's check of its times then finds it changed. Whether it was stored
 /// chunked.
@@ -610,6 +683,7 @@ fn put_chunked(
     p: &Path,
     limit: u64,
     counter: Option<&AtomicU64>,
+    stop: Option<&dyn Fn() -> bool>,
 ) -> Result<(Kappa, bool), TreeError> {
     use std::io::Read;
     let mut f = fs::File::open(p).map_err(io(p))?;
@@ -619,6 +693,9 @@ fn put_chunked(
     // pack, not a file and an fsync each).
     let mut buf = vec![0u8; PIECES_AT_ONCE * FILE_CHUNK_SIZE as usize];
     loop {
+        if stop.is_some_and(|stop| stop()) {
+            return Err(TreeError::Stopped);
+        }
         let mut filled = 0;
         while filled < buf.len() {
             match f.read(&mut buf[filled..]).map_err(io(p))? {
@@ -694,7 +771,7 @@ fn import_at(
                 object: store.put(t.to_string_lossy().as_bytes())?,
             }
         } else if md.is_file() {
-            let (object, chunked) = cache.file(store, &p, &md)?;
+            let (object, chunked) = cache.file(store, &p, &md, None)?;
             let mode = match (md.permissions().mode() & 0o111 != 0, chunked) {
                 (true, false) => MODE_EXEC,
                 (false, false) => MODE_FILE,

@@ -349,6 +349,45 @@ fn a_write_back_that_dies_is_redone_and_its_files_are_not_read_again() {
     assert_eq!(dir_contents(&fresh), dir_contents(&d));
 }
 
+/// With `--pre-write`, the mounted files that have settled are stored while the guest runs:
+/// the suspend reads none of them.
+#[test]
+fn pre_writing_stores_settled_mounted_files_before_the_suspend() {
+    let env = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let (d, dir) = env.data_dir("data");
+    let big: Vec<u8> = (0..64u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+    std::fs::create_dir(d.join("sub")).unwrap();
+    std::fs::write(d.join("sub/note.txt"), "note").unwrap();
+    // Settled: files modified in the last 2 s are left to the snapshot.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let (out, _) = suspend_after_output(
+        &env,
+        "run",
+        &[
+            "-v",
+            "--pre-write",
+            "200ms",
+            "--dir",
+            &dir,
+            g.to_str().unwrap(),
+            "--",
+            "400",
+        ],
+        1500,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mounted files pre-stored files=2"), "{err}");
+    let written = err
+        .lines()
+        .find(|l| l.contains("snapshot written"))
+        .unwrap_or_default();
+    assert!(written.contains("files_read=0"), "{err}");
+}
+
 /// A first suspend that takes a while (a big mounted file to store) says it is still writing
 /// the snapshot (after `FERRY_PROGRESS_AFTER_MS`, 1 s unless set).
 #[test]
