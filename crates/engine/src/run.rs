@@ -323,11 +323,12 @@ impl Runtime {
                         }
                         // Nothing is written from a guest whose snapshot is still being checked.
                         control.wait_checked()?;
-                        // What the pre-writer stored of the mounts is not read again.
+                        // What was pre-stored of the mounts, and is still whole (a `--keep`
+                        // prune deletes what no snapshot names), is not read again.
                         let found = std::mem::take(
                             &mut *pre_stored.lock().unwrap_or_else(|p| p.into_inner()),
                         );
-                        dirty.trees.update_from(&found);
+                        dirty.trees.update_from_stored(&found, store);
                         let writing = control.begin_writing();
                         let written = snapshot::write(
                             inst,

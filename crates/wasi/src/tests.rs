@@ -820,12 +820,23 @@ fn pre_storing_spares_the_import_its_reads_but_not_a_fresh_file() {
         "known"
     );
     let mut snapshot = ImportCache::default();
-    snapshot.update_from(&found);
+    snapshot.update_from_stored(&found, &store);
     assert_eq!(
         import_cached(&store, &root, &mut snapshot, &[]).unwrap(),
         import(&store, &root).unwrap()
     );
     assert_eq!(snapshot.files_read(), 0);
+
+    // A piece of the big file deleted meanwhile (a prune): that file is not taken, the
+    // small one is.
+    let pieces = ferry_store::MemStore::new();
+    let mut again = ImportCache::trusting_recent_files();
+    let found = again.pre_store(&pieces, &root, &[], &|| false).unwrap();
+    let piece = ferry_kappa::Kappa::of(&vec![5u8; 1 << 20]);
+    ferry_store::Store::remove(&pieces, &piece).unwrap();
+    let mut partial = ImportCache::default();
+    partial.update_from_stored(&found, &pieces);
+    assert_eq!(partial.len(), 1);
 
     // With the real settling time, files written just now are not pre-stored.
     assert!(

@@ -478,6 +478,27 @@ impl ImportCache {
         }
     }
 
+    /// [`ImportCache::update_from`], taking only the files whose objects `store` holds whole
+    /// (a [`FileChunks`] and every piece of it): a `--keep` prune, which deletes what no
+    /// snapshot names, may have deleted what [`ImportCache::pre_store`] stored meanwhile.
+    pub fn update_from_stored(&mut self, other: &Self, store: &dyn Store) {
+        let limit = self.blob_limit();
+        for (p, (stamp, k)) in &other.files {
+            let whole = if stamp.len > limit {
+                store
+                    .get(k)
+                    .ok()
+                    .and_then(|b| ferry_object::decode::<FileChunks>(&b).ok())
+                    .is_some_and(|f| f.chunks.iter().all(|c| store.has(c).unwrap_or(false)))
+            } else {
+                store.has(k).unwrap_or(false)
+            };
+            if whole {
+                self.files.insert(p.clone(), (*stamp, *k));
+            }
+        }
+    }
+
     /// Stores every file under `dir` (paths in `skip` aside) that this cache does not know
     /// unchanged and whose times are [`SETTLED`] old, as an import would, and remembers it:
     /// what a later import then need not read. `--pre-write` and the pass before a
