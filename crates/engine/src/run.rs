@@ -249,8 +249,8 @@ impl Runtime {
         }
         let waker = Arc::new(crate::incremental::Waker::default());
         let first = dirty.first();
-        // The carried mounts, whose settled files the pre-writer stores ahead of snapshots
-        // (into `pre_stored`, which each snapshot takes in).
+        // The carried mounts, whose settled files a thread of the run stores ahead of
+        // snapshots when it pre-writes (into `pre_stored`, which each snapshot takes in).
         let mounts = crate::incremental::carried_mounts(&inst.host().wasi);
         let pre_stored = std::sync::Mutex::new(ferry_wasi::tree::ImportCache::default());
         std::thread::scope(|s| {
