@@ -711,7 +711,7 @@ pub fn install_signals(control: &Arc<Control>, before_start: &'static str) -> Re
 
 /// How long a suspend's snapshot may take before [`watch_suspend`] says what it is doing:
 /// `FERRY_PROGRESS_AFTER_MS`, 1000 unless set (tests set 0).
-fn progress_after() -> Duration {
+pub fn progress_after() -> Duration {
     let ms = std::env::var("FERRY_PROGRESS_AFTER_MS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -56,9 +56,24 @@ pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
             std::io::Error::last_os_error()
         );
     }
-    let deadline = Instant::now() + Duration::from_secs(a.timeout);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(a.timeout);
+    // A snapshot that takes long (a first one of a big mounted directory) is said to be
+    // awaited, after 2 s (`FERRY_PROGRESS_AFTER_MS` × 2) and every 5 s then, so the wait is
+    // not taken for a hang.
+    let mut say_at = crate::guest::progress_after() * 2;
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
+        if started.elapsed() >= say_at {
+            say_at += Duration::from_secs(5);
+            eprintln!(
+                "ferry: waiting for session `{}` to write its snapshot ({:.0} s; at most {} s, \
+                 --timeout)",
+                s.id,
+                started.elapsed().as_secs_f64(),
+                a.timeout
+            );
+        }
         // Asked before reading the record: a holder gone by then has written its last word.
         let gone = session::holder(settings, &s.id).is_none();
         let now = session::load(settings, &s.id)?;

@@ -388,6 +388,37 @@ fn pre_writing_stores_settled_mounted_files_before_the_suspend() {
     assert!(written.contains("files_read=0"), "{err}");
 }
 
+/// `ferry suspend SESSION` from another terminal says it is waiting while the session writes
+/// a snapshot that takes a while (after 2 s; at once here, `FERRY_PROGRESS_AFTER_MS=0`).
+#[test]
+fn ferry_suspend_says_it_is_waiting_for_a_long_snapshot() {
+    let env = Env::new().with_var("FERRY_PROGRESS_AFTER_MS", "0");
+    let g = guest("wasm/cpu.wasm");
+    let (d, dir) = env.data_dir("data");
+    let big: Vec<u8> = (0..128u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+    let mut run = env
+        .ferry()
+        .args(["run", "--session", "slow", "--dir", &dir])
+        .arg(&g)
+        .args(["--", "100000"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    crate::harness::wait_until_running(&env);
+    let (out, err, code) = env.output(&["suspend", "slow"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("blake3:"), "{out}");
+    assert!(
+        err.contains("ferry: waiting for session `slow` to write its snapshot ("),
+        "{err}"
+    );
+    assert_eq!(run.wait().unwrap().code(), Some(75));
+}
+
 /// A first suspend that takes a while (a big mounted file to store) says it is still writing
 /// the snapshot (after `FERRY_PROGRESS_AFTER_MS`, 1 s unless set).
 #[test]
