@@ -719,6 +719,27 @@ pub fn progress_after() -> Duration {
     Duration::from_millis(ms)
 }
 
+/// When long work says how far it got: once `first` has passed, then every `every`.
+pub struct Pace {
+    next: Duration,
+    every: Duration,
+}
+
+impl Pace {
+    pub fn new(first: Duration, every: Duration) -> Self {
+        Self { next: first, every }
+    }
+
+    /// Whether to say so now, `took` into the work.
+    pub fn due(&mut self, took: Duration) -> bool {
+        let due = took >= self.next;
+        if due {
+            self.next = took + self.every;
+        }
+        due
+    }
+}
+
 /// Says on stderr, every 2 s once a suspend's snapshot has taken [`progress_after`], that it
 /// is still being written and how much of the mounted directories it has read (a first
 /// snapshot of a big data set reads it all), so that a long suspend is not taken for a hung
@@ -729,14 +750,13 @@ fn watch_suspend(c: Arc<Control>, watching: Arc<AtomicBool>) {
     let poll = Duration::from_millis(if after.is_zero() { 5 } else { 50 });
     std::thread::spawn(move || {
         let mut seen = false;
-        let mut next = Duration::ZERO;
+        let mut pace = Pace::new(after, Duration::from_secs(2));
         loop {
             std::thread::sleep(poll);
             match c.writing() {
                 Some((took, read)) => {
                     seen = true;
-                    if took >= after && took >= next {
-                        next = took + Duration::from_secs(2);
+                    if pace.due(took) {
                         let files = match read {
                             0 => String::new(),
                             b => format!("; {} MiB of mounted files read", b >> 20),
@@ -761,13 +781,10 @@ fn watch_suspend(c: Arc<Control>, watching: Arc<AtomicBool>) {
 /// of long work before the guest runs (writing a snapshot's directory back).
 pub fn report_progress(done: &AtomicBool, what: impl Fn() -> String) {
     let started = std::time::Instant::now();
-    let after = progress_after();
-    let mut next = after;
+    let mut pace = Pace::new(progress_after(), Duration::from_secs(2));
     while !done.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(50));
-        let took = started.elapsed();
-        if took >= next && !done.load(Ordering::SeqCst) {
-            next = took + Duration::from_secs(2);
+        if pace.due(started.elapsed()) && !done.load(Ordering::SeqCst) {
             eprintln!("ferry: {}", what());
         }
     }

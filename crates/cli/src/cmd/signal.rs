@@ -61,11 +61,11 @@ pub fn run(settings: &Settings, a: Args, kind: Kind) -> Result<ExitCode> {
     // A snapshot that takes long (a first one of a big mounted directory) is said to be
     // awaited, after 2 s (`FERRY_PROGRESS_AFTER_MS` × 2) and every 5 s then, so the wait is
     // not taken for a hang.
-    let mut say_at = crate::guest::progress_after() * 2;
+    let mut pace =
+        crate::guest::Pace::new(crate::guest::progress_after() * 2, Duration::from_secs(5));
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
-        if started.elapsed() >= say_at {
-            say_at += Duration::from_secs(5);
+        if pace.due(started.elapsed()) {
             eprintln!(
                 "ferry: waiting for session `{}` to write its snapshot ({:.0} s; at most {} s, \
                  --timeout)",

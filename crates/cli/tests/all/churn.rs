@@ -1161,9 +1161,7 @@ fn keep_and_pre_stored_files_leave_every_snapshot_whole() {
     let g = guest("wasm/files.wasm");
     let (d, dir) = env.data_dir("data");
     for i in 0..6u32 {
-        let data: Vec<u8> = (0..(6u32 << 20) + i)
-            .map(|j| (j.wrapping_mul(2_654_435_761).wrapping_add(i) >> 24) as u8)
-            .collect();
+        let data = crate::harness::varied_bytes((6 << 20) + i, i);
         std::fs::write(d.join(format!("big-{i}.bin")), data).unwrap();
     }
     // Settled, so the background store takes them.

@@ -339,6 +339,14 @@ pub fn loop_py_app(env: &Env) -> String {
     format!("{}::/app", app.display())
 }
 
+/// `len` bytes that neither repeat nor compress (a multiplicative hash of each index, plus
+/// `seed`): a data file's stand-in, written fast.
+pub fn varied_bytes(len: u32, seed: u32) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 24) as u8)
+        .collect()
+}
+
 /// `ferry run ARGS` in `env`, interrupted after `ms`: (its stdout so far, the snapshot κ).
 /// An interrupt that lands before the guest has started (a cold compiled-code cache, a loaded
 /// machine) ends ferry with nothing run; the run is then tried again, waiting twice as long.

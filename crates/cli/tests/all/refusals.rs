@@ -356,9 +356,7 @@ fn pre_writing_stores_settled_mounted_files_before_the_suspend() {
     let env = Env::new();
     let g = guest("wasm/cpu.wasm");
     let (d, dir) = env.data_dir("data");
-    let big: Vec<u8> = (0..64u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
-        .collect();
+    let big = crate::harness::varied_bytes(64 << 20, 0);
     std::fs::write(d.join("big.bin"), &big).unwrap();
     std::fs::create_dir(d.join("sub")).unwrap();
     std::fs::write(d.join("sub/note.txt"), "note").unwrap();
@@ -395,9 +393,7 @@ fn ferry_suspend_says_it_is_waiting_for_a_long_snapshot() {
     let env = Env::new().with_var("FERRY_PROGRESS_AFTER_MS", "0");
     let g = guest("wasm/cpu.wasm");
     let (d, dir) = env.data_dir("data");
-    let big: Vec<u8> = (0..128u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
-        .collect();
+    let big = crate::harness::varied_bytes(128 << 20, 0);
     std::fs::write(d.join("big.bin"), &big).unwrap();
     let mut run = env
         .ferry()
@@ -426,9 +422,7 @@ fn a_long_suspend_says_it_is_still_writing() {
     let env = Env::new().with_var("FERRY_PROGRESS_AFTER_MS", "0");
     let g = guest("wasm/cpu.wasm");
     let (d, dir) = env.data_dir("data");
-    let big: Vec<u8> = (0..128u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
-        .collect();
+    let big = crate::harness::varied_bytes(128 << 20, 0);
     std::fs::write(d.join("big.bin"), &big).unwrap();
     let (out, _) = suspend_after_output(
         &env,
