@@ -781,13 +781,29 @@ fn watch_suspend(c: Arc<Control>, watching: Arc<AtomicBool>) {
 /// of long work before the guest runs (writing a snapshot's directory back).
 pub fn report_progress(done: &AtomicBool, what: impl Fn() -> String) {
     let started = std::time::Instant::now();
-    let mut pace = Pace::new(progress_after(), Duration::from_secs(2));
+    let after = progress_after();
+    let poll = Duration::from_millis(if after.is_zero() { 5 } else { 50 });
+    let mut pace = Pace::new(after, Duration::from_secs(2));
     while !done.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(poll);
         if pace.due(started.elapsed()) && !done.load(Ordering::SeqCst) {
             eprintln!("ferry: {}", what());
         }
     }
+}
+
+/// Runs `work`, saying `what()` on stderr as [`report_progress`] does while it lasts: long
+/// work before a guest runs (a write-back, sending a data set to a space) is not taken for a
+/// hung ferry.
+pub fn saying_progress<T>(what: impl Fn() -> String + Sync, work: impl FnOnce() -> T) -> T {
+    let done = AtomicBool::new(false);
+    let (done, what) = (&done, &what);
+    std::thread::scope(|s| {
+        s.spawn(move || report_progress(done, what));
+        let r = work();
+        done.store(true, Ordering::SeqCst);
+        r
+    })
 }
 
 /// After a hangup, those of stdout and stderr that were the terminal (`terminals`) go to

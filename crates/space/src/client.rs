@@ -684,14 +684,16 @@ impl SpaceClient {
     }
 }
 
-/// Sends objects (and nothing they refer to) that `space` lacks, in verified batches.
+/// Sends objects (and nothing they refer to) that `space` lacks, in verified batches,
+/// reporting `progress(objects sent, objects to send)` as batches land.
 pub fn send_objects(
     local: &dyn Store,
     space: &RemoteStore,
     all: &[Kappa],
+    progress: &mut dyn FnMut(usize, usize),
 ) -> Result<SyncStats, StoreError> {
     let todo = space.missing(all)?;
-    let mut stats = send_batches(local, space, &todo, 0, &mut |_, _| {})?;
+    let mut stats = send_batches(local, space, &todo, 0, progress)?;
     stats.objects = all.len();
     Ok(stats)
 }

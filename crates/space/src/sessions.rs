@@ -524,9 +524,18 @@ impl Sessions {
         // The files written are remembered: the session's next snapshot does not read them.
         let store = self.store.as_ref();
         let mut known = ferry_wasi::tree::ImportCache::saved_in(store);
-        ferry_wasi::tree::materialize(store, tree, &dir)
+        let started = std::time::Instant::now();
+        let written = std::sync::atomic::AtomicU64::new(0);
+        ferry_wasi::tree::materialize_counting(store, tree, &dir, &written)
             .and_then(|()| ferry_wasi::tree::remember_tree(store, tree, &dir, &mut known))
             .map_err(|e| ApiError::unprocessable(format!("mount `{guest}`: tree {tree}: {e}")))?;
+        info!(
+            session = %id,
+            mount = guest,
+            mib = written.into_inner() >> 20,
+            ms = started.elapsed().as_millis() as u64,
+            "mounted directory written"
+        );
         if let Err(e) = known.save_in(store) {
             warn!(session = %id, error = %e, "could not save the mount import cache");
         }

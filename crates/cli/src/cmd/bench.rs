@@ -568,6 +568,7 @@ fn migrate_section(
             &local,
             &ferry_space::RemoteStore::new(&urls[0], &token),
             &[module],
+            &mut |_, _| {},
         )?;
         let id = "dirty".to_owned();
         a.run(&RunRequest {

@@ -4,6 +4,8 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -78,8 +80,20 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     let mut known = ferry_wasi::tree::ImportCache::saved_in(&store);
     let read_before = known.files_read();
     for m in &mounts {
-        let tree = ferry_wasi::tree::import_cached(&store, &m.host_dir, &mut known, &[])
-            .with_context(|| format!("cannot read {}", m.host_dir.display()))?;
+        // A big data set takes a while to read (and store) before anything is sent.
+        let read = Arc::new(AtomicU64::new(0));
+        known.count_bytes_into(Some(read.clone()));
+        let tree = crate::guest::saying_progress(
+            || {
+                format!(
+                    "reading {} to send it: {} MiB",
+                    m.host_dir.display(),
+                    read.load(Ordering::Relaxed) >> 20
+                )
+            },
+            || ferry_wasi::tree::import_cached(&store, &m.host_dir, &mut known, &[]),
+        )
+        .with_context(|| format!("cannot read {}", m.host_dir.display()))?;
         ferry_engine::closure::tree_closure(&store, &tree, &mut objects, 0)
             .map_err(|e| anyhow!("{e}"))?;
         requests.push(MountRequest {
@@ -88,14 +102,20 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
             read_only: m.read_only,
         });
     }
+    known.count_bytes_into(None);
     if known.files_read() > read_before {
         // Only a cache: failing to keep it costs a re-read next time.
         let _ = known.save_in(&store);
     }
     let remote = c.store();
     let objects: Vec<_> = objects.into_iter().collect();
-    let sent = ferry_space::send_objects(&store, &remote, &objects)
-        .with_context(|| format!("cannot send the program to {}", c.base()))?;
+    let sent = ferry_space::send_objects(
+        &store,
+        &remote,
+        &objects,
+        &mut crate::cmd::space::progress("sent"),
+    )
+    .with_context(|| format!("cannot send the program to {}", c.base()))?;
     if sent.moved > 0 {
         eprintln!(
             "ferry: sent {} objects ({:.1} MiB) to {}",
@@ -106,20 +126,28 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
     }
     let mut args = vec![t.name.clone()];
     args.extend(t.args);
-    let info = c
-        .run(&RunRequest {
-            module: module.to_string(),
-            program: t.label,
-            args,
-            env: a.guest.env()?,
-            mounts: requests,
-            engine: Some(a.guest.engine().name().into()),
-            session: a.session,
-            main: t.main,
-            checkpoint_every_ms,
-            stdin,
-        })
-        .map_err(api)?;
+    let request = RunRequest {
+        module: module.to_string(),
+        program: t.label,
+        args,
+        env: a.guest.env()?,
+        mounts: requests,
+        engine: Some(a.guest.engine().name().into()),
+        session: a.session,
+        main: t.main,
+        checkpoint_every_ms,
+        stdin,
+    };
+    // The space writes the mounted directories out before the guest starts.
+    let first = match request.mounts.is_empty() {
+        true => "",
+        false => " (it writes the mounted directories out first)",
+    };
+    let info = crate::guest::saying_progress(
+        || format!("waiting for {} to start the session{first}", c.base()),
+        || c.run(&request),
+    )
+    .map_err(api)?;
     println!("{}", info.id);
     eprintln!(
         "ferry: session {} is {} on {}; `ferry --space {} logs {} --follow` shows its output",
@@ -398,8 +426,18 @@ pub fn files(settings: &Settings, a: FilesArgs) -> Result<ExitCode> {
         let mut progress = crate::cmd::space::progress("fetched");
         let stats = ferry_space::pull_tree(&space, &store, k, &mut progress)
             .with_context(|| format!("cannot fetch the files of `{guest}`"))?;
-        ferry_wasi::tree::materialize(&store, &k, &host)
-            .with_context(|| format!("cannot write the files of `{guest}`"))?;
+        let written = AtomicU64::new(0);
+        crate::guest::saying_progress(
+            || {
+                format!(
+                    "writing `{guest}` into {}: {} MiB",
+                    host.display(),
+                    written.load(Ordering::Relaxed) >> 20
+                )
+            },
+            || ferry_wasi::tree::materialize_counting(&store, &k, &host, &written),
+        )
+        .with_context(|| format!("cannot write the files of `{guest}`"))?;
         eprintln!(
             "ferry: wrote `{guest}` of session {} into {} ({} objects, {} fetched, {:.1} MiB)",
             a.session,
@@ -428,14 +466,19 @@ pub fn stop(settings: &Settings, session: &str, verb: &str) -> Result<ExitCode> 
 /// `ferry --space URL resume SESSION`.
 pub fn resume(settings: &Settings, session: &str, engine: Option<&str>) -> Result<ExitCode> {
     let c = client(settings)?;
-    let s = c
-        .resume(
-            session,
-            &ResumeRequest {
-                engine: engine.map(str::to_owned),
-            },
-        )
-        .map_err(api)?;
+    // The space restores the memory and writes the mounted directories out first.
+    let s = crate::guest::saying_progress(
+        || format!("waiting for {} to resume the session", c.base()),
+        || {
+            c.resume(
+                session,
+                &ResumeRequest {
+                    engine: engine.map(str::to_owned),
+                },
+            )
+        },
+    )
+    .map_err(api)?;
     eprintln!(
         "ferry: session {} is {} on {}",
         s.id,

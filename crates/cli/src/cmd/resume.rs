@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result, anyhow};
 use ferry_engine::{
@@ -109,22 +109,17 @@ fn write_back(
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let staging = dir.join(format!("{PARTIAL}{}", std::process::id()));
     let written = AtomicU64::new(0);
-    let done = AtomicBool::new(false);
-    let result = std::thread::scope(|s| {
-        s.spawn(|| {
-            guest::report_progress(&done, || {
-                format!(
-                    "writing the snapshot's `{}` into {}: {} MiB",
-                    m.guest_path,
-                    dir.display(),
-                    written.load(Ordering::Relaxed) >> 20
-                )
-            })
-        });
-        let r = ferry_wasi::tree::materialize_counting(store, &m.tree, &staging, &written);
-        done.store(true, Ordering::SeqCst);
-        r
-    });
+    let result = guest::saying_progress(
+        || {
+            format!(
+                "writing the snapshot's `{}` into {}: {} MiB",
+                m.guest_path,
+                dir.display(),
+                written.load(Ordering::Relaxed) >> 20
+            )
+        },
+        || ferry_wasi::tree::materialize_counting(store, &m.tree, &staging, &written),
+    );
     if let Err(e) = result {
         let _ = std::fs::remove_dir_all(&staging);
         return Err(e.into());

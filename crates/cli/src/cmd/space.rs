@@ -162,12 +162,13 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Reports progress on stderr about once a second.
+/// Reports progress on stderr once a second has passed ([`crate::guest::progress_after`]),
+/// then about once a second.
 pub fn progress(verb: &'static str) -> impl FnMut(usize, usize) {
-    let mut last = Instant::now();
+    let started = Instant::now();
+    let mut pace = crate::guest::Pace::new(crate::guest::progress_after(), Duration::from_secs(1));
     move |done, total| {
-        if last.elapsed() >= Duration::from_secs(1) {
-            last = Instant::now();
+        if pace.due(started.elapsed()) {
             eprintln!("ferry: {verb} {done} of {total} objects");
         }
     }

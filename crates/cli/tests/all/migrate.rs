@@ -730,6 +730,57 @@ fn files_guest(
     (g, local, plain, at_input)
 }
 
+/// Starting a session on a space with a big mounted directory says what takes the time:
+/// reading the directory, sending it, and the space writing it out before the guest starts
+/// (after `FERRY_PROGRESS_AFTER_MS`, at once here); and `files` writing them back here.
+#[test]
+fn a_run_on_a_space_with_a_big_directory_shows_its_progress() {
+    let here = client().with_var("FERRY_PROGRESS_AFTER_MS", "0");
+    let a = SpaceProc::start(&[]);
+    let (data, at_data) = here.data_dir("data");
+    let big = crate::harness::varied_bytes(64 << 20, 7);
+    std::fs::write(data.join("big.bin"), &big).unwrap();
+    let g = guest("wasm/files.wasm");
+    let (_, err, code) = cli(
+        &here,
+        &a.url,
+        &[
+            "run",
+            "--session",
+            "big",
+            "--dir",
+            &at_data,
+            g.to_str().unwrap(),
+            "--",
+            "/data",
+            "3",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    for said in [
+        format!("ferry: reading {} to send it: ", data.display()),
+        "ferry: sent ".to_owned(),
+        format!(" objects (64.0 MiB) to {}\n", a.url),
+        format!(
+            "ferry: waiting for {} to start the session (it writes the mounted directories out \
+             first)",
+            a.url
+        ),
+    ] {
+        assert!(err.contains(&said), "`{said}` not in:\n{err}");
+    }
+    let (out, err, code) = cli(&here, &a.url, &["wait", "big"]);
+    assert_eq!(code, 0, "{out}{err}");
+    // Its files come back the same way.
+    let out_dir = here.path("out");
+    let into = format!("{}::/data", out_dir.display());
+    let (_, err, code) = cli(&here, &a.url, &["files", "big", "--dir", &into]);
+    assert_eq!(code, 0, "{err}");
+    let said = format!("ferry: writing `/data` into {}: ", out_dir.display());
+    assert!(err.contains(&said), "`{said}` not in:\n{err}");
+    assert_eq!(std::fs::read(out_dir.join("big.bin")).unwrap(), big);
+}
+
 /// A space killed (`kill -9`) while a session writes files in a mount drops what the guest
 /// wrote after its last snapshot — files as well as output: the directory backing the mount
 /// is gone when the space starts again, and the resumed guest works in a fresh one filled
