@@ -389,8 +389,8 @@ impl Execution<'_> {
             })
             .collect();
         if let Some(every) = self.checkpoint_every {
-            // On the JIT each comes after a pass that copies the changed memory while the
-            // guest runs, so it pauses only for what the guest wrote meanwhile
+            // Each comes after a pass that copies the changed memory while the guest runs,
+            // so it pauses only for what the guest wrote meanwhile
             // (`FERRY_PRE_WRITE_CHECKPOINTS=off`: for all of it).
             self.control.pre_write_before_checkpoints(
                 std::env::var("FERRY_PRE_WRITE_CHECKPOINTS").map_or(true, |v| v != "off"),

@@ -287,19 +287,13 @@ struct JitInstance {
     instance: wasmtime::Instance,
     funcs: HashMap<String, Entry>,
     /// Mappings [`Instance::map_file`] made in this instance's memories (counted in
-    /// [`MAPPINGS`] until the instance, and with it its memories, is dropped).
+    /// `mapped`'s count until the instance, and with it its memories, is dropped).
     mappings: usize,
 }
 
-/// Mappings of packs into the memories of all live instances of this process. The kernel
-/// allows a process ~65,000 mappings in all (`vm.max_map_count`), which wasmtime needs too:
-/// beyond [`MAX_LIVE_MAPPINGS`] chunks are copied instead (a space restores many guests).
-static MAPPINGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-const MAX_LIVE_MAPPINGS: usize = 32_768;
-
 impl Drop for JitInstance {
     fn drop(&mut self) {
-        MAPPINGS.fetch_sub(self.mappings, std::sync::atomic::Ordering::Relaxed);
+        crate::mapped::released(self.mappings);
     }
 }
 
@@ -375,6 +369,11 @@ impl Instance for JitInstance {
             .map_err(|e| e.to_string())
     }
 
+    fn memory_stays_put(&self) -> bool {
+        // Each 32-bit memory has a 4 GiB reservation of its own.
+        true
+    }
+
     fn map_file(
         &mut self,
         name: &str,
@@ -383,52 +382,13 @@ impl Instance for JitInstance {
         offset: u64,
         len: usize,
     ) -> Result<bool, String> {
-        use std::os::fd::AsRawFd;
         let Some(m) = self.instance.get_memory(&mut self.store, name) else {
             return Ok(false);
         };
         let data = m.data_mut(&mut self.store);
-        let page = crate::dirty::page_size();
-        let Ok(file_at) = libc::off_t::try_from(offset) else {
-            return Ok(false);
-        };
-        if at.checked_add(len).is_none_or(|end| end > data.len())
-            || !(data.as_ptr() as usize + at).is_multiple_of(page)
-            || !len.is_multiple_of(page)
-            || !offset.is_multiple_of(page as u64)
-        {
-            return Ok(false);
-        }
-        let start = data[at..].as_mut_ptr().cast::<libc::c_void>();
-        use std::sync::atomic::Ordering::Relaxed;
-        if MAPPINGS.fetch_add(1, Relaxed) >= MAX_LIVE_MAPPINGS {
-            MAPPINGS.fetch_sub(1, Relaxed);
-            return Ok(false);
-        }
-        let fixed = libc::MAP_PRIVATE | libc::MAP_FIXED;
-        let rw = libc::PROT_READ | libc::PROT_WRITE;
-        // SAFETY: `start..start + len` lies within the memory's accessible bytes, which
-        // wasmtime keeps mapped read-write for the memory's life and which nothing borrows
-        // while we hold `&mut self`. The new mapping replaces those pages in place with the
-        // same protection; wasmtime unmaps the whole reservation when the memory is dropped.
-        let r = unsafe { libc::mmap(start, len, rw, fixed, file.as_raw_fd(), file_at) };
-        if r != libc::MAP_FAILED {
-            self.mappings += 1;
-            return Ok(true);
-        }
-        let err = std::io::Error::last_os_error();
-        MAPPINGS.fetch_sub(1, Relaxed);
-        // A failed MAP_FIXED may have unmapped the range already: put anonymous pages back
-        // (zeros: the caller then reads these chunks, as for an engine that cannot map).
-        // SAFETY: as above, with anonymous zero pages in place of the file's.
-        let back = unsafe { libc::mmap(start, len, rw, fixed | libc::MAP_ANONYMOUS, -1, 0) };
-        if back == libc::MAP_FAILED {
-            return Err(format!(
-                "mapping memory from a pack failed ({err}), and so did undoing it"
-            ));
-        }
-        tracing::debug!(%err, "mapping a pack into memory failed; reading instead");
-        Ok(false)
+        // SAFETY: wasmtime keeps a memory's accessible bytes mapped read-write for the
+        // memory's life, and unmaps its whole reservation when the memory is dropped.
+        unsafe { crate::mapped::map_file(data, at, file, offset, len, &mut self.mappings) }
     }
 
     fn global(&mut self, name: &str) -> Option<Value> {

@@ -17,6 +17,7 @@ mod host;
 mod incremental;
 mod interp;
 mod jit;
+mod mapped;
 mod prepare;
 mod run;
 mod seam;

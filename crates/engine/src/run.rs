@@ -241,11 +241,14 @@ impl Runtime {
         }
 
         // Pre-writing reads the guest's memory from another thread while the guest runs:
-        // only where memories never move (the JIT's; see `incremental`).
-        let jit = self.kind() == crate::EngineKind::Jit;
+        // only where it never moves (see `incremental`).
+        let stays_put = inst.memory_stays_put();
         let every = control.pre_write();
-        if every.is_some() && !jit {
-            info!(engine = %self.kind(), "pre-writing needs the jit engine; not pre-writing");
+        if every.is_some() && !stays_put {
+            info!(
+                engine = %self.kind(),
+                "pre-writing needs a memory that stays in place; not pre-writing"
+            );
         }
         let waker = Arc::new(crate::incremental::Waker::default());
         let first = dirty.first();
@@ -267,7 +270,7 @@ impl Runtime {
                     })
                     .inspect_err(|e| tracing::warn!("cannot start pre-storing: {e}"));
             }
-            if jit && control.pre_writes() {
+            if stays_put && control.pre_writes() {
                 let (control, waker) = (&control, &waker);
                 let _ = std::thread::Builder::new()
                     .name("ferry-pre-write".into())

@@ -127,6 +127,9 @@ pub(crate) trait Instance {
         let _ = (name, at, file, offset, len);
         Ok(false)
     }
+    /// Whether the guest's memory 0 stays where it is for the instance's life, grown in place:
+    /// another thread may then read it while the guest runs (pre-writing).
+    fn memory_stays_put(&self) -> bool;
     /// The value of global `name` (`None`: no such global, or it holds a reference).
     fn global(&mut self, name: &str) -> Option<Value>;
     fn set_global(&mut self, name: &str, v: Value) -> Result<(), String>;
