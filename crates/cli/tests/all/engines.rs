@@ -38,8 +38,8 @@ fn c_cpu_loop_alternating_engines() {
 }
 
 /// 32 MiB of memory that changes slowly: its chunks are written with direct I/O, so every
-/// JIT resume maps them from their packs (the interpreter copies them), and each incremental
-/// snapshot after a mapped restore is checked against a full one (`FERRY_VERIFY_DIRTY`).
+/// resume maps them from their packs, on either engine, and each incremental snapshot after
+/// a mapped restore is checked against a full one (`FERRY_VERIFY_DIRTY`).
 #[test]
 fn c_memory_mapped_from_packs_alternating_engines() {
     let g = guest("wasm/dirty.wasm");
@@ -113,4 +113,44 @@ fn cpython_alternating_engines() {
     assert_eq!(plain.code, 0, "{}", plain.stderr);
     let churned = env.churn_on(&ALTERNATE, &args, &["--dir", &mount], 4, 35, (150, 1200));
     assert_same_run(&churned, &plain, 2);
+}
+
+/// The interpreter keeps the guest's memory in a reservation of ferry's own, as wasmtime does:
+/// a JIT snapshot resumes on it with its chunks mapped from the packs; its checkpoints store
+/// only what the guest wrote (each checked against a full hash, `FERRY_VERIFY_DIRTY`) and are
+/// pre-written; and the output is an uninterrupted run's.
+#[test]
+fn the_interpreter_maps_snapshots_and_tracks_what_the_guest_writes() {
+    let env = Env::new();
+    let g = guest("wasm/dirty.wasm");
+    let args = [g.to_str().unwrap(), "--", "32", "40", "10"];
+    let plain = env.plain(&args);
+    assert_eq!(plain.code, 0);
+    let (first, k) = crate::harness::suspend_after_output(&env, "run", &args, 1500);
+    let out = env
+        .ferry()
+        .args([
+            "-v",
+            "resume",
+            "--engine",
+            "interp",
+            "--checkpoint-every",
+            "500ms",
+            &k,
+        ])
+        .output()
+        .expect("spawn ferry");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("mapped from packs"), "{err}");
+    assert!(err.contains("engine=interp checking=true"), "{err}");
+    assert!(!err.contains("write tracking unavailable"), "{err}");
+    assert!(err.contains("before_checkpoint=true"), "{err}");
+    assert!(err.contains("ferry: checkpoint "), "{err}");
+    let mut stdout = first.stdout;
+    stdout.extend(out.stdout);
+    assert_eq!(
+        String::from_utf8_lossy(&stdout),
+        String::from_utf8_lossy(&plain.stdout)
+    );
 }
