@@ -260,9 +260,12 @@ impl Incremental {
         if m.len() as u64 != image.len {
             return None;
         }
-        // SAFETY: a guest memory stays mapped while its instance lives, and never moves or
-        // shrinks (32-bit memories, each in a 4 GiB reservation of its own); a snapshot checks
-        // its address before using the tracker again.
+        // SAFETY: a guest memory stays mapped while its instance lives and never shrinks;
+        // it does not move either when it has a reservation of its own (wasmtime's 32-bit
+        // memories, the interpreter's memory 0). One that may move (the interpreter's other
+        // memories, heap buffers) is only tracked if it happens to start on a page, and a
+        // snapshot checks its address before using the tracker again, starting over if it
+        // moved (write protection left on freed heap pages is asynchronous: harmless).
         unsafe {
             Tracked::new(
                 m.as_ptr(),
