@@ -138,10 +138,11 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
         checkpoint_every_ms,
         stdin,
     };
-    // The space writes the mounted directories out before the guest starts.
+    // The space writes the mounted directories out, and prepares a module it has not run
+    // before (a big one takes a while), before the guest starts.
     let first = match request.mounts.is_empty() {
-        true => "",
-        false => " (it writes the mounted directories out first)",
+        true => " (it prepares the program first)",
+        false => " (it writes the mounted directories out and prepares the program first)",
     };
     let info = crate::guest::saying_progress(
         || format!("waiting for {} to start the session{first}", c.base()),

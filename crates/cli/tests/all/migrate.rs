@@ -763,7 +763,7 @@ fn a_run_on_a_space_with_a_big_directory_shows_its_progress() {
         format!(" objects (64.0 MiB) to {}\n", a.url),
         format!(
             "ferry: waiting for {} to start the session (it writes the mounted directories out \
-             first)",
+             and prepares the program first)",
             a.url
         ),
     ] {
