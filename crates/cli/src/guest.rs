@@ -747,7 +747,7 @@ impl Pace {
 /// or asked for (the suspend failed: the guest runs on).
 fn watch_suspend(c: Arc<Control>, watching: Arc<AtomicBool>) {
     let after = progress_after();
-    let poll = Duration::from_millis(if after.is_zero() { 5 } else { 50 });
+    let poll = progress_poll(after);
     std::thread::spawn(move || {
         let mut seen = false;
         let mut pace = Pace::new(after, Duration::from_secs(2));
@@ -777,29 +777,30 @@ fn watch_suspend(c: Arc<Control>, watching: Arc<AtomicBool>) {
     });
 }
 
-/// Until `done`, says `what()` on stderr once a second has passed and every 2 s after: progress
-/// of long work before the guest runs (writing a snapshot's directory back).
-pub fn report_progress(done: &AtomicBool, what: impl Fn() -> String) {
-    let started = std::time::Instant::now();
-    let after = progress_after();
-    let poll = Duration::from_millis(if after.is_zero() { 5 } else { 50 });
-    let mut pace = Pace::new(after, Duration::from_secs(2));
-    while !done.load(Ordering::SeqCst) {
-        std::thread::sleep(poll);
-        if pace.due(started.elapsed()) && !done.load(Ordering::SeqCst) {
-            eprintln!("ferry: {}", what());
-        }
-    }
+/// How often a progress watcher looks: often enough, when tests ask for progress at once
+/// (`FERRY_PROGRESS_AFTER_MS=0`), to catch work that lasts a few milliseconds.
+fn progress_poll(after: Duration) -> Duration {
+    Duration::from_millis(if after.is_zero() { 5 } else { 50 })
 }
 
-/// Runs `work`, saying `what()` on stderr as [`report_progress`] does while it lasts: long
-/// work before a guest runs (a write-back, sending a data set to a space) is not taken for a
-/// hung ferry.
+/// Runs `work`, saying `what()` on stderr once [`progress_after`] has passed and every 2 s
+/// after, until it ends: long work before a guest runs (a write-back, sending a data set to
+/// a space) is not taken for a hung ferry.
 pub fn saying_progress<T>(what: impl Fn() -> String + Sync, work: impl FnOnce() -> T) -> T {
     let done = AtomicBool::new(false);
     let (done, what) = (&done, &what);
     std::thread::scope(|s| {
-        s.spawn(move || report_progress(done, what));
+        s.spawn(move || {
+            let started = std::time::Instant::now();
+            let after = progress_after();
+            let mut pace = Pace::new(after, Duration::from_secs(2));
+            while !done.load(Ordering::SeqCst) {
+                std::thread::sleep(progress_poll(after));
+                if pace.due(started.elapsed()) && !done.load(Ordering::SeqCst) {
+                    eprintln!("ferry: {}", what());
+                }
+            }
+        });
         let r = work();
         done.store(true, Ordering::SeqCst);
         r

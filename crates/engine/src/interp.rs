@@ -228,6 +228,11 @@ struct Reservation {
 unsafe impl Send for Reservation {}
 
 impl Reservation {
+    /// Whether `data` (a memory's bytes) lies here: the memory kept in the reservation.
+    fn holds(&self, data: &[u8]) -> bool {
+        data.as_ptr() == self.at.cast_const()
+    }
+
     fn new(pages: u64) -> Result<Self, String> {
         let len = usize::try_from(pages.min(1 << 16) << 16).map_err(|e| e.to_string())?;
         // SAFETY: a fresh anonymous mapping, owned by the value returned.
@@ -517,7 +522,7 @@ impl Instance for InterpInstance {
         // MiB: ~100 ms against ~185 ms here). A restore grows a memory to its full size.
         let data = m.data(&self.store);
         if let Some(r) = &self.reservation
-            && data.as_ptr() == r.at.cast_const()
+            && r.holds(data)
             && let Some(add) = usize::try_from(pages)
                 .ok()
                 .and_then(|p| p.checked_mul(1 << 16))
@@ -551,7 +556,7 @@ impl Instance for InterpInstance {
         };
         let data = m.data_mut(&mut self.store);
         // Only the memory in the reservation: a heap buffer moves as it grows.
-        if data.as_ptr() != r.at.cast_const() {
+        if !r.holds(data) {
             return Ok(false);
         }
         // SAFETY: `data` lies in the reservation, mapped read-write until the instance is
