@@ -179,6 +179,9 @@ pub(crate) fn write(
     let started = std::time::Instant::now();
     let mut tree_cache = std::mem::take(&mut dirty.trees);
     tree_cache.count_bytes_into(Some(files_read));
+    // A big file the guest changed in a few places is read again only there.
+    tree_cache.use_guest_writes(host.wasi.take_guest_writes());
+    let patched_before = tree_cache.files_patched();
     let load_saved = !std::mem::replace(&mut dirty.trees_loaded, true);
     let mut read_before = 0;
     let (trees, memories) = std::thread::scope(|s| {
@@ -225,11 +228,16 @@ pub(crate) fn write(
         (trees.map_err(|e| fail("mount", &e)), Ok(memories))
     });
     tree_cache.count_bytes_into(None);
+    tree_cache.forget_guest_writes();
     let files_read = tree_cache.files_read() - read_before;
+    let files_patched = tree_cache.files_patched() - patched_before;
     dirty.trees = tree_cache;
     let (trees, memories) = (trees?, memories?);
 
     let host = inst.host();
+    // The big files just stored in pieces: their changes until the next snapshot are worth
+    // recording.
+    host.wasi.record_writes_to(dirty.trees.stored_in_pieces());
     let wasi: WasiState = host.wasi.capture(&trees).map_err(|e| fail("wasi", &e))?;
     let output = match host.wasi.output_log() {
         Some(log) => Some(write_output(store, &log.bytes()).map_err(|e| fail("output", &e))?),
@@ -284,7 +292,7 @@ pub(crate) fn write(
         .map_err(|e| fail("snapshot", &e))?;
     let stored = started.elapsed();
     store.sync().map_err(|e| fail("sync", &e))?;
-    info!(snapshot = %k, written_ms = stored.as_millis(), total_ms = started.elapsed().as_millis(), files_read, "snapshot written");
+    info!(snapshot = %k, written_ms = stored.as_millis(), total_ms = started.elapsed().as_millis(), files_read, files_patched, "snapshot written");
     Ok(k)
 }
 

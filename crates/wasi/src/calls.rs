@@ -3,13 +3,14 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::time::Duration;
 
 use tracing::trace;
 
 use crate::ctx::{Fd, FdKind, WasiCtx};
 use crate::mem::Mem;
+use crate::tree::Stamp;
 use crate::{Errno, HostError, path};
 
 /// Parameter types of a WASI function (`true` = i64) and whether it returns an errno.
@@ -329,6 +330,42 @@ impl WasiCtx {
         Ok(Errno::Success)
     }
 
+    /// Whether the guest's changes through `fd` are recorded for the next snapshot
+    /// (`written.rs`): a file [`WasiCtx::record_writes_to`] named, in a mount whose content
+    /// snapshots carry.
+    pub(crate) fn records_writes(&mut self, fd: u32) -> bool {
+        if self.recorded.is_empty() {
+            return false;
+        }
+        let carried = |f: &Fd| {
+            f.kind == FdKind::File
+                && self
+                    .mounts
+                    .get(f.mount as usize)
+                    .is_some_and(|m| !m.host_bound && !m.read_only)
+        };
+        if !self.fds.get(&fd).is_some_and(carried) {
+            return false;
+        }
+        let inode = match self.fds.get(&fd).and_then(|f| f.inode) {
+            Some(inode) => inode,
+            None => {
+                let Ok(Some(file)) = self.file(fd) else {
+                    return false;
+                };
+                let Ok(md) = file.metadata() else {
+                    return false;
+                };
+                let inode = (md.dev(), md.ino());
+                if let Ok(f) = self.fd(fd) {
+                    f.inode = Some(inode);
+                }
+                inode
+            }
+        };
+        self.recorded.contains(&inode)
+    }
+
     /// The open host file behind `fd` (reopened after a restore), or `None` for stdio/dirs.
     fn file(&mut self, fd: u32) -> Result<Option<&mut File>, Errno> {
         let roots: Vec<_> = self.mounts.iter().map(|m| m.root.clone()).collect();
@@ -401,6 +438,7 @@ impl WasiCtx {
                 .unwrap_or(f.offset);
             f.offset = pos;
             f.file = None;
+            f.inode = None;
         }
         Ok(Errno::Success)
     }
@@ -445,9 +483,15 @@ impl WasiCtx {
         let Some(end) = offset.checked_add(len) else {
             return Ok(Errno::Fbig);
         };
+        let record = self.records_writes(fd);
         let file = tri!(self.file(fd)).expect("file fd");
-        if tri!(file.metadata()).len() < end {
+        let before = Stamp::of(&tri!(file.metadata()));
+        if before.len < end {
             tri!(file.set_len(end));
+            let after = file.metadata().ok().map(|m| Stamp::of(&m));
+            if let Some(after) = after.filter(|_| record) {
+                self.guest_writes.record(before, after, None);
+            }
         }
         Ok(Errno::Success)
     }
@@ -536,13 +580,17 @@ impl WasiCtx {
         if !tri!(self.fd(fd)).write {
             return Ok(Errno::Badf);
         }
-        match tri!(self.file(fd)) {
-            Some(f) => {
-                tri!(f.set_len(size));
-                Ok(Errno::Success)
-            }
-            None => Ok(Errno::Badf),
+        let record = self.records_writes(fd);
+        let Some(f) = tri!(self.file(fd)) else {
+            return Ok(Errno::Badf);
+        };
+        let before = f.metadata().ok().map(|m| Stamp::of(&m));
+        tri!(f.set_len(size));
+        let after = f.metadata().ok().map(|m| Stamp::of(&m));
+        if let (Some(before), Some(after), true) = (before, after, record) {
+            self.guest_writes.record(before, after, None);
         }
+        Ok(Errno::Success)
     }
 
     #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
@@ -609,24 +657,35 @@ impl WasiCtx {
                 if (write && !f.write) || (!write && !f.read) {
                     return Ok(Errno::Badf);
                 }
+                let append = f.fdflags & FDFLAG_APPEND != 0;
+                let record = write && self.records_writes(fd);
                 let file = tri!(self.file(fd)).expect("file fd");
-                let restore = match at {
-                    Some(off) => {
-                        let cur = tri!(file.stream_position());
-                        tri!(file.seek(SeekFrom::Start(off)));
-                        Some(cur)
-                    }
-                    None => None,
+                // What the write touches, for the next snapshot (`written.rs`).
+                let before = record.then(|| file.metadata().ok().map(|m| Stamp::of(&m)));
+                let start = match (before, at) {
+                    (Some(Some(b)), _) if append => Some(b.len),
+                    (Some(Some(_)), Some(off)) => Some(off),
+                    (Some(Some(_)), None) => file.stream_position().ok(),
+                    _ => None,
                 };
+                // Positional calls use pread/pwrite: the file's position stays as it is.
                 for (p, len) in vecs {
+                    let pos = at.map(|off| off.saturating_add(total));
                     if write {
-                        tri!(file.write_all(tri!(m.slice(p, len))));
+                        let buf = tri!(m.slice(p, len));
+                        match pos {
+                            Some(pos) => tri!(file.write_all_at(buf, pos)),
+                            None => tri!(file.write_all(buf)),
+                        }
                         total += u64::from(len);
                     } else {
                         let buf = tri!(m.slice_mut(p, len));
                         let mut got = 0;
                         while got < buf.len() {
-                            let k = tri!(file.read(&mut buf[got..]));
+                            let k = match pos {
+                                Some(pos) => tri!(file.read_at(&mut buf[got..], pos + got as u64)),
+                                None => tri!(file.read(&mut buf[got..])),
+                            };
                             if k == 0 {
                                 break;
                             }
@@ -638,8 +697,15 @@ impl WasiCtx {
                         }
                     }
                 }
-                if let Some(cur) = restore {
-                    tri!(file.seek(SeekFrom::Start(cur)));
+                let done = match (before, start) {
+                    (Some(Some(before)), Some(start)) => file
+                        .metadata()
+                        .ok()
+                        .map(|m| (before, Stamp::of(&m), (start, start.saturating_add(total)))),
+                    _ => None,
+                };
+                if let Some((before, after, wrote)) = done {
+                    self.guest_writes.record(before, after, Some(wrote));
                 }
             }
             (FdKind::Preopen | FdKind::Dir, _) => return Ok(Errno::Isdir),

@@ -229,6 +229,8 @@ pub(crate) struct Fd {
     pub offset: u64,
     /// Open host file, opened lazily (after a restore) from `path`.
     pub file: Option<File>,
+    /// `file`'s device and inode, once asked for ([`WasiCtx::records_writes`]).
+    pub inode: Option<(u64, u64)>,
 }
 
 /// One guest's WASI state.
@@ -253,6 +255,11 @@ pub struct WasiCtx {
     pub(crate) interrupt: Arc<dyn Fn() -> bool + Send + Sync>,
     /// Set by the engine while it re-enters a blocking call during a rewind.
     pub rewinding: bool,
+    /// What the guest changed in its mounted files since the last snapshot took it.
+    pub(crate) guest_writes: crate::written::GuestWrites,
+    /// The files (device, inode) whose changes are recorded in `guest_writes`: the big ones
+    /// the last snapshot stored in pieces ([`WasiCtx::record_writes_to`]).
+    pub(crate) recorded: std::collections::HashSet<(u64, u64)>,
 }
 
 impl std::fmt::Debug for WasiCtx {
@@ -289,6 +296,8 @@ impl WasiCtx {
             unshown: [Vec::new(), Vec::new()],
             interrupt,
             rewinding: false,
+            guest_writes: Default::default(),
+            recorded: Default::default(),
         };
         for (i, kind) in [FdKind::Stdin, FdKind::Stdout, FdKind::Stderr]
             .into_iter()
@@ -399,6 +408,7 @@ impl WasiCtx {
                     write: fs.write,
                     offset: fs.offset,
                     file: None,
+                    inode: None,
                 },
             );
         }
@@ -547,6 +557,22 @@ impl WasiCtx {
         }
     }
 
+    /// What the guest changed in its mounted files since the last call, for a snapshot's
+    /// import of them ([`crate::tree::ImportCache::use_guest_writes`]).
+    pub fn take_guest_writes(&mut self) -> crate::written::GuestWrites {
+        std::mem::take(&mut self.guest_writes)
+    }
+
+    /// Records from now on the guest's changes to these files (device, inode), for the next
+    /// snapshot: the big files the last one stored in pieces
+    /// ([`crate::tree::ImportCache::stored_in_pieces`]). A record costs two `stat`s per
+    /// write, and a file's timestamps then change at every write (a `stat` asks for
+    /// fine-grained ones), so only files a snapshot would otherwise read whole are followed,
+    /// and only in runs that take more than one snapshot.
+    pub fn record_writes_to(&mut self, files: std::collections::HashSet<(u64, u64)>) {
+        self.recorded = files;
+    }
+
     /// Closes every host file (before a capture's tree import, so all writes are visible).
     pub fn sync_files(&mut self) {
         for fd in self.fds.values_mut() {
@@ -600,6 +626,7 @@ impl Fd {
             write: !matches!(kind, FdKind::Stdin),
             offset: 0,
             file: None,
+            inode: None,
         }
     }
 }

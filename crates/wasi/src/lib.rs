@@ -18,6 +18,7 @@ mod mem;
 pub mod output;
 mod path;
 pub mod tree;
+pub mod written;
 
 #[cfg(test)]
 mod tests;

@@ -957,3 +957,208 @@ fn files_left_out_of_a_mount() {
     let err = restore(&state).unwrap_err();
     assert!(err.contains("at most 16"), "{err}");
 }
+
+/// The guest's own changes through `fd`: `fd_pwrite` of `data` at `off` (None: `fd_write` at
+/// the file's position). Memory: iovec at 0, data from 1000, count to 200.
+fn guest_write(c: &mut WasiCtx, mem: &mut [u8], fd: i64, data: &[u8], off: Option<u64>) {
+    mem[1000..1000 + data.len()].copy_from_slice(data);
+    mem[0..4].copy_from_slice(&1000u32.to_le_bytes());
+    mem[4..8].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    let r = match off {
+        Some(off) => c.call("fd_pwrite", mem, &[fd, 0, 1, off as i64, 200]),
+        None => c.call("fd_write", mem, &[fd, 0, 1, 200]),
+    };
+    assert_eq!(r.unwrap(), 0);
+}
+
+/// Opens `name` in the mount at fd 3 for reading and writing (`fdflags` e.g. append); its fd.
+fn open_rw(c: &mut WasiCtx, mem: &mut [u8], name: &str, fdflags: i64) -> i64 {
+    let (p, n) = put_str(mem, 100, name);
+    // rights: read (2) | write (64) | seek (4)
+    let r = c.call(
+        "path_open",
+        mem,
+        &[3, 1, p, n, 0, 2 | 4 | 64, 0, fdflags, 200],
+    );
+    assert_eq!(r.unwrap(), 0);
+    u32::from_le_bytes(mem[200..204].try_into().unwrap()) as i64
+}
+
+/// A big file the guest changes in a few places through ferry's WASI is read again only in
+/// the pieces it touched, and the tree is the one a full read gives: writes at a position
+/// and at an offset, an append, shrinking and growing. A change the guest did not make
+/// (another program's) breaks the chain, and the file is read whole again.
+#[test]
+fn a_big_file_the_guest_changed_is_read_again_only_where_it_changed() {
+    use crate::tree::{ImportCache, import, import_cached};
+    use std::os::unix::fs::FileExt;
+    let store = ferry_store::MemStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let big: Vec<u8> = (0..(12u32 << 20) + 5)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::write(root.join("db.bin"), &big).unwrap();
+    let mut c = mounted_at_data(&root);
+    let mut mem = vec![0u8; 1 << 16];
+    let mut cache = ImportCache::default();
+    let read = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    cache.count_bytes_into(Some(read.clone()));
+    let snapshot = |c: &mut WasiCtx, cache: &mut ImportCache| {
+        read.store(0, Ordering::SeqCst);
+        cache.use_guest_writes(c.take_guest_writes());
+        let k = import_cached(&store, &root, cache, &[]).unwrap();
+        cache.forget_guest_writes();
+        c.record_writes_to(cache.stored_in_pieces());
+        assert_eq!(
+            k,
+            import(&store, &root).unwrap(),
+            "the tree a full read gives"
+        );
+        (
+            cache.files_read(),
+            cache.files_patched(),
+            read.load(Ordering::SeqCst),
+        )
+    };
+    assert_eq!(snapshot(&mut c, &mut cache), (1, 0, big.len() as u64));
+
+    let fd = open_rw(&mut c, &mut mem, "db.bin", 0);
+    guest_write(&mut c, &mut mem, fd, b"at five", Some(5 << 20));
+    guest_write(&mut c, &mut mem, fd, b"at the start", None);
+    // Across a piece boundary: two pieces.
+    guest_write(&mut c, &mut mem, fd, &[9; 100], Some((8 << 20) - 50));
+    assert_eq!(
+        snapshot(&mut c, &mut cache),
+        (1, 1, 4 << 20),
+        "pieces 0, 5, 7 and 8 read again"
+    );
+    assert_eq!(
+        snapshot(&mut c, &mut cache),
+        (1, 1, 0),
+        "nothing changed: nothing read"
+    );
+
+    // Appended: the last piece, 5 bytes then, 2,005 now.
+    let app = open_rw(&mut c, &mut mem, "db.bin", 1);
+    guest_write(&mut c, &mut mem, app, &[3; 2000], None);
+    assert_eq!(snapshot(&mut c, &mut cache), (1, 2, 2005));
+    // Shrunk to 3 MiB + 10 bytes, then grown to 6 MiB (zeros), then one byte written at
+    // 1 MiB: what was there must not come back.
+    assert_eq!(
+        c.call("fd_filestat_set_size", &mut mem, &[fd, (3 << 20) + 10])
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        c.call("fd_filestat_set_size", &mut mem, &[fd, 6 << 20])
+            .unwrap(),
+        0
+    );
+    guest_write(&mut c, &mut mem, fd, b"x", Some(1 << 20));
+    assert_eq!(
+        snapshot(&mut c, &mut cache),
+        (1, 3, 4 << 20),
+        "pieces 1 and 3 to 5"
+    );
+    assert_eq!(
+        c.call("fd_allocate", &mut mem, &[fd, 0, (7 << 20) + 1])
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        snapshot(&mut c, &mut cache),
+        (1, 4, (1 << 20) + 1),
+        "the grown tail"
+    );
+
+    // Another program's change between two of the guest's: read whole.
+    std::fs::File::options()
+        .write(true)
+        .open(root.join("db.bin"))
+        .unwrap()
+        .write_all_at(b"host", 2 << 20)
+        .unwrap();
+    guest_write(&mut c, &mut mem, fd, b"guest", Some(4 << 20));
+    assert_eq!(snapshot(&mut c, &mut cache), (2, 4, (7 << 20) + 1));
+    // After the guest's last change, with no change of the guest's since: read whole too.
+    guest_write(&mut c, &mut mem, fd, b"guest", Some(4 << 20));
+    std::fs::File::options()
+        .write(true)
+        .open(root.join("db.bin"))
+        .unwrap()
+        .write_all_at(b"host", 6 << 20)
+        .unwrap();
+    assert_eq!(snapshot(&mut c, &mut cache), (3, 4, (7 << 20) + 1));
+    // The chain starts again from there.
+    guest_write(&mut c, &mut mem, fd, b"guest", Some(4 << 20));
+    assert_eq!(snapshot(&mut c, &mut cache), (3, 5, 1 << 20));
+    assert!(c.take_guest_writes().is_empty());
+
+    // Only files the last snapshot stored in pieces are followed: not a small one, not one
+    // before any snapshot.
+    std::fs::write(root.join("small.txt"), "small").unwrap();
+    snapshot(&mut c, &mut cache);
+    let small = open_rw(&mut c, &mut mem, "small.txt", 0);
+    guest_write(&mut c, &mut mem, small, b"x", Some(0));
+    assert!(c.take_guest_writes().is_empty());
+    guest_write(&mut c, &mut mem, fd, b"guest", Some(4 << 20));
+    assert_eq!(c.take_guest_writes().len(), 1);
+    let mut fresh = mounted_at_data(&root);
+    let fd = open_rw(&mut fresh, &mut mem, "db.bin", 0);
+    guest_write(&mut fresh, &mut mem, fd, b"guest", Some(4 << 20));
+    assert!(fresh.take_guest_writes().is_empty());
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// Whatever the guest and another program do to a big file, in any order, each import
+    /// gives the tree a full read of the directory gives.
+    #[test]
+    fn a_patched_import_always_equals_a_full_read(
+        ops in proptest::collection::vec((0u8..6, 0u64..(5 << 20), 1usize..3000), 1..40),
+        every in 1usize..6,
+    ) {
+        use crate::tree::{ImportCache, import, import_cached};
+        use std::os::unix::fs::FileExt;
+        let store = ferry_store::MemStore::new();
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::write(root.join("f"), vec![1u8; (3 << 20) + 77]).unwrap();
+        let mut c = mounted_at_data(&root);
+        let mut mem = vec![0u8; 1 << 16];
+        let mut cache = ImportCache::default();
+        let fd = open_rw(&mut c, &mut mem, "f", 0);
+        let app = open_rw(&mut c, &mut mem, "f", 1);
+        for (n, (op, at, len)) in ops.into_iter().enumerate() {
+            let data = vec![(n % 250) as u8 + 2; len];
+            match op {
+                0 => guest_write(&mut c, &mut mem, fd, &data, Some(at)),
+                1 => guest_write(&mut c, &mut mem, fd, &data, None),
+                2 => guest_write(&mut c, &mut mem, app, &data, None),
+                3 => {
+                    let r = c.call("fd_filestat_set_size", &mut mem, &[fd, at as i64]);
+                    proptest::prop_assert_eq!(r.unwrap(), 0);
+                }
+                4 => std::fs::File::options()
+                    .write(true)
+                    .open(root.join("f"))
+                    .unwrap()
+                    .write_all_at(&data, at)
+                    .unwrap(),
+                _ => {
+                    let r = c.call("fd_seek", &mut mem, &[fd, at as i64, 0, 300]);
+                    proptest::prop_assert_eq!(r.unwrap(), 0);
+                }
+            }
+            if n % every == 0 {
+                cache.use_guest_writes(c.take_guest_writes());
+                let k = import_cached(&store, &root, &mut cache, &[]).unwrap();
+                cache.forget_guest_writes();
+                c.record_writes_to(cache.stored_in_pieces());
+                proptest::prop_assert_eq!(k, import(&store, &root).unwrap());
+            }
+        }
+    }
+}

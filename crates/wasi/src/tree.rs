@@ -16,6 +16,8 @@ use ferry_object::{
 };
 use ferry_store::Store;
 
+use crate::written::{GuestWrites, Written};
+
 /// Deepest directory nesting imported or materialized.
 pub const MAX_DEPTH: usize = 64;
 /// Largest file stored as one blob (1 MiB, one piece); a larger one is stored as a
@@ -293,6 +295,13 @@ impl Sink<'_> {
             Sink::Store(s) | Sink::HashOnly(s) => s.has(k),
         }
     }
+
+    /// Object `k` from the store, if it is there and whole.
+    fn get(self, k: &Kappa) -> Option<Vec<u8>> {
+        match self {
+            Sink::Store(s) | Sink::HashOnly(s) => s.get(k).ok(),
+        }
+    }
 }
 
 /// Files an import stored, by path, with what identified their content then: device, inode,
@@ -313,22 +322,34 @@ pub struct ImportCache {
     /// Where the bytes of files read are counted, if anywhere
     /// ([`ImportCache::count_bytes_into`]).
     bytes_read: Option<Arc<AtomicU64>>,
+    /// Chunked files this cache stored while their times were too recent to trust alone:
+    /// what a chain of the guest's own changes ([`GuestWrites`]) may start from. Never
+    /// saved.
+    bases: HashMap<PathBuf, (Stamp, Kappa)>,
+    /// The guest's changes since the last snapshot ([`ImportCache::use_guest_writes`]).
+    guest_writes: GuestWrites,
+    /// Files read again only in the pieces the guest changed (for tests and diagnostics).
+    patched: u64,
+    /// The files (device, inode) stored in pieces since [`ImportCache::use_guest_writes`].
+    in_pieces: std::collections::HashSet<(u64, u64)>,
 }
 
 /// How old a file's times must be before [`ImportCache`] trusts them.
 pub const SETTLED: Duration = Duration::from_secs(2);
 
+/// What identifies a file's content while it is unchanged: device, inode, length,
+/// modification and status-change times (nanoseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
+pub(crate) struct Stamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub len: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
 }
 
 impl Stamp {
-    fn of(md: &fs::Metadata) -> Self {
+    pub(crate) fn of(md: &fs::Metadata) -> Self {
         Self {
             dev: md.dev(),
             ino: md.ino(),
@@ -623,6 +644,33 @@ impl ImportCache {
         self.reads
     }
 
+    /// Files read again so far only in the pieces the guest changed
+    /// ([`ImportCache::use_guest_writes`]).
+    pub fn files_patched(&self) -> u64 {
+        self.patched
+    }
+
+    /// Tells the next imports what the guest changed in its mounted files since the last
+    /// snapshot ([`crate::WasiCtx::take_guest_writes`]): a big file it changed in a few
+    /// places, which this cache stored before, is then read again only there. Taken back by
+    /// [`ImportCache::forget_guest_writes`] after the snapshot's import.
+    pub fn use_guest_writes(&mut self, writes: GuestWrites) {
+        self.guest_writes = writes;
+        self.in_pieces.clear();
+    }
+
+    /// The files (device, inode) the imports since [`ImportCache::use_guest_writes`] found
+    /// stored in pieces, at most [`MAX_SAVED`]: whose changes are worth recording for the
+    /// next snapshot ([`crate::WasiCtx::record_writes_to`]).
+    pub fn stored_in_pieces(&mut self) -> std::collections::HashSet<(u64, u64)> {
+        std::mem::take(&mut self.in_pieces)
+    }
+
+    /// Drops what [`ImportCache::use_guest_writes`] told it.
+    pub fn forget_guest_writes(&mut self) {
+        self.guest_writes = GuestWrites::default();
+    }
+
     /// A cache computing trees in the form of ferry before 2026-12-03 (files up to
     /// [`LEGACY_MAX_BLOB_FILE`] one blob), knowing the files this one knows whose form is
     /// the same in both (up to [`MAX_BLOB_FILE`]).
@@ -638,6 +686,7 @@ impl ImportCache {
             settled: self.settled,
             blob_limit: Some(LEGACY_MAX_BLOB_FILE),
             bytes_read: self.bytes_read.clone(),
+            ..Self::default()
         }
     }
 
@@ -667,29 +716,77 @@ impl ImportCache {
             && store.has(k)?
         {
             // Unchanged since it was stored: the same length, so the same form.
-            return Ok((*k, seen.len > limit));
+            let (k, chunked) = (*k, seen.len > limit);
+            if chunked && self.in_pieces.len() < MAX_SAVED {
+                self.in_pieces.insert((stamp.dev, stamp.ino));
+            }
+            return Ok((k, chunked));
+        }
+        if let Some((seen, k)) = self.bases.get(p)
+            && *seen == stamp
+            && seen.len > limit
+            && fine_grained_times(p)
+            && store.has(k)?
+        {
+            // Stored by this cache moments ago, unchanged since.
+            let k = *k;
+            if self.in_pieces.len() < MAX_SAVED {
+                self.in_pieces.insert((stamp.dev, stamp.ino));
+            }
+            return Ok((k, true));
         }
         if md.len() > MAX_FILE {
             return Err(TreeError::TooLarge(p.display().to_string(), md.len()));
         }
-        self.reads += 1;
         let counter = self.bytes_read.as_deref();
-        let (k, chunked) = if md.len() > limit {
-            put_chunked(store, p, limit, counter, stop)?
-        } else {
-            let bytes = fs::read(p).map_err(io(p))?;
-            if let Some(c) = counter {
-                c.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let patched = match self.patch_base(p, &stamp, limit) {
+            Some((base, chain)) => patch_chunked(store, p, &stamp, base, chain, counter)?,
+            None => None,
+        };
+        let (k, chunked) = match patched {
+            Some(k) => {
+                self.patched += 1;
+                (k, true)
             }
-            (store.put(&bytes)?, false)
+            None if md.len() > limit => {
+                self.reads += 1;
+                put_chunked(store, p, limit, counter, stop)?
+            }
+            None => {
+                self.reads += 1;
+                let bytes = fs::read(p).map_err(io(p))?;
+                if let Some(c) = counter {
+                    c.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                }
+                (store.put(&bytes)?, false)
+            }
         };
         let after = fs::symlink_metadata(p).map(|m| Stamp::of(&m)).ok();
+        if chunked && self.in_pieces.len() < MAX_SAVED {
+            self.in_pieces.insert((stamp.dev, stamp.ino));
+        }
+        self.bases.remove(p);
         if after == Some(stamp) && stamp.older_than(self.settled.unwrap_or(SETTLED)) {
             self.files.insert(p.to_path_buf(), (stamp, k));
         } else {
             self.files.remove(p);
+            if after == Some(stamp) && chunked && self.bases.len() < MAX_SAVED {
+                self.bases.insert(p.to_path_buf(), (stamp, k));
+            }
         }
         Ok((k, chunked))
+    }
+
+    /// The stored [`FileChunks`] of the file at `p` (stamp `now`, over `limit`) that the
+    /// guest's changes since lead to it from, and those changes: a file this cache stored,
+    /// with the stamp the unbroken chain of changes begins at.
+    fn patch_base(&self, p: &Path, now: &Stamp, limit: u64) -> Option<(Kappa, &Written)> {
+        let chain = self.guest_writes.chain_to(now)?;
+        let (seen, k) = [self.files.get(p), self.bases.get(p)]
+            .into_iter()
+            .flatten()
+            .find(|(seen, _)| *seen == chain.before)?;
+        (seen.len > limit && now.len > limit && fine_grained_times(p)).then_some((*k, chain))
     }
 }
 
@@ -741,6 +838,119 @@ fn put_chunked(
         return Ok((store.put(&fs::read(p).map_err(io(p))?)?, false));
     }
     Ok((put_file_chunks(store, len, chunks)?, true))
+}
+
+/// Whether any change to the file at `p` after a `stat` of it gives it a later timestamp
+/// than that `stat` saw, even within the same clock tick: multigrain timestamps, Linux
+/// ≥ 6.13 on ext4, xfs, btrfs and tmpfs. Only then is a stamp taken moments ago trusted
+/// ([`ImportCache`]'s `bases`): elsewhere another program's write in the same tick as
+/// ferry's read of the file could leave its stamp as it was.
+fn fine_grained_times(p: &Path) -> bool {
+    static KERNEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let kernel = *KERNEL.get_or_init(|| {
+        // SAFETY: uname fills the struct it is given.
+        let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+        if unsafe { libc::uname(&mut u) } != 0 {
+            return false;
+        }
+        // SAFETY: uname NUL-terminates the release.
+        let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) };
+        let mut parts = release
+            .to_string_lossy()
+            .split(['.', '-'])
+            .map(|n| n.parse::<u32>().unwrap_or(0))
+            .collect::<Vec<_>>()
+            .into_iter();
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 13)
+    });
+    if !kernel {
+        return false;
+    }
+    let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()))
+    else {
+        return false;
+    };
+    // SAFETY: a NUL-terminated path and a struct statfs fills.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 {
+        return false;
+    }
+    const EXT4: i64 = 0xEF53;
+    const XFS: i64 = 0x5846_5342;
+    const BTRFS: i64 = 0x9123_683E;
+    const TMPFS: i64 = 0x0102_1994;
+    matches!(fs.f_type as i64, EXT4 | XFS | BTRFS | TMPFS)
+}
+
+/// Stores the file at `p` (stamp `now`) as a [`FileChunks`] made from `base`'s pieces, the
+/// pieces `chain` touched read again from the file (and, if the length changed, every piece
+/// from the shorter length on), adding the bytes read to `counter`; its κ. `None` when `base` or one of
+/// the pieces it keeps is no longer whole in the store (a prune may have deleted it): the
+/// caller then reads the file whole.
+fn patch_chunked(
+    store: Sink<'_>,
+    p: &Path,
+    now: &Stamp,
+    base: Kappa,
+    chain: &Written,
+    counter: Option<&AtomicU64>,
+) -> Result<Option<Kappa>, TreeError> {
+    use std::os::unix::fs::FileExt;
+    let Some(old) = store
+        .get(&base)
+        .and_then(|b| ferry_object::decode::<FileChunks>(&b).ok())
+        .filter(|f| f.chunk_size == FILE_CHUNK_SIZE && f.len == chain.before.len)
+    else {
+        return Ok(None);
+    };
+    let piece = u64::from(FILE_CHUNK_SIZE);
+    let count = now.len.div_ceil(piece);
+    // The chain marks what a change of length touches; this keeps a piece whose end moved
+    // from being taken whatever the chain says.
+    let kept_below = match old.len == now.len {
+        true => count,
+        false => old.len.min(now.len) / piece,
+    };
+    let mut chunks: Vec<Option<Kappa>> = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        let keep = (i < kept_below && !chain.touched(i))
+            .then(|| old.chunks.get(i as usize).copied())
+            .flatten();
+        match keep {
+            Some(c) if !store.has(&c)? => return Ok(None),
+            keep => chunks.push(keep),
+        }
+    }
+    let f = fs::File::open(p).map_err(io(p))?;
+    let mut buf = vec![0u8; PIECES_AT_ONCE * FILE_CHUNK_SIZE as usize];
+    let mut i = 0;
+    while i < count {
+        if chunks[i as usize].is_some() {
+            i += 1;
+            continue;
+        }
+        // A run of pieces to read, at most PIECES_AT_ONCE.
+        let first = i;
+        while i < count && i - first < PIECES_AT_ONCE as u64 && chunks[i as usize].is_none() {
+            i += 1;
+        }
+        let start = first * piece;
+        let len = (i * piece).min(now.len) - start;
+        let bytes = &mut buf[..len as usize];
+        f.read_exact_at(bytes, start).map_err(io(p))?;
+        if let Some(c) = counter {
+            c.fetch_add(len, Ordering::Relaxed);
+        }
+        let pieces: Vec<&[u8]> = bytes.chunks(FILE_CHUNK_SIZE as usize).collect();
+        for (j, k) in store.put_many(&pieces)?.into_iter().enumerate() {
+            chunks[first as usize + j] = Some(k);
+        }
+    }
+    let chunks = chunks
+        .into_iter()
+        .map(|c| c.expect("every piece"))
+        .collect();
+    Ok(Some(put_file_chunks(store, now.len, chunks)?))
 }
 
 /// Stores the [`FileChunks`] of a `len`-byte file whose pieces are `chunks`; its κ.
