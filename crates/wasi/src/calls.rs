@@ -584,10 +584,12 @@ impl WasiCtx {
         let Some(f) = tri!(self.file(fd)) else {
             return Ok(Errno::Badf);
         };
-        let before = f.metadata().ok().map(|m| Stamp::of(&m));
+        let stamp = |f: &File| f.metadata().ok().map(|m| Stamp::of(&m));
+        let before = if record { stamp(f) } else { None };
         tri!(f.set_len(size));
-        let after = f.metadata().ok().map(|m| Stamp::of(&m));
-        if let (Some(before), Some(after), true) = (before, after, record) {
+        if let Some(before) = before
+            && let Some(after) = stamp(f)
+        {
             self.guest_writes.record(before, after, None);
         }
         Ok(Errno::Success)
