@@ -44,6 +44,22 @@ pub struct FsStore {
     packed: std::sync::RwLock<Packed>,
     /// `gc.lock`, held shared (or, for garbage collection, exclusively) while this is open.
     in_use: File,
+    /// How far garbage collection has come ([`FsStore::housekeeping`]).
+    removed: AtomicU64,
+    compact_copied: AtomicU64,
+    compact_total: AtomicU64,
+}
+
+/// How far this process's garbage collection in a store has come
+/// ([`FsStore::housekeeping`]): what a long `store gc` shows while it works.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Housekeeping {
+    /// Objects removed.
+    pub removed: u64,
+    /// Bytes of live objects copied out of half-empty packs by the compaction under way.
+    pub compact_copied: u64,
+    /// Bytes that compaction copies in all (0 before it has started).
+    pub compact_total: u64,
 }
 
 #[derive(Debug, Default)]
@@ -394,6 +410,9 @@ impl FsStore {
             no_direct: std::env::var_os("FERRY_DIRECT_IO")
                 .is_some_and(|v| v == "off")
                 .into(),
+            removed: AtomicU64::new(0),
+            compact_copied: AtomicU64::new(0),
+            compact_total: AtomicU64::new(0),
         })
         .and_then(|s| {
             s.load_packs()?;
@@ -645,6 +664,16 @@ impl FsStore {
 
     fn ref_path(&self, name: &str) -> PathBuf {
         self.root.join("refs").join(name)
+    }
+
+    /// How far this process's garbage collection in the store has come: objects removed,
+    /// and the bytes the current (or last) compaction has copied, of how many.
+    pub fn housekeeping(&self) -> Housekeeping {
+        Housekeeping {
+            removed: self.removed.load(Ordering::Relaxed),
+            compact_copied: self.compact_copied.load(Ordering::Relaxed),
+            compact_total: self.compact_total.load(Ordering::Relaxed),
+        }
     }
 
     /// Removes (unless `dry_run`) what `tmp/` holds — writes a process never finished because
@@ -1199,7 +1228,9 @@ impl Store for FsStore {
         drop(packed);
         let p = self.object_path(kappa);
         remove_if_present(&p)?;
-        remove_if_present(&zst_path(&p))
+        remove_if_present(&zst_path(&p))?;
+        self.removed.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Packs at least half of whose bytes belong to removed objects are rewritten: their
@@ -1263,6 +1294,8 @@ impl Store for FsStore {
             let freed = self.rewrite_pruned_indexes()?;
             return Ok(crate::Compacted { files: 0, freed });
         }
+        self.compact_copied.store(0, Ordering::Relaxed);
+        self.compact_total.store(copied, Ordering::Relaxed);
         let (mut moving, rest): (Vec<_>, Vec<_>) = moving
             .into_iter()
             .partition(|(_, s)| !s.zstd && (s.stored as usize).is_multiple_of(DIRECT_ALIGN));
@@ -1290,6 +1323,7 @@ impl Store for FsStore {
             let tmp = self.copy_into_tmp(&pack::header(DIRECT_ALIGN as u64), batch, &mut open)?;
             self.finish_pack(&tmp, &idx_bytes, at)?;
             written += at + idx_bytes.len() as u64;
+            self.compact_copied.fetch_add(size, Ordering::Relaxed);
         }
         drop(open);
         // The new packs durable before the old ones go.

@@ -18,7 +18,7 @@ mod mem;
 mod pack;
 
 pub use error::StoreError;
-pub use fs::FsStore;
+pub use fs::{FsStore, Housekeeping};
 pub use mem::MemStore;
 
 use std::path::PathBuf;

@@ -106,7 +106,12 @@ fn verify(store: &dyn Store) -> Result<ExitCode> {
 }
 
 fn gc(store: &ferry_store::FsStore, dry_run: bool, keep: usize) -> Result<ExitCode> {
-    let c = ferry_engine::gc::collect(store, dry_run, &|_| keep, u64::MAX, None)?;
+    // A big store takes a while (deleting, then copying live objects out of half-empty
+    // packs): say how far it has come.
+    let c = crate::guest::saying_progress(
+        || gc_progress(store.housekeeping()),
+        || ferry_engine::gc::collect(store, dry_run, &|_| keep, u64::MAX, None),
+    )?;
     print_collected(&c, dry_run);
     // Alone with the store (opened exclusively): what `tmp/` holds, no process is writing.
     let (files, bytes) = store.remove_unfinished(dry_run)?;
@@ -119,6 +124,22 @@ fn gc(store: &ferry_store::FsStore, dry_run: bool, keep: usize) -> Result<ExitCo
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a long `store gc` says while it works.
+fn gc_progress(h: ferry_store::Housekeeping) -> String {
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    match h {
+        h if h.compact_total > 0 => format!(
+            "collecting garbage: {} objects deleted; rewriting packs without them: {:.0} of \
+             {:.0} MiB of live objects copied",
+            h.removed,
+            mib(h.compact_copied),
+            mib(h.compact_total)
+        ),
+        h if h.removed > 0 => format!("collecting garbage: {} objects deleted", h.removed),
+        _ => "collecting garbage: finding what the refs reach".into(),
+    }
 }
 
 /// What `store gc` reports, here or on a space.

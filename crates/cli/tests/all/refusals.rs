@@ -1128,3 +1128,29 @@ fn a_guest_that_traps_exits_134_as_under_wasmtime() {
         );
     }
 }
+
+/// `store gc` on a store with much to delete and packs to rewrite says how far it has come
+/// (after 1 s, every 2 s; at once here, `FERRY_PROGRESS_AFTER_MS=0`), and the snapshot it
+/// keeps still resumes.
+#[test]
+fn store_gc_says_how_far_it_has_come() {
+    let env = Env::new().with_var("FERRY_PROGRESS_AFTER_MS", "0");
+    let g = guest("wasm/dirty.wasm");
+    // Each checkpoint rewrites a tenth of 64 MiB: the older ones' chunks become garbage.
+    let args = [
+        "--checkpoint-every",
+        "100ms",
+        g.to_str().unwrap(),
+        "--",
+        "64",
+        "1000",
+        "100",
+    ];
+    let (_, k) = crate::harness::run_and_suspend_after_checkpoints(&env, &args, 6);
+    let (out, err, code) = env.output(&["store", "gc", "--keep", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("rewrote "), "{out}");
+    assert!(err.contains("ferry: collecting garbage: "), "{err}");
+    let (_, err, code) = env.output(&["inspect", &k]);
+    assert_eq!(code, 0, "{err}");
+}
