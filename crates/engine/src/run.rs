@@ -255,6 +255,19 @@ impl Runtime {
         // The carried mounts, whose settled files a thread of the run stores ahead of
         // snapshots when it pre-writes (into `pre_stored`, which each snapshot takes in).
         let mounts = crate::incremental::carried_mounts(&inst.host().wasi);
+        // The guest's changes to the big mounted files earlier snapshots stored in pieces are
+        // recorded from the start, so that even this run's first snapshot reads them again
+        // only where they changed (`ferry_wasi::written`).
+        if !mounts.is_empty() && !dirty.trees_loaded {
+            dirty
+                .trees
+                .absorb(ferry_wasi::tree::ImportCache::saved_in(store));
+            dirty.trees_loaded = true;
+        }
+        let roots: Vec<&std::path::Path> = mounts.iter().map(|(d, _)| d.as_path()).collect();
+        inst.host()
+            .wasi
+            .record_writes_to(dirty.trees.in_pieces_under(&roots));
         let pre_stored = std::sync::Mutex::new(ferry_wasi::tree::ImportCache::default());
         std::thread::scope(|s| {
             if control.pre_writes() && !mounts.is_empty() {

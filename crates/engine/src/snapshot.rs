@@ -202,8 +202,12 @@ pub(crate) fn write(
                     }
                 })
                 .collect::<Result<Vec<_>, _>>();
+            // Saved when it learnt something: a file read, or patched (a resume, and the
+            // run after it, then know the file as the snapshot holds it).
+            let learnt = tree_cache.files_read() > read_before
+                || tree_cache.files_patched() > patched_before;
             if trees.is_ok()
-                && tree_cache.files_read() > read_before
+                && learnt
                 && let Err(e) = tree_cache.save_in(store)
             {
                 tracing::warn!("could not save the mount import cache: {e}");

@@ -307,8 +307,9 @@ impl Sink<'_> {
 /// Files an import stored, by path, with what identified their content then: device, inode,
 /// length, modification and status-change times (nanoseconds). A file is taken as unchanged
 /// while all of these are; the status-change time cannot be set back by a program, and a
-/// file is only remembered once its times are [`SETTLED`] old, so a write in the same
-/// timestamp tick as the read cannot go unseen.
+/// file is only remembered once its times are [`SETTLED`] old, or at once where the kernel
+/// gives any change after a `stat` a later time ([`fine_grained_times`]), so a write in the
+/// same timestamp tick as the read cannot go unseen.
 #[derive(Debug, Default)]
 pub struct ImportCache {
     files: HashMap<PathBuf, (Stamp, Kappa)>,
@@ -322,10 +323,6 @@ pub struct ImportCache {
     /// Where the bytes of files read are counted, if anywhere
     /// ([`ImportCache::count_bytes_into`]).
     bytes_read: Option<Arc<AtomicU64>>,
-    /// Chunked files this cache stored while their times were too recent to trust alone:
-    /// what a chain of the guest's own changes ([`GuestWrites`]) may start from. Never
-    /// saved.
-    bases: HashMap<PathBuf, (Stamp, Kappa)>,
     /// The guest's changes since the last snapshot ([`ImportCache::use_guest_writes`]).
     guest_writes: GuestWrites,
     /// Files read again only in the pieces the guest changed (for tests and diagnostics).
@@ -659,6 +656,19 @@ impl ImportCache {
         self.in_pieces.clear();
     }
 
+    /// The files (device, inode) under `roots` this cache knows stored in pieces, at most
+    /// [`MAX_SAVED`]: whose changes are worth recording from a run's start
+    /// ([`crate::WasiCtx::record_writes_to`]).
+    pub fn in_pieces_under(&self, roots: &[&Path]) -> std::collections::HashSet<(u64, u64)> {
+        let limit = self.blob_limit();
+        self.files
+            .iter()
+            .filter(|(p, (stamp, _))| stamp.len > limit && roots.iter().any(|r| p.starts_with(r)))
+            .map(|(_, (stamp, _))| (stamp.dev, stamp.ino))
+            .take(MAX_SAVED)
+            .collect()
+    }
+
     /// The files (device, inode) the imports since [`ImportCache::use_guest_writes`] found
     /// stored in pieces, at most [`MAX_SAVED`]: whose changes are worth recording for the
     /// next snapshot ([`crate::WasiCtx::record_writes_to`]).
@@ -722,19 +732,6 @@ impl ImportCache {
             }
             return Ok((k, chunked));
         }
-        if let Some((seen, k)) = self.bases.get(p)
-            && *seen == stamp
-            && seen.len > limit
-            && fine_grained_times(p)
-            && store.has(k)?
-        {
-            // Stored by this cache moments ago, unchanged since.
-            let k = *k;
-            if self.in_pieces.len() < MAX_SAVED {
-                self.in_pieces.insert((stamp.dev, stamp.ino));
-            }
-            return Ok((k, true));
-        }
         if md.len() > MAX_FILE {
             return Err(TreeError::TooLarge(p.display().to_string(), md.len()));
         }
@@ -765,27 +762,33 @@ impl ImportCache {
         if chunked && self.in_pieces.len() < MAX_SAVED {
             self.in_pieces.insert((stamp.dev, stamp.ino));
         }
-        self.bases.remove(p);
-        if after == Some(stamp) && stamp.older_than(self.settled.unwrap_or(SETTLED)) {
+        if after == Some(stamp) && self.trusts(p, &stamp) {
             self.files.insert(p.to_path_buf(), (stamp, k));
         } else {
             self.files.remove(p);
-            if after == Some(stamp) && chunked && self.bases.len() < MAX_SAVED {
-                self.bases.insert(p.to_path_buf(), (stamp, k));
-            }
         }
         Ok((k, chunked))
     }
 
+    /// Whether a file seen with `stamp` before and after it was read can be taken as
+    /// unchanged while its stamp is: its times are [`SETTLED`] old, or any later change is
+    /// sure to give it a later time ([`fine_grained_times`]).
+    fn trusts(&self, p: &Path, stamp: &Stamp) -> bool {
+        match self.settled {
+            Some(age) => stamp.older_than(age),
+            None => stamp.older_than(SETTLED) || fine_grained_times(p),
+        }
+    }
+
     /// The stored [`FileChunks`] of the file at `p` (stamp `now`, over `limit`) that the
-    /// guest's changes since lead to it from, and those changes: a file this cache stored,
-    /// with the stamp the unbroken chain of changes begins at.
+    /// guest's changes since lead to it from, and those changes: a file this cache
+    /// remembers, at the stamp the unbroken chain of changes begins at.
     fn patch_base(&self, p: &Path, now: &Stamp, limit: u64) -> Option<(Kappa, &Written)> {
         let chain = self.guest_writes.chain_to(now)?;
-        let (seen, k) = [self.files.get(p), self.bases.get(p)]
-            .into_iter()
-            .flatten()
-            .find(|(seen, _)| *seen == chain.before)?;
+        let (seen, k) = self
+            .files
+            .get(p)
+            .filter(|(seen, _)| *seen == chain.before)?;
         (seen.len > limit && now.len > limit && fine_grained_times(p)).then_some((*k, chain))
     }
 }
@@ -843,9 +846,9 @@ fn put_chunked(
 /// Whether any change to the file at `p` after a `stat` of it gives it a later timestamp
 /// than that `stat` saw, even within the same clock tick: multigrain timestamps, Linux
 /// ≥ 6.13 on ext4, xfs, btrfs and tmpfs. Only then is a stamp taken moments ago trusted
-/// ([`ImportCache`]'s `bases`): elsewhere another program's write in the same tick as
-/// ferry's read of the file could leave its stamp as it was.
-fn fine_grained_times(p: &Path) -> bool {
+/// ([`ImportCache`]): elsewhere another program's write in the same tick as ferry's read of
+/// the file could leave its stamp as it was, so a file must be [`SETTLED`] first.
+pub(crate) fn fine_grained_times(p: &Path) -> bool {
     static KERNEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let kernel = *KERNEL.get_or_init(|| {
         // SAFETY: uname fills the struct it is given.
