@@ -1136,17 +1136,18 @@ fn a_guest_that_traps_exits_134_as_under_wasmtime() {
 fn store_gc_says_how_far_it_has_come() {
     let env = Env::new().with_var("FERRY_PROGRESS_AFTER_MS", "0");
     let g = guest("wasm/dirty.wasm");
-    // Each checkpoint rewrites a tenth of 64 MiB: the older ones' chunks become garbage.
+    // Every 100 ms tick rewrites half of 64 MiB: the older checkpoints' chunks become
+    // garbage, their packs half-empty or empty.
     let args = [
         "--checkpoint-every",
-        "100ms",
+        "150ms",
         g.to_str().unwrap(),
         "--",
         "64",
         "1000",
-        "100",
+        "500",
     ];
-    let (_, k) = crate::harness::run_and_suspend_after_checkpoints(&env, &args, 6);
+    let (_, k) = crate::harness::run_and_suspend_after_checkpoints(&env, &args, 8);
     let (out, err, code) = env.output(&["store", "gc", "--keep", "1"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("rewrote "), "{out}");
