@@ -1123,6 +1123,45 @@ fn a_big_file_the_guest_changed_is_read_again_only_where_it_changed() {
     assert!(fresh.take_guest_writes().is_empty());
 }
 
+/// A file the guest changed that turns out shorter than its stamp said when its pieces are
+/// read again (another program cut it during the snapshot) is not patched: the import reads
+/// it whole instead of failing.
+#[test]
+fn a_patch_of_a_file_cut_short_meanwhile_gives_way_to_a_full_read() {
+    use crate::tree::{ImportCache, Sink, Stamp, import_cached, patch_chunked};
+    let store = ferry_store::MemStore::new();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let path = root.join("f");
+    std::fs::write(&path, vec![5u8; 3 << 20]).unwrap();
+    let mut c = mounted_at_data(&root);
+    let mut mem = vec![0u8; 1 << 16];
+    let mut cache = ImportCache::default();
+    let tree = import_cached(&store, &root, &mut cache, &[]).unwrap();
+    c.record_writes_to(cache.stored_in_pieces());
+    let tree: ferry_object::Tree =
+        ferry_object::decode(&ferry_store::Store::get(&store, &tree).unwrap()).unwrap();
+    let base = tree.entries["f"].object;
+    let fd = open_rw(&mut c, &mut mem, "f", 0);
+    guest_write(&mut c, &mut mem, fd, b"changed", Some(2 << 20));
+    let writes = c.take_guest_writes();
+    let now = Stamp::of(&std::fs::metadata(&path).unwrap());
+    let chain = writes.chain_to(&now).expect("an unbroken chain");
+    let whole = patch_chunked(Sink::Store(&store), &path, &now, base, chain, None).unwrap();
+    assert!(
+        whole.is_some(),
+        "patched while the file is as its stamp says"
+    );
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(5 << 19)
+        .unwrap();
+    let cut = patch_chunked(Sink::Store(&store), &path, &now, base, chain, None).unwrap();
+    assert!(cut.is_none());
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
 

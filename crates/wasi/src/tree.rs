@@ -268,7 +268,7 @@ fn first_file(dir: &Path, skip: &[PathBuf], pick: impl Fn(u64) -> bool) -> Optio
 
 /// Where an import puts what it reads.
 #[derive(Clone, Copy)]
-enum Sink<'a> {
+pub(crate) enum Sink<'a> {
     /// Into the store.
     Store(&'a dyn Store),
     /// Nowhere: only the κ are wanted (the store is asked what it holds).
@@ -887,10 +887,10 @@ pub(crate) fn fine_grained_times(p: &Path) -> bool {
 
 /// Stores the file at `p` (stamp `now`) as a [`FileChunks`] made from `base`'s pieces, the
 /// pieces `chain` touched read again from the file (and, if the length changed, every piece
-/// from the shorter length on), adding the bytes read to `counter`; its κ. `None` when `base` or one of
-/// the pieces it keeps is no longer whole in the store (a prune may have deleted it): the
-/// caller then reads the file whole.
-fn patch_chunked(
+/// from the shorter length on), adding the bytes read to `counter`; its κ. `None` when `base`
+/// or one of the pieces it keeps is no longer whole in the store (a prune may have deleted
+/// it), or the file turns out shorter than `now` says: the caller then reads it whole.
+pub(crate) fn patch_chunked(
     store: Sink<'_>,
     p: &Path,
     now: &Stamp,
@@ -940,7 +940,13 @@ fn patch_chunked(
         let start = first * piece;
         let len = (i * piece).min(now.len) - start;
         let bytes = &mut buf[..len as usize];
-        f.read_exact_at(bytes, start).map_err(io(p))?;
+        match f.read_exact_at(bytes, start) {
+            Ok(()) => {}
+            // Shorter than its stamp said: another program cut it meanwhile (the caller's
+            // check of its times then finds it changed); read whole instead.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(io(p)(e)),
+        }
         if let Some(c) = counter {
             c.fetch_add(len, Ordering::Relaxed);
         }
