@@ -1179,6 +1179,14 @@ impl Store for FsStore {
         }
         Ok(())
     }
+    fn len_of(&self, kappa: &Kappa) -> Option<u64> {
+        if let Some(slot) = self.packed().slots.get(kappa) {
+            return Some(u64::from(slot.len));
+        }
+        // A loose object stored raw is as long as its file (a compressed one is not).
+        fs::metadata(self.object_path(kappa)).ok().map(|m| m.len())
+    }
+
     fn has(&self, kappa: &Kappa) -> Result<bool, StoreError> {
         if self.packed().slots.contains_key(kappa) {
             return Ok(true);

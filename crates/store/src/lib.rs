@@ -94,6 +94,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         let _ = kappa;
         None
     }
+    /// The length of κ's bytes, if the store knows it without reading them. Not verified:
+    /// for progress, never for a decision.
+    fn len_of(&self, kappa: &Kappa) -> Option<u64> {
+        let _ = kappa;
+        None
+    }
     /// Re-hashes κ's stored bytes without keeping them: `Ok` exactly when [`Store::get`] would
     /// succeed (the same `NotFound` and `Corrupt` errors otherwise).
     fn check(&self, kappa: &Kappa) -> Result<(), StoreError> {

@@ -70,6 +70,10 @@ impl Store for MemStore {
         Ok(self.lock().objects.contains_key(kappa))
     }
 
+    fn len_of(&self, kappa: &Kappa) -> Option<u64> {
+        self.lock().objects.get(kappa).map(|b| b.len() as u64)
+    }
+
     fn list(&self) -> Result<Vec<Kappa>, StoreError> {
         Ok(self.lock().objects.keys().copied().collect())
     }

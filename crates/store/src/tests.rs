@@ -234,6 +234,23 @@ fn put_many_and_read_into_follow_the_contract() {
     }
 }
 
+/// A store says an object's length without reading it where it can (a pack's index, a raw
+/// loose file); a compressed loose object's it may not know, and it never makes one up.
+#[test]
+fn len_of_is_the_length_or_nothing() {
+    for (s, _d) in stores() {
+        let loose = s.put(&[7u8; 3000]).unwrap();
+        let packed = s.put_many(&[&[8u8; 5000][..], &[9u8; 70_000][..]]).unwrap();
+        for (k, len) in [(loose, 3000), (packed[0], 5000), (packed[1], 70_000)] {
+            if let Some(n) = s.len_of(&k) {
+                assert_eq!(n, len);
+            }
+        }
+        assert_eq!(s.len_of(&packed[1]), Some(70_000), "a packed object");
+        assert_eq!(s.len_of(&Kappa::of(b"absent")), None);
+    }
+}
+
 /// Objects received with their κ are checked once ([`Hashed::check_all`]) and stored without
 /// hashing again; one that does not hash to its κ is refused before anything is stored.
 #[test]

@@ -1047,6 +1047,34 @@ pub fn materialize_counting(
     materialize_at(store, kappa, dir, 0, Some(written))
 }
 
+/// How many bytes writing tree κ out writes (the files' lengths), if `store` knows each
+/// without reading it ([`Store::len_of`]): the total a long write-back's progress shows.
+pub fn tree_len(store: &dyn Store, kappa: &Kappa) -> Option<u64> {
+    tree_len_at(store, kappa, 0)
+}
+
+fn tree_len_at(store: &dyn Store, kappa: &Kappa, depth: usize) -> Option<u64> {
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    let tree: Tree = ferry_object::decode(&store.get(kappa).ok()?).ok()?;
+    let mut total = 0u64;
+    for e in tree.entries.values() {
+        let len = match e.mode.as_str() {
+            MODE_DIR => tree_len_at(store, &e.object, depth + 1)?,
+            MODE_SYMLINK => 0,
+            MODE_FILE | MODE_EXEC => store.len_of(&e.object)?,
+            _ => {
+                ferry_object::decode::<FileChunks>(&store.get(&e.object).ok()?)
+                    .ok()?
+                    .len
+            }
+        };
+        total = total.checked_add(len)?;
+    }
+    Some(total)
+}
+
 /// Tells `cache` what each file of `dir`, just written from tree κ by [`materialize`] (and
 /// perhaps moved there whole since), holds, so that the next snapshot of `dir` does not read
 /// them again (a resume into an empty directory writes a data set back; its first snapshot

@@ -109,13 +109,17 @@ fn write_back(
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let staging = dir.join(format!("{PARTIAL}{}", std::process::id()));
     let written = AtomicU64::new(0);
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    let total = ferry_wasi::tree::tree_len(store, &m.tree)
+        .map(|t| format!(" of {:.1}", mib(t)))
+        .unwrap_or_default();
     let result = guest::saying_progress(
         || {
             format!(
-                "writing the snapshot's `{}` into {}: {} MiB",
+                "writing the snapshot's `{}` into {}: {:.1}{total} MiB",
                 m.guest_path,
                 dir.display(),
-                written.load(Ordering::Relaxed) >> 20
+                mib(written.load(Ordering::Relaxed))
             )
         },
         || ferry_wasi::tree::materialize_counting(store, &m.tree, &staging, &written),

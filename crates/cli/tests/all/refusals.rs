@@ -1155,3 +1155,37 @@ fn store_gc_says_how_far_it_has_come() {
     let (_, err, code) = env.output(&["inspect", &k]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// A resume that writes a snapshot's mount back into an empty directory says how far it has
+/// come, of how many MiB (after 1 s, every 2 s; at once here, `FERRY_PROGRESS_AFTER_MS=0`),
+/// and the file comes back whole.
+#[test]
+fn a_write_back_says_how_far_it_has_come_of_how_much() {
+    let env = Env::new().with_var("FERRY_PROGRESS_AFTER_MS", "0");
+    let g = guest("wasm/cpu.wasm");
+    let (d, dir) = env.data_dir("data");
+    let big = crate::harness::varied_bytes(64 << 20, 3);
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+    std::fs::write(d.join("small.txt"), "small").unwrap();
+    let (_, k) = run_and_suspend(
+        &env,
+        &["--dir", &dir, g.to_str().unwrap(), "--", "400"],
+        500,
+    );
+    let fresh = env.path("fresh");
+    let fresh_dir = format!("{}::/data", fresh.display());
+    let (out, k) = suspend_after_output(&env, "resume", &["--dir", &fresh_dir, &k], 300);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let said = format!(
+        "ferry: writing the snapshot's `/data` into {}: ",
+        fresh.display()
+    );
+    let line = err
+        .lines()
+        .find(|l| l.starts_with(&said))
+        .unwrap_or_default();
+    assert!(line.ends_with(" of 64.0 MiB"), "{err}");
+    assert_eq!(std::fs::read(fresh.join("big.bin")).unwrap(), big);
+    let (_, err, code) = env.output(&["inspect", &k]);
+    assert_eq!(code, 0, "{err}");
+}
