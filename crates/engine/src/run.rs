@@ -256,18 +256,15 @@ impl Runtime {
         // snapshots when it pre-writes (into `pre_stored`, which each snapshot takes in).
         let mounts = crate::incremental::carried_mounts(&inst.host().wasi);
         // The guest's changes to the big mounted files earlier snapshots stored in pieces are
-        // recorded from the start, so that even this run's first snapshot reads them again
-        // only where they changed (`ferry_wasi::written`).
-        if !mounts.is_empty() && !dirty.trees_loaded {
-            dirty
-                .trees
-                .absorb(ferry_wasi::tree::ImportCache::saved_in(store));
-            dirty.trees_loaded = true;
-        }
+        // recorded from the start, so that even this run's first snapshot (which loads the
+        // store's import cache) reads them again only where they changed
+        // (`ferry_wasi::written`).
         let roots: Vec<&std::path::Path> = mounts.iter().map(|(d, _)| d.as_path()).collect();
         inst.host()
             .wasi
-            .record_writes_to(dirty.trees.in_pieces_under(&roots));
+            .record_writes_to(ferry_wasi::tree::ImportCache::saved_in_pieces_under(
+                store, &roots,
+            ));
         let pre_stored = std::sync::Mutex::new(ferry_wasi::tree::ImportCache::default());
         std::thread::scope(|s| {
             if control.pre_writes() && !mounts.is_empty() {

@@ -566,7 +566,7 @@ impl WasiCtx {
     /// Records from now on the guest's changes to these files (device, inode), for the next
     /// snapshot: the big files the last one stored in pieces
     /// ([`crate::tree::ImportCache::stored_in_pieces`]), or at a run's start those the
-    /// store's import cache knows in pieces ([`crate::tree::ImportCache::in_pieces_under`]).
+    /// store's import cache knows in pieces ([`crate::tree::ImportCache::saved_in_pieces_under`]).
     /// A record costs two `stat`s per write, and a file's timestamps then change at every
     /// write (a `stat` asks for fine-grained ones), so only files a snapshot would otherwise
     /// read whole are followed.

@@ -380,6 +380,54 @@ const CACHE_MAGIC: &[u8; 8] = b"FERRYIMC";
 const CACHE_VERSION: u32 = 2;
 const MAX_PATH: usize = 4096;
 
+/// Calls `each` with every file a saved [`ImportCache`] ([`ImportCache::encode`]'s bytes)
+/// holds, in order; `None` as soon as the bytes are not such a cache (every entry seen before
+/// then is to be dropped).
+fn each_saved(bytes: &[u8], mut each: impl FnMut(&Path, Stamp, Kappa)) -> Option<()> {
+    let mut r = bytes;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (head, rest) = r.split_at_checked(n)?;
+        r = rest;
+        Some(head)
+    };
+    if take(8)? != CACHE_MAGIC || u32::from_le_bytes(take(4)?.try_into().ok()?) != CACHE_VERSION {
+        return None;
+    }
+    let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+    if count > MAX_SAVED {
+        return None;
+    }
+    for _ in 0..count {
+        let len = u16::from_le_bytes(take(2)?.try_into().ok()?) as usize;
+        if len > MAX_PATH {
+            return None;
+        }
+        let path =
+            Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(take(len)?));
+        if !path.is_absolute() {
+            return None;
+        }
+        let mut u = [0u64; 3];
+        for v in &mut u {
+            *v = u64::from_le_bytes(take(8)?.try_into().ok()?);
+        }
+        let mut t = [0i64; 4];
+        for v in &mut t {
+            *v = i64::from_le_bytes(take(8)?.try_into().ok()?);
+        }
+        let k = Kappa::from_bytes(take(32)?.try_into().ok()?);
+        let stamp = Stamp {
+            dev: u[0],
+            ino: u[1],
+            len: u[2],
+            mtime: (t[0], t[1]),
+            ctime: (t[2], t[3]),
+        };
+        each(path, stamp, k);
+    }
+    r.is_empty().then_some(())
+}
+
 impl ImportCache {
     /// The files remembered, as bytes for [`ImportCache::decode`] (at most [`MAX_SAVED`]):
     /// `"FERRYIMC"`, u32 version 2, u32 count, then per file u16 path length, the absolute
@@ -415,57 +463,39 @@ impl ImportCache {
     /// A cache from [`ImportCache::encode`]'s bytes; `None` for anything else (another
     /// version, a torn or altered file): a cache only ever saves reading, so doubt drops it.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
-        let mut r = bytes;
-        let mut take = |n: usize| -> Option<&[u8]> {
-            let (head, rest) = r.split_at_checked(n)?;
-            r = rest;
-            Some(head)
-        };
-        if take(8)? != CACHE_MAGIC || u32::from_le_bytes(take(4)?.try_into().ok()?) != CACHE_VERSION
-        {
-            return None;
-        }
-        let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
-        if count > MAX_SAVED {
-            return None;
-        }
-        let mut files = HashMap::with_capacity(count.min(bytes.len() / 90));
-        for _ in 0..count {
-            let len = u16::from_le_bytes(take(2)?.try_into().ok()?) as usize;
-            if len > MAX_PATH {
-                return None;
-            }
-            let path = PathBuf::from(
-                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(take(len)?),
-            );
-            if !path.is_absolute() {
-                return None;
-            }
-            let mut u = [0u64; 3];
-            for v in &mut u {
-                *v = u64::from_le_bytes(take(8)?.try_into().ok()?);
-            }
-            let mut t = [0i64; 4];
-            for v in &mut t {
-                *v = i64::from_le_bytes(take(8)?.try_into().ok()?);
-            }
-            let k = Kappa::from_bytes(take(32)?.try_into().ok()?);
-            let stamp = Stamp {
-                dev: u[0],
-                ino: u[1],
-                len: u[2],
-                mtime: (t[0], t[1]),
-                ctime: (t[2], t[3]),
-            };
-            files.insert(path, (stamp, k));
-        }
-        if !r.is_empty() {
-            return None;
-        }
+        let mut files = HashMap::new();
+        each_saved(bytes, |path, stamp, k| {
+            files.insert(path.to_path_buf(), (stamp, k));
+        })?;
         Some(Self {
             files,
             ..Self::default()
         })
+    }
+
+    /// The files (device, inode) under `roots` that the cache `store` keeps
+    /// ([`IMPORT_CACHE_FILE`]) knows stored in pieces, at most [`MAX_SAVED`]: whose changes
+    /// are worth recording from a run's start ([`crate::WasiCtx::record_writes_to`]). Reads
+    /// the saved cache without building it (a run's start should not wait for that).
+    pub fn saved_in_pieces_under(
+        store: &dyn Store,
+        roots: &[&Path],
+    ) -> std::collections::HashSet<(u64, u64)> {
+        let mut found = std::collections::HashSet::new();
+        if roots.is_empty() {
+            return found;
+        }
+        if let Some(bytes) = store.load_cache(IMPORT_CACHE_FILE) {
+            let all = each_saved(&bytes, |path, stamp, _| {
+                if stamp.len > MAX_BLOB_FILE && roots.iter().any(|r| path.starts_with(r)) {
+                    found.insert((stamp.dev, stamp.ino));
+                }
+            });
+            if all.is_none() {
+                found.clear();
+            }
+        }
+        found
     }
 
     /// The cache `store` keeps ([`IMPORT_CACHE_FILE`]), or an empty one.
@@ -654,19 +684,6 @@ impl ImportCache {
     pub fn use_guest_writes(&mut self, writes: GuestWrites) {
         self.guest_writes = writes;
         self.in_pieces.clear();
-    }
-
-    /// The files (device, inode) under `roots` this cache knows stored in pieces, at most
-    /// [`MAX_SAVED`]: whose changes are worth recording from a run's start
-    /// ([`crate::WasiCtx::record_writes_to`]).
-    pub fn in_pieces_under(&self, roots: &[&Path]) -> std::collections::HashSet<(u64, u64)> {
-        let limit = self.blob_limit();
-        self.files
-            .iter()
-            .filter(|(p, (stamp, _))| stamp.len > limit && roots.iter().any(|r| p.starts_with(r)))
-            .map(|(_, (stamp, _))| (stamp.dev, stamp.ino))
-            .take(MAX_SAVED)
-            .collect()
     }
 
     /// The files (device, inode) the imports since [`ImportCache::use_guest_writes`] found
