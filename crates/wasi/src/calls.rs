@@ -488,8 +488,7 @@ impl WasiCtx {
         let before = Stamp::of(&tri!(file.metadata()));
         if before.len < end {
             tri!(file.set_len(end));
-            let after = file.metadata().ok().map(|m| Stamp::of(&m));
-            if let Some(after) = after.filter(|_| record) {
+            if let Some(after) = Stamp::of_file(file).filter(|_| record) {
                 self.guest_writes.record(before, after, None);
             }
         }
@@ -584,11 +583,10 @@ impl WasiCtx {
         let Some(f) = tri!(self.file(fd)) else {
             return Ok(Errno::Badf);
         };
-        let stamp = |f: &File| f.metadata().ok().map(|m| Stamp::of(&m));
-        let before = if record { stamp(f) } else { None };
+        let before = if record { Stamp::of_file(f) } else { None };
         tri!(f.set_len(size));
         if let Some(before) = before
-            && let Some(after) = stamp(f)
+            && let Some(after) = Stamp::of_file(f)
         {
             self.guest_writes.record(before, after, None);
         }
@@ -663,12 +661,12 @@ impl WasiCtx {
                 let record = write && self.records_writes(fd);
                 let file = tri!(self.file(fd)).expect("file fd");
                 // What the write touches, for the next snapshot (`written.rs`).
-                let before = record.then(|| file.metadata().ok().map(|m| Stamp::of(&m)));
+                let before = if record { Stamp::of_file(file) } else { None };
                 let start = match (before, at) {
-                    (Some(Some(b)), _) if append => Some(b.len),
-                    (Some(Some(_)), Some(off)) => Some(off),
-                    (Some(Some(_)), None) => file.stream_position().ok(),
-                    _ => None,
+                    (Some(b), _) if append => Some(b.len),
+                    (Some(_), Some(off)) => Some(off),
+                    (Some(_), None) => file.stream_position().ok(),
+                    (None, _) => None,
                 };
                 // Positional calls use pread/pwrite: the file's position stays as it is.
                 for (p, len) in vecs {
@@ -699,14 +697,10 @@ impl WasiCtx {
                         }
                     }
                 }
-                let done = match (before, start) {
-                    (Some(Some(before)), Some(start)) => file
-                        .metadata()
-                        .ok()
-                        .map(|m| (before, Stamp::of(&m), (start, start.saturating_add(total)))),
-                    _ => None,
-                };
-                if let Some((before, after, wrote)) = done {
+                if let (Some(before), Some(start)) = (before, start)
+                    && let Some(after) = Stamp::of_file(file)
+                {
+                    let wrote = (start, start.saturating_add(total));
                     self.guest_writes.record(before, after, Some(wrote));
                 }
             }

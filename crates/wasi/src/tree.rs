@@ -346,6 +346,11 @@ pub(crate) struct Stamp {
 }
 
 impl Stamp {
+    /// The stamp of the open file `f` (`None` if it cannot be had).
+    pub(crate) fn of_file(f: &fs::File) -> Option<Self> {
+        f.metadata().ok().map(|md| Self::of(&md))
+    }
+
     pub(crate) fn of(md: &fs::Metadata) -> Self {
         Self {
             dev: md.dev(),
@@ -728,8 +733,24 @@ impl ImportCache {
     }
 
     /// The κ of the file at `p`, reading it only when it may have changed, and whether it is
-    /// a [`FileChunks`] (else a blob).
+    /// a [`FileChunks`] (else a blob); one in pieces is noted for
+    /// [`ImportCache::stored_in_pieces`].
     fn file(
+        &mut self,
+        store: Sink<'_>,
+        p: &Path,
+        md: &fs::Metadata,
+        stop: Option<&dyn Fn() -> bool>,
+    ) -> Result<(Kappa, bool), TreeError> {
+        let (k, chunked) = self.file_kappa(store, p, md, stop)?;
+        if chunked && self.in_pieces.len() < MAX_SAVED {
+            self.in_pieces.insert((md.dev(), md.ino()));
+        }
+        Ok((k, chunked))
+    }
+
+    /// [`ImportCache::file`], short of noting what is stored in pieces.
+    fn file_kappa(
         &mut self,
         store: Sink<'_>,
         p: &Path,
@@ -743,11 +764,7 @@ impl ImportCache {
             && store.has(k)?
         {
             // Unchanged since it was stored: the same length, so the same form.
-            let (k, chunked) = (*k, seen.len > limit);
-            if chunked && self.in_pieces.len() < MAX_SAVED {
-                self.in_pieces.insert((stamp.dev, stamp.ino));
-            }
-            return Ok((k, chunked));
+            return Ok((*k, seen.len > limit));
         }
         if md.len() > MAX_FILE {
             return Err(TreeError::TooLarge(p.display().to_string(), md.len()));
@@ -776,9 +793,6 @@ impl ImportCache {
             }
         };
         let after = fs::symlink_metadata(p).map(|m| Stamp::of(&m)).ok();
-        if chunked && self.in_pieces.len() < MAX_SAVED {
-            self.in_pieces.insert((stamp.dev, stamp.ino));
-        }
         if after == Some(stamp) && self.trusts(p, &stamp) {
             self.files.insert(p.to_path_buf(), (stamp, k));
         } else {

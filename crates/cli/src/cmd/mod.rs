@@ -13,3 +13,8 @@ pub mod run;
 pub mod signal;
 pub mod space;
 pub mod store;
+
+/// `b` bytes in MiB, for messages.
+pub fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}

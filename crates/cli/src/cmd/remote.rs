@@ -12,6 +12,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use ferry_space::SpaceClient;
 use ferry_space::api::{MigrateRequest, MountRequest, ResumeRequest, RunRequest, State};
 
+use crate::cmd::mib;
 use crate::cmd::space::token;
 use crate::settings::Settings;
 
@@ -505,10 +506,6 @@ pub struct MigrateArgs {
     /// Most pre-copy rounds before the guest is paused.
     #[arg(long, default_value_t = 8)]
     max_rounds: u32,
-}
-
-fn mib(b: u64) -> f64 {
-    b as f64 / (1u64 << 20) as f64
 }
 
 /// Prints the pre-copy rounds after the first `shown` on stderr; returns how many are shown.

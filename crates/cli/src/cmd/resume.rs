@@ -13,6 +13,7 @@ use ferry_engine::{
 use ferry_store::Store;
 use ferry_wasi::{MountSpec, WasiCtx};
 
+use crate::cmd::mib;
 use crate::guest::{self, Execution};
 use crate::replay::Replays;
 use crate::session::{self, Session};
@@ -109,7 +110,6 @@ fn write_back(
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let staging = dir.join(format!("{PARTIAL}{}", std::process::id()));
     let written = AtomicU64::new(0);
-    let mib = |b: u64| b as f64 / f64::from(1 << 20);
     let total = ferry_wasi::tree::tree_len(store, &m.tree)
         .map(|t| format!(" of {:.1}", mib(t)))
         .unwrap_or_default();

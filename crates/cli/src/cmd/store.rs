@@ -8,6 +8,7 @@ use ferry_engine::closure::snapshot_closure;
 use ferry_engine::gc::Collected;
 use ferry_store::{Store, StoreError};
 
+use crate::cmd::mib;
 use crate::settings::Settings;
 
 #[derive(Debug, clap::Subcommand)]
@@ -120,7 +121,7 @@ fn gc(store: &ferry_store::FsStore, dry_run: bool, keep: usize) -> Result<ExitCo
             "{} {files} unfinished write{} ({:.1} MiB) left by a ferry that died while writing",
             if dry_run { "would remove" } else { "removed" },
             if files == 1 { "" } else { "s" },
-            bytes as f64 / f64::from(1 << 20)
+            mib(bytes)
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -128,7 +129,6 @@ fn gc(store: &ferry_store::FsStore, dry_run: bool, keep: usize) -> Result<ExitCo
 
 /// What a long `store gc` says while it works.
 fn gc_progress(h: ferry_store::Housekeeping) -> String {
-    let mib = |b: u64| b as f64 / f64::from(1 << 20);
     match h {
         h if h.compact_total > 0 => format!(
             "collecting garbage: {} objects deleted; rewriting packs without them: {:.0} of \
@@ -159,7 +159,7 @@ pub fn print_collected(c: &Collected, dry_run: bool) {
         println!(
             "rewrote {} packs without their deleted objects: {:.1} MiB freed",
             compacted.files,
-            compacted.freed as f64 / f64::from(1 << 20)
+            mib(compacted.freed)
         );
     }
 }
