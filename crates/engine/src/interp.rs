@@ -59,16 +59,24 @@ impl Backend for Interp {
         bytes: &mut dyn FnMut() -> Result<Vec<u8>, EngineError>,
         _progress: &dyn Fn(&str),
     ) -> Result<Arc<dyn Compiled>, EngineError> {
-        let bytes = &bytes()?;
-        if crate::uses_exceptions(bytes) {
+        let mut bytes = bytes()?;
+        if crate::uses_exceptions(&bytes) {
             return Err(EngineError::Compile(
                 "interp: the module uses the exception-handling proposal, which wasmi does not \
                  implement; run it with `--engine jit`"
                     .into(),
             ));
         }
+        // wasmi 2.0.0 miscompiles a `select` on `i32.eqz` of a local
+        // (ferry_instrument::guard_select_conditions): each such `select` takes its condition
+        // through a local of its own instead. A module the rewrite cannot read is left for
+        // wasmi to refuse.
+        if let Ok(Some(guarded)) = ferry_instrument::guard_select_conditions(&bytes) {
+            bytes = guarded;
+        }
+        let bytes = &bytes;
         // Memory 0 in a reservation of ferry's own (see `Reservation`), when the module
-        // allows; a module the rewrite cannot read is left for wasmi to refuse.
+        // allows.
         let (module, memory0) = match import_memory0(bytes).ok().flatten() {
             Some((rewritten, ty)) => (
                 wasmi::Module::new(&self.engine, &rewritten),

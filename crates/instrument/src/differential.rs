@@ -211,7 +211,10 @@ fn generated_modules_behave_the_same_instrumented_and_churned() {
         .wasm_exceptions(true);
     let engine = Engine::new(&cfg).unwrap();
     let (mut compared, mut total, mut unwinds, mut with_handlers) = (0, 0, 0, 0);
-    for seed in crate::tests::seeds(0x1234_5678_9abc_def1, 60, 4096) {
+    // A soak (scripts/fuzz.sh): FERRY_DIFFERENTIAL_MODULES generated modules from
+    // FERRY_DIFFERENTIAL_SEED instead of the 60 of every test run.
+    let (start, count) = crate::tests::soak("FERRY_DIFFERENTIAL", 0x1234_5678_9abc_def1, 60);
+    for seed in crate::tests::seeds(start, count, 4096) {
         let mut u = arbitrary::Unstructured::new(&seed);
         let Ok(m) = wasm_smith::Module::new(config(), &mut u) else {
             continue;

@@ -34,12 +34,16 @@ mod error;
 mod live;
 mod module;
 mod plan;
+mod select_guard;
 
 pub use error::InstrumentError;
 pub use module::{
     Instrumented, Stats, instrument, instrument_any, instrument_any_counting, instrument_counting,
 };
+pub use select_guard::guard_select_conditions;
 
+#[cfg(test)]
+mod cross_engine;
 #[cfg(test)]
 mod differential;
 #[cfg(test)]

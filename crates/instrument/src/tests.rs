@@ -185,6 +185,22 @@ fn indirect_calls_make_cycles_only_through_functions_of_their_type() {
     assert_eq!(instrument(&module("$a")).unwrap().stats.polls, 2);
 }
 
+/// The first seed state and how many modules a generated-module test runs: `start` and
+/// `count`, unless `{PREFIX}_SEED` (decimal or `0x` hex) and `{PREFIX}_MODULES` say otherwise —
+/// a longer run than CI's, with other modules, looking for what the usual seeds miss.
+pub(crate) fn soak(prefix: &str, start: u64, count: usize) -> (u64, usize) {
+    let var = |name: &str| std::env::var(format!("{prefix}_{name}")).ok();
+    let start = var("SEED")
+        .and_then(|s| match s.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => s.parse().ok(),
+        })
+        .filter(|&s| s != 0) // xorshift's one fixed point
+        .unwrap_or(start);
+    let count = var("MODULES").and_then(|n| n.parse().ok()).unwrap_or(count);
+    (start, count)
+}
+
 /// Deterministic pseudo-random seeds for wasm-smith (xorshift; no RNG dependency).
 pub(crate) fn seeds(mut state: u64, count: usize, len: usize) -> impl Iterator<Item = Vec<u8>> {
     (0..count).map(move |_| {
@@ -203,7 +219,8 @@ pub(crate) fn seeds(mut state: u64, count: usize, len: usize) -> impl Iterator<I
 #[test]
 fn most_generated_modules_are_actually_instrumented() {
     let (mut ok, mut total) = (0, 0);
-    for seed in seeds(0x9e37_79b9_7f4a_7c15, 300, 2048) {
+    let (start, count) = soak("FERRY_GENERATED", 0x9e37_79b9_7f4a_7c15, 300);
+    for seed in seeds(start, count, 2048) {
         let mut u = arbitrary::Unstructured::new(&seed);
         let Ok(module) = wasm_smith::Module::new(config(), &mut u) else {
             continue;

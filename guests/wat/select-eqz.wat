@@ -1,0 +1,25 @@
+;; `select` on `i32.eqz` (and `i32.eq`/`i32.ne` with zero) of a local, the shape wasmi 2.0.0
+;; miscompiles (ferry's interp engine rewrites it: crates/instrument/src/select_guard.rs).
+;; Prints one line per case; every engine must print "9 1 1 7 3".
+(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "0123456789")
+  (global $at (mut i32) (i32.const 64))
+  (func $digit (param $d i32)
+    (i32.store8 (global.get $at) (i32.load8_u (i32.add (i32.const 16) (local.get $d))))
+    (i32.store8 (i32.add (global.get $at) (i32.const 1)) (i32.const 32))
+    (global.set $at (i32.add (global.get $at) (i32.const 2))))
+  (func (export "_start")
+    (local $a i32) (local $b i32) (local $z i32)
+    (local.set $a (i32.const 7))
+    (local.set $b (i32.const 9))
+    (call $digit (select (i32.const 1) (local.get $b) (i32.eqz (local.get $a))))
+    (call $digit (select (local.get $b) (i32.const 1) (i32.eqz (local.get $a))))
+    (call $digit (select (i32.const 2) (i32.const 1) (i32.eq (i32.const 0) (local.get $a))))
+    (call $digit (select (local.get $a) (local.get $b) (i32.ne (local.get $a) (i32.const 0))))
+    (call $digit (select (i32.const 5) (i32.const 3) (i32.eqz (i32.eqz (local.get $z)))))
+    (i32.store8 (i32.sub (global.get $at) (i32.const 1)) (i32.const 10))
+    (i32.store (i32.const 0) (i32.const 64))
+    (i32.store (i32.const 4) (i32.sub (global.get $at) (i32.const 64)))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))
