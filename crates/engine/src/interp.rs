@@ -68,9 +68,9 @@ impl Backend for Interp {
             ));
         }
         // wasmi 2.0.0 miscompiles a `select` on `i32.eqz` of a local
-        // (ferry_instrument::guard_select_conditions): each such `select` takes its condition
-        // through a local of its own instead. A module the rewrite cannot read is left for
-        // wasmi to refuse.
+        // (ferry_instrument::guard_select_conditions): every `select` on a computed condition
+        // takes it through a local of its own instead. A module the rewrite cannot read is
+        // left for wasmi to refuse.
         if let Ok(Some(guarded)) = ferry_instrument::guard_select_conditions(&bytes) {
             bytes = guarded;
         }
