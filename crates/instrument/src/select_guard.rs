@@ -175,16 +175,9 @@ pub fn guard_select_conditions(wasm: &[u8]) -> Result<Option<Vec<u8>>, BinaryRea
     Ok(Some(out))
 }
 
-fn leb(out: &mut Vec<u8>, mut v: u32) {
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
+/// `v` as an unsigned LEB128 number.
+fn leb(out: &mut Vec<u8>, v: u32) {
+    wasm_encoder::Encode::encode(&v, out);
 }
 
 #[cfg(test)]
