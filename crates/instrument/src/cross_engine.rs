@@ -112,7 +112,8 @@ enum Live {
 
 /// The host side of `ferry.poll` (the counting build's every safe point; the lean build's
 /// entry and return polls): a rewind ends at the first call; otherwise every `n`-th call
-/// starts an unwind. `state` and `sp` are read and written through `get` and `set`.
+/// starts an unwind. `state` and `sp` are the globals' values; what to write back goes to
+/// `set`.
 fn poll(
     count: &mut u64,
     n: u64,
@@ -349,10 +350,7 @@ impl Live {
             }
         }
         .map(|end| match end {
-            End::Values(v) if self.state_global() == Some(abi::STATE_UNWIND) => {
-                let _ = v;
-                End::Unwound
-            }
+            End::Values(_) if self.state_global() == Some(abi::STATE_UNWIND) => End::Unwound,
             other => other,
         })
     }

@@ -24,14 +24,18 @@ use wasmparser::{BinaryReader, BinaryReaderError, Operator, Parser, Payload};
 
 const CODE_SECTION: u8 = 10;
 
-/// One body's rewrite: its range in the module, its count of local entries, where its
-/// operators start, and (a fresh local's index, the offsets of the selects to guard), if any.
-type Plan = (
-    std::ops::Range<usize>,
-    u32,
-    usize,
-    Option<(u32, Vec<usize>)>,
-);
+/// What the rewrite of one function body needs (offsets into the module).
+struct Plan {
+    /// The body, after its size.
+    range: std::ops::Range<usize>,
+    /// How many entries its locals declaration has, and where the first starts.
+    groups: u32,
+    entries_start: usize,
+    /// Where its operators start.
+    ops_start: usize,
+    /// The fresh local's index and the selects to guard, if there are any.
+    guard: Option<(u32, Vec<usize>)>,
+}
 
 /// The module with every `select` on a computed condition guarded (module docs), or `None`
 /// when it has none.
@@ -60,14 +64,14 @@ pub fn guard_select_conditions(wasm: &[u8]) -> Result<Option<Vec<u8>>, BinaryRea
             _ => {}
         }
     }
-    // Per body: where its locals' entries start and end, how many locals it has, and the
-    // offsets of the selects to guard. Bodies are scanned on every core (CPython's 55 MB of
-    // instrumented code takes ~0.5 s on one).
+    // Per body: its locals and the selects to guard. Bodies are scanned on every core
+    // (CPython's 55 MB of instrumented code takes ~0.5 s on one).
     let plan = |i: usize, body: &wasmparser::FunctionBody<'_>| -> Result<Plan, BinaryReaderError> {
         let ty = func_types.get(i).copied().unwrap_or(0);
         let mut count = u64::from(params.get(ty as usize).copied().unwrap_or(0));
         let mut locals = body.get_locals_reader()?;
         let groups = locals.get_count();
+        let entries_start = locals.original_position();
         for _ in 0..groups {
             let (n, _) = locals.read()?;
             count += u64::from(n);
@@ -95,7 +99,13 @@ pub fn guard_select_conditions(wasm: &[u8]) -> Result<Option<Vec<u8>>, BinaryRea
             };
         }
         let fresh = u32::try_from(count).ok().filter(|_| !selects.is_empty());
-        Ok((body.range(), groups, ops_start, fresh.map(|f| (f, selects))))
+        Ok(Plan {
+            range: body.range(),
+            groups,
+            entries_start,
+            ops_start,
+            guard: fresh.map(|f| (f, selects)),
+        })
     };
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -121,28 +131,25 @@ pub fn guard_select_conditions(wasm: &[u8]) -> Result<Option<Vec<u8>>, BinaryRea
         }
         Ok::<_, BinaryReaderError>(all)
     })?;
-    let any = plans.iter().any(|p| p.3.is_some());
-    if !any {
+    if plans.iter().all(|p| p.guard.is_none()) {
         return Ok(None);
     }
 
     let mut code = Vec::new();
     leb(&mut code, bodies.len() as u32);
-    for (range, groups, ops_start, plan) in plans {
-        let Some((fresh, selects)) = plan else {
+    for plan in plans {
+        let range = plan.range;
+        let Some((fresh, selects)) = plan.guard else {
             leb(&mut code, (range.end - range.start) as u32);
             code.extend_from_slice(&wasm[range]);
             continue;
         };
         let mut body = Vec::new();
         // The locals: the same entries, then one i32.
-        let mut r = BinaryReader::new(&wasm[range.start..range.end], range.start);
-        r.read_var_u32()?;
-        let entries_start = r.original_position();
-        leb(&mut body, groups + 1);
-        body.extend_from_slice(&wasm[entries_start..ops_start]);
+        leb(&mut body, plan.groups + 1);
+        body.extend_from_slice(&wasm[plan.entries_start..plan.ops_start]);
         body.extend_from_slice(&[0x01, 0x7f]);
-        let mut at = ops_start;
+        let mut at = plan.ops_start;
         for s in selects {
             body.extend_from_slice(&wasm[at..s]);
             body.push(0x22); // local.tee
