@@ -1,11 +1,15 @@
 //! The machine-local cache of compiled code: one `<key>-ferry<version>.cwasm` file per
-//! compiled module in one directory. A cache, never the contract — any file may go at any
+//! module the JIT compiled, and one `<key>-ferry<version>.iwasm` per module the interpreter
+//! loaded (the module as it hands it to wasmi, see `interp.rs`), in one directory. A cache, never the contract — any file may go at any
 //! time — so it is bounded: a hit marks its file used (its modification time), and each new
 //! file evicts the least recently used ones until the directory holds at most
 //! [`limit`] bytes.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
+
+/// The extension of the interpreter's files.
+pub(crate) const INTERP_EXT: &str = "iwasm";
 
 /// Bytes of compiled code kept when `FERRY_CACHE_MAX_MB` does not say: 8 GiB (CPython 3.15
 /// with numpy compiles to ~1.5 GB).
@@ -45,7 +49,7 @@ pub(crate) fn insert(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Deletes the least recently used `.cwasm` files of `dir` until the rest take at most
+/// Deletes the least recently used `.cwasm` and `.iwasm` files of `dir` until the rest take at most
 /// `limit` bytes — never `keep`, the file just written — and temporary files older than an
 /// hour. A process still running code from a deleted file keeps its mapping.
 fn evict(dir: &Path, keep: &Path, limit: u64) {
@@ -59,7 +63,7 @@ fn evict(dir: &Path, keep: &Path, limit: u64) {
         let Ok(meta) = e.metadata() else { continue };
         let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
         let ext = p.extension().and_then(|x| x.to_str()).unwrap_or("");
-        if ext == "cwasm" {
+        if ext == "cwasm" || ext == INTERP_EXT {
             files.push((modified, meta.len(), p));
         } else if ext.starts_with("tmp")
             && now.duration_since(modified).unwrap_or_default() > STALE_TMP

@@ -1,11 +1,15 @@
 //! The `interp` engine: wasmi, a pure-Rust interpreter. No native code is generated, so it runs
 //! where JIT is forbidden; it decodes modules lazily (function bodies are translated on first
-//! call), so there is nothing worth caching.
+//! call). What it loads is the module with its `select`s guarded (see [`Interp::compile`]'s
+//! body), which costs a read of every function body, so that copy is cached per machine beside
+//! the JIT's compiled code.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use ferry_instrument::abi;
+use ferry_kappa::Kappa;
 use ferry_wasi::FUNCTIONS;
 use wasmi::{Caller, FuncType, Global, Linker, Memory, TypedFunc, Val, ValType};
 
@@ -22,10 +26,12 @@ const MAX_STACK_HEIGHT: usize = 1 << 30;
 #[derive(Debug, Clone)]
 pub(crate) struct Interp {
     engine: wasmi::Engine,
+    /// Where the guarded modules are cached (none: guard at every load).
+    cache_dir: Option<PathBuf>,
 }
 
 impl Interp {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(cache_dir: Option<PathBuf>) -> Self {
         let mut config = wasmi::Config::default();
         config
             .wasm_multi_memory(true)
@@ -37,6 +43,7 @@ impl Interp {
             .compilation_mode(wasmi::CompilationMode::Lazy);
         Self {
             engine: wasmi::Engine::new(&config),
+            cache_dir,
         }
     }
 }
@@ -55,10 +62,26 @@ impl Backend for Interp {
 
     fn compile(
         &self,
-        _cache_key: Option<&str>,
+        cache_key: Option<&str>,
         bytes: &mut dyn FnMut() -> Result<Vec<u8>, EngineError>,
         _progress: &dyn Fn(&str),
     ) -> Result<Arc<dyn Compiled>, EngineError> {
+        let path = cache_key.and_then(|k| self.cache_path(k));
+        // A cached copy was guarded by this same build (the file name carries the version)
+        // and ends with the κ of what precedes it: wasmi validates function bodies only when
+        // they first run, so a damaged copy must be caught here. One that fails the check, or
+        // does not load, falls through to a fresh guard.
+        if let Some(p) = path.as_ref()
+            && let Ok(mut file) = std::fs::read(p)
+            && let Some(at) = file.len().checked_sub(32)
+            && Kappa::of(&file[..at]).as_bytes()[..] == file[at..]
+        {
+            file.truncate(at);
+            if let Ok(compiled) = self.load(&file) {
+                crate::cache::touch(p);
+                return Ok(compiled);
+            }
+        }
         let mut bytes = bytes()?;
         if crate::uses_exceptions(&bytes) {
             return Err(EngineError::Compile(
@@ -74,7 +97,30 @@ impl Backend for Interp {
         if let Ok(Some(guarded)) = ferry_instrument::guard_select_conditions(&bytes) {
             bytes = guarded;
         }
-        let bytes = &bytes;
+        let compiled = self.load(&bytes)?;
+        // A cache write that fails only costs a guard next time.
+        if let Some(p) = path {
+            let sum = *Kappa::of(&bytes).as_bytes();
+            bytes.extend_from_slice(&sum);
+            let _ = crate::cache::insert(&p, &bytes);
+        }
+        Ok(compiled)
+    }
+}
+
+impl Interp {
+    fn cache_path(&self, key: &str) -> Option<PathBuf> {
+        self.cache_dir.as_ref().map(|d| {
+            d.join(format!(
+                "{key}-ferry{}.{}",
+                env!("CARGO_PKG_VERSION"),
+                crate::cache::INTERP_EXT
+            ))
+        })
+    }
+
+    /// Hands wasmi a module whose `select`s are already guarded.
+    fn load(&self, bytes: &[u8]) -> Result<Arc<dyn Compiled>, EngineError> {
         // Memory 0 in a reservation of ferry's own (see `Reservation`), when the module
         // allows.
         let (module, memory0) = match import_memory0(bytes).ok().flatten() {
@@ -715,5 +761,81 @@ mod tests {
             assert!(import_memory0(&wasm).unwrap().is_none(), "{wat}");
         }
         assert!(import_memory0(b"\0asm\x01\0\0\0\x05\xff").is_err());
+    }
+
+    #[test]
+    fn the_guarded_module_is_cached_and_a_damaged_copy_is_guarded_again() {
+        let wasm = wat::parse_str(
+            r#"(module (memory 1)
+                (func (export "f") (param $a i32) (param $b i32) (result i32)
+                    (select (i32.const 1) (local.get $b) (i32.eqz (local.get $a)))))"#,
+        )
+        .unwrap();
+        let guarded = ferry_instrument::guard_select_conditions(&wasm)
+            .unwrap()
+            .expect("a select to guard");
+        let dir = tempfile::tempdir().unwrap();
+        let interp = Interp::new(Some(dir.path().to_owned()));
+        let reads = std::cell::Cell::new(0);
+        let load = || {
+            interp
+                .compile(
+                    Some("k"),
+                    &mut || {
+                        reads.set(reads.get() + 1);
+                        Ok(wasm.clone())
+                    },
+                    &|_| {},
+                )
+                .unwrap()
+        };
+        let file = dir
+            .path()
+            .join(format!("k-ferry{}.iwasm", env!("CARGO_PKG_VERSION")));
+        let cached = || std::fs::read(&file).unwrap();
+
+        load();
+        assert_eq!(reads.get(), 1);
+        let first = cached();
+        let (body, sum) = first.split_at(first.len() - 32);
+        assert_eq!(body, &guarded[..], "the cache holds the guarded module");
+        assert_eq!(sum, Kappa::of(body).as_bytes());
+
+        load();
+        assert_eq!(
+            reads.get(),
+            1,
+            "a cached module is not read or guarded again"
+        );
+
+        // One byte changed in the middle of a function body: wasmi would take it (it
+        // validates bodies at their first call); the checksum does not.
+        let mut damaged = first.clone();
+        let at = body.len() - 3;
+        damaged[at] ^= 0x40;
+        std::fs::write(&file, &damaged).unwrap();
+        load();
+        assert_eq!(reads.get(), 2, "a damaged copy is guarded afresh");
+        assert_eq!(cached(), first, "and replaced");
+
+        std::fs::write(&file, &first[..10]).unwrap();
+        load();
+        assert_eq!(reads.get(), 3, "so is one cut short");
+        assert_eq!(cached(), first);
+
+        let uncached = Interp::new(None);
+        for _ in 0..2 {
+            uncached
+                .compile(
+                    Some("k"),
+                    &mut || {
+                        reads.set(reads.get() + 1);
+                        Ok(wasm.clone())
+                    },
+                    &|_| {},
+                )
+                .unwrap();
+        }
+        assert_eq!(reads.get(), 5, "no cache directory: read at every load");
     }
 }

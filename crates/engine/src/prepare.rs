@@ -77,7 +77,7 @@ impl Runtime {
     pub fn new(kind: EngineKind, cache_dir: Option<PathBuf>) -> Result<Self, EngineError> {
         let backend: Arc<dyn Backend> = match kind {
             EngineKind::Jit => Arc::new(Jit::new(cache_dir)?),
-            EngineKind::Interp => Arc::new(Interp::new()),
+            EngineKind::Interp => Arc::new(Interp::new(cache_dir)),
         };
         Ok(Self { backend })
     }

@@ -201,6 +201,28 @@ pub(crate) fn soak(prefix: &str, start: u64, count: usize) -> (u64, usize) {
     (start, count)
 }
 
+/// A memory's content as a short digest: its length and an FNV-1a hash of its pages that are
+/// not all zero, each with its index. Exact (two memories get the same digest only by a hash
+/// collision), and quick on the big, mostly untouched memories generated modules declare:
+/// a zero page is compared, not hashed byte by byte.
+pub(crate) fn digest(bytes: &[u8]) -> String {
+    const PAGE: usize = 64 << 10;
+    static ZERO: [u8; PAGE] = [0; PAGE];
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |b: u8| {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    };
+    for (i, page) in bytes.chunks(PAGE).enumerate() {
+        if page == &ZERO[..page.len()] {
+            continue;
+        }
+        (i as u64).to_le_bytes().into_iter().for_each(&mut eat);
+        page.iter().copied().for_each(&mut eat);
+    }
+    format!("{} bytes {h:016x}", bytes.len())
+}
+
 /// Deterministic pseudo-random seeds for wasm-smith (xorshift; no RNG dependency).
 pub(crate) fn seeds(mut state: u64, count: usize, len: usize) -> impl Iterator<Item = Vec<u8>> {
     (0..count).map(move |_| {
