@@ -609,3 +609,66 @@ fn records_larger_than_a_page_unwind_and_rewind() {
     let plain = churned_like_plain(&wasm, 3, 4);
     assert!(matches!(plain[..], [Outcome::Values(_)]), "{plain:?}");
 }
+
+/// The interpreter's `select` guard (`select_guard.rs`) on generated modules, the originals and
+/// their instrumented builds (what the interpreter is given): the rewritten module validates
+/// and computes on wasmtime exactly what its input does.
+#[test]
+fn guarded_selects_change_nothing_a_module_computes() {
+    let mut cfg = Config::new();
+    cfg.consume_fuel(true)
+        .wasm_multi_memory(true)
+        .wasm_exceptions(true);
+    let engine = Engine::new(&cfg).unwrap();
+    let (mut guarded, mut compared, mut inputs) = (0, 0, 0);
+    let (start, count) = crate::tests::soak("FERRY_SELECT_GUARD", 0x0bad_5e1e_c7c0_ffee, 200);
+    for seed in crate::tests::seeds(start, count, 4096) {
+        let mut u = arbitrary::Unstructured::new(&seed);
+        let Ok(m) = wasm_smith::Module::new(config(), &mut u) else {
+            continue;
+        };
+        let wasm = m.to_bytes();
+        let instrumented = instrument_any(&wasm)
+            .ok()
+            .map(|o| (o.wasm, Mode::Instrumented));
+        for (input, mode) in std::iter::once((wasm.clone(), Mode::Plain)).chain(instrumented) {
+            inputs += 1;
+            let wat = || wasmprinter::print_bytes(&wasm).unwrap_or_default();
+            let out = match crate::guard_select_conditions(&input) {
+                Ok(Some(out)) => out,
+                Ok(None) => continue,
+                Err(e) => panic!("{mode:?}: a valid module not read: {e}\n{}", wat()),
+            };
+            guarded += 1;
+            if let Err(e) = wasmparser::Validator::new().validate_all(&out) {
+                panic!("{mode:?}: the guarded module is invalid: {e}\n{}", wat());
+            }
+            let (Some(before), Some(after)) =
+                (run(&engine, &input, mode), run(&engine, &out, mode))
+            else {
+                continue;
+            };
+            // The guard's `local.tee`s burn fuel too: compare calls that finished both times.
+            let finished = |o: &[Outcome]| {
+                o.iter()
+                    .all(|o| !matches!(o, Outcome::OutOfFuel | Outcome::StackOverflow))
+            };
+            if !finished(&before.0) || !finished(&after.0) {
+                continue;
+            }
+            compared += 1;
+            assert_eq!(before.0, after.0, "{mode:?}: results differ\n{}", wat());
+            assert_eq!(before.1, after.1, "{mode:?}: state differs\n{}", wat());
+        }
+    }
+    eprintln!("guarded {guarded} of {inputs} modules, compared {compared}");
+    assert!(
+        guarded * 4 >= inputs,
+        "too few modules with a select to guard"
+    );
+    // (Generated functions often run out of fuel or stack: ~45% compare.)
+    assert!(
+        compared * 3 >= guarded,
+        "only {compared} of {guarded} compared"
+    );
+}
