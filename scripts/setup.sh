@@ -9,6 +9,7 @@ command -v wasm-ld >/dev/null || command -v wasm-ld-14 >/dev/null || need+=(lld)
 [ -d /usr/include/wasm32-wasi ] || [ -d /usr/lib/wasm32-wasi ] || need+=(wasi-libc)
 ls /usr/lib/llvm-14/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev-wasm32)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+command -v make >/dev/null || need+=(make) # jemalloc, ferry's allocator, is built from C
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive

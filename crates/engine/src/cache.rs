@@ -1,6 +1,6 @@
 //! The machine-local cache of compiled code: one `<key>-ferry<version>.cwasm` file per
-//! module the JIT compiled, and one `<key>-ferry<version>.iwasm` per module the interpreter
-//! loaded (the module as it hands it to wasmi, see `interp.rs`), in one directory. A cache, never the contract — any file may go at any
+//! module the JIT compiled, and one `<key>-ferry<version>-guard<n>.iwasm` per module the
+//! interpreter loaded (the module as it hands it to wasmi, see `interp.rs`), in one directory. A cache, never the contract — any file may go at any
 //! time — so it is bounded: a hit marks its file used (its modification time), and each new
 //! file evicts the least recently used ones until the directory holds at most
 //! [`limit`] bytes.

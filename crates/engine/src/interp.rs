@@ -67,7 +67,7 @@ impl Backend for Interp {
         _progress: &dyn Fn(&str),
     ) -> Result<Arc<dyn Compiled>, EngineError> {
         let path = cache_key.and_then(|k| self.cache_path(k));
-        // A cached copy was guarded by this same build (the file name carries the version)
+        // A cached copy was guarded by the same rewrite (the file name carries its version)
         // and ends with the κ of what precedes it: wasmi validates function bodies only when
         // they first run, so a damaged copy must be caught here. One that fails the check, or
         // does not load, falls through to a fresh guard.
@@ -112,8 +112,9 @@ impl Interp {
     fn cache_path(&self, key: &str) -> Option<PathBuf> {
         self.cache_dir.as_ref().map(|d| {
             d.join(format!(
-                "{key}-ferry{}.{}",
+                "{key}-ferry{}-guard{}.{}",
                 env!("CARGO_PKG_VERSION"),
+                ferry_instrument::SELECT_GUARD_VERSION,
                 crate::cache::INTERP_EXT
             ))
         })
@@ -791,7 +792,7 @@ mod tests {
         };
         let file = dir
             .path()
-            .join(format!("k-ferry{}.iwasm", env!("CARGO_PKG_VERSION")));
+            .join(format!("k-ferry{}-guard1.iwasm", env!("CARGO_PKG_VERSION")));
         let cached = || std::fs::read(&file).unwrap();
 
         load();

@@ -40,7 +40,7 @@ pub use error::InstrumentError;
 pub use module::{
     Instrumented, Stats, instrument, instrument_any, instrument_any_counting, instrument_counting,
 };
-pub use select_guard::guard_select_conditions;
+pub use select_guard::{SELECT_GUARD_VERSION, guard_select_conditions};
 
 #[cfg(test)]
 mod cross_engine;

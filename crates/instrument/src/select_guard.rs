@@ -24,6 +24,10 @@ use wasmparser::{BinaryReader, BinaryReaderError, Operator, Parser, Payload};
 
 const CODE_SECTION: u8 = 10;
 
+/// Changes whenever [`guard_select_conditions`] would rewrite some module differently: the
+/// interpreter caches its output under this number.
+pub const SELECT_GUARD_VERSION: u32 = 1;
+
 /// What the rewrite of one function body needs (offsets into the module).
 struct Plan {
     /// The body, after its size.
