@@ -778,7 +778,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let interp = Interp::new(Some(dir.path().to_owned()));
         let reads = std::cell::Cell::new(0);
-        let load = || {
+        let load_on = |interp: &Interp| {
             interp
                 .compile(
                     Some("k"),
@@ -790,6 +790,7 @@ mod tests {
                 )
                 .unwrap()
         };
+        let load = || load_on(&interp);
         let file = dir
             .path()
             .join(format!("k-ferry{}-guard1.iwasm", env!("CARGO_PKG_VERSION")));
@@ -826,16 +827,7 @@ mod tests {
 
         let uncached = Interp::new(None);
         for _ in 0..2 {
-            uncached
-                .compile(
-                    Some("k"),
-                    &mut || {
-                        reads.set(reads.get() + 1);
-                        Ok(wasm.clone())
-                    },
-                    &|_| {},
-                )
-                .unwrap();
+            load_on(&uncached);
         }
         assert_eq!(reads.get(), 5, "no cache directory: read at every load");
     }
