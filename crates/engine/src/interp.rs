@@ -64,7 +64,7 @@ impl Backend for Interp {
         &self,
         cache_key: Option<&str>,
         bytes: &mut dyn FnMut() -> Result<Vec<u8>, EngineError>,
-        _progress: &dyn Fn(&str),
+        _progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Arc<dyn Compiled>, EngineError> {
         let path = cache_key.and_then(|k| self.cache_path(k));
         // A cached copy was guarded by the same rewrite (the file name carries its version)

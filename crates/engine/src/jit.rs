@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ferry_instrument::abi;
 use ferry_wasi::FUNCTIONS;
@@ -88,7 +89,7 @@ impl Backend for Jit {
         &self,
         cache_key: Option<&str>,
         bytes: &mut dyn FnMut() -> Result<Vec<u8>, EngineError>,
-        progress: &dyn Fn(&str),
+        progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Arc<dyn Compiled>, EngineError> {
         let done = |module| -> Result<Arc<dyn Compiled>, EngineError> {
             Ok(Arc::new(JitModule {
@@ -115,8 +116,15 @@ impl Backend for Jit {
             ));
         }
         let started = std::time::Instant::now();
-        let m = wasmtime::Module::new(&self.engine, &bytes)
-            .map_err(|e| EngineError::Compile(format!("{e:#}")))?;
+        // A big module compiles for minutes (CPython 3.15: ~9 on 2 cores) with nothing else
+        // to show: say every minute that it is still going.
+        let compile = || wasmtime::Module::new(&self.engine, &bytes);
+        let m = if big {
+            while_ticking(COMPILE_TICK, progress, compile)
+        } else {
+            compile()
+        }
+        .map_err(|e| EngineError::Compile(format!("{e:#}")))?;
         if big {
             progress(&format!(
                 "compiled in {:.1} s",
@@ -128,6 +136,42 @@ impl Backend for Jit {
             let _ = crate::cache::insert(&p, &ser);
         }
         done(m)
+    }
+}
+
+/// How often a long compile says it is still going.
+const COMPILE_TICK: Duration = Duration::from_secs(60);
+
+/// Runs `work`; every `tick` until it returns, reports (through `progress`) how long it has
+/// run so far.
+fn while_ticking<T>(
+    tick: Duration,
+    progress: &(dyn Fn(&str) + Sync),
+    work: impl FnOnce() -> T,
+) -> T {
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let mut so_far = Duration::ZERO;
+            // Ends when `done` is dropped (the work returned or panicked).
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(tick) {
+                so_far += tick;
+                progress(&format!("still compiling ({} so far)", minutes(so_far)));
+            }
+        });
+        let out = work();
+        drop(done);
+        out
+    })
+}
+
+/// `90 s` as "1 min 30 s", `60 s` as "1 min", `45 s` as "45 s".
+fn minutes(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 60, s % 60) {
+        (0, s) => format!("{s} s"),
+        (m, 0) => format!("{m} min"),
+        (m, s) => format!("{m} min {s} s"),
     }
 }
 
@@ -450,4 +494,48 @@ fn trap_message(e: &wasmtime::Error) -> String {
 enum Entry {
     Unit(TypedFunc<(), ()>),
     Code(TypedFunc<(), i32>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[test]
+    fn long_work_says_it_is_still_going_until_it_returns() {
+        let said = Mutex::new(Vec::new());
+        let progress = |m: &str| said.lock().unwrap().push(m.to_owned());
+        let out = while_ticking(Duration::from_millis(40), &progress, || {
+            std::thread::sleep(Duration::from_millis(400));
+            7
+        });
+        assert_eq!(out, 7);
+        let said = said.into_inner().unwrap();
+        // Ten ticks fit in 400 ms (a loaded machine may tick late, never early).
+        assert!((1..=10).contains(&said.len()), "{said:?}");
+        assert!(
+            said[0].starts_with("still compiling (0 s so far"),
+            "{said:?}"
+        );
+        let quick = Mutex::new(0);
+        while_ticking(
+            Duration::from_secs(60),
+            &|_: &str| *quick.lock().unwrap() += 1,
+            || {},
+        );
+        assert_eq!(
+            *quick.lock().unwrap(),
+            0,
+            "work done before the first tick says nothing"
+        );
+    }
+
+    #[test]
+    fn durations_read_in_minutes_and_seconds() {
+        let m = |s| minutes(Duration::from_secs(s));
+        assert_eq!(
+            [m(45), m(60), m(90), m(600)],
+            ["45 s", "1 min", "1 min 30 s", "10 min"]
+        );
+    }
 }

@@ -92,7 +92,7 @@ impl Runtime {
         &self,
         store: &dyn Store,
         wasm: &[u8],
-        progress: &dyn Fn(&str),
+        progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Prepared, EngineError> {
         // Refuse bad input before anything is stored.
         if wasm.len() < 8 || &wasm[..4] != b"\0asm" {
@@ -117,7 +117,7 @@ impl Runtime {
         store: &dyn Store,
         snapshot: &Snapshot,
         other: OtherVersions,
-        progress: &dyn Fn(&str),
+        progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Prepared, EngineError> {
         let refuse = |why: String| EngineError::refused(Stage::Admitting, why);
         let v = snapshot.instrument_version;
@@ -234,7 +234,7 @@ impl Runtime {
         &self,
         store: &dyn Store,
         module: Kappa,
-        progress: &dyn Fn(&str),
+        progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Prepared, EngineError> {
         let name = Self::derived_ref(&module);
         let cached = store.get_ref(&name)?;

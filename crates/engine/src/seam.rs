@@ -82,7 +82,7 @@ pub(crate) trait Backend: Send + Sync + std::fmt::Debug {
         &self,
         cache_key: Option<&str>,
         bytes: &mut dyn FnMut() -> Result<Vec<u8>, EngineError>,
-        progress: &dyn Fn(&str),
+        progress: &(dyn Fn(&str) + Sync),
     ) -> Result<Arc<dyn Compiled>, EngineError>;
 }
 
