@@ -1,9 +1,9 @@
 //! The machine-local cache of compiled code: one `<key>-ferry<version>.cwasm` file per
 //! module the JIT compiled, and one `<key>-ferry<version>-guard<n>.iwasm` per module the
-//! interpreter loaded (the module as it hands it to wasmi, see `interp.rs`), in one directory. A cache, never the contract — any file may go at any
-//! time — so it is bounded: a hit marks its file used (its modification time), and each new
-//! file evicts the least recently used ones until the directory holds at most
-//! [`limit`] bytes.
+//! interpreter loaded (the module as it hands it to wasmi, see `interp.rs`), in one
+//! directory. A cache, never the contract — any file may go at any time — so it is bounded:
+//! a hit marks its file used (its modification time), and each new file evicts the least
+//! recently used ones until the directory holds at most [`limit`] bytes.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -49,9 +49,9 @@ pub(crate) fn insert(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Deletes the least recently used `.cwasm` and `.iwasm` files of `dir` until the rest take at most
-/// `limit` bytes — never `keep`, the file just written — and temporary files older than an
-/// hour. A process still running code from a deleted file keeps its mapping.
+/// Deletes the least recently used `.cwasm` and `.iwasm` files of `dir` until the rest take
+/// at most `limit` bytes — never `keep`, the file just written — and temporary files older
+/// than an hour. A process still running code from a deleted file keeps its mapping.
 fn evict(dir: &Path, keep: &Path, limit: u64) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
