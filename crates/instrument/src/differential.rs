@@ -43,6 +43,14 @@ enum Outcome {
     StackOverflow,
 }
 
+/// Whether every call of a run finished without running out of fuel or stack (instrumented
+/// code burns more of both, so only such runs are compared).
+fn finished(outcomes: &[Outcome]) -> bool {
+    outcomes
+        .iter()
+        .all(|o| !matches!(o, Outcome::OutOfFuel | Outcome::StackOverflow))
+}
+
 /// How safe points are treated.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mode {
@@ -237,12 +245,7 @@ fn generated_modules_behave_the_same_instrumented_and_churned() {
             };
             (m, run(&engine, build, m))
         });
-        // Instrumented code burns more fuel and stack: compare calls that finished everywhere
-        // without running out of either.
-        let finished = |o: &[Outcome]| {
-            o.iter()
-                .all(|o| !matches!(o, Outcome::OutOfFuel | Outcome::StackOverflow))
-        };
+        // Compare runs that finished everywhere.
         if !finished(&plain)
             || runs
                 .iter()
@@ -648,11 +651,7 @@ fn guarded_selects_change_nothing_a_module_computes() {
             else {
                 continue;
             };
-            // The guard's `local.tee`s burn fuel too: compare calls that finished both times.
-            let finished = |o: &[Outcome]| {
-                o.iter()
-                    .all(|o| !matches!(o, Outcome::OutOfFuel | Outcome::StackOverflow))
-            };
+            // The guard's `local.tee`s burn fuel too: compare runs that finished both times.
             if !finished(&before.0) || !finished(&after.0) {
                 continue;
             }
