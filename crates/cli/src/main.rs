@@ -242,11 +242,19 @@ fn report(e: &anyhow::Error) -> ExitCode {
     {
         return ExitCode::SUCCESS;
     }
-    let mut msg = format!("ferry: {e}");
+    let mut msg = e.to_string();
     for cause in e.chain().skip(1) {
         msg.push_str(&format!("\n  caused by: {cause}"));
     }
-    eprintln!("{msg}");
+    // Every line of it is ferry's, and says so (a trap's call stack, a cause): the guest's own
+    // stderr is then told from ferry's by the prefix alone.
+    let mut out = String::new();
+    for line in msg.lines() {
+        out.push_str("ferry: ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    eprint!("{out}");
     // A guest that trapped (C's `abort()`, a failed `assert`, an access out of bounds) ends
     // as `wasmtime run` ends it, 128 + SIGABRT, so that a crash is told from ferry failing.
     if e.chain()

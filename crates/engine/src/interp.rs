@@ -552,8 +552,14 @@ impl Instance for InterpInstance {
         };
         r.map_err(|e| match e.i32_exit_status() {
             Some(code) => Stop::Exit(code),
-            None if e.as_trap_code().is_some() => Stop::Trap(e.to_string()),
-            None => Stop::Fatal(e.to_string()),
+            // The specification's wording, as on the JIT (wasmi adds " 2" to one of them).
+            None => match e.as_trap_code() {
+                Some(wasmi::TrapCode::IndirectCallToNull) => {
+                    Stop::Trap("uninitialized element".into())
+                }
+                Some(code) => Stop::Trap(code.trap_message().into()),
+                None => Stop::Fatal(e.to_string()),
+            },
         })
     }
 

@@ -395,7 +395,7 @@ impl Instance for JitInstance {
         };
         r.map_err(|e| match e.downcast_ref::<GuestExit>() {
             Some(GuestExit(code)) => Stop::Exit(*code),
-            None if e.downcast_ref::<wasmtime::Trap>().is_some() => Stop::Trap(trap_message(&e)),
+            None if e.downcast_ref::<wasmtime::Trap>().is_some() => Stop::Trap(trap_report(&e)),
             None => Stop::Fatal(trap_message(&e)),
         })
     }
@@ -470,8 +470,53 @@ impl Instance for JitInstance {
     }
 }
 
-/// The trap's cause and the innermost frames of its backtrace (a deep recursion would print
-/// thousands of identical lines).
+/// Frames of a trapped guest's call stack shown (a deep recursion would print thousands of
+/// identical lines).
+const FRAMES_SHOWN: usize = 8;
+
+/// A trap as ferry reports it: its cause worded as on the interpreter (the WebAssembly
+/// specification's wording, without wasmtime's `wasm trap:` prefix), then the guest's call
+/// stack, innermost first, by function name. A function without a name is given by its index
+/// in the instrumented module, which is not the program's own: no number is shown that the
+/// user could take for one of their functions.
+fn trap_report(e: &wasmtime::Error) -> String {
+    let cause = e
+        .downcast_ref::<wasmtime::Trap>()
+        .map_or_else(|| e.to_string(), ToString::to_string);
+    let mut out = cause
+        .strip_prefix("wasm trap: ")
+        .unwrap_or(&cause)
+        .to_owned();
+    let frames = e
+        .downcast_ref::<wasmtime::WasmBacktrace>()
+        .map_or(&[][..], |b| b.frames());
+    if !frames.is_empty() {
+        out.push_str("\nguest call stack, innermost first:");
+        for (i, f) in frames.iter().enumerate().take(FRAMES_SHOWN) {
+            out.push_str(&match f.func_name() {
+                Some(name) => format!("\n  {i}: {name}"),
+                None => format!(
+                    "\n  {i}: (no name: function {} of the instrumented module)",
+                    f.func_index()
+                ),
+            });
+            // Only with `FERRY_ADDRESS_MAP=1` (work on the transform): the offset in the
+            // instrumented module.
+            if let Some(at) = f.module_offset() {
+                out.push_str(&format!(" at 0x{at:x}"));
+            }
+        }
+        if frames.len() > FRAMES_SHOWN {
+            out.push_str(&format!(
+                "\n  ... and {} outer frames",
+                frames.len() - FRAMES_SHOWN
+            ));
+        }
+    }
+    out
+}
+
+/// A host-side failure's message and the innermost frames of its backtrace.
 fn trap_message(e: &wasmtime::Error) -> String {
     let full = format!("{e:?}");
     let lines: Vec<&str> = full.lines().collect();

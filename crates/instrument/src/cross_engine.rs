@@ -16,6 +16,8 @@ fn config() -> wasm_smith::Config {
         canonicalize_nans: true,
         disallow_traps: true,
         exceptions_enabled: false,
+        // Dropped data segments must stay dropped in the instance a move creates.
+        bulk_memory_enabled: true,
         ..crate::tests::config()
     }
 }

@@ -1010,7 +1010,9 @@ impl<R: Reencode<Error = Infallible>> Emitter<'_, '_, R> {
                 self.ins(I::TryTable(bt, catches.into()));
             }
             other => {
-                let i = wasm_encoder::reencode::utils::instruction(self.shift, other.clone())
+                let i = self
+                    .shift
+                    .instruction(other.clone())
                     .map_err(|e| InstrumentError::Invalid(e.to_string()))?;
                 self.ins(i);
             }

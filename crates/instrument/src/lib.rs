@@ -49,6 +49,7 @@ mod differential;
 #[cfg(test)]
 mod tests;
 
-/// Version of this transform. It is part of the κ of every instrumented module: change it
-/// whenever the output for some input changes.
-pub const INSTRUMENT_VERSION: u32 = 18;
+/// Version of this transform. It is part of the derivation ref of every instrumented module
+/// (`derived/instrument-v<N>/<κ>`) and of every snapshot: change it whenever the output for
+/// some input changes.
+pub const INSTRUMENT_VERSION: u32 = 19;

@@ -72,6 +72,8 @@ pub(crate) struct FuncFacts {
     pub recursive: bool,
     /// Type indices of the body's `call_indirect`s.
     pub indirect_types: Vec<u32>,
+    /// Data segments the body drops (`data.drop`).
+    pub drops: Vec<u32>,
     /// Can reach a safe point (a poll, or a blocking import) while it is on the stack:
     /// computed over the call graph by [`mark_unwinding`].
     pub can_unwind: bool,
@@ -91,9 +93,13 @@ impl FuncFacts {
     }
 }
 
-/// Renumbers function indices after ferry's poll import is added at the end of the imports.
+/// Renumbers function indices after ferry's poll import is added at the end of the imports,
+/// and turns each `data.drop` into a call of the function that drops the segment and records
+/// the drop (see [`Drops`]).
 pub(crate) struct Shift {
     imported_funcs: u32,
+    /// Data segment → the function (output index) that drops it and records that it did.
+    drop_calls: HashMap<u32, u32>,
 }
 
 impl Reencode for Shift {
@@ -107,6 +113,72 @@ impl Reencode for Shift {
         } else {
             func
         })
+    }
+
+    fn instruction<'a>(
+        &mut self,
+        op: Operator<'a>,
+    ) -> Result<wasm_encoder::Instruction<'a>, wasm_encoder::reencode::Error<Infallible>> {
+        if let Operator::DataDrop { data_index } = op
+            && let Some(&f) = self.drop_calls.get(&data_index)
+        {
+            return Ok(wasm_encoder::Instruction::Call(f));
+        }
+        wasm_encoder::reencode::utils::instruction(self, op)
+    }
+}
+
+/// The data segments a module drops, which a snapshot must remember: a resume instantiates
+/// the module afresh, with every passive segment whole again, and a `memory.init` of a
+/// dropped segment would then copy it where the uninterrupted run traps.
+///
+/// Each `data.drop N` becomes a call of a function that drops N and sets a mutable global
+/// (`ferry:global:<index>`, captured and restored with the module's own globals). The rewind
+/// entry points the host calls on a resume (`ferry:rewind:<export>`) become functions that
+/// first drop again every segment whose global is set, then call the rewind copy. A module
+/// that drops no segment gets none of this (its output is as before).
+struct Drops {
+    /// The dropped segments, in increasing order.
+    segments: Vec<u32>,
+    /// Output index of the global of `segments[0]`; the others follow.
+    first_global: u32,
+    /// Output index of the function that drops `segments[0]`; the others follow.
+    first_func: u32,
+    /// Original index of an exported (or start) function with a rewind copy → output index of
+    /// its rewind entry point.
+    entry_of: HashMap<u32, u32>,
+}
+
+impl Drops {
+    /// The rewind entry point of function `f` (original index): drops again each segment
+    /// whose flag is set, then calls `f`'s rewind copy with its own arguments.
+    fn rewind_entry(
+        &self,
+        f: u32,
+        ctx: &ModuleCtx<'_>,
+        func_types: &[Option<FuncType>],
+        func_type_of: &[u32],
+    ) -> Result<wasm_encoder::Function, InstrumentError> {
+        use wasm_encoder::Instruction as I;
+        let copy = ctx.rewind_func[f as usize]
+            .ok_or_else(|| InstrumentError::Internal(format!("function {f} has no rewind copy")))?;
+        let n_params = func_types
+            .get(func_type_of[f as usize] as usize)
+            .and_then(Option::as_ref)
+            .map(|t| t.params().len() as u32)
+            .ok_or_else(|| InstrumentError::Internal(format!("function {f} has no type")))?;
+        let mut body = wasm_encoder::Function::new([]);
+        for (k, &seg) in self.segments.iter().enumerate() {
+            body.instruction(&I::GlobalGet(self.first_global + k as u32))
+                .instruction(&I::If(wasm_encoder::BlockType::Empty))
+                .instruction(&I::DataDrop(seg))
+                .instruction(&I::End);
+        }
+        for p in 0..n_params {
+            body.instruction(&I::LocalGet(p));
+        }
+        body.instruction(&I::Call(copy)).instruction(&I::End);
+        Ok(body)
     }
 }
 
@@ -162,6 +234,8 @@ fn instrument_inner(
     // Functions reachable through tables (targets of indirect calls).
     let mut address_taken: Vec<u32> = Vec::new();
     let mut has_start_export = false;
+    // Functions the host may call: exports and the start function (original indices).
+    let mut entries: Vec<u32> = Vec::new();
 
     for payload in Parser::new(0).parse_all(wasm) {
         let payload = payload?;
@@ -250,6 +324,9 @@ fn instrument_inner(
                     if matches!(e.name, "_start" | "_initialize") && e.kind == ExternalKind::Func {
                         has_start_export = true;
                     }
+                    if e.kind == ExternalKind::Func {
+                        entries.push(e.index);
+                    }
                     if e.name.starts_with("ferry:") {
                         return Err(InstrumentError::Unsupported(format!(
                             "export `{}` uses the reserved `ferry:` prefix (already instrumented?)",
@@ -258,6 +335,7 @@ fn instrument_inner(
                     }
                 }
             }
+            Payload::StartSection { func, .. } => entries.push(*func),
             _ => {}
         }
         sections.push(payload);
@@ -314,6 +392,30 @@ fn instrument_inner(
     }
     let rewind_table: Vec<u32> = (0..n_tables).map(|t| n_tables + t).collect();
 
+    // Functions after the rewind copies: one per dropped segment, then the rewind entry
+    // points (only when some segment is dropped).
+    let mut segments: Vec<u32> = facts.iter().flat_map(|f| f.drops.iter().copied()).collect();
+    segments.sort_unstable();
+    segments.dedup();
+    let first_func = n_imported + 1 + n_defined + rewind_order.len() as u32;
+    let mut entry_of = HashMap::new();
+    if !segments.is_empty() {
+        entries.sort_unstable();
+        entries.dedup();
+        for &f in &entries {
+            if rewind_func.get(f as usize).copied().flatten().is_some() {
+                let at = first_func + segments.len() as u32 + entry_of.len() as u32;
+                entry_of.insert(f, at);
+            }
+        }
+    }
+    let drops = Drops {
+        first_global: n_globals + 3,
+        first_func,
+        segments,
+        entry_of,
+    };
+
     let mut interner = TypeInterner::new(func_types.len() as u32);
     let poll_type = interner.intern(&[], &[]);
     let ctx = ModuleCtx {
@@ -342,6 +444,12 @@ fn instrument_inner(
     let mut code = wasm_encoder::CodeSection::new();
     let mut shift = Shift {
         imported_funcs: n_imported,
+        drop_calls: drops
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(k, &seg)| (seg, drops.first_func + k as u32))
+            .collect(),
     };
     let mut rewind_code = Vec::new();
     // The largest frame record (bytes, as pushed): the room an epilogue may need.
@@ -437,20 +545,40 @@ fn instrument_inner(
     for f in &rewind_code {
         code.function(f);
     }
-    let rewind_types: Vec<u32> = rewind_order
+    // The types of the functions appended after the defined ones, in order.
+    let mut appended_types: Vec<u32> = rewind_order
         .iter()
         .map(|&i| func_type_of[n_imported as usize + i])
         .collect();
+    for (k, &seg) in drops.segments.iter().enumerate() {
+        let mut f = wasm_encoder::Function::new([]);
+        f.instruction(&wasm_encoder::Instruction::DataDrop(seg))
+            .instruction(&wasm_encoder::Instruction::I32Const(1))
+            .instruction(&wasm_encoder::Instruction::GlobalSet(
+                drops.first_global + k as u32,
+            ))
+            .instruction(&wasm_encoder::Instruction::End);
+        code.function(&f);
+        appended_types.push(poll_type);
+    }
+    let mut rewind_entries: Vec<(u32, u32)> =
+        drops.entry_of.iter().map(|(&f, &at)| (at, f)).collect();
+    rewind_entries.sort_unstable();
+    for (_, f) in rewind_entries {
+        code.function(&drops.rewind_entry(f, &ctx, &func_types, &func_type_of)?);
+        appended_types.push(func_type_of[f as usize]);
+    }
 
     let out = assemble(
         sections,
         &ctx,
-        &rewind_types,
+        &appended_types,
         interner,
         poll_type,
         (code, hints),
         (n_memories, largest_record),
         &mutable_globals,
+        &drops,
     )?;
     // The output is checked, so a transform bug surfaces here and not as a guest crash.
     if let Err(e) = Validator::new_with_features(supported_features()).validate_all(&out) {
@@ -500,6 +628,7 @@ fn scan(
                 }
             }
             Operator::CallIndirect { type_index, .. } => facts.indirect_types.push(type_index),
+            Operator::DataDrop { data_index } => facts.drops.push(data_index),
             Operator::RefFunc { function_index } => facts.refs.push(function_index),
             Operator::TableSet { .. }
             | Operator::TableGrow { .. }
@@ -522,17 +651,24 @@ fn scan(
 fn assemble(
     sections: Vec<Payload<'_>>,
     ctx: &ModuleCtx<'_>,
-    rewind_types: &[u32],
+    appended_types: &[u32],
     interner: TypeInterner,
     poll_type: u32,
     (code, hints): (wasm_encoder::CodeSection, wasm_encoder::BranchHints),
     (n_memories, largest_record): (u32, u32),
     mutable_globals: &[u32],
+    drops: &Drops,
 ) -> Result<Vec<u8>, InstrumentError> {
     let err =
         |e: wasm_encoder::reencode::Error<Infallible>| InstrumentError::Invalid(e.to_string());
     let mut shift = Shift {
         imported_funcs: ctx.n_imported,
+        drop_calls: HashMap::new(),
+    };
+    // What the host calls to rewind function `f` (original index).
+    let rewind_entry = |f: u32| -> Option<u32> {
+        let copy = ctx.rewind_func.get(f as usize).copied().flatten()?;
+        Some(drops.entry_of.get(&f).copied().unwrap_or(copy))
     };
     let mut module = Module::new();
     let mut customs = Vec::new();
@@ -559,7 +695,7 @@ fn assemble(
             Payload::FunctionSection(r) => {
                 let mut s = wasm_encoder::FunctionSection::new();
                 shift.parse_function_section(&mut s, r).map_err(err)?;
-                for &t in rewind_types {
+                for &t in appended_types {
                     s.function(t);
                 }
                 functions = Some(s);
@@ -591,8 +727,7 @@ fn assemble(
                     .map_err(err)?;
                 for e in r {
                     let e = e?;
-                    let rewind = ctx.rewind_func.get(e.index as usize).copied().flatten();
-                    if let (ExternalKind::Func, Some(f)) = (e.kind, rewind) {
+                    if let (ExternalKind::Func, Some(f)) = (e.kind, rewind_entry(e.index)) {
                         exports.export(&abi::rewind_export(e.name), ExportKind::Func, f);
                     }
                 }
@@ -600,10 +735,7 @@ fn assemble(
             // The start function becomes an export the host calls itself, so that a resume
             // (which instantiates the module again) does not run it a second time.
             Payload::StartSection { func, .. } => {
-                start = Some((
-                    shift.function_index(func).map_err(err)?,
-                    ctx.rewind_func.get(func as usize).copied().flatten(),
-                ))
+                start = Some((shift.function_index(func).map_err(err)?, rewind_entry(func)))
             }
             Payload::ElementSection(r) => {
                 let mut s = wasm_encoder::ElementSection::new();
@@ -656,6 +788,10 @@ fn assemble(
         },
         &ConstExpr::i32_const(largest_record as i32),
     );
+    // One flag per dropped data segment, captured like the module's own globals.
+    for _ in &drops.segments {
+        globals.global(i32_mut, &ConstExpr::i32_const(0));
+    }
     exports.export(abi::CTL_MEMORY, ExportKind::Memory, ctx.ctl_memory);
     exports.export(abi::STACK_MEMORY, ExportKind::Memory, ctx.stack_memory);
     exports.export(abi::STATE_GLOBAL, ExportKind::Global, ctx.state_global);
@@ -669,7 +805,8 @@ fn assemble(
     for m in 0..n_memories {
         exports.export(&abi::memory_export(m), ExportKind::Memory, m);
     }
-    for &g in mutable_globals {
+    let flags = drops.first_global..drops.first_global + drops.segments.len() as u32;
+    for g in mutable_globals.iter().copied().chain(flags) {
         exports.export(&abi::global_export(g), ExportKind::Global, g);
     }
 

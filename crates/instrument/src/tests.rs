@@ -26,7 +26,9 @@ proptest! {
     #[test]
     fn generated_modules_instrument_to_valid_modules(seed in proptest::collection::vec(any::<u8>(), 256..4096)) {
         let mut u = arbitrary::Unstructured::new(&seed);
-        let Ok(module) = wasm_smith::Module::new(config(), &mut u) else { return Ok(()) };
+        // Bulk memory too (`data.drop` is rewritten; the table instructions are refused).
+        let config = wasm_smith::Config { bulk_memory_enabled: true, ..config() };
+        let Ok(module) = wasm_smith::Module::new(config, &mut u) else { return Ok(()) };
         let bytes = module.to_bytes();
         match instrument_any(&bytes) {
             Ok(out) => prop_assert!(out.wasm.len() > 8),
@@ -359,4 +361,92 @@ fn only_calls_that_can_reach_a_safe_point_are_call_sites() {
         "the indirect call of $spin's type, the direct call of $spin"
     );
     assert_eq!(out.stats.polls, 1, "$spin's loop");
+}
+
+/// Every `data.drop` of the input, in an instrumented function or in one copied as it is,
+/// becomes a call of the function that drops the segment and sets its flag (an exported
+/// global the host captures); the rewind entry points drop again what the flags say; and a
+/// module that drops nothing gets none of it.
+#[test]
+fn dropped_data_segments_are_recorded_and_dropped_again_on_rewind() {
+    let wat = r#"(module
+        (memory 1)
+        (data $a "a") (data $b "b") (data $c "c")
+        (func $plain (data.drop $b))
+        (func (export "_start") (local $i i32)
+            (data.drop $a)
+            (call $plain)
+            (loop $l
+                (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                (br_if $l (i32.lt_u (local.get $i) (i32.const 10))))
+            (data.drop $a)
+            (memory.init $c (i32.const 0) (i32.const 0) (i32.const 1))))"#;
+    let out = instrument(&wat::parse_str(wat).unwrap()).unwrap();
+    // Per function of the output: the segments it drops and the functions it calls.
+    let mut drops: Vec<Vec<u32>> = Vec::new();
+    let mut calls: Vec<Vec<u32>> = Vec::new();
+    let mut flags = Vec::new();
+    let mut rewind_start = None;
+    for p in wasmparser::Parser::new(0).parse_all(&out.wasm) {
+        match p.unwrap() {
+            wasmparser::Payload::ExportSection(r) => {
+                for e in r {
+                    let e = e.unwrap();
+                    if e.name.starts_with(crate::abi::GLOBAL_PREFIX) {
+                        flags.push(e.index);
+                    }
+                    if e.name == crate::abi::rewind_export("_start") {
+                        rewind_start = Some(e.index);
+                    }
+                }
+            }
+            wasmparser::Payload::CodeSectionEntry(b) => {
+                let (mut d, mut c) = (Vec::new(), Vec::new());
+                let mut ops = b.get_operators_reader().unwrap();
+                while !ops.eof() {
+                    match ops.read().unwrap() {
+                        wasmparser::Operator::DataDrop { data_index } => d.push(data_index),
+                        wasmparser::Operator::Call { function_index } => c.push(function_index),
+                        _ => {}
+                    }
+                }
+                drops.push(d);
+                calls.push(c);
+            }
+            _ => {}
+        }
+    }
+    // No imports but ferry.poll: defined function k is function k + 1. Defined: $plain,
+    // _start (lean), _start (rewind copy), the drops of $a and $b, _start's rewind entry.
+    assert_eq!(drops.len(), 6, "{drops:?}");
+    let (drop_a, drop_b) = (4, 5);
+    assert_eq!(calls[0], [drop_b], "$plain, copied as it is");
+    assert!(drops[..3].iter().all(Vec::is_empty), "{drops:?}");
+    for copy in [1, 2] {
+        assert_eq!(
+            calls[copy].iter().filter(|&&f| f == drop_a).count(),
+            2,
+            "{calls:?}"
+        );
+    }
+    assert_eq!(
+        (drops[3].as_slice(), drops[4].as_slice()),
+        (&[0][..], &[1][..])
+    );
+    // The entry drops both again (under their flags), then calls the rewind copy.
+    assert_eq!(rewind_start, Some(6));
+    assert_eq!(drops[5], [0, 1]);
+    assert_eq!(calls[5], [3]);
+    assert_eq!(flags.len(), 2, "one flag per dropped segment: {flags:?}");
+
+    // Without a `data.drop`, nothing of this: the output is the transform's usual one.
+    let none = wat
+        .replace("(data.drop $a)", "")
+        .replace("(data.drop $b)", "");
+    let out = instrument(&wat::parse_str(&none).unwrap()).unwrap();
+    let text = wasmprinter::print_bytes(&out.wasm).unwrap();
+    assert!(
+        !text.contains("data.drop") && !text.contains("ferry:global"),
+        "{text}"
+    );
 }

@@ -15,6 +15,16 @@ fn wat_counter_survives_many_suspends() {
     check(&[g.to_str().unwrap()], 8, (20, 60), 1);
 }
 
+/// A data segment the guest dropped stays dropped across resumes (a resume instantiates the
+/// module afresh, every passive segment whole again): the guest's last `memory.init` traps,
+/// exit 134, as in the uninterrupted run — on either engine, moved between them.
+#[test]
+fn a_dropped_data_segment_stays_dropped() {
+    let g = guest("wat/data-drop.wat");
+    check(&[g.to_str().unwrap()], 5, (20, 60), 11);
+    check_churn(&["jit", "interp"], &[g.to_str().unwrap()], 4, (20, 60), 12);
+}
+
 #[test]
 fn c_cpu_loop() {
     let g = guest("wasm/cpu.wasm");

@@ -1107,12 +1107,18 @@ fn bench_outside_the_checkout_says_where_to_run_it() {
 
 /// A guest that traps (here `unreachable`, as C's `abort()` compiles) ends with 134, as
 /// `wasmtime run` ends it (128 + SIGABRT), on either engine: what it printed first is shown,
-/// and the exit code tells a crash of the program from ferry failing (1).
+/// and the exit code tells a crash of the program from ferry failing (1). The cause reads the
+/// same on both engines; the JIT adds the call stack by function name; every line of the
+/// report is ferry's and starts with `ferry: ` (the guest's own stderr is told from it so).
 #[test]
 fn a_guest_that_traps_exits_134_as_under_wasmtime() {
     let env = Env::new();
     let m = env.path("abort.wat");
-    std::fs::write(&m, crate::harness::ABORTING_GUEST).unwrap();
+    let named = crate::harness::ABORTING_GUEST.replace(
+        "    unreachable))",
+        "    (call $crash))\n  (func $crash unreachable))",
+    );
+    std::fs::write(&m, named).unwrap();
     for engine in ["jit", "interp"] {
         let out = env
             .ferry()
@@ -1122,10 +1128,25 @@ fn a_guest_that_traps_exits_134_as_under_wasmtime() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(134), "{engine}: {err}");
         assert_eq!(String::from_utf8_lossy(&out.stdout), "before\n");
-        assert!(
-            err.contains("ferry: guest trapped: ") && err.contains("unreachable"),
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(
+            lines[0], "ferry: guest trapped: wasm `unreachable` instruction executed",
             "{engine}: {err}"
         );
+        assert!(lines.iter().all(|l| l.starts_with("ferry: ")), "{err}");
+        if engine == "jit" {
+            assert_eq!(
+                lines[1..],
+                [
+                    "ferry: guest call stack, innermost first:",
+                    "ferry:   0: crash",
+                    "ferry:   1: (no name: function 2 of the instrumented module)",
+                ],
+                "{err}"
+            );
+        } else {
+            assert_eq!(lines.len(), 1, "{err}");
+        }
     }
 }
 
