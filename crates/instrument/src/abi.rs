@@ -14,6 +14,9 @@
 //! * Exported globals `ferry:state` and `ferry:sp` (both mutable i32).
 //! * Every original memory `N` is exported as `ferry:memory:N`, every mutable global `N` as
 //!   `ferry:global:N`, so the host can capture and restore them without knowing the module.
+//!   Since v19 a module that drops data segments also exports, past its own globals, one
+//!   `ferry:global:N` per dropped segment (1 once dropped); its `ferry:rewind:<name>` exports
+//!   drop those segments again before they rewind, so the host does nothing more.
 //! * A start function is exported as `ferry:start` instead of running at instantiation.
 //! * Imports listed in [`UNWINDING_IMPORTS`] are call sites too: the host may start an unwind
 //!   from inside them (a sleep or a blocking read), and on rewind they are called again with
