@@ -429,12 +429,16 @@ pub fn files(settings: &Settings, a: FilesArgs) -> Result<ExitCode> {
         let stats = ferry_space::pull_tree(&space, &store, k, &mut progress)
             .with_context(|| format!("cannot fetch the files of `{guest}`"))?;
         let written = AtomicU64::new(0);
+        // Every object is here now: the total is known before the writing starts.
+        let total = ferry_wasi::tree::tree_len(&store, &k)
+            .map(|t| format!(" of {:.1}", t as f64 / (1u64 << 20) as f64))
+            .unwrap_or_default();
         crate::guest::saying_progress(
             || {
                 format!(
-                    "writing `{guest}` into {}: {} MiB",
+                    "writing `{guest}` into {}: {:.1}{total} MiB",
                     host.display(),
-                    written.load(Ordering::Relaxed) >> 20
+                    written.load(Ordering::Relaxed) as f64 / (1u64 << 20) as f64
                 )
             },
             || ferry_wasi::tree::materialize_counting(&store, &k, &host, &written),

@@ -778,6 +778,9 @@ fn a_run_on_a_space_with_a_big_directory_shows_its_progress() {
     assert_eq!(code, 0, "{err}");
     let said = format!("ferry: writing `/data` into {}: ", out_dir.display());
     assert!(err.contains(&said), "`{said}` not in:\n{err}");
+    // With the total: 64 MiB of big.bin, and the guest's few small files.
+    let line = err.lines().find(|l| l.starts_with(&said)).unwrap();
+    assert!(line.ends_with(" of 64.0 MiB"), "{line}");
     assert_eq!(std::fs::read(out_dir.join("big.bin")).unwrap(), big);
 }
 
