@@ -783,6 +783,18 @@ fn progress_poll(after: Duration) -> Duration {
     Duration::from_millis(if after.is_zero() { 5 } else { 50 })
 }
 
+/// Says `msg` on stderr as ferry's: every line of it (a trap's call stack, a cause) starts
+/// with `ferry: `, so the guest's own stderr is told from ferry's by the prefix alone.
+pub fn say(msg: &str) {
+    let mut out = String::new();
+    for line in msg.lines() {
+        out.push_str("ferry: ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    eprint!("{out}");
+}
+
 /// Runs `work`, saying `what()` on stderr once [`progress_after`] has passed and every 2 s
 /// after, until it ends: long work before a guest runs (a write-back, sending a data set to
 /// a space) is not taken for a hung ferry.

@@ -246,15 +246,7 @@ fn report(e: &anyhow::Error) -> ExitCode {
     for cause in e.chain().skip(1) {
         msg.push_str(&format!("\n  caused by: {cause}"));
     }
-    // Every line of it is ferry's, and says so (a trap's call stack, a cause): the guest's own
-    // stderr is then told from ferry's by the prefix alone.
-    let mut out = String::new();
-    for line in msg.lines() {
-        out.push_str("ferry: ");
-        out.push_str(line);
-        out.push('\n');
-    }
-    eprint!("{out}");
+    guest::say(&msg);
     // A guest that trapped (C's `abort()`, a failed `assert`, an access out of bounds) ends
     // as `wasmtime run` ends it, 128 + SIGABRT, so that a crash is told from ferry failing.
     if e.chain()

@@ -337,7 +337,7 @@ pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
                 // A guest that trapped: its exit code says so (134, as a local run).
                 match s.exit_code {
                     Some(code) if st == State::Failed => {
-                        eprintln!("ferry: {why}");
+                        crate::guest::say(&why);
                         return Ok(ExitCode::from(code as u8));
                     }
                     _ => bail!("{why}"),

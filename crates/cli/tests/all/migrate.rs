@@ -1104,6 +1104,12 @@ fn a_guest_that_traps_in_a_space_fails_with_134() {
     let (_, err, code) = cli(&here, &a.url, &["wait", "t"]);
     assert_eq!(code, 134, "{err}");
     assert!(err.contains("session t failed: guest trapped: "), "{err}");
+    // The trap's call stack included: every line is ferry's, and says so.
+    assert!(
+        err.contains("ferry: guest call stack, innermost first:"),
+        "{err}"
+    );
+    assert!(err.lines().all(|l| l.starts_with("ferry: ")), "{err}");
     let info = a.session("t").unwrap();
     assert_eq!(
         (&info["state"], &info["exit_code"]),
