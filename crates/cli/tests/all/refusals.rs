@@ -1150,6 +1150,58 @@ fn a_guest_that_traps_exits_134_as_under_wasmtime() {
     }
 }
 
+/// Each kind of trap is reported with the same cause on both engines (the WebAssembly
+/// specification's wording), and a deep call stack is cut to its innermost frames.
+#[test]
+fn trap_causes_read_the_same_on_both_engines() {
+    let env = Env::new();
+    let cases = [
+        (
+            "(i32.store (i32.const 70000) (i32.const 1))",
+            "out of bounds memory access",
+        ),
+        (
+            "(drop (i32.div_s (i32.const 1) (i32.const 0)))",
+            "integer divide by zero",
+        ),
+        (
+            "(drop (i32.trunc_f32_s (f32.const nan)))",
+            "invalid conversion to integer",
+        ),
+        ("(call_indirect (i32.const 1))", "uninitialized element"),
+        ("(call $down (i32.const 0))", "call stack exhausted"),
+    ];
+    for (i, (body, cause)) in cases.iter().enumerate() {
+        let m = env.path(&format!("trap{i}.wat"));
+        let wat = format!(
+            "(module (memory 1) (table 2 funcref)
+               (func $down (param i32) (call $down (i32.add (local.get 0) (i32.const 1))))
+               (func (export \"_start\") {body}))"
+        );
+        std::fs::write(&m, wat).unwrap();
+        for engine in ["jit", "interp"] {
+            let (_, err, code) = env.output(&["run", "--engine", engine, m.to_str().unwrap()]);
+            assert_eq!(code, 134, "{engine} {body}: {err}");
+            assert_eq!(
+                err.lines().next(),
+                Some(format!("ferry: guest trapped: {cause}").as_str()),
+                "{engine} {body}"
+            );
+            assert!(err.lines().all(|l| l.starts_with("ferry: ")), "{err}");
+        }
+    }
+    // The unbounded recursion on the JIT: eight frames, then how many more.
+    let m = env.path("trap4.wat");
+    let (_, err, _) = env.output(&["run", m.to_str().unwrap()]);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 11, "{err}");
+    assert!(lines[2..10].iter().all(|l| l.ends_with(": down")), "{err}");
+    assert!(
+        lines[10].starts_with("ferry:   ... and ") && lines[10].ends_with(" outer frames"),
+        "{err}"
+    );
+}
+
 /// `store gc` on a store with much to delete and packs to rewrite says how far it has come
 /// (after 1 s, every 2 s; at once here, `FERRY_PROGRESS_AFTER_MS=0`), and the snapshot it
 /// keeps still resumes.
