@@ -1,10 +1,10 @@
 //! `ferry conformance`: the conformance kit every space must pass (docs/conformance.md).
 //!
-//! A kit is a directory with `cases.json` (format `ferry-conformance`, version 1), guests and
+//! A kit is a directory with `cases.json` (format `ferry-conformance`, version 1 or 2), guests and
 //! expected outputs. For each case and each engine under test the runner checks:
 //!
 //! * **fresh** — an uninterrupted run prints exactly the expected stdout and stderr and exits
-//!   with the expected code;
+//!   with the expected code (or traps with the expected cause, kit v2);
 //! * **resume** — for each of the case's suspension points, a snapshot taken on engine A and
 //!   resumed (in a fresh instance, from the objects alone) on engine B prints exactly the rest
 //!   of the expected output, exits the same, and leaves the same files in a mounted directory;
@@ -30,7 +30,8 @@ use crate::settings::Settings;
 
 /// The kit format this ferry reads.
 pub const KIT_FORMAT: &str = "ferry-conformance";
-pub const KIT_VERSION: u32 = 1;
+/// The newest kit version this ferry reads; it reads every version from 1 (v2 added `trap`).
+pub const KIT_VERSION: u32 = 2;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -39,7 +40,7 @@ pub struct Args {
     #[arg(long, default_value = "all", value_name = "ENGINE")]
     engine: String,
     /// The kit directory (holds cases.json).
-    #[arg(long, default_value = "conformance/v1", value_name = "DIR")]
+    #[arg(long, default_value = "conformance/v2", value_name = "DIR")]
     kit: PathBuf,
     /// Only the cases whose name contains this.
     #[arg(long, value_name = "TEXT")]
@@ -82,6 +83,10 @@ struct Case {
     stderr: Option<String>,
     #[serde(default)]
     exit: i32,
+    /// The guest must trap with this cause (the WebAssembly specification's wording, as
+    /// `ferry: guest trapped:` gives it) instead of exiting (kit v2).
+    #[serde(default)]
+    trap: Option<String>,
     /// Whether snapshots taken at one point on different engines must hold the same state
     /// (false for guests that read randomness, e.g. CPython's hash seed).
     #[serde(default = "yes")]
@@ -149,9 +154,30 @@ impl Buf {
     }
 }
 
+/// How a run ended.
+#[derive(Debug)]
+enum End {
+    Exited(i32),
+    Suspended(Kappa),
+    /// The guest trapped; the cause.
+    Trapped(String),
+}
+
+impl Case {
+    /// Whether a run that did not stop at a point ended as this case expects.
+    fn ended_as_expected(&self, end: &End) -> Result<(), String> {
+        match (&self.trap, end) {
+            (None, End::Exited(c)) if *c == self.exit => Ok(()),
+            (Some(t), End::Trapped(cause)) if t == cause => Ok(()),
+            (None, o) => Err(format!("ended {o:?}, expected exit {}", self.exit)),
+            (Some(t), o) => Err(format!("ended {o:?}, expected the trap `{t}`")),
+        }
+    }
+}
+
 /// What one run of a guest showed.
 struct Seen {
-    outcome: Outcome,
+    outcome: End,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
 }
@@ -262,7 +288,15 @@ impl Runner<'_> {
                 Some(e) => Err(e),
                 None => r,
             }
-        })?;
+        });
+        let outcome = match outcome {
+            Ok(Outcome::Exited(c)) => End::Exited(c),
+            Ok(Outcome::Suspended(k)) => End::Suspended(k),
+            Err(ferry_engine::EngineError::Trap(m)) => {
+                End::Trapped(m.lines().next().unwrap_or_default().to_owned())
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(Seen {
             outcome,
             stdout: out.take(),
@@ -378,11 +412,21 @@ fn load_kit(dir: &Path) -> Result<Kit> {
     })?;
     let kit: Kit =
         serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
-    if kit.format != KIT_FORMAT || kit.version != KIT_VERSION {
+    if kit.format != KIT_FORMAT || !(1..=KIT_VERSION).contains(&kit.version) {
         bail!(
-            "{} is a `{}` v{} kit; this ferry reads `{KIT_FORMAT}` v{KIT_VERSION}",
+            "{} is a `{}` v{} kit; this ferry reads `{KIT_FORMAT}` v1 to v{KIT_VERSION}",
             path.display(),
             kit.format,
+            kit.version
+        );
+    }
+    if kit.version < 2
+        && let Some(c) = kit.cases.iter().find(|c| c.trap.is_some())
+    {
+        bail!(
+            "{}: case `{}` expects a trap, which a v{} kit cannot say (`trap` is v2)",
+            path.display(),
+            c.name,
             kit.version
         );
     }
@@ -419,8 +463,9 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         prepared: Default::default(),
     };
     println!(
-        "conformance kit {} ({KIT_FORMAT} v{KIT_VERSION}), engines: {}",
+        "conformance kit {} ({KIT_FORMAT} v{}), engines: {}",
         a.kit.display(),
+        kit.version,
         engines
             .iter()
             .map(|e| e.name())
@@ -480,10 +525,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 .and_then(|seen| {
                     compare("stdout", &seen.stdout, &want_out)?;
                     compare("stderr", &seen.stderr, &want_err)?;
-                    match seen.outcome {
-                        Outcome::Exited(c) if c == case.exit => Ok(()),
-                        o => Err(format!("ended {o:?}, expected exit {}", case.exit)),
-                    }
+                    case.ended_as_expected(&seen.outcome)
                 });
             fresh_files.insert(e.name(), dir_contents(&dir));
             row("fresh run".into(), "-", e.name(), result);
@@ -495,7 +537,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 let mount = case.mount.as_deref().map(|g| (g, dir.as_path()));
                 match runner.run(t, &wasm, args, mount, None, Some(point)) {
                     Ok(Seen {
-                        outcome: Outcome::Suspended(k),
+                        outcome: End::Suspended(k),
                         stdout,
                         stderr,
                     }) => {
@@ -575,7 +617,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     }
     let _ = std::fs::remove_dir_all(&scratch);
     if let Some(d) = &a.keep {
-        let m = serde_json::json!({"format": KIT_FORMAT, "version": KIT_VERSION, "snapshots": manifest});
+        let m = serde_json::json!({"format": KIT_FORMAT, "version": kit.version, "snapshots": manifest});
         std::fs::write(d.join("manifest.json"), serde_json::to_vec_pretty(&m)?)?;
     }
     for s in &skipped {
@@ -628,10 +670,7 @@ fn resume_check(
         .map_err(|e| format!("{e:#}"))?;
     compare("stdout after resume", &seen.stdout, rest_out)?;
     compare("stderr after resume", &seen.stderr, rest_err)?;
-    match seen.outcome {
-        Outcome::Exited(c) if c == case.exit => {}
-        o => return Err(format!("ended {o:?}, expected exit {}", case.exit)),
-    }
+    case.ended_as_expected(&seen.outcome)?;
     if case.mount.is_some() && dir_contents(&dir) != files {
         return Err("files in the mount differ from an uninterrupted run's".into());
     }

@@ -1,5 +1,5 @@
-//! The conformance kit (conformance/v1) passes on both engines, and a kit whose expectations
-//! are wrong fails with the reason.
+//! The conformance kit (conformance/v2, which holds v1's cases) passes on both engines, a v1
+//! kit is still read, and a kit whose expectations are wrong fails with the reason.
 
 use std::path::Path;
 
@@ -21,7 +21,7 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn the_kit_passes_on_both_engines_and_across_them() {
     let env = Env::new();
-    let kit = repo().join("conformance/v1");
+    let kit = repo().join("conformance/v2");
     let (out, err, code) = env.output(&[
         "conformance",
         "--engine",
@@ -42,6 +42,8 @@ fn the_kit_passes_on_both_engines_and_across_them() {
         "open-files",
         "tables-and-globals",
         "cpython",
+        // A trap expected (kit v2), after resumes too.
+        "dropped-data-segment   safe point 20000000        interp  jit      pass",
     ] {
         assert!(out.contains(needle), "`{needle}` missing from:\n{out}");
     }
@@ -93,13 +95,28 @@ fn a_kit_of_another_version_is_refused() {
     std::fs::create_dir_all(&kit).unwrap();
     std::fs::write(
         kit.join("cases.json"),
-        r#"{"format": "ferry-conformance", "version": 2, "cases": []}"#,
+        r#"{"format": "ferry-conformance", "version": 3, "cases": []}"#,
     )
     .unwrap();
     let (_, err, code) = env.output(&["conformance", "--kit", kit.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(
-        err.contains("is a `ferry-conformance` v2 kit; this ferry reads `ferry-conformance` v1"),
+        err.contains(
+            "is a `ferry-conformance` v3 kit; this ferry reads `ferry-conformance` v1 to v2"
+        ),
+        "{err}"
+    );
+    // v1 cannot expect a trap: a v1 kit that does is refused, not half read.
+    std::fs::write(
+        kit.join("cases.json"),
+        r#"{"format": "ferry-conformance", "version": 1, "cases": [{"name": "t", "about": "",
+            "guest": "g.wat", "stdout": "o", "trap": "unreachable", "points": []}]}"#,
+    )
+    .unwrap();
+    let (_, err, code) = env.output(&["conformance", "--kit", kit.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("case `t` expects a trap, which a v1 kit cannot say (`trap` is v2)"),
         "{err}"
     );
 }
