@@ -27,7 +27,10 @@ proptest! {
     fn generated_modules_instrument_to_valid_modules(seed in proptest::collection::vec(any::<u8>(), 256..4096)) {
         let mut u = arbitrary::Unstructured::new(&seed);
         // Bulk memory too (`data.drop` is rewritten; the table instructions are refused).
-        let config = wasm_smith::Config { bulk_memory_enabled: true, ..config() };
+        let config = wasm_smith::Config {
+            bulk_memory_enabled: true,
+            ..config()
+        };
         let Ok(module) = wasm_smith::Module::new(config, &mut u) else { return Ok(()) };
         let bytes = module.to_bytes();
         match instrument_any(&bytes) {
