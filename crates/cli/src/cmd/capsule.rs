@@ -184,8 +184,8 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
             a.output.display().to_string()
         },
         stats.objects,
-        stats.bytes as f64 / (1u64 << 20) as f64,
-        stats.stored_bytes as f64 / (1u64 << 20) as f64,
+        crate::cmd::mib(stats.bytes),
+        crate::cmd::mib(stats.stored_bytes),
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
@@ -217,7 +217,7 @@ pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
         "ferry: {} objects ({} new, {:.1} MiB); {}",
         stats.objects,
         stats.new_objects,
-        stats.bytes as f64 / (1u64 << 20) as f64,
+        crate::cmd::mib(stats.bytes),
         resume_hint(&loaded)
     );
     Ok(ExitCode::SUCCESS)

@@ -121,7 +121,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
         eprintln!(
             "ferry: sent {} objects ({:.1} MiB) to {}",
             sent.moved,
-            sent.bytes as f64 / (1u64 << 20) as f64,
+            crate::cmd::mib(sent.bytes),
             c.base()
         );
     }
@@ -431,14 +431,14 @@ pub fn files(settings: &Settings, a: FilesArgs) -> Result<ExitCode> {
         let written = AtomicU64::new(0);
         // Every object is here now: the total is known before the writing starts.
         let total = ferry_wasi::tree::tree_len(&store, &k)
-            .map(|t| format!(" of {:.1}", t as f64 / (1u64 << 20) as f64))
+            .map(|t| format!(" of {:.1}", crate::cmd::mib(t)))
             .unwrap_or_default();
         crate::guest::saying_progress(
             || {
                 format!(
                     "writing `{guest}` into {}: {:.1}{total} MiB",
                     host.display(),
-                    written.load(Ordering::Relaxed) as f64 / (1u64 << 20) as f64
+                    crate::cmd::mib(written.load(Ordering::Relaxed))
                 )
             },
             || ferry_wasi::tree::materialize_counting(&store, &k, &host, &written),
@@ -450,7 +450,7 @@ pub fn files(settings: &Settings, a: FilesArgs) -> Result<ExitCode> {
             host.display(),
             stats.objects,
             stats.moved,
-            stats.bytes as f64 / (1u64 << 20) as f64
+            crate::cmd::mib(stats.bytes)
         );
     }
     eprintln!("ferry: the files are {when}");

@@ -179,7 +179,7 @@ fn report(verb: &str, k: &ferry_kappa::Kappa, s: SyncStats, started: Instant) {
         "ferry: {verb} {k}: {} of its {} objects moved ({:.1} MiB), {:.1} s",
         s.moved,
         s.objects,
-        s.bytes as f64 / (1u64 << 20) as f64,
+        crate::cmd::mib(s.bytes),
         started.elapsed().as_secs_f64()
     );
 }
