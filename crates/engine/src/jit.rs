@@ -395,8 +395,10 @@ impl Instance for JitInstance {
         };
         r.map_err(|e| match e.downcast_ref::<GuestExit>() {
             Some(GuestExit(code)) => Stop::Exit(*code),
-            None if e.downcast_ref::<wasmtime::Trap>().is_some() => Stop::Trap(trap_report(&e)),
-            None => Stop::Fatal(trap_message(&e)),
+            None => match e.downcast_ref::<wasmtime::Trap>() {
+                Some(trap) => Stop::Trap(trap_report(&e, trap)),
+                None => Stop::Fatal(trap_message(&e)),
+            },
         })
     }
 
@@ -479,10 +481,8 @@ const FRAMES_SHOWN: usize = 8;
 /// stack, innermost first, by function name. A function without a name is given by its index
 /// in the instrumented module, which is not the program's own: no number is shown that the
 /// user could take for one of their functions.
-fn trap_report(e: &wasmtime::Error) -> String {
-    let cause = e
-        .downcast_ref::<wasmtime::Trap>()
-        .map_or_else(|| e.to_string(), ToString::to_string);
+fn trap_report(e: &wasmtime::Error, trap: &wasmtime::Trap) -> String {
+    let cause = trap.to_string();
     let mut out = cause
         .strip_prefix("wasm trap: ")
         .unwrap_or(&cause)

@@ -150,6 +150,17 @@ struct Drops {
 }
 
 impl Drops {
+    /// The function that drops `segments[k]` and sets its flag: `[] -> []`.
+    fn drop_function(&self, k: usize) -> wasm_encoder::Function {
+        use wasm_encoder::Instruction as I;
+        let mut f = wasm_encoder::Function::new([]);
+        f.instruction(&I::DataDrop(self.segments[k]))
+            .instruction(&I::I32Const(1))
+            .instruction(&I::GlobalSet(self.first_global + k as u32))
+            .instruction(&I::End);
+        f
+    }
+
     /// The rewind entry point of function `f` (original index): drops again each segment
     /// whose flag is set, then calls `f`'s rewind copy with its own arguments.
     fn rewind_entry(
@@ -550,15 +561,8 @@ fn instrument_inner(
         .iter()
         .map(|&i| func_type_of[n_imported as usize + i])
         .collect();
-    for (k, &seg) in drops.segments.iter().enumerate() {
-        let mut f = wasm_encoder::Function::new([]);
-        f.instruction(&wasm_encoder::Instruction::DataDrop(seg))
-            .instruction(&wasm_encoder::Instruction::I32Const(1))
-            .instruction(&wasm_encoder::Instruction::GlobalSet(
-                drops.first_global + k as u32,
-            ))
-            .instruction(&wasm_encoder::Instruction::End);
-        code.function(&f);
+    for k in 0..drops.segments.len() {
+        code.function(&drops.drop_function(k));
         appended_types.push(poll_type);
     }
     let mut rewind_entries: Vec<(u32, u32)> =
