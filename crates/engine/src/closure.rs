@@ -118,6 +118,12 @@ fn one_closure(
     for m in &w.mounts {
         tree_closure(store, &m.tree, out, 0)?;
     }
+    // Files (and directories) the guest held open after no path named them.
+    for (_, f) in &w.fds {
+        if let Some(t) = &f.unnamed {
+            tree_closure(store, t, out, 0)?;
+        }
+    }
     out.extend(w.stdin_input);
     Ok(s.parent.filter(|p| store.has(p).unwrap_or(false)))
 }

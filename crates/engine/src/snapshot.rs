@@ -242,7 +242,10 @@ pub(crate) fn write(
     // The big files just stored in pieces: their changes until the next snapshot are worth
     // recording.
     host.wasi.record_writes_to(dirty.trees.stored_in_pieces());
-    let wasi: WasiState = host.wasi.capture(&trees).map_err(|e| fail("wasi", &e))?;
+    let wasi: WasiState = host
+        .wasi
+        .capture(&trees, store)
+        .map_err(|e| fail("wasi", &e))?;
     let output = match host.wasi.output_log() {
         Some(log) => Some(write_output(store, &log.bytes()).map_err(|e| fail("output", &e))?),
         None => None,
@@ -378,6 +381,11 @@ pub fn load_leaving_module(store: &dyn Store, k: Kappa) -> Result<Loaded, Engine
     }
     for mount in &wasi.mounts {
         check_tree(store, &mount.tree, 0)?;
+    }
+    for (_, f) in &wasi.fds {
+        if let Some(t) = &f.unnamed {
+            check_tree(store, t, 0)?;
+        }
     }
     if let Some(i) = &wasi.stdin_input
         && !store.has(i)?

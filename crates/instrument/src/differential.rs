@@ -271,8 +271,9 @@ fn generated_modules_behave_the_same_instrumented_and_churned() {
         "compared {compared} of {total} instrumented modules ({with_handlers} with try_table); \
          {unwinds} unwinds"
     );
+    // About a quarter of them do (24.8% to 27% over the seeds tried); a fifth is the floor.
     assert!(
-        with_handlers * 4 >= compared,
+        with_handlers * 5 >= compared,
         "too few compared modules catch exceptions ({with_handlers} of {compared})"
     );
     assert!(

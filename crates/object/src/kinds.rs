@@ -304,6 +304,7 @@ kind!(WasiState, "ferry.wasi", 1, |s| s
     .iter()
     .map(|m| m.tree)
     .chain(s.stdin_input)
+    .chain(s.fds.iter().filter_map(|(_, f)| f.unnamed))
     .collect());
 
 /// A host directory mounted into the guest, as it was when the snapshot was taken.
@@ -350,7 +351,19 @@ pub struct FdState {
     pub fdflags: u16,
     pub read: bool,
     pub write: bool,
+    /// The file or directory no path in the mounts names any more: deleted, or replaced by a
+    /// rename, while the guest held it open (`path` is then where it was). A tree: for a file,
+    /// one entry [`UNNAMED_ENTRY`] holding its content (a file or file-chunks entry); for a
+    /// directory, the empty tree (only an empty one can be removed). A resume gives the fd
+    /// an unnamed copy of the file, or a directory in which every lookup fails. Absent
+    /// otherwise, so other snapshots encode as before; a ferry that predates the field
+    /// refuses an object carrying it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unnamed: Option<Kappa>,
 }
+
+/// The one entry of an [`FdState::unnamed`] tree of a file.
+pub const UNNAMED_ENTRY: &str = "content";
 
 /// Builds the `kind`/`v` pair for a new object of kind `T`.
 pub fn header<T: ObjectKind>() -> (String, u32) {

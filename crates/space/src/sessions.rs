@@ -588,6 +588,7 @@ impl Sessions {
             stdio,
             Box::new(HostClock::default()),
             control.interrupt(),
+            store,
         )
         .map_err(ApiError::forbidden)?;
         Ok((Box::new(loaded), wasi, log))

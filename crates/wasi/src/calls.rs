@@ -4,6 +4,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
 use std::time::Duration;
 
 use tracing::trace;
@@ -85,12 +86,20 @@ pub static FUNCTIONS: &[(&str, Signature)] = &[
     ("sock_shutdown", sig(&[I, I])),
 ];
 
+/// What a change of times applies to.
+enum TimesOf<'a> {
+    /// The file at this host path; a symlink itself unless the flag (follow) is set.
+    Path(&'a std::path::Path, bool),
+    /// An open host file or directory.
+    Open(std::os::unix::io::RawFd),
+}
+
 const FILETYPE_UNKNOWN: u8 = 0;
 const FILETYPE_CHAR: u8 = 2;
 const FILETYPE_DIR: u8 = 3;
 const FILETYPE_FILE: u8 = 4;
 const FILETYPE_SYMLINK: u8 = 7;
-const FDFLAG_APPEND: u16 = 1;
+pub(crate) const FDFLAG_APPEND: u16 = 1;
 const OFLAG_CREAT: u16 = 1;
 const OFLAG_DIRECTORY: u16 = 2;
 const OFLAG_EXCL: u16 = 4;
@@ -367,7 +376,7 @@ impl WasiCtx {
     }
 
     /// The open host file behind `fd` (reopened after a restore), or `None` for stdio/dirs.
-    fn file(&mut self, fd: u32) -> Result<Option<&mut File>, Errno> {
+    pub(crate) fn file(&mut self, fd: u32) -> Result<Option<&mut File>, Errno> {
         let roots: Vec<_> = self.mounts.iter().map(|m| m.root.clone()).collect();
         let f = self.fd(fd)?;
         if f.kind != FdKind::File {
@@ -428,18 +437,11 @@ impl WasiCtx {
 
     fn fd_set_flags(&mut self, fd: u32, flags: u16) -> R {
         let f = tri!(self.fd(fd));
-        f.fdflags = flags;
-        if f.file.is_some() {
-            // Reopen with the new append mode at the current position.
-            let pos = f
-                .file
-                .as_mut()
-                .and_then(|h| h.stream_position().ok())
-                .unwrap_or(f.offset);
-            f.offset = pos;
-            f.file = None;
-            f.inode = None;
+        if let Some(h) = &f.file {
+            // On the open file, not by reopening its path: it may have been renamed.
+            tri!(crate::ctx::set_append(h, flags & FDFLAG_APPEND != 0));
         }
+        f.fdflags = flags;
         Ok(Errno::Success)
     }
 
@@ -451,8 +453,12 @@ impl WasiCtx {
                 tri!(filestat(m, out, &md));
             }
             FdKind::Preopen | FdKind::Dir => {
-                let p = tri!(self.fd_host_path(fd, ""));
-                tri!(filestat(m, out, &tri!(fs::metadata(p))));
+                // A directory held open is asked directly (it may have been removed).
+                let md = match tri!(self.fd(fd)).dir.as_ref().map(File::metadata) {
+                    Some(md) => tri!(md),
+                    None => tri!(fs::metadata(tri!(self.fd_host_path(fd, "")))),
+                };
+                tri!(filestat(m, out, &md));
             }
             _ => {
                 let mut b = [0u8; 64];
@@ -508,8 +514,19 @@ impl WasiCtx {
             FdKind::File | FdKind::Dir | FdKind::Preopen => {}
             _ => return Ok(Errno::Badf),
         }
-        let host = tri!(self.fd_host_path_any(fd));
-        self.set_times(&host, atim, mtim, flags, true)
+        // The open file or directory itself, wherever it is now.
+        let held = match tri!(self.fd(fd)).kind {
+            FdKind::File => tri!(self.file(fd)).map(|f| f.as_raw_fd()),
+            FdKind::Dir => tri!(self.fd(fd)).dir.as_ref().map(File::as_raw_fd),
+            _ => None,
+        };
+        match held {
+            Some(raw) => self.set_times(TimesOf::Open(raw), atim, mtim, flags),
+            None => {
+                let host = tri!(self.fd_host_path_any(fd));
+                self.set_times(TimesOf::Path(&host, true), atim, mtim, flags)
+            }
+        }
     }
 
     #[allow(clippy::too_many_arguments)] // mirrors the WASI signature
@@ -525,19 +542,11 @@ impl WasiCtx {
     ) -> R {
         let follow = lookup & LOOKUP_FOLLOW != 0;
         let (_, _, host) = tri!(self.guest_path(m, fd, ptr, len, follow));
-        self.set_times(&host, atim, mtim, flags, follow)
+        self.set_times(TimesOf::Path(&host, follow), atim, mtim, flags)
     }
 
-    /// `fd_filestat_set_times` / `path_filestat_set_times` on `host`; a symlink itself unless
-    /// `follow`.
-    fn set_times(
-        &mut self,
-        host: &std::path::Path,
-        atim: u64,
-        mtim: u64,
-        flags: u16,
-        follow: bool,
-    ) -> R {
+    /// `fd_filestat_set_times` / `path_filestat_set_times` on `target`.
+    fn set_times(&mut self, target: TimesOf<'_>, atim: u64, mtim: u64, flags: u16) -> R {
         if flags & (FSTFLAG_ATIM | FSTFLAG_ATIM_NOW) == FSTFLAG_ATIM | FSTFLAG_ATIM_NOW
             || flags & (FSTFLAG_MTIM | FSTFLAG_MTIM_NOW) == FSTFLAG_MTIM | FSTFLAG_MTIM_NOW
             || flags & !0xF != 0
@@ -562,14 +571,23 @@ impl WasiCtx {
             pick(FSTFLAG_ATIM, FSTFLAG_ATIM_NOW, atim),
             pick(FSTFLAG_MTIM, FSTFLAG_MTIM_NOW, mtim),
         ];
-        let path = tri!(
-            std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(host.as_os_str()))
-                .map_err(|_| Errno::Inval)
-        );
-        let nofollow = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
-        // SAFETY: a NUL-terminated path and two timespecs that outlive the call.
-        if unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), nofollow) } != 0
-        {
+        let done = match target {
+            TimesOf::Path(host, follow) => {
+                let path = tri!(
+                    std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(
+                        host.as_os_str()
+                    ))
+                    .map_err(|_| Errno::Inval)
+                );
+                let nofollow = if follow { 0 } else { libc::AT_SYMLINK_NOFOLLOW };
+                // SAFETY: a NUL-terminated path and two timespecs that outlive the call.
+                unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), nofollow) }
+            }
+            // SAFETY: a descriptor the caller holds open and two timespecs that outlive the
+            // call.
+            TimesOf::Open(raw) => unsafe { libc::futimens(raw, times.as_ptr()) },
+        };
+        if done != 0 {
             return Ok(Errno::from(std::io::Error::last_os_error()));
         }
         Ok(Errno::Success)
@@ -825,12 +843,38 @@ impl WasiCtx {
 
     /// `(mount, mount-relative path)` of `rel` against directory fd `fd`.
     fn resolve(&mut self, fd: u32, rel: &str) -> Result<(u32, String), Errno> {
+        self.refresh_dir(fd)?;
         let f = self.fd(fd)?;
         if !matches!(f.kind, FdKind::Preopen | FdKind::Dir) {
             return Err(Errno::Notdir);
         }
         let (mount, base) = (f.mount, f.path.clone());
         Ok((mount, path::join(&base, rel)?))
+    }
+
+    /// Brings a directory fd's path up to date with where its directory is now (the guest
+    /// may have renamed it, or a directory above it); `ENOENT` once it has been removed, as
+    /// Linux answers for a lookup in a removed directory.
+    pub(crate) fn refresh_dir(&mut self, fd: u32) -> Result<(), Errno> {
+        let f = self.fds.get_mut(&fd).ok_or(Errno::Badf)?;
+        if f.kind != FdKind::Dir {
+            return Ok(());
+        }
+        if f.removed {
+            return Err(Errno::Noent);
+        }
+        let Some(h) = &f.dir else {
+            return Ok(());
+        };
+        match crate::ctx::place(h, &self.mounts, f.mount) {
+            crate::ctx::Place::At(m, p) => (f.mount, f.path) = (m, p),
+            crate::ctx::Place::Gone => {
+                f.removed = true;
+                return Err(Errno::Noent);
+            }
+            crate::ctx::Place::Unknown => {}
+        }
+        Ok(())
     }
 
     fn guest_path(
@@ -939,7 +983,9 @@ impl WasiCtx {
                 return Ok(Errno::Isdir);
             }
             let n = self.next_fd();
-            self.fds.insert(n, Fd::new(FdKind::Dir, mount, rel));
+            let mut f = Fd::new(FdKind::Dir, mount, rel);
+            f.dir = crate::ctx::open_dir(&host);
+            self.fds.insert(n, f);
             tri!(m.put_u32(out, n));
             return Ok(Errno::Success);
         }
@@ -1080,10 +1126,14 @@ impl WasiCtx {
         p2: u32,
         pl2: u32,
     ) -> R {
-        let (mount, _, from) = tri!(self.guest_path(m, fd, p, pl, false));
-        let (mount2, _, to) = tri!(self.guest_path(m, fd2, p2, pl2, false));
+        let (mount, rel, from) = tri!(self.guest_path(m, fd, p, pl, false));
+        let (mount2, rel2, to) = tri!(self.guest_path(m, fd2, p2, pl2, false));
         if self.read_only(mount) || self.read_only(mount2) {
             return Ok(Errno::Rofs);
+        }
+        // A mount's own directory is the host's: it is not moved (Linux: `EBUSY` for `.`).
+        if rel.is_empty() || rel2.is_empty() {
+            return Ok(Errno::Busy);
         }
         tri!(fs::rename(from, to));
         Ok(Errno::Success)

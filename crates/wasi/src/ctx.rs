@@ -10,6 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_kappa::Kappa;
 use ferry_object::{FdState, Mount, WasiState};
+use ferry_store::Store;
 
 use crate::{Errno, path};
 
@@ -231,6 +232,113 @@ pub(crate) struct Fd {
     pub file: Option<File>,
     /// `file`'s device and inode, once asked for ([`WasiCtx::records_writes`]).
     pub inode: Option<(u64, u64)>,
+    /// A directory fd's host directory, held open so that `path` follows it when it is
+    /// renamed ([`WasiCtx::refresh_dir`]).
+    pub dir: Option<File>,
+    /// A directory fd whose directory was removed while open: every lookup in it fails.
+    pub removed: bool,
+    /// The content last stored for `file` while no path names it ([`place`]), and the
+    /// file's stamp then: not read again while the stamp is the same and settled.
+    pub unnamed: Option<(crate::tree::Stamp, Kappa)>,
+}
+
+/// Where an open host file or directory is now.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// At this path inside this mount.
+    At(u32, String),
+    /// Named by no path inside any mount: deleted, or replaced by a rename, while open.
+    Gone,
+    /// Not known (no `/proc` to ask): the recorded path stands.
+    Unknown,
+}
+
+/// Most directory entries [`place`] looks through for another name of an open file whose own
+/// name was deleted (a hard link).
+const MAX_LINK_SEARCH: usize = 100_000;
+
+/// Where the open host file or directory `h` is now, among `mounts` (its own, `mine`, first:
+/// mounts may lie inside one another). The kernel keeps the name of an open file up to date
+/// through renames (`/proc/self/fd`); the name is taken only while it still leads to the same
+/// file. A file whose name was deleted but which has another (a hard link) is looked for.
+pub(crate) fn place(h: &File, mounts: &[MountRt], mine: u32) -> Place {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::io::AsRawFd;
+    let Ok(md) = h.metadata() else {
+        return Place::Unknown;
+    };
+    if md.nlink() == 0 {
+        return Place::Gone;
+    }
+    let same = |p: &Path| {
+        std::fs::symlink_metadata(p).is_ok_and(|m| m.dev() == md.dev() && m.ino() == md.ino())
+    };
+    let Ok(name) = std::fs::read_link(format!("/proc/self/fd/{}", h.as_raw_fd())) else {
+        return Place::Unknown;
+    };
+    if same(&name) {
+        return within(mounts, mine, &name);
+    }
+    if md.is_dir() {
+        return Place::Gone;
+    }
+    // Deleted under the name it was opened by, still linked under another.
+    let mut budget = MAX_LINK_SEARCH;
+    let mut order: Vec<usize> = (0..mounts.len()).collect();
+    order.sort_by_key(|&i| i != mine as usize);
+    for i in order {
+        if let Some(p) = find_inode(&mounts[i].root, md.dev(), md.ino(), &mut budget, 0) {
+            return within(mounts, mine, &p);
+        }
+    }
+    Place::Gone
+}
+
+/// Which mount holds the host path `p`, and where in it: `mine` if it does, else the one
+/// whose root is deepest.
+fn within(mounts: &[MountRt], mine: u32, p: &Path) -> Place {
+    let rel = |m: &MountRt| {
+        if p == m.root {
+            Some(String::new())
+        } else {
+            mount_relative(&m.root, p)
+        }
+    };
+    if let Some(r) = mounts.get(mine as usize).and_then(rel) {
+        return Place::At(mine, r);
+    }
+    mounts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| rel(m).map(|r| (i, m.root.components().count(), r)))
+        .max_by_key(|&(_, depth, _)| depth)
+        .map_or(Place::Gone, |(i, _, r)| Place::At(i as u32, r))
+}
+
+/// A path under `dir` of the file with this device and inode, looking at most at `budget`
+/// entries (not following links).
+fn find_inode(dir: &Path, dev: u64, ino: u64, budget: &mut usize, depth: usize) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    if depth > crate::tree::MAX_DEPTH {
+        return None;
+    }
+    for e in std::fs::read_dir(dir).ok()? {
+        if *budget == 0 {
+            return None;
+        }
+        *budget -= 1;
+        let Ok(e) = e else { continue };
+        let Ok(md) = e.metadata() else { continue };
+        if md.dev() == dev && md.ino() == ino && md.is_file() {
+            return Some(e.path());
+        }
+        if md.is_dir()
+            && let Some(p) = find_inode(&e.path(), dev, ino, budget, depth + 1)
+        {
+            return Some(p);
+        }
+    }
+    None
 }
 
 /// One guest's WASI state.
@@ -317,12 +425,17 @@ impl WasiCtx {
 
     /// Rebuilds a context from a captured state. `mounts` are the destination's grants; every
     /// mount of the snapshot must be granted (matched by guest path).
+    ///
+    /// Open files and directories are opened again at once (the mounts must hold what the
+    /// snapshot's trees hold), so that they follow renames from the start; a file no path
+    /// named at the capture ([`FdState::unnamed`]) becomes an unnamed copy from `store`.
     pub fn restore(
         state: &WasiState,
         mounts: Vec<MountSpec>,
         stdio: Stdio,
         clock: Box<dyn Clock>,
         interrupt: Arc<dyn Fn() -> bool + Send + Sync>,
+        store: &dyn Store,
     ) -> Result<Self, String> {
         if state.stdin_input != stdio.input {
             return Err(match state.stdin_input {
@@ -397,20 +510,78 @@ impl WasiCtx {
                 ));
             }
             path::join("", &fs.path).map_err(|_| format!("fd {n} has an unsafe path"))?;
-            ctx.fds.insert(
-                *n,
-                Fd {
-                    kind,
-                    mount: fs.mount,
-                    path: fs.path.clone(),
-                    fdflags: fs.fdflags,
-                    read: fs.read,
-                    write: fs.write,
-                    offset: fs.offset,
-                    file: None,
-                    inode: None,
-                },
-            );
+            let mut fd = Fd {
+                kind,
+                mount: fs.mount,
+                path: fs.path.clone(),
+                fdflags: fs.fdflags,
+                read: fs.read,
+                write: fs.write,
+                offset: fs.offset,
+                file: None,
+                inode: None,
+                dir: None,
+                removed: false,
+                unnamed: None,
+            };
+            match (kind, fs.unnamed) {
+                (_, None) => {}
+                (FdKind::Dir, Some(k)) => {
+                    let (kind, v) = ferry_object::header::<ferry_object::Tree>();
+                    let empty = ferry_object::Tree {
+                        kind,
+                        v,
+                        entries: Default::default(),
+                    };
+                    if k != Kappa::of(&ferry_object::encode(&empty)) {
+                        return Err(format!(
+                            "fd {n}: a directory removed while open holds nothing, but the \
+                             snapshot gives it {k}"
+                        ));
+                    }
+                    fd.removed = true;
+                }
+                (FdKind::File, Some(k)) => {
+                    let root = &ctx.mounts[fs.mount as usize].root;
+                    let mut f = crate::tree::open_unnamed(store, &k, root)
+                        .map_err(|e| format!("fd {n}, a file deleted while open: {e}"))?;
+                    f.seek(std::io::SeekFrom::Start(fs.offset))
+                        .map_err(|e| format!("fd {n}: {e}"))?;
+                    if fs.fdflags & crate::calls::FDFLAG_APPEND != 0 {
+                        set_append(&f, true).map_err(|e| format!("fd {n}: {e}"))?;
+                    }
+                    fd.file = Some(f);
+                }
+                (_, Some(_)) => {
+                    return Err(format!(
+                        "fd {n} is a {}, which cannot be held deleted",
+                        fs.what
+                    ));
+                }
+            }
+            ctx.fds.insert(*n, fd);
+        }
+        // Opened again now, not at first use: a rename before then is followed.
+        let open: Vec<u32> = ctx
+            .fds
+            .iter()
+            .filter(|(_, f)| f.file.is_none() && !f.removed)
+            .map(|(n, _)| *n)
+            .collect();
+        for n in open {
+            match ctx.fds[&n].kind {
+                FdKind::File => {
+                    let _ = ctx.file(n);
+                }
+                FdKind::Dir => {
+                    let f = &ctx.fds[&n];
+                    let dir = path::host_path(&ctx.mounts[f.mount as usize].root, &f.path, true)
+                        .ok()
+                        .and_then(|p| open_dir(&p));
+                    ctx.fds.get_mut(&n).expect("listed").dir = dir;
+                }
+                _ => {}
+            }
         }
         let host_now = i128::from(ctx.clock.monotonic_ns());
         ctx.mono_offset = i128::from(state.monotonic_ns) - host_now;
@@ -460,12 +631,53 @@ impl WasiCtx {
             .collect()
     }
 
-    /// Captures the state. `trees` are the κ of each mount's content, in mount order.
-    pub fn capture(&mut self, trees: &[Kappa]) -> Result<WasiState, String> {
+    /// Captures the state. `trees` are the κ of each mount's content, in mount order. Each
+    /// open file and directory is recorded where it is now (the guest may have renamed it);
+    /// the content of a file no path names any more is stored in `store`
+    /// ([`FdState::unnamed`]).
+    pub fn capture(&mut self, trees: &[Kappa], store: &dyn Store) -> Result<WasiState, String> {
         let mut fds = Vec::new();
+        let mut empty = None;
         for (n, fd) in self.fds.iter_mut() {
             if let Some(f) = fd.file.as_mut() {
                 fd.offset = f.stream_position().map_err(|e| format!("fd {n}: {e}"))?;
+            }
+            let handle = match fd.kind {
+                FdKind::File => fd.file.as_ref(),
+                FdKind::Dir => fd.dir.as_ref(),
+                _ => None,
+            };
+            let mut unnamed = None;
+            match handle.map(|h| place(h, &self.mounts, fd.mount)) {
+                Some(Place::At(m, p)) => (fd.mount, fd.path) = (m, p),
+                Some(Place::Gone) if fd.kind == FdKind::Dir => fd.removed = true,
+                Some(Place::Gone) => {
+                    let f = fd.file.as_ref().expect("a file fd's handle");
+                    let stamp = crate::tree::Stamp::of_file(f);
+                    let k = match (&fd.unnamed, stamp) {
+                        (Some((seen, k)), Some(now))
+                            if *seen == now
+                                && now.older_than(crate::tree::SETTLED)
+                                && store.has(k).unwrap_or(false) =>
+                        {
+                            *k
+                        }
+                        _ => {
+                            let what = format!("fd {n} (`{}`, deleted while open)", fd.path);
+                            crate::tree::import_unnamed(store, f, &what)
+                                .map_err(|e| e.to_string())?
+                        }
+                    };
+                    fd.unnamed = stamp.map(|s| (s, k));
+                    unnamed = Some(k);
+                }
+                Some(Place::Unknown) | None => {}
+            }
+            if fd.kind == FdKind::Dir && fd.removed {
+                unnamed = Some(match empty {
+                    Some(k) => k,
+                    None => *empty.insert(crate::tree::empty(store).map_err(|e| e.to_string())?),
+                });
             }
             fds.push((
                 *n,
@@ -477,6 +689,7 @@ impl WasiCtx {
                     fdflags: fd.fdflags,
                     read: fd.read,
                     write: fd.write,
+                    unnamed,
                 },
             ));
         }
@@ -628,6 +841,9 @@ impl Fd {
             offset: 0,
             file: None,
             inode: None,
+            dir: None,
+            removed: false,
+            unnamed: None,
         }
     }
 }
@@ -653,4 +869,37 @@ pub(crate) const MAX_UNSHOWN: usize = 1 << 20;
 /// The error a terminal gives once it has hung up.
 pub(crate) fn hung_up(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(libc::EIO)
+}
+
+/// The host directory at `p` held open (for [`place`]), if it can be.
+pub(crate) fn open_dir(p: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(p)
+        .ok()
+}
+
+/// Turns `O_APPEND` on or off on the open file `f`.
+pub(crate) fn set_append(f: &File, on: bool) -> std::io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let fd = f.as_raw_fd();
+    // SAFETY: `fd` is open for as long as `f` is borrowed; F_GETFL and F_SETFL take no
+    // pointers.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let want = if on {
+            flags | libc::O_APPEND
+        } else {
+            flags & !libc::O_APPEND
+        };
+        if libc::fcntl(fd, libc::F_SETFL, want) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }

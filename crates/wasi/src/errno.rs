@@ -8,6 +8,7 @@ pub enum Errno {
     TooBig = 1,
     Access = 2,
     Badf = 8,
+    Busy = 10,
     Exist = 20,
     Fault = 21,
     Fbig = 22,
@@ -35,6 +36,7 @@ impl From<std::io::Error> for Errno {
         match e.raw_os_error() {
             Some(libc::EACCES) => Errno::Access,
             Some(libc::EBADF) => Errno::Badf,
+            Some(libc::EBUSY) => Errno::Busy,
             Some(libc::EEXIST) => Errno::Exist,
             Some(libc::EINVAL) => Errno::Inval,
             Some(libc::EISDIR) => Errno::Isdir,

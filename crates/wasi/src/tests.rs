@@ -129,7 +129,7 @@ fn output_refused_by_a_hung_up_terminal_is_shown_after_the_resume() {
     write(&mut c, "round 19\n");
     write(&mut c, "round 20\n");
     assert_eq!(c.stdout_bytes, 0, "nothing was shown");
-    let state = c.capture(&[]).unwrap();
+    let state = c.capture(&[], &ferry_store::MemStore::new()).unwrap();
     assert_eq!(state.unshown_stdout, b"round 19\nround 20\n");
     let resumed = |state: &ferry_object::WasiState, out: Box<dyn Write + Send>| {
         WasiCtx::restore(
@@ -138,6 +138,7 @@ fn output_refused_by_a_hung_up_terminal_is_shown_after_the_resume() {
             stdio_to(out),
             Box::new(FakeClock::default()),
             Arc::new(|| false),
+            &ferry_store::MemStore::new(),
         )
     };
     let out = Buf::default();
@@ -171,7 +172,7 @@ fn monotonic_clock_continues_across_capture_and_restore() {
     clock.0.store(5_000_000_000, Ordering::SeqCst);
     let mut c = ctx(vec![], clock.clone(), Buf::default(), Arc::default());
     clock.0.store(9_000_000_000, Ordering::SeqCst);
-    let state = c.capture(&[]).unwrap();
+    let state = c.capture(&[], &ferry_store::MemStore::new()).unwrap();
     assert_eq!(state.monotonic_ns, 9_000_000_000, "captured virtual time");
     // The new host's monotonic clock is far behind: the guest's must not go back.
     let fresh = FakeClock::default();
@@ -181,6 +182,7 @@ fn monotonic_clock_continues_across_capture_and_restore() {
         stdio_to(Box::new(std::io::sink())),
         Box::new(fresh.clone()),
         Arc::new(|| false),
+        &ferry_store::MemStore::new(),
     )
     .unwrap();
     let mut mem = vec![0u8; 64];
@@ -404,7 +406,12 @@ fn files_in_a_mount_and_no_way_out() {
         Errno::Badf as i32
     );
     // The capture names the file's offset; a restore reopens it there.
-    let state = c.capture(&[ferry_kappa::Kappa::of(b"tree")]).unwrap();
+    let state = c
+        .capture(
+            &[ferry_kappa::Kappa::of(b"tree")],
+            &ferry_store::MemStore::new(),
+        )
+        .unwrap();
     let f = state.fds.iter().find(|(n, _)| i64::from(*n) == fd).unwrap();
     assert_eq!((f.1.path.as_str(), f.1.offset), ("in.txt", 8));
 }
@@ -944,7 +951,9 @@ fn files_left_out_of_a_mount() {
         "the tree is the directory without those files"
     );
 
-    let mut state = c.capture(&[without]).unwrap();
+    let mut state = c
+        .capture(&[without], &ferry_store::MemStore::new())
+        .unwrap();
     assert_eq!(state.mounts[0].not_carried, ["out.txt", "sub/err.txt"]);
     let restore = |state: &ferry_object::WasiState| {
         let grant = MountSpec {
@@ -959,6 +968,7 @@ fn files_left_out_of_a_mount() {
             stdio_to(Box::new(std::io::sink())),
             Box::new(FakeClock::default()),
             Arc::new(|| false),
+            &ferry_store::MemStore::new(),
         )
     };
     let r = restore(&state).unwrap();
@@ -1213,4 +1223,236 @@ proptest::proptest! {
             }
         }
     }
+}
+
+/// A guest's view of one mounted directory, by WASI calls: what the descriptor tests need.
+struct Guest {
+    c: WasiCtx,
+    mem: Vec<u8>,
+}
+
+impl Guest {
+    /// Calls `name` with `args`, the strings in `strs` placed in memory first (each replaced
+    /// in `args`, at the position of a `-1`, by its pointer and length); its errno.
+    fn call(&mut self, name: &str, args: &[i64], strs: &[&str]) -> i32 {
+        let mut full = Vec::new();
+        let mut next = strs.iter();
+        let mut at = 1000;
+        for &a in args {
+            if a == -1 {
+                let s = next.next().expect("a string for each -1");
+                let (p, n) = put_str(&mut self.mem, at, s);
+                at += 512;
+                full.extend([p, n]);
+            } else {
+                full.push(a);
+            }
+        }
+        self.c.call(name, &mut self.mem, &full).unwrap()
+    }
+
+    /// `path_open` of `name` under directory fd `dir`: the new fd, or the errno as an error.
+    fn open(&mut self, dir: i64, name: &str, oflags: i64) -> Result<i64, i32> {
+        // Read and write rights; a directory is opened with `OFLAG_DIRECTORY` (2) and read only.
+        let rights = if oflags & 2 != 0 { 2 } else { 2 | 64 };
+        match self.call(
+            "path_open",
+            &[dir, 1, -1, oflags, rights, 0, 0, 200],
+            &[name],
+        ) {
+            0 => Ok(i64::from(u32::from_le_bytes(
+                self.mem[200..204].try_into().unwrap(),
+            ))),
+            e => Err(e),
+        }
+    }
+
+    fn write(&mut self, fd: i64, text: &str) {
+        put_str(&mut self.mem, 3000, text);
+        self.mem[0..4].copy_from_slice(&3000u32.to_le_bytes());
+        self.mem[4..8].copy_from_slice(&(text.len() as u32).to_le_bytes());
+        assert_eq!(
+            self.c
+                .call("fd_write", &mut self.mem, &[fd, 0, 1, 300])
+                .unwrap(),
+            0
+        );
+    }
+
+    /// Everything `fd` reads from offset 0.
+    fn read_all(&mut self, fd: i64) -> String {
+        assert_eq!(
+            self.c
+                .call("fd_seek", &mut self.mem, &[fd, 0, 0, 300])
+                .unwrap(),
+            0
+        );
+        self.mem[0..4].copy_from_slice(&3000u32.to_le_bytes());
+        self.mem[4..8].copy_from_slice(&1000u32.to_le_bytes());
+        assert_eq!(
+            self.c
+                .call("fd_read", &mut self.mem, &[fd, 0, 1, 300])
+                .unwrap(),
+            0
+        );
+        let n = u32::from_le_bytes(self.mem[300..304].try_into().unwrap()) as usize;
+        String::from_utf8(self.mem[3000..3000 + n].to_vec()).unwrap()
+    }
+}
+
+/// Descriptors outlive the names they were opened by, as on Linux, and a snapshot keeps them:
+/// a file renamed while open is captured where it is now (also when only another hard link
+/// is left); one replaced by a rename is carried in the snapshot and restored as an unnamed
+/// copy at its offset, leaving no trace in the directory; a directory renamed while open
+/// resolves names where it is now, and one removed answers `ENOENT`, after a restore too.
+#[test]
+fn descriptors_outlive_their_names() {
+    let d = tempfile::tempdir().unwrap();
+    let store = ferry_store::MemStore::new();
+    let mut g = Guest {
+        c: mounted_at_data(d.path()),
+        mem: vec![0u8; 8192],
+    };
+    let (creat, dir, trunc) = (1, 2, 8);
+    // Renamed while open.
+    let a = g.open(3, "a.txt", creat | trunc).unwrap();
+    g.write(a, "one\n");
+    assert_eq!(
+        g.call("path_rename", &[3, -1, 3, -1], &["a.txt", "b.txt"]),
+        0
+    );
+    // Replaced by a rename while open.
+    let cfg = g.open(3, "cfg", creat | trunc).unwrap();
+    g.write(cfg, "old config\n");
+    std::fs::write(d.path().join("cfg.new"), "new config\n").unwrap();
+    assert_eq!(
+        g.call("path_rename", &[3, -1, 3, -1], &["cfg.new", "cfg"]),
+        0
+    );
+    // Its name deleted, another hard link left.
+    let h = g.open(3, "h1", creat).unwrap();
+    g.write(h, "linked\n");
+    assert_eq!(g.call("path_link", &[3, 0, -1, 3, -1], &["h1", "h2"]), 0);
+    assert_eq!(g.call("path_unlink_file", &[3, -1], &["h1"]), 0);
+    // A directory renamed while open, and one removed.
+    assert_eq!(g.call("path_create_directory", &[3, -1], &["d"]), 0);
+    let dd = g.open(3, "d", dir).unwrap();
+    assert_eq!(g.call("path_rename", &[3, -1, 3, -1], &["d", "e"]), 0);
+    g.open(dd, "x", creat).unwrap();
+    assert!(
+        d.path().join("e/x").exists(),
+        "looked up where the directory is now"
+    );
+    assert_eq!(g.call("path_create_directory", &[3, -1], &["gone"]), 0);
+    let gone = g.open(3, "gone", dir).unwrap();
+    assert_eq!(g.call("path_remove_directory", &[3, -1], &["gone"]), 0);
+    assert_eq!(g.open(gone, "y", creat), Err(Errno::Noent as i32));
+    // A mount's own directory is not moved.
+    assert_eq!(
+        g.call("path_rename", &[3, -1, 3, -1], &[".", "elsewhere"]),
+        Errno::Busy as i32
+    );
+
+    let tree = ferry_kappa::Kappa::of(b"tree");
+    let state = g.c.capture(&[tree], &store).unwrap();
+    let fd = |n: i64| {
+        &state
+            .fds
+            .iter()
+            .find(|(m, _)| i64::from(*m) == n)
+            .unwrap()
+            .1
+    };
+    assert_eq!((fd(a).path.as_str(), fd(a).unnamed), ("b.txt", None));
+    assert_eq!((fd(h).path.as_str(), fd(h).unnamed), ("h2", None));
+    assert_eq!(fd(dd).path, "e");
+    let carried = fd(cfg)
+        .unnamed
+        .expect("the replaced file's content is carried");
+    assert_eq!(fd(cfg).offset, 11);
+    assert_eq!(
+        fd(gone).unnamed,
+        Some(crate::tree::empty(&store).unwrap()),
+        "a removed directory is recorded as such"
+    );
+    assert!(ferry_object::ObjectKind::children(&state).contains(&carried));
+
+    // Restored from the snapshot (into the same directory: it holds what the tree would).
+    let before: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    let grant = MountSpec {
+        guest_path: "/data".into(),
+        host_dir: d.path().into(),
+        read_only: false,
+        host_bound: false,
+    };
+    let c = WasiCtx::restore(
+        &state,
+        vec![grant],
+        stdio_to(Box::new(std::io::sink())),
+        Box::new(FakeClock::default()),
+        Arc::new(|| false),
+        &store,
+    )
+    .unwrap();
+    let mut r = Guest {
+        c,
+        mem: vec![0u8; 8192],
+    };
+    assert_eq!(
+        r.read_all(cfg),
+        "old config\n",
+        "the replaced file, as it was"
+    );
+    r.write(cfg, "more\n");
+    assert_eq!(r.read_all(cfg), "old config\nmore\n");
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("cfg")).unwrap(),
+        "new config\n"
+    );
+    r.write(a, "two\n");
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("b.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    r.write(h, "still\n");
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("h2")).unwrap(),
+        "linked\nstill\n"
+    );
+    r.open(dd, "z", creat).unwrap();
+    assert!(d.path().join("e/z").exists());
+    assert_eq!(r.open(gone, "y", creat), Err(Errno::Noent as i32));
+    // Renamed after the restore, before any use: followed too.
+    assert_eq!(
+        r.call("path_rename", &[3, -1, 3, -1], &["b.txt", "c.txt"]),
+        0
+    );
+    let again = r.c.capture(&[tree], &store).unwrap();
+    let fd2 = |n: i64| {
+        &again
+            .fds
+            .iter()
+            .find(|(m, _)| i64::from(*m) == n)
+            .unwrap()
+            .1
+    };
+    assert_eq!(fd2(a).path, "c.txt");
+    assert!(
+        fd2(cfg).unnamed.is_some() && fd2(cfg).unnamed != Some(carried),
+        "written since"
+    );
+    let after: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "the unnamed copy is in no directory"
+    );
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ferry_kappa::Kappa;
 use ferry_object::{
     FILE_CHUNK_SIZE, FileChunks, MODE_DIR, MODE_EXEC, MODE_EXEC_CHUNKS, MODE_FILE,
-    MODE_FILE_CHUNKS, MODE_SYMLINK, Tree, TreeEntry,
+    MODE_FILE_CHUNKS, MODE_SYMLINK, Tree, TreeEntry, UNNAMED_ENTRY,
 };
 use ferry_store::Store;
 
@@ -362,7 +362,7 @@ impl Stamp {
     }
 
     /// Whether both times lie at least `age` in the past.
-    fn older_than(&self, age: Duration) -> bool {
+    pub(crate) fn older_than(&self, age: Duration) -> bool {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
@@ -1200,12 +1200,23 @@ fn write_chunked(
     p: &Path,
     written: Option<&AtomicU64>,
 ) -> Result<(), TreeError> {
+    let f = fs::File::create(p).map_err(io(p))?;
+    write_chunks_into(store, k, &f, p, written)
+}
+
+/// [`write_chunked`] into the open, empty file `f` (`p` names it in errors).
+fn write_chunks_into(
+    store: &dyn Store,
+    k: &Kappa,
+    f: &fs::File,
+    p: &Path,
+    written: Option<&AtomicU64>,
+) -> Result<(), TreeError> {
     use std::os::unix::fs::FileExt;
     let file: FileChunks = ferry_object::decode(&store.get(k)?)?;
     file.check()
         .map_err(|why| TreeError::Malformed(format!("{}: {why}", p.display())))?;
     let zeros = Kappa::of(&vec![0u8; FILE_CHUNK_SIZE as usize]);
-    let f = fs::File::create(p).map_err(io(p))?;
     for (i, c) in file.chunks.iter().enumerate() {
         let len = file.chunk_len(i);
         if *c == zeros && len == u64::from(FILE_CHUNK_SIZE) {
@@ -1227,4 +1238,96 @@ fn write_chunked(
     }
     f.set_len(file.len).map_err(io(p))?;
     Ok(())
+}
+
+/// Stores the content of the open file `f`, which no path in the mounts names any more (the
+/// guest deleted it, or renamed another file over it, while holding it open), as a tree with
+/// the one entry [`UNNAMED_ENTRY`]: what [`ferry_object::FdState::unnamed`] holds. `what`
+/// names the file in errors. Read through the handle, as stored files are: one blob up to
+/// [`MAX_BLOB_FILE`], pieces beyond.
+pub fn import_unnamed(store: &dyn Store, f: &fs::File, what: &str) -> Result<Kappa, TreeError> {
+    use std::os::unix::fs::FileExt;
+    let err = |e| TreeError::Io(what.to_owned(), e);
+    let len = f.metadata().map_err(err)?.len();
+    if len > MAX_FILE {
+        return Err(TreeError::TooLarge(what.to_owned(), len));
+    }
+    let sink = Sink::Store(store);
+    let (mode, object) = if len <= MAX_BLOB_FILE {
+        let mut bytes = vec![0u8; len as usize];
+        f.read_exact_at(&mut bytes, 0).map_err(err)?;
+        (MODE_FILE, store.put(&bytes)?)
+    } else {
+        let mut chunks = Vec::new();
+        let mut buf = vec![0u8; PIECES_AT_ONCE * FILE_CHUNK_SIZE as usize];
+        let mut at = 0u64;
+        while at < len {
+            let n = (len - at).min(buf.len() as u64) as usize;
+            f.read_exact_at(&mut buf[..n], at).map_err(err)?;
+            let pieces: Vec<&[u8]> = buf[..n].chunks(FILE_CHUNK_SIZE as usize).collect();
+            chunks.extend(sink.put_many(&pieces)?);
+            at += n as u64;
+        }
+        (MODE_FILE_CHUNKS, put_file_chunks(sink, len, chunks)?)
+    };
+    let (kind, v) = ferry_object::header::<Tree>();
+    let mut tree = Tree {
+        kind,
+        v,
+        entries: Default::default(),
+    };
+    tree.entries.insert(
+        UNNAMED_ENTRY.to_owned(),
+        TreeEntry {
+            mode: mode.into(),
+            object,
+        },
+    );
+    tree.v = Tree::version_for(&tree.entries);
+    Ok(store.put(&ferry_object::encode(&tree))?)
+}
+
+/// A file no path names (`O_TMPFILE` in `dir`, else in the host's temporary directory),
+/// open for reading and writing, holding the content [`import_unnamed`] stored as `k`.
+pub fn open_unnamed(store: &dyn Store, k: &Kappa, dir: &Path) -> Result<fs::File, TreeError> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let what = Path::new("(a file deleted while open)");
+    let tree: Tree = ferry_object::decode(&store.get(k)?)?;
+    tree.check().map_err(TreeError::Malformed)?;
+    let entry = match (tree.entries.len(), tree.entries.get(UNNAMED_ENTRY)) {
+        (1, Some(e)) => e,
+        _ => {
+            return Err(TreeError::Malformed(format!(
+                "the content of a file deleted while open is a tree of one entry \
+                 `{UNNAMED_ENTRY}`, not of {:?}",
+                tree.entries.keys().collect::<Vec<_>>()
+            )));
+        }
+    };
+    let open = |d: &Path| {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_TMPFILE)
+            .open(d)
+    };
+    let f = open(dir)
+        .or_else(|_| open(&std::env::temp_dir()))
+        .map_err(io(what))?;
+    match entry.mode.as_str() {
+        MODE_FILE | MODE_EXEC => {
+            f.write_all_at(&store.get(&entry.object)?, 0)
+                .map_err(io(what))?;
+        }
+        MODE_FILE_CHUNKS | MODE_EXEC_CHUNKS => {
+            write_chunks_into(store, &entry.object, &f, what, None)?;
+        }
+        other => {
+            return Err(TreeError::Malformed(format!(
+                "the content of a file deleted while open is a `{other}` entry, not a file"
+            )));
+        }
+    }
+    Ok(f)
 }

@@ -653,6 +653,7 @@ fn resume_to_running(
         quiet_stdio(Box::new(std::io::sink())),
         Box::new(HostClock::default()),
         c.interrupt(),
+        store,
     )
     .map_err(anyhow::Error::msg)?;
     c.request(Request::Suspend);

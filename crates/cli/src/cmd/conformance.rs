@@ -30,8 +30,9 @@ use crate::settings::Settings;
 
 /// The kit format this ferry reads.
 pub const KIT_FORMAT: &str = "ferry-conformance";
-/// The newest kit version this ferry reads; it reads every version from 1 (v2 added `trap`).
-pub const KIT_VERSION: u32 = 2;
+/// The newest kit version this ferry reads; it reads every version from 1 (v2 added `trap`;
+/// v3 only cases).
+pub const KIT_VERSION: u32 = 3;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -40,7 +41,7 @@ pub struct Args {
     #[arg(long, default_value = "all", value_name = "ENGINE")]
     engine: String,
     /// The kit directory (holds cases.json).
-    #[arg(long, default_value = "conformance/v2", value_name = "DIR")]
+    #[arg(long, default_value = "conformance/v3", value_name = "DIR")]
     kit: PathBuf,
     /// Only the cases whose name contains this.
     #[arg(long, value_name = "TEXT")]
@@ -264,6 +265,7 @@ impl Runner<'_> {
                     stdio,
                     Box::<StepClock>::default(),
                     interrupt,
+                    self.store,
                 )
                 .map_err(anyhow::Error::msg)?;
                 let g = loaded.snapshot.generation;

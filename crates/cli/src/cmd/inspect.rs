@@ -65,7 +65,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         "memories": memories,
         "globals": s.globals.len(),
         "stack_bytes": stack_bytes,
-        "open_fds": w.fds.iter().map(|(n, f)| json!({"fd": n, "kind": f.what, "path": f.path, "offset": f.offset})).collect::<Vec<_>>(),
+        "open_fds": w.fds.iter().map(|(n, f)| json!({"fd": n, "kind": f.what, "path": f.path, "offset": f.offset,
+            "unnamed": f.unnamed.map(|k| k.to_string())})).collect::<Vec<_>>(),
         "stdio": {"stdout_bytes": w.stdout_bytes, "stderr_bytes": w.stderr_bytes, "stdin_bytes": w.stdin_bytes,
             "stdin_input": w.stdin_input.map(|k| k.to_string())},
         "monotonic_ns": w.monotonic_ns,
@@ -143,6 +144,21 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                 "             not carried (ferry's output went there): {}",
                 m.not_carried.join(", ")
             );
+        }
+    }
+    for (n, f) in w.fds.iter() {
+        match (f.unnamed, f.what.as_str()) {
+            (Some(_), "dir") => println!(
+                "unnamed      fd {n}: the directory `{}`, removed while open (lookups in it fail)",
+                f.path
+            ),
+            (Some(k), _) => println!(
+                "unnamed      fd {n}: the file `{}`, deleted or replaced while open; its content \
+                 is carried ({})",
+                f.path,
+                k.fmt_short()
+            ),
+            (None, _) => {}
         }
     }
     println!(

@@ -386,6 +386,7 @@ fn admit_and_run(
         stdio,
         guest::host_clock(),
         control.interrupt(),
+        store,
     )
     .map_err(|e| refused(Stage::Admitting, e))?;
     wasi.leave_out(&own_output);

@@ -107,6 +107,45 @@ fn c_file_io_in_a_mount() {
     );
 }
 
+/// Descriptors that outlive the names they were opened by (`guests/c/handles.c`): a file
+/// renamed while open, log rotation, a file replaced by a rename, a directory renamed while
+/// open, a directory listed in pieces, a file deleted while open. An uninterrupted run
+/// behaves as on Linux; suspended and resumed in new processes, alternating engines, it
+/// prints the same and leaves the same files.
+#[test]
+fn descriptors_that_outlive_their_names() {
+    let env = Env::new();
+    let g = guest("wasm/handles.wasm");
+    let g = g.to_str().unwrap();
+    let (plain_dir, pd) = env.data_dir("plain-data");
+    let (churn_dir, cd) = env.data_dir("churn-data");
+    let plain = env.plain(&["--dir", &pd, g, "--", "/data", "15000000"]);
+    let text = String::from_utf8_lossy(&plain.stdout);
+    for line in [
+        "  b.txt: \"one|two|\"",
+        "  log.1: \"x|z|\"",
+        "  log: \"y|w|\"",
+        "  old descriptor reads \"old config|\"",
+        "  e/inside: \"in e|\"",
+        "  60 entries, sum 1770",
+        "  tmp: \"another file|\"",
+    ] {
+        assert!(text.lines().any(|l| l == line), "`{line}` not in\n{text}");
+    }
+    let churned = env.churn_on(
+        &["jit", "jit", "interp"],
+        &["--dir", &cd, g, "--", "/data", "15000000"],
+        &["--dir", &cd],
+        9,
+        13,
+        (40, 160),
+    );
+    assert!(churned.snapshots.len() >= 5, "{churned:?}");
+    assert_eq!(String::from_utf8_lossy(&churned.stdout), text);
+    assert_eq!(churned.code, 0);
+    assert_eq!(dir_contents(&churn_dir), dir_contents(&plain_dir));
+}
+
 /// `ferry run prog > out.txt 2> err.txt` inside the program's own mount, then each resume
 /// appending to the same files (`>>`): ferry writes to them after every snapshot, so the
 /// snapshots leave them out (and say so) and a resume does not count them as a change to the

@@ -122,6 +122,7 @@ impl Harness {
                     stdio(&out),
                     Box::new(HostClock::default()),
                     c.interrupt(),
+                    &self.store,
                 )
                 .unwrap();
                 let g = loaded.snapshot.generation;
@@ -352,6 +353,7 @@ fn a_snapshot_needing_an_engine_class_no_engine_has_is_refused_by_each() {
             stdio(&Buf::default()),
             Box::new(HostClock::default()),
             c.interrupt(),
+            &h.store,
         )
         .unwrap();
         let meta = SnapshotMeta {
@@ -444,4 +446,60 @@ fn exceptions_caught_rethrown_and_held_across_safe_points() {
     );
     let points = Harness::jit_only().check_every_point(&wasm, 1);
     assert!(points > 50, "only {points} safe points exercised");
+}
+
+/// The content of a file the guest held open after no path named it
+/// (`FdState::unnamed`) belongs to the snapshot: its closure (what gc keeps, what push, pull
+/// and capsules move) holds it, and a resume without it is refused before anything runs.
+#[test]
+fn a_file_deleted_while_open_is_part_of_the_snapshot() {
+    use ferry_store::Store;
+    let wasm = module(
+        r#"
+      (func (export "_start") (local $i i32)
+        (loop $l
+          (call $print (i64.extend_i32_u (local.get $i)))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br_if $l (i32.lt_u (local.get $i) (i32.const 5)))))
+    "#,
+    );
+    let h = Harness::jit_only();
+    let (Outcome::Suspended(k), _) = h.run(0, &wasm, None, Some(2)) else {
+        panic!("not suspended")
+    };
+    let file = tempfile::tempfile().unwrap();
+    file.set_len(3 << 20).unwrap(); // over 1 MiB: stored in pieces, behind a `ferry.file`
+    std::os::unix::fs::FileExt::write_all_at(&file, b"scratch", 1 << 20).unwrap();
+    let content = ferry_wasi::tree::import_unnamed(&h.store, &file, "scratch").unwrap();
+    let mut snap: ferry_object::Snapshot = ferry_object::decode(&h.store.get(&k).unwrap()).unwrap();
+    let mut wasi: ferry_object::WasiState =
+        ferry_object::decode(&h.store.get(&snap.wasi).unwrap()).unwrap();
+    let fd = |unnamed| ferry_object::FdState {
+        what: "file".into(),
+        mount: 0,
+        path: "scratch".into(),
+        offset: 7,
+        fdflags: 0,
+        read: true,
+        write: true,
+        unnamed,
+    };
+    wasi.fds.push((9, fd(Some(content))));
+    snap.wasi = h.store.put(&ferry_object::encode(&wasi)).unwrap();
+    let k2 = h.store.put(&ferry_object::encode(&snap)).unwrap();
+
+    let mut closure = std::collections::BTreeSet::new();
+    ferry_engine::closure::snapshot_closure(&h.store, &k2, false, &mut closure).unwrap();
+    let tree: ferry_object::Tree = ferry_object::decode(&h.store.get(&content).unwrap()).unwrap();
+    let pieces = tree.entries[ferry_object::UNNAMED_ENTRY].object;
+    let chunks: ferry_object::FileChunks =
+        ferry_object::decode(&h.store.get(&pieces).unwrap()).unwrap();
+    assert_eq!(chunks.len, 3 << 20);
+    for needed in [content, pieces, chunks.chunks[1]] {
+        assert!(closure.contains(&needed), "{needed} not in the closure");
+    }
+    snapshot::load(&h.store, k2).unwrap();
+    h.store.remove(&chunks.chunks[1]).unwrap();
+    let refused = snapshot::load(&h.store, k2).unwrap_err().to_string();
+    assert!(refused.contains(&chunks.chunks[1].to_string()), "{refused}");
 }

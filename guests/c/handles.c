@@ -1,0 +1,149 @@
+// Descriptors that outlive the names they were opened by: a file renamed while open (log
+// rotation), a file replaced by a rename, a directory renamed while open, a directory listed
+// in pieces. Each step is followed by a busy spin, so that suspends land between steps.
+// usage: handles DIR [spin]
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *dir;
+static long spin_rounds = 20000000;
+
+static void spin(void) {
+    for (volatile long i = 0; i < spin_rounds; i++) {}
+}
+
+static const char *at(const char *name) {
+    static char buf[4][512];
+    static int n;
+    char *b = buf[n++ % 4];
+    snprintf(b, sizeof buf[0], "%s/%s", dir, name);
+    return b;
+}
+
+static void put(int fd, const char *s) {
+    if (write(fd, s, strlen(s)) != (ssize_t)strlen(s)) printf("  write failed: %s\n", strerror(errno));
+}
+
+static void show(const char *name) {
+    char buf[256] = {0};
+    int fd = open(at(name), O_RDONLY);
+    if (fd < 0) {
+        printf("  %s: %s\n", name, strerror(errno));
+        return;
+    }
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n < 0) n = 0;
+    buf[n] = 0;
+    for (char *p = buf; *p; p++)
+        if (*p == '\n') *p = '|';
+    printf("  %s: \"%s\"\n", name, buf);
+}
+
+int main(int argc, char **argv) {
+    dir = argc > 1 ? argv[1] : "/data";
+    if (argc > 2) spin_rounds = atol(argv[2]);
+
+    printf("1. a file renamed while open keeps its writes\n");
+    int a = open(at("a.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    put(a, "one\n");
+    spin();
+    rename(at("a.txt"), at("b.txt"));
+    spin();
+    put(a, "two\n");
+    spin();
+    close(a);
+    show("a.txt");
+    show("b.txt");
+
+    printf("2. log rotation: the old descriptor writes to the rotated file\n");
+    int old = open(at("log"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    put(old, "x\n");
+    rename(at("log"), at("log.1"));
+    int cur = open(at("log"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    put(cur, "y\n");
+    spin();
+    put(old, "z\n");
+    put(cur, "w\n");
+    spin();
+    close(old);
+    close(cur);
+    show("log");
+    show("log.1");
+
+    printf("3. a file replaced by a rename: its descriptor reads what it had\n");
+    int r = open(at("cfg"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    put(r, "old config\n");
+    int n = open(at("cfg.new"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    put(n, "new config\n");
+    close(n);
+    rename(at("cfg.new"), at("cfg"));
+    spin();
+    char buf[64] = {0};
+    lseek(r, 0, SEEK_SET);
+    ssize_t got = read(r, buf, sizeof buf - 1);
+    if (got < 0) printf("  old descriptor: %s\n", strerror(errno));
+    else {
+        for (char *p = buf; *p; p++)
+            if (*p == '\n') *p = '|';
+        printf("  old descriptor reads \"%s\"\n", buf);
+    }
+    close(r);
+    show("cfg");
+
+    printf("4. a directory renamed while open: names are looked up in it where it is now\n");
+    mkdir(at("d"), 0755);
+    int d = open(at("d"), O_RDONLY | O_DIRECTORY);
+    spin();
+    rename(at("d"), at("e"));
+    spin();
+    int f = openat(d, "inside", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (f < 0) printf("  openat: %s\n", strerror(errno));
+    else {
+        put(f, "in e\n");
+        close(f);
+    }
+    close(d);
+    show("e/inside");
+    show("d/inside");
+
+    printf("5. a directory listed in pieces\n");
+    mkdir(at("many"), 0755);
+    for (int i = 0; i < 60; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "many/f%02d", i);
+        close(open(at(name), O_WRONLY | O_CREAT, 0644));
+    }
+    DIR *dp = opendir(at("many"));
+    int seen = 0, sum = 0;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        if (e->d_name[0] == 'f') {
+            seen++;
+            sum += atoi(e->d_name + 1);
+        }
+        if (seen % 10 == 5) spin_rounds /= 4, spin(), spin_rounds *= 4;
+    }
+    closedir(dp);
+    printf("  %d entries, sum %d\n", seen, sum);
+
+    printf("6. a file deleted while open\n");
+    int t = open(at("tmp"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    put(t, "scratch\n");
+    unlink(at("tmp"));
+    int t2 = open(at("tmp"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    put(t2, "another file\n");
+    close(t2);
+    spin();
+    if (write(t, "more\n", 5) < 0) printf("  write to the deleted file: %s\n", strerror(errno));
+    close(t);
+    show("tmp");
+    printf("done\n");
+    return 0;
+}
