@@ -1,6 +1,7 @@
-// Descriptors that outlive the names they were opened by: a file renamed while open (log
-// rotation), a file replaced by a rename, a directory renamed while open, a directory listed
-// in pieces. Each step is followed by a busy spin, so that suspends land between steps.
+// Descriptors that outlive the names they were opened by: a file renamed while open, log
+// rotation, a file replaced by a rename, a directory renamed while open, a directory listed
+// in pieces, files deleted while open (a small one, and one of 3 MiB). Each step is followed
+// by a busy spin, so that suspends land between steps.
 // usage: handles DIR [spin]
 #include <dirent.h>
 #include <errno.h>
@@ -144,6 +145,26 @@ int main(int argc, char **argv) {
     if (write(t, "more\n", 5) < 0) printf("  write to the deleted file: %s\n", strerror(errno));
     close(t);
     show("tmp");
+
+    printf("7. a big file deleted while open\n");
+    static char block[65536];
+    int big = open(at("big"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    for (int i = 0; i < 48; i++) {
+        memset(block, 'a' + i % 26, sizeof block);
+        if (write(big, block, sizeof block) != (ssize_t)sizeof block) printf("  write failed\n");
+    }
+    unlink(at("big"));
+    spin();
+    lseek(big, 0, SEEK_SET);
+    unsigned h = 5381;
+    long total = 0;
+    ssize_t got_big;
+    while ((got_big = read(big, block, sizeof block)) > 0) {
+        total += got_big;
+        for (ssize_t i = 0; i < got_big; i++) h = h * 33 + (unsigned char)block[i];
+    }
+    close(big);
+    printf("  %ld bytes, hash %08x\n", total, h);
     printf("done\n");
     return 0;
 }
