@@ -159,6 +159,31 @@ const FSTFLAG_MTIM_NOW: u16 = 8;
 
 type R = Result<Errno, HostError>;
 
+/// The entries of directory `host` as `fd_readdir` gives them: `.` and `..`, then the rest
+/// sorted by name (so a cookie means the same entry in every process), each with its type
+/// and inode number — from the directory itself, without a `stat` per entry.
+fn list_dir(host: &std::path::Path) -> std::io::Result<Vec<crate::ctx::Listed>> {
+    use std::os::unix::fs::DirEntryExt;
+    let ino = |p: &std::path::Path| fs::metadata(p).map(|md| md.ino()).unwrap_or(0);
+    let parent = host.parent().map(ino).unwrap_or(0);
+    let mut names = vec![
+        (".".into(), FILETYPE_DIR, ino(host)),
+        ("..".into(), FILETYPE_DIR, parent),
+    ];
+    let mut rest = Vec::new();
+    for e in fs::read_dir(host)? {
+        let e = e?;
+        rest.push((
+            e.file_name().to_string_lossy().into_owned(),
+            filetype(e.file_type()?),
+            e.ino(),
+        ));
+    }
+    rest.sort();
+    names.extend(rest);
+    Ok(names)
+}
+
 fn filetype(ft: fs::FileType) -> u8 {
     if ft.is_dir() {
         FILETYPE_DIR
@@ -204,6 +229,19 @@ impl WasiCtx {
         let a = |i: usize| args.get(i).copied().unwrap_or(0) as u32;
         let l = |i: usize| args.get(i).copied().unwrap_or(0) as u64;
         trace!(name, ?args, "wasi call");
+        // A directory listing being read is not served past a change of the names in it.
+        if matches!(
+            name,
+            "path_create_directory"
+                | "path_remove_directory"
+                | "path_unlink_file"
+                | "path_rename"
+                | "path_link"
+                | "path_symlink"
+        ) || (name == "path_open" && a(4) as u16 & OFLAG_CREAT != 0)
+        {
+            self.name_changes += 1;
+        }
         let r = match name {
             "args_get" => self.strings_get(&mut m, a(0), a(1), false),
             "args_sizes_get" => self.strings_sizes(&mut m, a(0), a(1), false),
@@ -1149,25 +1187,19 @@ impl WasiCtx {
         out: u32,
     ) -> R {
         let host = tri!(self.fd_host_path(fd, ""));
-        let ino = |p: &std::path::Path| fs::metadata(p).map(|md| md.ino()).unwrap_or(0);
-        let parent = host.parent().map(&ino).unwrap_or(0);
-        let mut names: Vec<(String, u8, u64)> = vec![
-            (".".into(), FILETYPE_DIR, ino(&host)),
-            ("..".into(), FILETYPE_DIR, parent),
-        ];
-        let mut rest = Vec::new();
-        for e in tri!(fs::read_dir(&host)) {
-            let e = tri!(e);
-            let md = tri!(e.metadata());
-            rest.push((
-                e.file_name().to_string_lossy().into_owned(),
-                filetype(md.file_type()),
-                md.ino(),
-            ));
-        }
-        rest.sort();
-        names.extend(rest);
+        // The listing is read once from cookie 0 and served from the fd until its end, unless
+        // the guest changes a name meanwhile: reading the whole directory again for each
+        // bufferful made listing n entries cost n²/100. What the guest sees is the same as if
+        // it were read each time, so a resumed guest (holding no listing) reads it again and
+        // sees what an uninterrupted one does: sorted, so its cookies still hold.
+        let changes = self.name_changes;
+        let f = tri!(self.fd(fd));
+        let names = match f.listing.take() {
+            Some((at, names)) if cookie != 0 && at == changes => names,
+            _ => tri!(list_dir(&host)),
+        };
         let mut bytes = Vec::new();
+        let mut at_end = true;
         for (i, (name, ty, ino)) in names.iter().enumerate().skip(cookie as usize) {
             let mut d = [0u8; 24];
             d[0..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
@@ -1177,12 +1209,16 @@ impl WasiCtx {
             bytes.extend_from_slice(&d);
             bytes.extend_from_slice(name.as_bytes());
             if bytes.len() >= buf_len as usize {
+                at_end = i + 1 == names.len() && bytes.len() == buf_len as usize;
                 break;
             }
         }
         let n = bytes.len().min(buf_len as usize);
         tri!(m.put(buf, &bytes[..n]));
         tri!(m.put_u32(out, n as u32));
+        if !at_end {
+            tri!(self.fd(fd)).listing = Some((changes, names));
+        }
         Ok(Errno::Success)
     }
 

@@ -237,10 +237,16 @@ pub(crate) struct Fd {
     pub dir: Option<File>,
     /// A directory fd whose directory was removed while open: every lookup in it fails.
     pub removed: bool,
+    /// A directory fd's listing being read (`fd_readdir` from cookie 0 to its end), and the
+    /// count of name changes it was taken at ([`WasiCtx::name_changes`]).
+    pub listing: Option<(u64, Vec<Listed>)>,
     /// The content last stored for `file` while no path names it ([`place`]), and the
     /// file's stamp then: not read again while the stamp is the same and settled.
     pub unnamed: Option<(crate::tree::Stamp, Kappa)>,
 }
+
+/// One entry of a directory as `fd_readdir` gives it: name, WASI file type, inode number.
+pub(crate) type Listed = (String, u8, u64);
 
 /// Where an open host file or directory is now.
 #[derive(Debug, PartialEq, Eq)]
@@ -368,6 +374,9 @@ pub struct WasiCtx {
     /// The files (device, inode) whose changes are recorded in `guest_writes`: the big ones
     /// the last snapshot stored in pieces ([`WasiCtx::record_writes_to`]).
     pub(crate) recorded: std::collections::HashSet<(u64, u64)>,
+    /// Counts the guest's changes to the names in its mounts (files created, removed,
+    /// renamed): a directory listing taken before one is not served any more.
+    pub(crate) name_changes: u64,
 }
 
 impl std::fmt::Debug for WasiCtx {
@@ -406,6 +415,7 @@ impl WasiCtx {
             rewinding: false,
             guest_writes: Default::default(),
             recorded: Default::default(),
+            name_changes: 0,
         };
         for (i, kind) in [FdKind::Stdin, FdKind::Stdout, FdKind::Stderr]
             .into_iter()
@@ -522,6 +532,7 @@ impl WasiCtx {
                 inode: None,
                 dir: None,
                 removed: false,
+                listing: None,
                 unnamed: None,
             };
             match (kind, fs.unnamed) {
@@ -843,6 +854,7 @@ impl Fd {
             inode: None,
             dir: None,
             removed: false,
+            listing: None,
             unnamed: None,
         }
     }

@@ -1456,3 +1456,64 @@ fn descriptors_outlive_their_names() {
         "the unnamed copy is in no directory"
     );
 }
+
+/// `fd_readdir` reads a directory once per listing (from cookie 0), not once per bufferful,
+/// yet shows what reading it each time would: a name the guest creates meanwhile is there.
+#[test]
+fn a_directory_is_listed_once_per_pass_and_changes_by_the_guest_show() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir(d.path().join("many")).unwrap();
+    for i in 0..300 {
+        std::fs::write(d.path().join(format!("many/f{i:03}")), b"").unwrap();
+    }
+    let mut g = Guest {
+        c: mounted_at_data(d.path()),
+        mem: vec![0u8; 8192],
+    };
+    let dir = g.open(3, "many", 2).unwrap();
+    // Reads the whole listing in 256-byte bufferfuls; `between` runs after the first one.
+    let list = |g: &mut Guest, between: &mut dyn FnMut(&mut Guest)| -> Vec<String> {
+        let (mut names, mut cookie, mut first) = (Vec::new(), 0u64, true);
+        loop {
+            let r = g.c.call(
+                "fd_readdir",
+                &mut g.mem,
+                &[dir, 4000, 256, cookie as i64, 300],
+            );
+            assert_eq!(r.unwrap(), 0);
+            let n = u32::from_le_bytes(g.mem[300..304].try_into().unwrap()) as usize;
+            let mut at = 0;
+            while at + 24 <= n {
+                let e = &g.mem[4000 + at..4000 + n];
+                let len = u32::from_le_bytes(e[16..20].try_into().unwrap()) as usize;
+                if 24 + len > e.len() {
+                    break; // cut short: asked for again from its cookie
+                }
+                names.push(String::from_utf8(e[24..24 + len].to_vec()).unwrap());
+                cookie = u64::from_le_bytes(e[0..8].try_into().unwrap());
+                at += 24 + len;
+            }
+            if first {
+                between(g);
+                first = false;
+            }
+            if n < 256 {
+                return names;
+            }
+        }
+    };
+    let plain = list(&mut g, &mut |_| {});
+    assert_eq!(plain.len(), 302);
+    assert!(plain.windows(2).skip(2).all(|w| w[0] < w[1]), "sorted");
+    // Served from the listing taken at cookie 0: a file another program adds is not seen...
+    let other = list(&mut g, &mut |_| {
+        std::fs::write(d.path().join("many/g-other"), b"").unwrap();
+    });
+    assert_eq!(other.len(), 302);
+    // ...one the guest creates is, as a fresh read would show it (and a resume would).
+    let created = list(&mut g, &mut |g| {
+        g.open(3, "many/h-guest", 1).unwrap();
+    });
+    assert_eq!(created.len(), 304);
+    assert_eq!(created.last().unwrap(), "h-guest");
+}
