@@ -93,6 +93,23 @@ enum Command {
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// Lets ferry hold as many open files as the host allows (the soft limit raised to the hard
+/// one, as Go programs do): each file and directory a guest holds open is a host descriptor,
+/// and a space runs many guests in one process. A guest past the limit gets `EMFILE`.
+fn raise_open_file_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read or write the one struct they are given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse_from(guest_args_last(std::env::args_os().collect()));
     let filter = if cli.verbose { "info" } else { "warn" };
@@ -111,6 +128,7 @@ fn main() -> ExitCode {
     } else {
         log.without_time().init();
     }
+    raise_open_file_limit();
     let settings = match settings::Settings::new(cli.store, cli.space, cli.token_file) {
         Ok(s) => s,
         Err(e) => return report(&e),

@@ -1517,3 +1517,55 @@ fn a_directory_is_listed_once_per_pass_and_changes_by_the_guest_show() {
     assert_eq!(created.len(), 304);
     assert_eq!(created.last().unwrap(), "h-guest");
 }
+
+/// Host errors reach the guest as the WASI errno a program checks for: a rename between two
+/// mounts on different file systems is `EXDEV` (so a `mv` copies instead), running out of
+/// descriptors is `EMFILE`; the rest keep their own names too.
+#[test]
+fn host_errors_keep_their_names() {
+    use std::io::Error;
+    for (raw, want) in [
+        (libc::EXDEV, Errno::Xdev),
+        (libc::EMFILE, Errno::Mfile),
+        (libc::ENFILE, Errno::Nfile),
+        (libc::EBUSY, Errno::Busy),
+        (libc::EDQUOT, Errno::Dquot),
+        (libc::EAGAIN, Errno::Again),
+        (libc::EINTR, Errno::Intr),
+        (libc::ETXTBSY, Errno::Txtbsy),
+        (libc::EMLINK, Errno::Mlink),
+        (libc::ENOMEM, Errno::Nomem),
+    ] {
+        assert_eq!(Errno::from(Error::from_raw_os_error(raw)), want, "{raw}");
+    }
+    // Two mounts on two file systems, where this machine has a second one (tmpfs).
+    let shm = std::path::Path::new("/dev/shm");
+    let a = tempfile::tempdir().unwrap();
+    let Ok(b) = tempfile::tempdir_in(shm) else {
+        return;
+    };
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata(a.path()).unwrap().dev() == std::fs::metadata(b.path()).unwrap().dev() {
+        return;
+    }
+    std::fs::write(a.path().join("f"), b"x").unwrap();
+    let mount = |dir: &std::path::Path, at: &str| MountSpec {
+        guest_path: at.into(),
+        host_dir: dir.into(),
+        read_only: false,
+        host_bound: false,
+    };
+    let mut g = Guest {
+        c: ctx(
+            vec![mount(a.path(), "/a"), mount(b.path(), "/b")],
+            FakeClock::default(),
+            Buf::default(),
+            Arc::default(),
+        ),
+        mem: vec![0u8; 8192],
+    };
+    assert_eq!(
+        g.call("path_rename", &[3, -1, 4, -1], &["f", "f"]),
+        Errno::Xdev as i32
+    );
+}
