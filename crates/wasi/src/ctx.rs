@@ -538,13 +538,7 @@ impl WasiCtx {
             match (kind, fs.unnamed) {
                 (_, None) => {}
                 (FdKind::Dir, Some(k)) => {
-                    let (kind, v) = ferry_object::header::<ferry_object::Tree>();
-                    let empty = ferry_object::Tree {
-                        kind,
-                        v,
-                        entries: Default::default(),
-                    };
-                    if k != Kappa::of(&ferry_object::encode(&empty)) {
+                    if k != crate::tree::empty_kappa() {
                         return Err(format!(
                             "fd {n}: a directory removed while open holds nothing, but the \
                              snapshot gives it {k}"

@@ -62,15 +62,24 @@ fn io(p: &Path) -> impl FnOnce(std::io::Error) -> TreeError + '_ {
     move |e| TreeError::Io(p.display().to_string(), e)
 }
 
-/// Stores the tree with no entries (what a host-bound mount records) and returns its κ.
-pub fn empty(store: &dyn Store) -> Result<Kappa, TreeError> {
+/// The tree with no entries, encoded.
+fn empty_tree() -> Vec<u8> {
     let (kind, v) = ferry_object::header::<Tree>();
-    let tree = Tree {
+    ferry_object::encode(&Tree {
         kind,
         v,
         entries: Default::default(),
-    };
-    Ok(store.put(&ferry_object::encode(&tree))?)
+    })
+}
+
+/// Stores the tree with no entries (what a host-bound mount records) and returns its κ.
+pub fn empty(store: &dyn Store) -> Result<Kappa, TreeError> {
+    Ok(store.put(&empty_tree())?)
+}
+
+/// The κ of the tree with no entries ([`empty`]), storing nothing.
+pub fn empty_kappa() -> Kappa {
+    Kappa::of(&empty_tree())
 }
 
 /// Stores the content of `dir` and returns the κ of its tree.
