@@ -183,6 +183,56 @@ fn a_cpython_program_moves_back_and_forth_with_its_files() {
     assert_finished_like(&here, &spaces[0].url, "py", &plain.stdout);
 }
 
+/// A guest holding descriptors whose names changed (`guests/c/handles.c`: files renamed,
+/// replaced and deleted while open, a directory renamed while open) moves between spaces
+/// while it runs: the files no path names travel in its snapshots, and it prints what an
+/// uninterrupted run prints.
+#[test]
+fn descriptors_whose_names_changed_move_between_spaces() {
+    let here = client();
+    let spaces = [SpaceProc::start(&[]), SpaceProc::start(&[])];
+    let g = guest("wasm/handles.wasm");
+    let data = here.path("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mount = format!("{}::/data", data.display());
+    let args = [
+        "--dir",
+        mount.as_str(),
+        g.to_str().unwrap(),
+        "--",
+        "/data",
+        "40000000",
+    ];
+    let plain = here.plain(&args);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    for e in std::fs::read_dir(&data).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            std::fs::remove_dir_all(p).unwrap();
+        } else {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+
+    let mut run = vec!["run", "--session", "h"];
+    run.extend_from_slice(&args);
+    let (_, err, code) = cli(&here, &spaces[0].url, &run);
+    assert_eq!(code, 0, "{err}");
+    let mut moves = 0;
+    for i in 0..8 {
+        std::thread::sleep(Duration::from_millis(150));
+        let (from, to) = (&spaces[i % 2], &spaces[(i + 1) % 2]);
+        let (_, err, code) = cli(&here, &from.url, &["migrate", "h", "--to", &to.url]);
+        if code != 0 && err.contains("exited") {
+            break;
+        }
+        assert_eq!(code, 0, "move {i}: {err}");
+        moves += 1;
+    }
+    assert!(moves >= 2, "only {moves} moves");
+    assert_finished_like(&here, &spaces[0].url, "h", &plain.stdout);
+}
+
 #[test]
 fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts() {
     let here = client();
