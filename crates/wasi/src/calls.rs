@@ -767,6 +767,33 @@ impl WasiCtx {
         Ok(Errno::Success)
     }
 
+    /// Whether stdin (a stream ferry can poll) has input or its end within `ms` milliseconds.
+    /// A terminal that hung up is not taken for the end of input for its first 3 s (counted
+    /// from `hung_up`): the hangup asks for a suspend, which is awaited instead.
+    fn stdin_ready(&mut self, ms: i32, hung_up: &mut Option<std::time::Instant>) -> bool {
+        let Some(fd) = self.stdio.stdin_fd else {
+            return true;
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, count 1.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        let awaiting_hangup = r > 0
+            && p.revents & libc::POLLHUP != 0
+            && self.stdio.terminals[0]
+            && hung_up
+                .get_or_insert_with(std::time::Instant::now)
+                .elapsed()
+                < Duration::from_secs(3);
+        if awaiting_hangup {
+            std::thread::sleep(Duration::from_millis(ms.max(0) as u64));
+        }
+        r > 0 && !awaiting_hangup
+    }
+
     /// Blocks until stdin is readable, unwinding if a suspend is requested meanwhile.
     fn wait_stdin(&mut self) -> Result<(), HostError> {
         let Some(fd) = self.stdio.stdin_fd else {
@@ -1229,6 +1256,9 @@ impl WasiCtx {
         let now = self.monotonic_ns();
         let mut deadline: Option<(u64, u64)> = None; // (deadline, userdata)
         let mut ready = Vec::new();
+        // Subscriptions to stdin being readable, when stdin is a stream ferry can poll: ready
+        // only once input (or its end) is there, as wasmtime answers.
+        let mut stdin_waits = Vec::new();
         for i in 0..n {
             let s = subs + i * 48;
             let userdata = tri!(m.u64(s));
@@ -1252,29 +1282,50 @@ impl WasiCtx {
                         deadline = Some((d, userdata));
                     }
                 }
+                1 if self.stdio.stdin_fd.is_some()
+                    && self
+                        .fds
+                        .get(&tri!(m.u32(s + 16)))
+                        .is_some_and(|f| f.kind == FdKind::Stdin) =>
+                {
+                    stdin_waits.push(userdata);
+                }
                 1 | 2 => ready.push((userdata, tag)),
                 _ => return Ok(Errno::Inval),
             }
         }
-        if let (true, Some((mut d, userdata))) = (ready.is_empty(), deadline) {
+        let mut hung_up = None;
+        if !stdin_waits.is_empty() && self.stdin_ready(0, &mut hung_up) {
+            ready.extend(stdin_waits.drain(..).map(|u| (u, 1)));
+        }
+        if ready.is_empty() && (deadline.is_some() || !stdin_waits.is_empty()) {
+            let mut d = deadline.map(|(d, _)| d);
             if let (true, Some(saved)) = (self.rewinding, self.sleep_deadline) {
-                d = saved;
+                d = Some(saved);
             }
             self.sleep_deadline = None;
             loop {
                 let now = self.monotonic_ns();
-                if now >= d {
+                if let (Some(d), Some((_, userdata))) = (d, deadline)
+                    && now >= d
+                {
+                    ready.push((userdata, 0));
                     break;
                 }
                 // As in `wait_stdin`: a request pending in a sleep re-entered by a rewind is
                 // new, and is served.
                 if (self.interrupt)() {
-                    self.sleep_deadline = Some(d);
+                    self.sleep_deadline = d;
                     return Err(HostError::Unwind);
                 }
-                std::thread::sleep(Duration::from_nanos((d - now).min(1_000_000)));
+                let wait = d.map_or(1_000_000, |d| (d - now).min(1_000_000));
+                if stdin_waits.is_empty() {
+                    std::thread::sleep(Duration::from_nanos(wait));
+                } else if self.stdin_ready(wait.div_ceil(1_000_000) as i32, &mut hung_up) {
+                    ready.extend(stdin_waits.drain(..).map(|u| (u, 1)));
+                    break;
+                }
             }
-            ready.push((userdata, 0));
         }
         for (i, (userdata, tag)) in ready.iter().enumerate() {
             let e = events + 32 * i as u32;

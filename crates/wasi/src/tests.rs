@@ -1569,3 +1569,88 @@ fn host_errors_keep_their_names() {
         Errno::Xdev as i32
     );
 }
+
+/// `poll_oneoff` on stdin (a stream) answers when input is there, not at once: with a clock
+/// subscription beside it, the clock fires while stdin stays empty; input makes stdin ready;
+/// a suspend asked for while it waits unwinds it, keeping the deadline for the rewind.
+#[test]
+fn polling_stdin_waits_for_input() {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: a new pipe.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let (read_end, write_end) = (fds[0], fds[1]);
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let flag = interrupt.clone();
+    let stdio = Stdio {
+        // SAFETY: the pipe's read end, owned from here on.
+        stdin: Box::new(unsafe { std::fs::File::from_raw_fd(read_end) }),
+        stdin_fd: Some(read_end),
+        terminals: [false; 3],
+        log: None,
+        input: None,
+        stdout: Box::new(std::io::sink()),
+        stderr: Box::new(std::io::sink()),
+    };
+    // The host's clock: the wait is real.
+    let mut c = WasiCtx::new(
+        vec!["prog".into()],
+        vec![],
+        vec![],
+        stdio,
+        Box::new(crate::HostClock::default()),
+        Arc::new(move || flag.load(Ordering::SeqCst)),
+    )
+    .unwrap();
+    let mut mem = vec![0u8; 1024];
+    // Subscription 0 (userdata 7): stdin readable; 1 (userdata 9): 30 ms on the monotonic
+    // clock. Events at 256, their count at 512.
+    let subs = |mem: &mut Vec<u8>| {
+        mem[..96].fill(0);
+        mem[0..8].copy_from_slice(&7u64.to_le_bytes());
+        mem[8] = 1;
+        mem[48..56].copy_from_slice(&9u64.to_le_bytes());
+        mem[48 + 8] = 0;
+        mem[48 + 16..48 + 20].copy_from_slice(&1u32.to_le_bytes());
+        mem[48 + 24..48 + 32].copy_from_slice(&30_000_000u64.to_le_bytes());
+    };
+    let events = |mem: &Vec<u8>| -> Vec<u64> {
+        let n = u32::from_le_bytes(mem[512..516].try_into().unwrap()) as usize;
+        (0..n)
+            .map(|i| u64::from_le_bytes(mem[256 + 32 * i..264 + 32 * i].try_into().unwrap()))
+            .collect()
+    };
+    subs(&mut mem);
+    let started = std::time::Instant::now();
+    assert_eq!(
+        c.call("poll_oneoff", &mut mem, &[0, 256, 2, 512]).unwrap(),
+        0
+    );
+    assert_eq!(events(&mem), [9], "the clock, not stdin");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(30));
+    // SAFETY: the write end, owned by this test.
+    assert_eq!(
+        unsafe { libc::write(write_end, b"x".as_ptr().cast(), 1) },
+        1
+    );
+    subs(&mut mem);
+    assert_eq!(
+        c.call("poll_oneoff", &mut mem, &[0, 256, 2, 512]).unwrap(),
+        0
+    );
+    assert_eq!(events(&mem), [7], "stdin has input");
+    // Read it, then wait again with a suspend asked for.
+    mem[600..604].copy_from_slice(&700u32.to_le_bytes());
+    mem[604..608].copy_from_slice(&1u32.to_le_bytes());
+    assert_eq!(c.call("fd_read", &mut mem, &[0, 600, 1, 620]).unwrap(), 0);
+    interrupt.store(true, Ordering::SeqCst);
+    subs(&mut mem);
+    let r = c.call("poll_oneoff", &mut mem, &[0, 256, 2, 512]);
+    assert!(matches!(r, Err(HostError::Unwind)), "{r:?}");
+    assert!(
+        c.sleep_deadline.is_some(),
+        "the deadline is kept for the rewind"
+    );
+    // SAFETY: the write end, owned by this test.
+    unsafe { libc::close(write_end) };
+}
