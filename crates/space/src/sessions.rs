@@ -128,6 +128,10 @@ struct Live {
     /// until this is dropped, so tearing a large memory down does not compete with the final
     /// delta and prepare for the CPU.
     defer_teardown: Mutex<Option<mpsc::Receiver<()>>>,
+    /// A prepared copy of a session this space had held before (it moved away, and is
+    /// moving back): that record, which an abort puts back, so `wait` and `logs` here still
+    /// follow the session to where it stayed.
+    replaced: Mutex<Option<Arc<Live>>>,
 }
 
 impl Live {
@@ -143,6 +147,7 @@ impl Live {
             turn: Mutex::new(()),
             run: std::sync::atomic::AtomicU64::new(0),
             defer_teardown: Mutex::new(None),
+            replaced: Mutex::new(None),
         })
     }
 
@@ -1498,6 +1503,7 @@ impl Sessions {
             },
             OutputBuffer::default(),
         );
+        *lock(&live.replaced) = previous.clone();
         lock(&self.live).insert(req.session.clone(), live.clone());
         let put_back = |me: &Self| {
             let mut g = lock(&me.live);
@@ -1601,12 +1607,32 @@ impl Sessions {
         if let Some(tx) = lock(&live.hold).take() {
             let _ = tx.send(HoldCmd::Abort);
         }
-        lock(&self.live).remove(&info.id);
         self.drop_backing(&info.id);
-        let _ = std::fs::remove_file(self.record_path(&info.id));
         let name = format!("session/{}", info.id);
         let current = self.store.get_ref(&name).ok().flatten();
-        let _ = self.store.cas_ref(&name, current, None);
+        // A session that had been here before gets its earlier record back (it says where
+        // the session went, so `wait` and `logs` here still find it), and its ref.
+        match lock(&live.replaced).take() {
+            Some(p) => {
+                let pi = p.info();
+                lock(&self.live).insert(info.id.clone(), p);
+                let _ = self.save(&pi);
+                let back = pi
+                    .snapshot
+                    .as_deref()
+                    .and_then(|s| s.parse::<Kappa>().ok())
+                    .map(|target| RefValue {
+                        epoch: pi.epoch,
+                        target,
+                    });
+                let _ = self.store.cas_ref(&name, current, back);
+            }
+            None => {
+                lock(&self.live).remove(&info.id);
+                let _ = std::fs::remove_file(self.record_path(&info.id));
+                let _ = self.store.cas_ref(&name, current, None);
+            }
+        }
         info!(session = %info.id, epoch = d.epoch, "prepared move aborted");
         Ok(())
     }

@@ -767,9 +767,13 @@ impl WasiCtx {
         Ok(Errno::Success)
     }
 
-    /// Whether stdin (a stream ferry can poll) has input or its end within `ms` milliseconds.
-    /// A terminal that hung up is not taken for the end of input for its first 3 s (counted
-    /// from `hung_up`): the hangup asks for a suspend, which is awaited instead.
+    /// Whether stdin (a stream ferry can poll) has input or its end within `ms` milliseconds
+    /// (or an error a read would report). A signal (the very SIGINT asking for a suspend,
+    /// when it lands on this thread) interrupts the poll: that is no sign of input — reading
+    /// then would block until input or end of file arrived, and the snapshot would hold the
+    /// read's result. A terminal that hung up (a closed window, a dropped ssh connection)
+    /// reads as end of input, which would end an interactive guest; the hangup also asks for
+    /// a suspend (SIGHUP), so that is awaited instead, for 3 s at most from `hung_up`.
     fn stdin_ready(&mut self, ms: i32, hung_up: &mut Option<std::time::Instant>) -> bool {
         let Some(fd) = self.stdio.stdin_fd else {
             return true;
@@ -781,6 +785,8 @@ impl WasiCtx {
         };
         // SAFETY: one valid pollfd, count 1.
         let r = unsafe { libc::poll(&mut p, 1, ms) };
+        let interrupted =
+            r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
         let awaiting_hangup = r > 0
             && p.revents & libc::POLLHUP != 0
             && self.stdio.terminals[0]
@@ -789,41 +795,17 @@ impl WasiCtx {
                 .elapsed()
                 < Duration::from_secs(3);
         if awaiting_hangup {
-            std::thread::sleep(Duration::from_millis(ms.max(0) as u64));
+            // poll answers at once on a hung-up terminal.
+            std::thread::sleep(Duration::from_millis(ms.max(1) as u64));
         }
-        r > 0 && !awaiting_hangup
+        r != 0 && !interrupted && !awaiting_hangup
     }
 
     /// Blocks until stdin is readable, unwinding if a suspend is requested meanwhile.
     fn wait_stdin(&mut self) -> Result<(), HostError> {
-        let Some(fd) = self.stdio.stdin_fd else {
-            return Ok(());
-        };
-        let mut hung_up: Option<std::time::Instant> = None;
+        let mut hung_up = None;
         loop {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd, count 1.
-            let r = unsafe { libc::poll(&mut p, 1, 5) };
-            // A signal (the very SIGINT asking for a suspend, when it lands on this thread)
-            // interrupts the poll: that is no sign of input. Reading then would block until
-            // input or end of file arrived, and the snapshot would hold the read's result.
-            let interrupted =
-                r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted;
-            // A terminal that hung up (a closed window, a dropped ssh connection) reads as end
-            // of input, which would end an interactive guest; the hangup also asks for a
-            // suspend (SIGHUP), so wait for that (a few seconds at most) instead.
-            let awaiting_hangup = r > 0
-                && p.revents & libc::POLLHUP != 0
-                && self.stdio.terminals[0]
-                && hung_up
-                    .get_or_insert_with(std::time::Instant::now)
-                    .elapsed()
-                    < Duration::from_secs(3);
-            if r != 0 && !interrupted && !awaiting_hangup {
+            if self.stdin_ready(5, &mut hung_up) {
                 return Ok(());
             }
             // Also when this wait was re-entered by a rewind (a resume, or the rewind after a
@@ -831,10 +813,6 @@ impl WasiCtx {
             // anything pending is new — a suspend after a resume into a wait for input.
             if (self.interrupt)() {
                 return Err(HostError::Unwind);
-            }
-            if awaiting_hangup {
-                // poll answers at once on a hung-up terminal.
-                std::thread::sleep(Duration::from_millis(5));
             }
         }
     }

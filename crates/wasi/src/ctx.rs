@@ -520,21 +520,8 @@ impl WasiCtx {
                 ));
             }
             path::join("", &fs.path).map_err(|_| format!("fd {n} has an unsafe path"))?;
-            let mut fd = Fd {
-                kind,
-                mount: fs.mount,
-                path: fs.path.clone(),
-                fdflags: fs.fdflags,
-                read: fs.read,
-                write: fs.write,
-                offset: fs.offset,
-                file: None,
-                inode: None,
-                dir: None,
-                removed: false,
-                listing: None,
-                unnamed: None,
-            };
+            let mut fd = Fd::new(kind, fs.mount, fs.path.clone());
+            (fd.fdflags, fd.read, fd.write, fd.offset) = (fs.fdflags, fs.read, fs.write, fs.offset);
             match (kind, fs.unnamed) {
                 (_, None) => {}
                 (FdKind::Dir, Some(k)) => {

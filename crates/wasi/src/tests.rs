@@ -260,35 +260,42 @@ fn a_rewound_sleep_can_be_suspended_again() {
     mover.join().unwrap();
 }
 
-/// A signal landing on the guest's thread while it waits for stdin (the very SIGINT that asks
-/// for a suspend may) is not input: the wait goes on and the suspend is served. (It used to
-/// be taken for input: a read then blocked until input or end of file came, and the snapshot
-/// held what that read returned.)
-#[test]
-fn a_signal_during_a_stdin_wait_is_not_input() {
+/// Stdio whose stdin is the read end of a new pipe (stdout and stderr nowhere), and the
+/// pipe's write end, the caller's to close.
+fn stdin_from_a_pipe() -> (Stdio, i32) {
     use std::os::fd::FromRawFd;
-    extern "C" fn ignore(_: libc::c_int) {}
     let mut fds = [0; 2];
-    // SAFETY: a handler that does nothing, installed without SA_RESTART; a new pipe.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = ignore as extern "C" fn(libc::c_int) as usize;
-        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
-        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
-    }
-    let (read_end, write_end) = (fds[0], fds[1]);
-    let interrupt = Arc::new(AtomicBool::new(false));
-    let flag = interrupt.clone();
+    // SAFETY: a new pipe.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     let stdio = Stdio {
         // SAFETY: the pipe's read end, owned from here on.
-        stdin: Box::new(unsafe { std::fs::File::from_raw_fd(read_end) }),
-        stdin_fd: Some(read_end),
+        stdin: Box::new(unsafe { std::fs::File::from_raw_fd(fds[0]) }),
+        stdin_fd: Some(fds[0]),
         terminals: [false; 3],
         log: None,
         input: None,
         stdout: Box::new(std::io::sink()),
         stderr: Box::new(std::io::sink()),
     };
+    (stdio, fds[1])
+}
+
+/// A signal landing on the guest's thread while it waits for stdin (the very SIGINT that asks
+/// for a suspend may) is not input: the wait goes on and the suspend is served. (It used to
+/// be taken for input: a read then blocked until input or end of file came, and the snapshot
+/// held what that read returned.)
+#[test]
+fn a_signal_during_a_stdin_wait_is_not_input() {
+    extern "C" fn ignore(_: libc::c_int) {}
+    // SAFETY: a handler that does nothing, installed without SA_RESTART.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = ignore as extern "C" fn(libc::c_int) as usize;
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+    }
+    let (stdio, write_end) = stdin_from_a_pipe();
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let flag = interrupt.clone();
     let mut c = with_stdio(stdio, Arc::new(move || flag.load(Ordering::SeqCst)));
     // SAFETY: this thread's own id.
     let me = unsafe { libc::pthread_self() };
@@ -1575,23 +1582,9 @@ fn host_errors_keep_their_names() {
 /// a suspend asked for while it waits unwinds it, keeping the deadline for the rewind.
 #[test]
 fn polling_stdin_waits_for_input() {
-    use std::os::fd::FromRawFd;
-    let mut fds = [0; 2];
-    // SAFETY: a new pipe.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    let (read_end, write_end) = (fds[0], fds[1]);
+    let (stdio, write_end) = stdin_from_a_pipe();
     let interrupt = Arc::new(AtomicBool::new(false));
     let flag = interrupt.clone();
-    let stdio = Stdio {
-        // SAFETY: the pipe's read end, owned from here on.
-        stdin: Box::new(unsafe { std::fs::File::from_raw_fd(read_end) }),
-        stdin_fd: Some(read_end),
-        terminals: [false; 3],
-        log: None,
-        input: None,
-        stdout: Box::new(std::io::sink()),
-        stderr: Box::new(std::io::sink()),
-    };
     // The host's clock: the wait is real.
     let mut c = WasiCtx::new(
         vec!["prog".into()],

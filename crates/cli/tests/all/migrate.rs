@@ -463,6 +463,43 @@ fn killing_the_source_after_prepare_aborts_the_held_copy() {
     survive_fault("prepared", true);
 }
 
+/// A session moves from space A to B, then back towards A, and B dies once A has prepared
+/// its copy: A aborts that copy and puts back the record it replaced, which says the session
+/// went to B. (A used to drop its record altogether: `wait` on A then found no session.)
+#[test]
+fn an_aborted_move_back_leaves_the_first_space_pointing_onwards() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let mut b = SpaceProc::start(&[]);
+    let g = guest("wasm/cpu.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", "400"]);
+    ok(
+        &here,
+        &a.url,
+        &["run", "--session", "f", g.to_str().unwrap(), "--", "400"],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    ok(&here, &a.url, &["migrate", "f", "--to", &b.url]);
+    assert_eq!(a.state("f").as_deref(), Some("moved"));
+    // B now dies right after A has prepared the move back.
+    b.stop();
+    b.spawn(Some("prepared"));
+    eventually("B has the session back", || b.state("f").is_some());
+    if b.state("f").as_deref() == Some("suspended") {
+        ok(&here, &b.url, &["resume", "f"]);
+    }
+    let _ = cli(&here, &b.url, &["migrate", "f", "--to", &a.url]);
+    b.wait_dead();
+    b.spawn(None);
+    eventually("A's copy is aborted and its record back", || {
+        a.state("f").as_deref() == Some("moved")
+    });
+    if b.state("f").as_deref() == Some("suspended") {
+        ok(&here, &b.url, &["resume", "f"]);
+    }
+    assert_finished_like(&here, &a.url, "f", &plain.stdout);
+}
+
 #[test]
 fn killing_the_source_right_after_commit_still_moves_it() {
     survive_fault("committed", true);
