@@ -898,24 +898,10 @@ impl WasiCtx {
     /// Brings a directory fd's path up to date with where its directory is now (the guest
     /// may have renamed it, or a directory above it); `ENOENT` once it has been removed, as
     /// Linux answers for a lookup in a removed directory.
-    pub(crate) fn refresh_dir(&mut self, fd: u32) -> Result<(), Errno> {
+    fn refresh_dir(&mut self, fd: u32) -> Result<(), Errno> {
         let f = self.fds.get_mut(&fd).ok_or(Errno::Badf)?;
-        if f.kind != FdKind::Dir {
-            return Ok(());
-        }
-        if f.removed {
+        if f.kind == FdKind::Dir && (f.removed || f.follow(&self.mounts)) {
             return Err(Errno::Noent);
-        }
-        let Some(h) = &f.dir else {
-            return Ok(());
-        };
-        match crate::ctx::place(h, &self.mounts, f.mount) {
-            crate::ctx::Place::At(m, p) => (f.mount, f.path) = (m, p),
-            crate::ctx::Place::Gone => {
-                f.removed = true;
-                return Err(Errno::Noent);
-            }
-            crate::ctx::Place::Unknown => {}
         }
         Ok(())
     }

@@ -250,7 +250,7 @@ pub(crate) type Listed = (String, u8, u64);
 
 /// Where an open host file or directory is now.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Place {
+enum Place {
     /// At this path inside this mount.
     At(u32, String),
     /// Named by no path inside any mount: deleted, or replaced by a rename, while open.
@@ -267,7 +267,7 @@ const MAX_LINK_SEARCH: usize = 100_000;
 /// mounts may lie inside one another). The kernel keeps the name of an open file up to date
 /// through renames (`/proc/self/fd`); the name is taken only while it still leads to the same
 /// file. A file whose name was deleted but which has another (a hard link) is looked for.
-pub(crate) fn place(h: &File, mounts: &[MountRt], mine: u32) -> Place {
+fn place(h: &File, mounts: &[MountRt], mine: u32) -> Place {
     use std::os::unix::fs::MetadataExt;
     use std::os::unix::io::AsRawFd;
     let Ok(md) = h.metadata() else {
@@ -634,36 +634,26 @@ impl WasiCtx {
             if let Some(f) = fd.file.as_mut() {
                 fd.offset = f.stream_position().map_err(|e| format!("fd {n}: {e}"))?;
             }
-            let handle = match fd.kind {
-                FdKind::File => fd.file.as_ref(),
-                FdKind::Dir => fd.dir.as_ref(),
-                _ => None,
-            };
             let mut unnamed = None;
-            match handle.map(|h| place(h, &self.mounts, fd.mount)) {
-                Some(Place::At(m, p)) => (fd.mount, fd.path) = (m, p),
-                Some(Place::Gone) if fd.kind == FdKind::Dir => fd.removed = true,
-                Some(Place::Gone) => {
-                    let f = fd.file.as_ref().expect("a file fd's handle");
-                    let stamp = crate::tree::Stamp::of_file(f);
-                    let k = match (&fd.unnamed, stamp) {
-                        (Some((seen, k)), Some(now))
-                            if *seen == now
-                                && now.older_than(crate::tree::SETTLED)
-                                && store.has(k).unwrap_or(false) =>
-                        {
-                            *k
-                        }
-                        _ => {
-                            let what = format!("fd {n} (`{}`, deleted while open)", fd.path);
-                            crate::tree::import_unnamed(store, f, &what)
-                                .map_err(|e| e.to_string())?
-                        }
-                    };
-                    fd.unnamed = stamp.map(|s| (s, k));
-                    unnamed = Some(k);
-                }
-                Some(Place::Unknown) | None => {}
+            if fd.follow(&self.mounts)
+                && let Some(f) = fd.file.as_ref()
+            {
+                let stamp = crate::tree::Stamp::of_file(f);
+                let k = match (&fd.unnamed, stamp) {
+                    (Some((seen, k)), Some(now))
+                        if *seen == now
+                            && now.older_than(crate::tree::SETTLED)
+                            && store.has(k).unwrap_or(false) =>
+                    {
+                        *k
+                    }
+                    _ => {
+                        let what = format!("fd {n} (`{}`, deleted while open)", fd.path);
+                        crate::tree::import_unnamed(store, f, &what).map_err(|e| e.to_string())?
+                    }
+                };
+                fd.unnamed = stamp.map(|s| (s, k));
+                unnamed = Some(k);
             }
             if fd.kind == FdKind::Dir && fd.removed {
                 unnamed = Some(match empty {
@@ -822,6 +812,26 @@ impl MountRt {
 }
 
 impl Fd {
+    /// Brings `mount` and `path` up to date with where the open file or directory is now
+    /// ([`place`]); a directory found gone is marked `removed`. Whether no path names it any
+    /// more (false for stdio, preopens, and anything not held open).
+    pub(crate) fn follow(&mut self, mounts: &[MountRt]) -> bool {
+        let handle = match self.kind {
+            FdKind::File => self.file.as_ref(),
+            FdKind::Dir => self.dir.as_ref(),
+            _ => None,
+        };
+        match handle.map(|h| place(h, mounts, self.mount)) {
+            Some(Place::At(m, p)) => (self.mount, self.path) = (m, p),
+            Some(Place::Gone) => {
+                self.removed |= self.kind == FdKind::Dir;
+                return true;
+            }
+            Some(Place::Unknown) | None => {}
+        }
+        false
+    }
+
     pub(crate) fn new(kind: FdKind, mount: u32, path: String) -> Self {
         Self {
             kind,

@@ -419,8 +419,18 @@ fn files_in_a_mount_and_no_way_out() {
             &ferry_store::MemStore::new(),
         )
         .unwrap();
-    let f = state.fds.iter().find(|(n, _)| i64::from(*n) == fd).unwrap();
-    assert_eq!((f.1.path.as_str(), f.1.offset), ("in.txt", 8));
+    let f = fd_state(&state, fd);
+    assert_eq!((f.path.as_str(), f.offset), ("in.txt", 8));
+}
+
+/// What a captured state records of descriptor `fd`.
+fn fd_state(state: &ferry_object::WasiState, fd: i64) -> &ferry_object::FdState {
+    &state
+        .fds
+        .iter()
+        .find(|(n, _)| i64::from(*n) == fd)
+        .expect("the fd is captured")
+        .1
 }
 
 /// A file ferry has just written itself from a stored object (a runtime's standard library)
@@ -1362,14 +1372,7 @@ fn descriptors_outlive_their_names() {
 
     let tree = ferry_kappa::Kappa::of(b"tree");
     let state = g.c.capture(&[tree], &store).unwrap();
-    let fd = |n: i64| {
-        &state
-            .fds
-            .iter()
-            .find(|(m, _)| i64::from(*m) == n)
-            .unwrap()
-            .1
-    };
+    let fd = |n: i64| fd_state(&state, n);
     assert_eq!((fd(a).path.as_str(), fd(a).unnamed), ("b.txt", None));
     assert_eq!((fd(h).path.as_str(), fd(h).unnamed), ("h2", None));
     assert_eq!(fd(dd).path, "e");
@@ -1439,14 +1442,7 @@ fn descriptors_outlive_their_names() {
         0
     );
     let again = r.c.capture(&[tree], &store).unwrap();
-    let fd2 = |n: i64| {
-        &again
-            .fds
-            .iter()
-            .find(|(m, _)| i64::from(*m) == n)
-            .unwrap()
-            .1
-    };
+    let fd2 = |n: i64| fd_state(&again, n);
     assert_eq!(fd2(a).path, "c.txt");
     assert!(
         fd2(cfg).unnamed.is_some() && fd2(cfg).unnamed != Some(carried),

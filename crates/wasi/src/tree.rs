@@ -790,7 +790,8 @@ impl ImportCache {
             }
             None if md.len() > limit => {
                 self.reads += 1;
-                put_chunked(store, p, limit, counter, stop)?
+                let f = fs::File::open(p).map_err(io(p))?;
+                put_chunked(store, &f, p, limit, counter, stop)?
             }
             None => {
                 self.reads += 1;
@@ -833,21 +834,23 @@ impl ImportCache {
     }
 }
 
-/// Stores the file at `p` (over `limit` when it was looked at) as a [`FileChunks`], 1 MiB
+/// Stores the open file `f` (`p` names it in errors; over `limit` when it was looked at) as a
+/// [`FileChunks`], 1 MiB
 /// at a time, adding the bytes read to `counter` as it goes and asking `stop` before each
 /// 16 MiB ([`TreeError::Stopped`]); its κ. A file that shrank to
 /// `limit` or less meanwhile is stored as one blob after all (each content has one form, so
 /// one κ), and the caller's check of its times then finds it changed. Whether it was stored
-/// chunked.
+/// chunked. `f` is read at offsets, so a descriptor the guest holds keeps its own
+/// ([`import_unnamed`]).
 fn put_chunked(
     store: Sink<'_>,
+    f: &fs::File,
     p: &Path,
     limit: u64,
     counter: Option<&AtomicU64>,
     stop: Option<&dyn Fn() -> bool>,
 ) -> Result<(Kappa, bool), TreeError> {
-    use std::io::Read;
-    let mut f = fs::File::open(p).map_err(io(p))?;
+    use std::os::unix::fs::FileExt;
     let mut chunks = Vec::new();
     let mut len = 0u64;
     // Pieces go to the store a batch at a time (hashed in parallel, written together: one
@@ -859,7 +862,10 @@ fn put_chunked(
         }
         let mut filled = 0;
         while filled < buf.len() {
-            match f.read(&mut buf[filled..]).map_err(io(p))? {
+            match f
+                .read_at(&mut buf[filled..], len + filled as u64)
+                .map_err(io(p))?
+            {
                 0 => break,
                 n => filled += n,
             }
@@ -878,7 +884,9 @@ fn put_chunked(
         }
     }
     if len <= limit {
-        return Ok((store.put(&fs::read(p).map_err(io(p))?)?, false));
+        let mut bytes = vec![0u8; len as usize];
+        f.read_exact_at(&mut bytes, 0).map_err(io(p))?;
+        return Ok((store.put(&bytes)?, false));
     }
     Ok((put_file_chunks(store, len, chunks)?, true))
 }
@@ -1261,23 +1269,16 @@ pub fn import_unnamed(store: &dyn Store, f: &fs::File, what: &str) -> Result<Kap
     if len > MAX_FILE {
         return Err(TreeError::TooLarge(what.to_owned(), len));
     }
-    let sink = Sink::Store(store);
     let (mode, object) = if len <= MAX_BLOB_FILE {
         let mut bytes = vec![0u8; len as usize];
         f.read_exact_at(&mut bytes, 0).map_err(err)?;
         (MODE_FILE, store.put(&bytes)?)
     } else {
-        let mut chunks = Vec::new();
-        let mut buf = vec![0u8; PIECES_AT_ONCE * FILE_CHUNK_SIZE as usize];
-        let mut at = 0u64;
-        while at < len {
-            let n = (len - at).min(buf.len() as u64) as usize;
-            f.read_exact_at(&mut buf[..n], at).map_err(err)?;
-            let pieces: Vec<&[u8]> = buf[..n].chunks(FILE_CHUNK_SIZE as usize).collect();
-            chunks.extend(sink.put_many(&pieces)?);
-            at += n as u64;
+        let sink = Sink::Store(store);
+        match put_chunked(sink, f, Path::new(what), MAX_BLOB_FILE, None, None)? {
+            (k, true) => (MODE_FILE_CHUNKS, k),
+            (k, false) => (MODE_FILE, k),
         }
-        (MODE_FILE_CHUNKS, put_file_chunks(sink, len, chunks)?)
     };
     let (kind, v) = ferry_object::header::<Tree>();
     let mut tree = Tree {

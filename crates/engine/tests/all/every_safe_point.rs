@@ -153,6 +153,23 @@ impl Harness {
     }
 
     /// The check described in the module doc, for every safe point (or every `step`-th).
+    /// A module printing 0 to 4, and its snapshot at its second safe point.
+    fn counter_at_its_second_safe_point(&self) -> (Vec<u8>, ferry_kappa::Kappa) {
+        let wasm = module(
+            r#"
+      (func (export "_start") (local $i i32)
+        (loop $l
+          (call $print (i64.extend_i32_u (local.get $i)))
+          (local.set $i (i32.add (local.get $i) (i32.const 1)))
+          (br_if $l (i32.lt_u (local.get $i) (i32.const 5)))))
+    "#,
+        );
+        let (Outcome::Suspended(k), _) = self.run(0, &wasm, None, Some(2)) else {
+            panic!("not suspended")
+        };
+        (wasm, k)
+    }
+
     fn check_every_point(&self, wasm: &[u8], step: u64) -> u64 {
         let (outcome, expected) = self.run(0, wasm, None, None);
         assert_eq!(outcome, Outcome::Exited(0));
@@ -326,19 +343,8 @@ fn indirect_calls_recursion_globals_memory_growth_and_v128() {
 #[test]
 fn a_snapshot_needing_an_engine_class_no_engine_has_is_refused_by_each() {
     use ferry_store::Store;
-    let wasm = module(
-        r#"
-      (func (export "_start") (local $i i32)
-        (loop $l
-          (call $print (i64.extend_i32_u (local.get $i)))
-          (local.set $i (i32.add (local.get $i) (i32.const 1)))
-          (br_if $l (i32.lt_u (local.get $i) (i32.const 5)))))
-    "#,
-    );
     let h = Harness::new();
-    let (Outcome::Suspended(k), _) = h.run(0, &wasm, None, Some(2)) else {
-        panic!("not suspended")
-    };
+    let (wasm, k) = h.counter_at_its_second_safe_point();
     // The same snapshot, asking for a class no engine provides.
     let mut snap: ferry_object::Snapshot = ferry_object::decode(&h.store.get(&k).unwrap()).unwrap();
     snap.profile.engine_class = "wasm-core-3+gc".into();
@@ -454,19 +460,8 @@ fn exceptions_caught_rethrown_and_held_across_safe_points() {
 #[test]
 fn a_file_deleted_while_open_is_part_of_the_snapshot() {
     use ferry_store::Store;
-    let wasm = module(
-        r#"
-      (func (export "_start") (local $i i32)
-        (loop $l
-          (call $print (i64.extend_i32_u (local.get $i)))
-          (local.set $i (i32.add (local.get $i) (i32.const 1)))
-          (br_if $l (i32.lt_u (local.get $i) (i32.const 5)))))
-    "#,
-    );
     let h = Harness::jit_only();
-    let (Outcome::Suspended(k), _) = h.run(0, &wasm, None, Some(2)) else {
-        panic!("not suspended")
-    };
+    let (_, k) = h.counter_at_its_second_safe_point();
     let file = tempfile::tempfile().unwrap();
     file.set_len(3 << 20).unwrap(); // over 1 MiB: stored in pieces, behind a `ferry.file`
     std::os::unix::fs::FileExt::write_all_at(&file, b"scratch", 1 << 20).unwrap();
