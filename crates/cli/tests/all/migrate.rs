@@ -61,6 +61,30 @@ fn assert_finished_like(here: &Env, first: &str, id: &str, expected: &[u8]) {
     }
 }
 
+/// Moves session `id` from `spaces[0]` to `spaces[1]` and back, up to `times` moves, each
+/// after `before` has waited on the space that holds it; stops early once the guest has
+/// exited, and requires at least two moves.
+fn move_back_and_forth(
+    here: &Env,
+    spaces: &[SpaceProc; 2],
+    id: &str,
+    times: usize,
+    mut before: impl FnMut(&SpaceProc),
+) {
+    let mut moves = 0;
+    for i in 0..times {
+        let (from, to) = (&spaces[i % 2], &spaces[(i + 1) % 2]);
+        before(from);
+        let (_, err, code) = cli(here, &from.url, &["migrate", id, "--to", &to.url]);
+        if code != 0 && err.contains("exited") {
+            break;
+        }
+        assert_eq!(code, 0, "move {i}: {err}");
+        moves += 1;
+    }
+    assert!(moves >= 2, "only {moves} moves");
+}
+
 #[test]
 fn a_c_guest_moves_between_three_spaces_while_it_prints_and_its_output_is_unchanged() {
     let here = client();
@@ -163,23 +187,14 @@ fn a_cpython_program_moves_back_and_forth_with_its_files() {
     run.extend_from_slice(&args);
     let (_, err, code) = cli(&here, &spaces[0].url, &run);
     assert_eq!(code, 0, "{err}");
-    let mut moves = 0;
-    for i in 0..4 {
+    move_back_and_forth(&here, &spaces, "py", 4, |at| {
         // Let it get going (the first run prepares CPython in the space).
         eventually("the session prints", || {
-            let (out, _, _) = cli(&here, &spaces[i % 2].url, &["logs", "py"]);
-            !out.is_empty() || spaces[i % 2].state("py").as_deref() != Some("running")
+            let (out, _, _) = cli(&here, &at.url, &["logs", "py"]);
+            !out.is_empty() || at.state("py").as_deref() != Some("running")
         });
         std::thread::sleep(Duration::from_millis(400));
-        let (from, to) = (&spaces[i % 2], &spaces[(i + 1) % 2]);
-        let (_, err, code) = cli(&here, &from.url, &["migrate", "py", "--to", &to.url]);
-        if code != 0 && err.contains("exited") {
-            break;
-        }
-        assert_eq!(code, 0, "move {i}: {err}");
-        moves += 1;
-    }
-    assert!(moves >= 2, "only {moves} moves");
+    });
     assert_finished_like(&here, &spaces[0].url, "py", &plain.stdout);
 }
 
@@ -218,18 +233,9 @@ fn descriptors_whose_names_changed_move_between_spaces() {
     run.extend_from_slice(&args);
     let (_, err, code) = cli(&here, &spaces[0].url, &run);
     assert_eq!(code, 0, "{err}");
-    let mut moves = 0;
-    for i in 0..8 {
+    move_back_and_forth(&here, &spaces, "h", 8, |_| {
         std::thread::sleep(Duration::from_millis(150));
-        let (from, to) = (&spaces[i % 2], &spaces[(i + 1) % 2]);
-        let (_, err, code) = cli(&here, &from.url, &["migrate", "h", "--to", &to.url]);
-        if code != 0 && err.contains("exited") {
-            break;
-        }
-        assert_eq!(code, 0, "move {i}: {err}");
-        moves += 1;
-    }
-    assert!(moves >= 2, "only {moves} moves");
+    });
     assert_finished_like(&here, &spaces[0].url, "h", &plain.stdout);
 }
 
