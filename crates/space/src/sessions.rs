@@ -54,8 +54,17 @@ pub struct Config {
 
 /// Dies like `kill -9` at `step` when `FERRY_FAULT` names it: the fault-injection tests use
 /// this to stop a space at each step of the migration protocol, and a local run while it
-/// records a snapshot (`recording-<n>`).
+/// records a snapshot (`recording-<n>`). `FERRY_FAULT_PAUSE=<step>:<ms>` instead holds the
+/// thread there that long: the tests use it to act inside a window that is otherwise short.
 pub fn fault(step: &str) {
+    if let Ok(v) = std::env::var("FERRY_FAULT_PAUSE")
+        && let Some((at, ms)) = v.split_once(':')
+        && at == step
+        && let Ok(ms) = ms.parse()
+    {
+        warn!(step, ms, "fault injection: pausing");
+        std::thread::sleep(Duration::from_millis(ms));
+    }
     if std::env::var("FERRY_FAULT").is_ok_and(|f| f == step) {
         warn!(step, "fault injection: dying now");
         // SAFETY: sending SIGKILL to ourselves; nothing after this runs.
@@ -838,6 +847,7 @@ impl Sessions {
             return;
         }
         let killed = live.kill.load(Ordering::SeqCst);
+        fault("final-files");
         // Before the record says the guest stopped: until then nothing can resume it (into
         // fresh directories at the same paths).
         let files = match &outcome {
@@ -1116,9 +1126,19 @@ impl Sessions {
                 info.state.name()
             )));
         }
-        let control = lock(&live.control)
-            .clone()
-            .ok_or_else(|| ApiError::conflict(format!("session `{id}` is not running")))?;
+        let Some(control) = lock(&live.control).clone() else {
+            // The guest has ended and its stop is being recorded (its files are being kept):
+            // the answer says how it ended, as the record will.
+            let after = live.wait_while(STOP_TIMEOUT, |i| i.state == State::Running);
+            return Err(ApiError::conflict(format!(
+                "session `{id}` is {}, not running",
+                if after.state == State::Running {
+                    "ending"
+                } else {
+                    after.state.name()
+                }
+            )));
+        };
         if kill {
             live.kill.store(true, Ordering::SeqCst);
             // A kill stops the guest even when its snapshot cannot be written.

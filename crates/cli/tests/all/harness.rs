@@ -520,8 +520,17 @@ pub struct SpaceProc {
 
 impl SpaceProc {
     pub fn start(extra: &[&str]) -> Self {
+        Self::start_with_vars(&[], extra)
+    }
+
+    /// Like [`SpaceProc::start`], with environment variables for the server.
+    pub fn start_with_vars(vars: &[(&str, &str)], extra: &[&str]) -> Self {
+        let env = vars.iter().fold(
+            Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN),
+            |e, (k, v)| e.with_var(k, v),
+        );
         let mut s = Self {
-            env: Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN),
+            env,
             child: None,
             url: String::new(),
             port: 0,

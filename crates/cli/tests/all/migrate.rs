@@ -241,6 +241,39 @@ fn descriptors_whose_names_changed_move_between_spaces() {
     assert_finished_like(&here, &spaces[0].url, "h", &plain.stdout);
 }
 
+/// A snapshot or a move asked for just as the guest ends (while the space records how it
+/// ended and keeps its files: `FERRY_FAULT_PAUSE` holds that window open) hears how the
+/// guest ended, and the record says so by then. It used to hear "is not running" while the
+/// record still said running.
+#[test]
+fn a_request_as_the_guest_ends_hears_how_it_ended() {
+    let here = client();
+    let a = SpaceProc::start_with_vars(&[("FERRY_FAULT_PAUSE", "final-files:3000")], &[]);
+    let b = SpaceProc::start(&[]);
+    let g = guest("wasm/cpu.wasm");
+    let g = g.to_str().unwrap();
+    let plain = here.plain(&[g, "--", "2"]);
+    assert_eq!(plain.code, 0);
+    ok(&here, &a.url, &["run", "--session", "e", g, "--", "2"]);
+    eventually("the guest printed everything", || {
+        cli(&here, &a.url, &["logs", "e"]).0.as_bytes() == plain.stdout
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        a.state("e").as_deref(),
+        Some("running"),
+        "the end is being recorded"
+    );
+    let err = refused(&here, &a.url, &["checkpoint", "e"]);
+    assert!(err.contains("session `e` is exited, not running"), "{err}");
+    assert_eq!(a.state("e").as_deref(), Some("exited"));
+    let err = refused(&here, &a.url, &["migrate", "e", "--to", &b.url]);
+    assert!(
+        err.contains("session `e` is exited; only a running or suspended session can move"),
+        "{err}"
+    );
+}
+
 #[test]
 fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts() {
     let here = client();
