@@ -136,7 +136,9 @@ kind!(MemoryImage, "ferry.memory", 1, |s| s
 
 /// A directory tree: names to files and subtrees. Version 1 holds every file as one blob;
 /// version 2 (only a tree with a chunked file: a file's content as a [`FileChunks`]) is what
-/// makes a ferry that does not know chunked files refuse the tree instead of misreading it.
+/// makes a ferry that does not know chunked files refuse the tree instead of misreading it;
+/// version 3 (a tree with a file's modification time, [`TreeEntry::mtime_ns`]) the same for
+/// times.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tree {
@@ -147,7 +149,7 @@ pub struct Tree {
 impl crate::ObjectKind for Tree {
     const KIND: &'static str = "ferry.tree";
     const VERSION: u32 = 1;
-    const NEWEST: u32 = 2;
+    const NEWEST: u32 = 3;
     fn children(&self) -> Vec<Kappa> {
         self.entries.values().map(|e| e.object).collect()
     }
@@ -163,17 +165,21 @@ pub const MODE_DIR: &str = "dir";
 pub const MODE_SYMLINK: &str = "symlink";
 
 impl Tree {
-    /// The version a tree with these entries has: 2 if one of them is a chunked file.
+    /// The version a tree with these entries has: 3 if one of them has a modification
+    /// time, else 2 if one of them is a chunked file, else 1.
     pub fn version_for(entries: &BTreeMap<String, TreeEntry>) -> u32 {
-        if entries.values().any(TreeEntry::chunked) {
+        if entries.values().any(|e| e.mtime_ns.is_some()) {
+            3
+        } else if entries.values().any(TreeEntry::chunked) {
             2
         } else {
             1
         }
     }
 
-    /// Refuses an entry mode this version does not have, and a version 2 tree without a
-    /// chunked file (each content has one tree, so one κ).
+    /// Refuses an entry mode this version does not have, a time on an entry that is not a
+    /// file, and a tree whose version its entries do not call for (each content has one
+    /// tree, so one κ).
     pub fn check(&self) -> Result<(), String> {
         for (name, e) in &self.entries {
             let known = [MODE_FILE, MODE_EXEC, MODE_DIR, MODE_SYMLINK].contains(&e.mode.as_str())
@@ -182,6 +188,12 @@ impl Tree {
                 return Err(format!(
                     "tree entry `{name}` has mode `{}`, which a version {} tree does not have",
                     e.mode, self.v
+                ));
+            }
+            if e.mtime_ns.is_some() && (e.mode == MODE_DIR || e.mode == MODE_SYMLINK) {
+                return Err(format!(
+                    "tree entry `{name}` is a {} with a modification time (only files have one)",
+                    e.mode
                 ));
             }
         }
@@ -204,6 +216,10 @@ pub struct TreeEntry {
     /// a [`FileChunks`]), `dir` or `symlink` (target as the blob).
     pub mode: String,
     pub object: Kappa,
+    /// A file's modification time, in nanoseconds since the Unix epoch (before it:
+    /// negative); absent for directories and symlinks, and in trees before version 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtime_ns: Option<i64>,
 }
 
 impl TreeEntry {

@@ -21,7 +21,7 @@ pub trait ObjectKind: Serialize + DeserializeOwned {
     /// The `v` this build writes (and the oldest it reads).
     const VERSION: u32;
     /// The newest `v` this build reads (and writes where an object needs it: a [`Tree`] with
-    /// a chunked file is version 2, every other tree version 1).
+    /// a file's time is version 3, else with a chunked file version 2, else version 1).
     const NEWEST: u32 = Self::VERSION;
     /// Every κ this object refers to (its direct children in the closure).
     fn children(&self) -> Vec<Kappa>;

@@ -475,6 +475,7 @@ impl Sessions {
             let entry = ferry_object::TreeEntry {
                 mode: "dir".into(),
                 object: k,
+                mtime_ns: None,
             };
             entries.insert(i.to_string(), entry);
         }

@@ -620,7 +620,7 @@ fn a_file_over_a_mib_is_stored_in_chunks_and_comes_back_whole() {
     let k = crate::tree::import(&store, dir.path()).unwrap();
     let tree: ferry_object::Tree =
         ferry_object::decode(&ferry_store::Store::get(&store, &k).unwrap()).unwrap();
-    assert_eq!(tree.v, 2);
+    assert_eq!(tree.v, 3, "chunked, with times");
     assert_eq!(tree.entries["big.bin"].mode, ferry_object::MODE_FILE_CHUNKS);
     assert_eq!(tree.entries["small.txt"].mode, ferry_object::MODE_FILE);
     let file: ferry_object::FileChunks = ferry_object::decode(
@@ -731,6 +731,16 @@ fn files_written_back_are_known_without_reading_and_a_later_write_is_still_seen(
     let big: Vec<u8> = (0..(3u32 << 20) + 5).map(|i| (i % 253) as u8).collect();
     std::fs::write(src.path().join("sub/big.bin"), &big).unwrap();
     std::os::unix::fs::symlink("a.txt", src.path().join("link")).unwrap();
+    // Times the tree carries, settled (a recent one is trusted only with multigrain times).
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for f in ["a.txt", "sub/big.bin"] {
+        std::fs::File::options()
+            .write(true)
+            .open(src.path().join(f))
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_modified(hour_ago))
+            .unwrap();
+    }
     let k = import(&store, src.path()).unwrap();
 
     let back = tempfile::tempdir().unwrap();
@@ -771,15 +781,10 @@ fn files_written_back_are_known_without_reading_and_a_later_write_is_still_seen(
         "only the small file"
     );
     let mut next = ImportCache::decode(&cache.encode()).unwrap();
+    let again = again.path().canonicalize().unwrap();
     assert_eq!(
-        import_cached(
-            &store,
-            &again.path().canonicalize().unwrap(),
-            &mut next,
-            &[]
-        )
-        .unwrap(),
-        k,
+        import_cached(&store, &again, &mut next, &[]).unwrap(),
+        import(&store, &again).unwrap(),
         "today's form"
     );
     assert_eq!(next.files_read(), 1);
@@ -827,6 +832,104 @@ fn the_differences_from_a_tree_are_named() {
     assert_eq!(diff(&k, 5), (all.clone(), 4));
     assert_eq!(diff(&legacy, 5), (all.clone(), 4));
     assert_eq!(diff(&k, 2), (all[..2].to_vec(), 4));
+}
+
+/// A tree carries its files' modification times (to the nanosecond, before 1970 too): a
+/// directory written back from it has them, and so the same tree; a file only touched is a
+/// difference a resume names; a tree of the form before times (version 1 or 2) still matches
+/// its unchanged directory; a file no path names keeps its time too.
+#[test]
+fn files_keep_their_modification_times() {
+    use crate::tree::{
+        ImportCache, differences, import, import_unnamed, matches_tree, materialize, open_unnamed,
+    };
+    use std::os::unix::fs::MetadataExt;
+    use std::time::{Duration, UNIX_EPOCH};
+    let store = ferry_store::MemStore::new();
+    let src = tempfile::tempdir().unwrap();
+    let root = src.path().canonicalize().unwrap();
+    std::fs::create_dir(root.join("sub")).unwrap();
+    let times = [
+        (
+            "a.txt",
+            UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789),
+        ),
+        ("sub/b.txt", UNIX_EPOCH - Duration::new(86_400, 5)),
+        ("big.bin", UNIX_EPOCH + Duration::new(1_000_000_000, 1)),
+    ];
+    let set = |p: &std::path::Path, t| {
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_modified(t))
+            .unwrap()
+    };
+    for (name, t) in times {
+        let len = if name == "big.bin" { (2 << 20) + 3 } else { 3 };
+        std::fs::write(root.join(name), vec![b'x'; len]).unwrap();
+        set(&root.join(name), t);
+    }
+    let mtime = |p: &std::path::Path| {
+        let md = std::fs::metadata(p).unwrap();
+        (md.mtime(), md.mtime_nsec())
+    };
+    let k = import(&store, &root).unwrap();
+    let tree: ferry_object::Tree =
+        ferry_object::decode(&ferry_store::Store::get(&store, &k).unwrap()).unwrap();
+    assert_eq!(tree.v, 3);
+    assert_eq!(
+        tree.entries["a.txt"].mtime_ns,
+        Some(1_700_000_000_123_456_789)
+    );
+    assert_eq!(tree.entries["sub"].mtime_ns, None, "directories carry none");
+
+    let back = tempfile::tempdir().unwrap();
+    materialize(&store, &k, back.path()).unwrap();
+    for (name, _) in times {
+        assert_eq!(
+            mtime(&back.path().join(name)),
+            mtime(&root.join(name)),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        mtime(&back.path().join("sub/b.txt")),
+        (-86_401, 999_999_995)
+    );
+    assert_eq!(import(&store, back.path()).unwrap(), k, "the same tree");
+
+    // Only touched: the content is the same, the tree is not.
+    let mut cache = ImportCache::default();
+    assert!(matches_tree(&store, &root, &mut cache, &[], &k).unwrap());
+    let before_times =
+        crate::tree::import_cached(&store, &root, &mut cache.without_times(), &[]).unwrap();
+    assert_ne!(before_times, k);
+    set(
+        &root.join("a.txt"),
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+    );
+    let mut cache = ImportCache::default();
+    assert!(!matches_tree(&store, &root, &mut cache, &[], &k).unwrap());
+    assert!(
+        matches_tree(&store, &root, &mut cache, &[], &before_times).unwrap(),
+        "a tree without times ignores them"
+    );
+    let (named, n) = differences(&store, &root, &k, &mut cache, &[], 5).unwrap();
+    assert_eq!(
+        (named, n),
+        (
+            vec!["`a.txt` touched (same content, another modification time)".to_owned()],
+            1
+        )
+    );
+
+    // A file no path names.
+    let f = std::fs::File::open(root.join("sub/b.txt")).unwrap();
+    let u = import_unnamed(&store, &f, "b").unwrap();
+    let again = open_unnamed(&store, &u, back.path()).unwrap();
+    let md = again.metadata().unwrap();
+    assert_eq!((md.mtime(), md.mtime_nsec()), (-86_401, 999_999_995));
 }
 
 /// Pre-storing a directory stores and remembers its settled files, so an import after it
@@ -900,13 +1003,14 @@ fn a_tree_or_chunked_file_that_does_not_add_up_is_refused() {
         chunks: vec![put(b"x")],
     };
     let file = put(&ferry_object::encode(&short));
-    let tree = |v: u32, mode: &str, object| {
+    let timed = |v: u32, mode: &str, object, mtime_ns| {
         let mut entries = std::collections::BTreeMap::new();
         entries.insert(
             "f".to_owned(),
             TreeEntry {
                 mode: mode.into(),
                 object,
+                mtime_ns,
             },
         );
         put(&ferry_object::encode(&Tree {
@@ -915,6 +1019,12 @@ fn a_tree_or_chunked_file_that_does_not_add_up_is_refused() {
             entries,
         }))
     };
+    let tree = |v, mode, object| timed(v, mode, object, None);
+    let sub = put(&ferry_object::encode(&Tree {
+        kind: "ferry.tree".into(),
+        v: 1,
+        entries: Default::default(),
+    }));
     let cases = [
         (
             tree(1, MODE_FILE_CHUNKS, file),
@@ -925,7 +1035,19 @@ fn a_tree_or_chunked_file_that_does_not_add_up_is_refused() {
             "whose entries make it version 1",
         ),
         (tree(2, MODE_FILE_CHUNKS, file), "lists 1 chunks, not 2"),
-        (tree(3, "file", put(b"x")), "format version 3"),
+        (
+            tree(3, "file", put(b"x")),
+            "whose entries make it version 1",
+        ),
+        (
+            timed(2, "file", put(b"x"), Some(7)),
+            "whose entries make it version 3",
+        ),
+        (
+            timed(3, "dir", sub, Some(7)),
+            "is a dir with a modification time",
+        ),
+        (tree(4, "file", put(b"x")), "format version 4"),
     ];
     for (k, why) in cases {
         let out = tempfile::tempdir().unwrap();

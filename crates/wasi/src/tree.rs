@@ -113,10 +113,11 @@ pub fn tree_kappa(
 }
 
 /// Whether `dir` (paths in `skip` aside) holds what tree `want` holds: its κ as
-/// [`tree_kappa`] computes it, or — when a file of `dir` is one that ferry before 2026-12-03
-/// stored as a blob and ferry now stores in pieces — its κ in that older form, so a snapshot
-/// taken then still finds its unchanged directory unchanged. Equal κ in either form means
-/// equal content.
+/// [`tree_kappa`] computes it, or its κ in an older form, so a snapshot taken then still
+/// finds its unchanged directory unchanged: without files' times (trees before version 3,
+/// 2026-12-04), and — when a file of `dir` is one that ferry before 2026-12-03 stored as a
+/// blob and ferry now stores in pieces — in that form. Equal κ in any form means equal
+/// content (and, in today's form, equal times).
 pub fn matches_tree(
     store: &dyn Store,
     dir: &Path,
@@ -125,6 +126,12 @@ pub fn matches_tree(
     want: &Kappa,
 ) -> Result<bool, TreeError> {
     if tree_kappa(store, dir, cache, skip)? == *want {
+        return Ok(true);
+    }
+    cache.no_times = true;
+    let without_times = tree_kappa(store, dir, cache, skip);
+    cache.no_times = false;
+    if without_times? == *want {
         return Ok(true);
     }
     let legacy = |len| len > MAX_BLOB_FILE && len <= LEGACY_MAX_BLOB_FILE;
@@ -230,6 +237,17 @@ fn diff_at(
                     &mut *older
                 };
                 let (k, _) = form.file(Sink::HashOnly(store), &p, &md, None)?;
+                if k == e.object
+                    && exec == (e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS)
+                    && e.mtime_ns.is_some_and(|t| t != mtime_ns(&md))
+                {
+                    note(
+                        found,
+                        name,
+                        "touched (same content, another modification time)",
+                    );
+                    continue;
+                }
                 k == e.object && exec == (e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS)
             }
             _ => false,
@@ -338,6 +356,8 @@ pub struct ImportCache {
     patched: u64,
     /// The files (device, inode) stored in pieces since [`ImportCache::use_guest_writes`].
     in_pieces: std::collections::HashSet<(u64, u64)>,
+    /// Trees are computed without files' times (the form of trees before version 3).
+    no_times: bool,
 }
 
 /// How old a file's times must be before [`ImportCache`] trusts them.
@@ -645,8 +665,9 @@ impl ImportCache {
         Ok(())
     }
 
-    /// Remembers the file at `p`, just written whole from object `k`, dating it [`SETTLED`]
-    /// back first (see [`remember_tree`]); whether it did.
+    /// Remembers the file at `p`, just written whole from object `k` with modification time
+    /// `mtime` (none: dating it [`SETTLED`] back first; see [`remember_tree`]); whether it
+    /// did.
     /// A file in another form than this cache's ([`LEGACY_MAX_BLOB_FILE`]: a blob over
     /// 1 MiB, from an older snapshot) is left to be read: its κ is not what an import gives.
     fn remember_materialized(
@@ -654,18 +675,27 @@ impl ImportCache {
         p: &Path,
         k: Kappa,
         chunked: bool,
+        mtime: Option<i64>,
     ) -> Result<bool, TreeError> {
         let len = fs::symlink_metadata(p).map_err(io(p))?.len();
         if chunked != (len > self.blob_limit()) {
             return Ok(false);
         }
-        let back = SystemTime::now() - SETTLED;
-        fs::File::options()
-            .write(true)
-            .open(p)
-            .and_then(|f| f.set_times(fs::FileTimes::new().set_modified(back)))
-            .map_err(io(p))?;
+        if mtime.is_none() {
+            let back = SystemTime::now() - SETTLED;
+            fs::File::options()
+                .write(true)
+                .open(p)
+                .and_then(|f| f.set_times(fs::FileTimes::new().set_modified(back)))
+                .map_err(io(p))?;
+        }
         let md = fs::symlink_metadata(p).map_err(io(p))?;
+        let settled = mtime.is_none()
+            || (mtime_ns(&md) as i128) <= (unix_ns(SystemTime::now()) - SETTLED.as_nanos() as i128)
+            || fine_grained_times(p);
+        if !settled {
+            return Ok(false);
+        }
         self.files.insert(p.to_path_buf(), (Stamp::of(&md), k));
         Ok(true)
     }
@@ -727,6 +757,7 @@ impl ImportCache {
             settled: self.settled,
             blob_limit: Some(LEGACY_MAX_BLOB_FILE),
             bytes_read: self.bytes_read.clone(),
+            no_times: true,
             ..Self::default()
         }
     }
@@ -735,6 +766,16 @@ impl ImportCache {
     /// as it reads them: progress a long import can show.
     pub fn count_bytes_into(&mut self, counter: Option<Arc<AtomicU64>>) {
         self.bytes_read = counter;
+    }
+
+    /// A cache computing trees in the form before version 3 (without files' times).
+    #[cfg(test)]
+    pub(crate) fn without_times(&self) -> Self {
+        Self {
+            files: self.files.clone(),
+            no_times: true,
+            ..Self::default()
+        }
     }
 
     fn blob_limit(&self) -> u64 {
@@ -1051,12 +1092,14 @@ fn import_at(
             TreeEntry {
                 mode: MODE_DIR.into(),
                 object: import_at(store, &p, depth + 1, cache, skip)?,
+                mtime_ns: None,
             }
         } else if md.file_type().is_symlink() {
             let t = fs::read_link(&p).map_err(io(&p))?;
             TreeEntry {
                 mode: MODE_SYMLINK.into(),
                 object: store.put(t.to_string_lossy().as_bytes())?,
+                mtime_ns: None,
             }
         } else if md.is_file() {
             let (object, chunked) = cache.file(store, &p, &md, None)?;
@@ -1069,6 +1112,7 @@ fn import_at(
             TreeEntry {
                 mode: mode.into(),
                 object,
+                mtime_ns: (!cache.no_times).then(|| mtime_ns(&md)),
             }
         } else {
             continue;
@@ -1126,14 +1170,14 @@ fn tree_len_at(store: &dyn Store, kappa: &Kappa, depth: usize) -> Option<u64> {
 /// Tells `cache` what each file of `dir`, just written from tree κ by [`materialize`] (and
 /// perhaps moved there whole since), holds, so that the next snapshot of `dir` does not read
 /// them again (a resume into an empty directory writes a data set back; its first snapshot
-/// would otherwise read it all); the number of files remembered. Each file is dated
-/// [`SETTLED`] back first: any later write to it, even in the same coarse timestamp tick,
-/// then sets another modification time, so the stamp remembered can be trusted at once.
-/// (Kernels with multigrain timestamps, Linux ≥ 6.13 on ext4, xfs, btrfs and tmpfs, already
-/// give a change after a `stat` a later time; older ones need the back-dating.) The files'
-/// modification times are therefore those of the resume, less [`SETTLED`]: a tree carries
-/// no times. A file whose κ is not what an import gives now (a blob over 1 MiB, from an
-/// older snapshot) is left to be read.
+/// would otherwise read it all); the number of files remembered. A file must bear a time
+/// [`SETTLED`] old: any later write to it, even in the same coarse timestamp tick, then sets
+/// another modification time, so the stamp remembered can be trusted at once. (Kernels with
+/// multigrain timestamps, Linux ≥ 6.13 on ext4, xfs, btrfs and tmpfs, already give a change
+/// after a `stat` a later time.) A file the tree gives a time keeps it, and is left to be
+/// read when that time is more recent (on kernels without multigrain timestamps); a file of
+/// an older tree, without times, is dated [`SETTLED`] back. A file whose κ is not what an
+/// import gives now (a blob over 1 MiB, from an older snapshot) is left to be read.
 pub fn remember_tree(
     store: &dyn Store,
     kappa: &Kappa,
@@ -1154,8 +1198,12 @@ pub fn remember_tree(
                 MODE_DIR => todo.push((e.object, p, depth + 1)),
                 MODE_SYMLINK => {}
                 _ => {
-                    remembered +=
-                        u64::from(cache.remember_materialized(&p, e.object, e.chunked())?)
+                    remembered += u64::from(cache.remember_materialized(
+                        &p,
+                        e.object,
+                        e.chunked(),
+                        e.mtime_ns,
+                    )?)
                 }
             }
         }
@@ -1205,8 +1253,41 @@ fn materialize_at(
         if e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS {
             fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).map_err(io(&p))?;
         }
+        if let Some(t) = e.mtime_ns {
+            fs::File::options()
+                .write(true)
+                .open(&p)
+                .and_then(|f| set_mtime(&f, t))
+                .map_err(io(&p))?;
+        }
     }
     Ok(())
+}
+
+/// A file's modification time as a tree holds it: nanoseconds since the Unix epoch.
+pub(crate) fn mtime_ns(md: &fs::Metadata) -> i64 {
+    md.mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(md.mtime_nsec())
+}
+
+/// Nanoseconds since the Unix epoch (negative before it).
+fn unix_ns(t: SystemTime) -> i128 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i128,
+        Err(e) => -(e.duration().as_nanos() as i128),
+    }
+}
+
+/// Gives the open file `f` the modification time `ns` ([`mtime_ns`]); its access time stays.
+fn set_mtime(f: &fs::File, ns: i64) -> std::io::Result<()> {
+    let d = Duration::from_nanos(ns.unsigned_abs());
+    let t = if ns >= 0 {
+        UNIX_EPOCH + d
+    } else {
+        UNIX_EPOCH - d
+    };
+    f.set_times(fs::FileTimes::new().set_modified(t))
 }
 
 /// Writes the chunked file `k` to `p`: the chunks of zeros as holes (the file is sparse
@@ -1265,7 +1346,8 @@ fn write_chunks_into(
 pub fn import_unnamed(store: &dyn Store, f: &fs::File, what: &str) -> Result<Kappa, TreeError> {
     use std::os::unix::fs::FileExt;
     let err = |e| TreeError::Io(what.to_owned(), e);
-    let len = f.metadata().map_err(err)?.len();
+    let md = f.metadata().map_err(err)?;
+    let len = md.len();
     if len > MAX_FILE {
         return Err(TreeError::TooLarge(what.to_owned(), len));
     }
@@ -1291,6 +1373,7 @@ pub fn import_unnamed(store: &dyn Store, f: &fs::File, what: &str) -> Result<Kap
         TreeEntry {
             mode: mode.into(),
             object,
+            mtime_ns: Some(mtime_ns(&md)),
         },
     );
     tree.v = Tree::version_for(&tree.entries);
@@ -1338,6 +1421,9 @@ pub fn open_unnamed(store: &dyn Store, k: &Kappa, dir: &Path) -> Result<fs::File
                 "the content of a file deleted while open is a `{other}` entry, not a file"
             )));
         }
+    }
+    if let Some(t) = entry.mtime_ns {
+        set_mtime(&f, t).map_err(io(what))?;
     }
     Ok(f)
 }

@@ -1071,8 +1071,8 @@ fn a_snapshot_a_space_cannot_write_is_reported_and_the_guest_keeps_running() {
 
 /// The files a session's guest wrote come back from the space where it ended, as they would
 /// from a local run: `files` follows the session's move, writes only into new or empty
-/// directories, and the space keeps them (not its backing directories) through garbage
-/// collection until the session is forgotten.
+/// directories, with the modification times they had, and the space keeps them (not its
+/// backing directories) through garbage collection until the session is forgotten.
 #[test]
 fn a_sessions_files_come_back_from_the_space_where_it_ended() {
     let here = client();
@@ -1080,6 +1080,17 @@ fn a_sessions_files_come_back_from_the_space_where_it_ended() {
     let b = SpaceProc::start(&["--gc-grace", "1s"]);
     let (g, local, plain, at_input) = files_guest(&here, "400");
     let g = g.as_str();
+    // A file the guest leaves alone keeps its modification time through the move and back.
+    let old = std::time::UNIX_EPOCH + Duration::new(1_000_000_000, 42);
+    for d in [&local, &here.path("input")] {
+        std::fs::write(d.join("keep.txt"), "kept").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(d.join("keep.txt"))
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_modified(old))
+            .unwrap();
+    }
     ok(
         &here,
         &a.url,
@@ -1123,6 +1134,8 @@ fn a_sessions_files_come_back_from_the_space_where_it_ended() {
     assert!(err.contains("as its guest left them (exited)"), "{err}");
     assert_eq!(dir_contents(&out_dir), dir_contents(&local));
     assert!(!dir_contents(&local).is_empty());
+    let kept = std::fs::metadata(out_dir.join("keep.txt")).unwrap();
+    assert_eq!(kept.modified().unwrap(), old, "the time it had");
     // Nothing is written over, and a mount the session did not have is named.
     let err = refused(&here, &b.url, &["files", "f", "--dir", &into]);
     assert!(err.contains("is not empty"), "{err}");
