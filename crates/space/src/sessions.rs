@@ -316,6 +316,18 @@ impl Sessions {
         if changed && let Err(e) = self.save(&live.info()) {
             warn!(session = %id, error = %e, "cannot rewrite the session record");
         }
+        if state == State::Prepared {
+            // The record this prepared copy replaced, which an abort puts back.
+            let kept = std::fs::read(self.replaced_path(&id))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<SessionInfo>(&b).ok())
+                .filter(|p| p.id == id);
+            if let Some(p) = kept {
+                let log = self.read_log(&p).unwrap_or_default();
+                log.close();
+                *lock(&live.replaced) = Some(Live::new(p, log));
+            }
+        }
         lock(&self.live).insert(id.clone(), live.clone());
         info!(session = %id, state = state.name(), "session recovered");
         if state == State::Prepared {
@@ -352,6 +364,12 @@ impl Sessions {
 
     fn record_path(&self, id: &str) -> PathBuf {
         self.cfg.dir.join("sessions").join(format!("{id}.json"))
+    }
+
+    /// Where the record a prepared copy replaced is kept until the move is decided
+    /// ([`Live::replaced`]), so an abort after a restart still puts it back.
+    fn replaced_path(&self, id: &str) -> PathBuf {
+        self.cfg.dir.join("sessions").join(format!("{id}.replaced"))
     }
 
     fn log_path(&self, id: &str) -> PathBuf {
@@ -1524,9 +1542,17 @@ impl Sessions {
             },
             OutputBuffer::default(),
         );
+        if let Some(p) = &previous {
+            let pi = p.info();
+            let kept = serde_json::to_vec_pretty(&pi).expect("session info serializes");
+            write_durably(&self.replaced_path(&req.session), &kept).map_err(|e| {
+                ApiError::internal(format!("cannot keep the session's earlier record: {e}"))
+            })?;
+        }
         *lock(&live.replaced) = previous.clone();
         lock(&self.live).insert(req.session.clone(), live.clone());
         let put_back = |me: &Self| {
+            let _ = std::fs::remove_file(me.replaced_path(&req.session));
             let mut g = lock(&me.live);
             match &previous {
                 Some(p) => g.insert(req.session.clone(), p.clone()),
@@ -1596,6 +1622,9 @@ impl Sessions {
             return Ok(info);
         }
         let sender = lock(&live.hold).take();
+        // The move is decided: the record it replaced is not put back.
+        lock(&live.replaced).take();
+        let _ = std::fs::remove_file(self.replaced_path(&info.id));
         match sender {
             Some(tx) if tx.send(HoldCmd::Commit).is_ok() => {
                 live.wait_while(Duration::from_secs(10), |i| i.state == State::Prepared);
@@ -1633,7 +1662,9 @@ impl Sessions {
         let current = self.store.get_ref(&name).ok().flatten();
         // A session that had been here before gets its earlier record back (it says where
         // the session went, so `wait` and `logs` here still find it), and its ref.
-        match lock(&live.replaced).take() {
+        let replaced = lock(&live.replaced).take();
+        let _ = std::fs::remove_file(self.replaced_path(&info.id));
+        match replaced {
             Some(p) => {
                 let pi = p.info();
                 lock(&self.live).insert(info.id.clone(), p);

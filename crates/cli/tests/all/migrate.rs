@@ -541,6 +541,50 @@ fn an_aborted_move_back_leaves_the_first_space_pointing_onwards() {
     assert_finished_like(&here, &a.url, "f", &plain.stdout);
 }
 
+/// The same when the first space restarts while it holds the prepared copy: the record it
+/// replaced is kept on disk until the move is decided, so the abort after the restart still
+/// puts it back.
+#[test]
+fn an_aborted_move_back_across_a_restart_leaves_the_first_space_pointing_onwards() {
+    let here = client();
+    let mut a = SpaceProc::start(&[]);
+    let mut b = SpaceProc::start(&[]);
+    let g = guest("wasm/cpu.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", "400"]);
+    ok(
+        &here,
+        &a.url,
+        &["run", "--session", "f", g.to_str().unwrap(), "--", "400"],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    ok(&here, &a.url, &["migrate", "f", "--to", &b.url]);
+    assert_eq!(a.state("f").as_deref(), Some("moved"));
+    b.stop();
+    b.spawn(Some("prepared"));
+    eventually("B has the session back", || b.state("f").is_some());
+    if b.state("f").as_deref() == Some("suspended") {
+        ok(&here, &b.url, &["resume", "f"]);
+    }
+    let _ = cli(&here, &b.url, &["migrate", "f", "--to", &a.url]);
+    b.wait_dead();
+    assert_eq!(a.state("f").as_deref(), Some("prepared"));
+    a.stop();
+    a.spawn(None);
+    assert_eq!(
+        a.state("f").as_deref(),
+        Some("prepared"),
+        "after the restart"
+    );
+    b.spawn(None);
+    eventually("A's copy is aborted and its record back", || {
+        a.state("f").as_deref() == Some("moved")
+    });
+    if b.state("f").as_deref() == Some("suspended") {
+        ok(&here, &b.url, &["resume", "f"]);
+    }
+    assert_finished_like(&here, &a.url, "f", &plain.stdout);
+}
+
 #[test]
 fn killing_the_source_right_after_commit_still_moves_it() {
     survive_fault("committed", true);
