@@ -1,8 +1,8 @@
 // Descriptors that outlive the names they were opened by: a file renamed while open, log
 // rotation, a file replaced by a rename, a directory renamed while open, a directory listed
-// in pieces, files deleted while open (a small one, and one of 3 MiB). Each step is followed
-// by a busy spin, so that suspends land between steps.
-// usage: handles DIR [spin]
+// in pieces, files deleted while open (a small one, and one of 3 MiB), a file with three names
+// (hard links). Each step is followed by a busy spin, so that suspends land between steps.
+// usage: handles DIR [spin] [8: only the last step]
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -50,6 +50,7 @@ static void show(const char *name) {
 int main(int argc, char **argv) {
     dir = argc > 1 ? argv[1] : "/data";
     if (argc > 2) spin_rounds = atol(argv[2]);
+    if (argc > 3 && atoi(argv[3]) == 8) goto links;
 
     printf("1. a file renamed while open keeps its writes\n");
     int a = open(at("a.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -165,6 +166,28 @@ int main(int argc, char **argv) {
     }
     close(big);
     printf("  %ld bytes, hash %08x\n", total, h);
+
+links:
+    printf("8. a file with three names (hard links): a write through one shows through all\n");
+    fflush(stdout);
+    int l1 = open(at("first"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    put(l1, "through first\n");
+    close(l1);
+    mkdir(at("sub"), 0755);
+    if (link(at("first"), at("second")) != 0) printf("  link: %s\n", strerror(errno));
+    if (link(at("first"), at("sub/third")) != 0) printf("  link: %s\n", strerror(errno));
+    spin();
+    int l2 = open(at("second"), O_WRONLY | O_APPEND);
+    put(l2, "through second\n");
+    close(l2);
+    spin();
+    int l3 = open(at("sub/third"), O_WRONLY | O_APPEND);
+    put(l3, "through third\n");
+    close(l3);
+    show("first");
+    struct stat s1, s2;
+    if (stat(at("first"), &s1) == 0 && stat(at("sub/third"), &s2) == 0)
+        printf("  one file: %s, %d links\n", s1.st_ino == s2.st_ino ? "yes" : "no", (int)s1.st_nlink);
     printf("done\n");
     return 0;
 }

@@ -138,7 +138,8 @@ kind!(MemoryImage, "ferry.memory", 1, |s| s
 /// version 2 (only a tree with a chunked file: a file's content as a [`FileChunks`]) is what
 /// makes a ferry that does not know chunked files refuse the tree instead of misreading it;
 /// version 3 (a tree with a file's modification time, [`TreeEntry::mtime_ns`]) the same for
-/// times.
+/// times, and version 4 (a tree with a [`MODE_LINK`] entry: another name of a file) for hard
+/// links.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tree {
@@ -149,26 +150,32 @@ pub struct Tree {
 impl crate::ObjectKind for Tree {
     const KIND: &'static str = "ferry.tree";
     const VERSION: u32 = 1;
-    const NEWEST: u32 = 3;
+    const NEWEST: u32 = 4;
     fn children(&self) -> Vec<Kappa> {
         self.entries.values().map(|e| e.object).collect()
     }
 }
 
 /// Tree entry modes: a file (one blob), an executable file, the same two held as a
-/// [`FileChunks`], a subtree, a symlink (its target as the blob).
+/// [`FileChunks`], a subtree, a symlink (its target as the blob), another name of a file
+/// the tree holds under an earlier path (a hard link; that path, from the tree's root with
+/// `/` between names, as the blob).
 pub const MODE_FILE: &str = "file";
 pub const MODE_EXEC: &str = "exec";
 pub const MODE_FILE_CHUNKS: &str = "file-chunks";
 pub const MODE_EXEC_CHUNKS: &str = "exec-chunks";
 pub const MODE_DIR: &str = "dir";
 pub const MODE_SYMLINK: &str = "symlink";
+pub const MODE_LINK: &str = "link";
 
 impl Tree {
-    /// The version a tree with these entries has: 3 if one of them has a modification
-    /// time, else 2 if one of them is a chunked file, else 1.
+    /// The version a tree with these entries has: 4 if one of them is a [`MODE_LINK`], else
+    /// 3 if one of them has a modification time, else 2 if one of them is a chunked file,
+    /// else 1.
     pub fn version_for(entries: &BTreeMap<String, TreeEntry>) -> u32 {
-        if entries.values().any(|e| e.mtime_ns.is_some()) {
+        if entries.values().any(|e| e.mode == MODE_LINK) {
+            4
+        } else if entries.values().any(|e| e.mtime_ns.is_some()) {
             3
         } else if entries.values().any(TreeEntry::chunked) {
             2
@@ -183,14 +190,17 @@ impl Tree {
     pub fn check(&self) -> Result<(), String> {
         for (name, e) in &self.entries {
             let known = [MODE_FILE, MODE_EXEC, MODE_DIR, MODE_SYMLINK].contains(&e.mode.as_str())
-                || (self.v >= 2 && e.chunked());
+                || (self.v >= 2 && e.chunked())
+                || (self.v >= 4 && e.mode == MODE_LINK);
             if !known {
                 return Err(format!(
                     "tree entry `{name}` has mode `{}`, which a version {} tree does not have",
                     e.mode, self.v
                 ));
             }
-            if e.mtime_ns.is_some() && (e.mode == MODE_DIR || e.mode == MODE_SYMLINK) {
+            if e.mtime_ns.is_some()
+                && (e.mode == MODE_DIR || e.mode == MODE_SYMLINK || e.mode == MODE_LINK)
+            {
                 return Err(format!(
                     "tree entry `{name}` is a {} with a modification time (only files have one)",
                     e.mode
@@ -213,11 +223,12 @@ impl Tree {
 #[serde(deny_unknown_fields)]
 pub struct TreeEntry {
     /// `file`, `exec` (executable file), `file-chunks` / `exec-chunks` (the same, the object
-    /// a [`FileChunks`]), `dir` or `symlink` (target as the blob).
+    /// a [`FileChunks`]), `dir`, `symlink` (target as the blob) or `link` (the path of the
+    /// file's first name as the blob: [`MODE_LINK`]).
     pub mode: String,
     pub object: Kappa,
     /// A file's modification time, in nanoseconds since the Unix epoch (before it:
-    /// negative); absent for directories and symlinks, and in trees before version 3.
+    /// negative); absent for directories, symlinks and links, and in trees before version 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtime_ns: Option<i64>,
 }

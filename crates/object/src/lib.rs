@@ -21,7 +21,8 @@ pub trait ObjectKind: Serialize + DeserializeOwned {
     /// The `v` this build writes (and the oldest it reads).
     const VERSION: u32;
     /// The newest `v` this build reads (and writes where an object needs it: a [`Tree`] with
-    /// a file's time is version 3, else with a chunked file version 2, else version 1).
+    /// a hard link is version 4, else with a file's time version 3, else with a chunked file
+    /// version 2, else version 1).
     const NEWEST: u32 = Self::VERSION;
     /// Every κ this object refers to (its direct children in the closure).
     fn children(&self) -> Vec<Kappa>;

@@ -932,6 +932,112 @@ fn files_keep_their_modification_times() {
     assert_eq!((md.mtime(), md.mtime_nsec()), (-86_401, 999_999_995));
 }
 
+/// A file with several names in a tree (hard links) is stored once, under its first name in
+/// path order; the others name that path, and written back they are names of one file
+/// again, giving the same tree. A name changed into a copy is a difference; a tree of the
+/// form before links still matches; a link to what the tree does not hold as a file is
+/// refused.
+#[test]
+fn hard_links_come_back_as_one_file() {
+    use crate::tree::{ImportCache, differences, import, import_cached, matches_tree, materialize};
+    use ferry_object::{MODE_FILE, MODE_LINK, Tree, TreeEntry};
+    use std::os::unix::fs::MetadataExt;
+    let store = ferry_store::MemStore::new();
+    let src = tempfile::tempdir().unwrap();
+    let root = src.path().canonicalize().unwrap();
+    std::fs::create_dir_all(root.join("a/deep")).unwrap();
+    std::fs::write(root.join("b.txt"), "shared").unwrap();
+    std::fs::hard_link(root.join("b.txt"), root.join("a/deep/c.txt")).unwrap();
+    std::fs::hard_link(root.join("b.txt"), root.join("z.txt")).unwrap();
+    std::fs::write(root.join("alone.txt"), "alone").unwrap();
+    let k = import(&store, &root).unwrap();
+    let get = |k: &ferry_kappa::Kappa| -> Tree {
+        ferry_object::decode(&ferry_store::Store::get(&store, k).unwrap()).unwrap()
+    };
+    let top = get(&k);
+    let deep = get(&get(&top.entries["a"].object).entries["deep"].object);
+    assert_eq!(
+        deep.entries["c.txt"].mode, MODE_FILE,
+        "the first name in path order"
+    );
+    for name in ["b.txt", "z.txt"] {
+        assert_eq!(top.entries[name].mode, MODE_LINK, "{name}");
+        assert_eq!(
+            ferry_store::Store::get(&store, &top.entries[name].object).unwrap(),
+            b"a/deep/c.txt"
+        );
+    }
+    assert_eq!((top.v, deep.v), (4, 3));
+
+    let back = tempfile::tempdir().unwrap();
+    materialize(&store, &k, back.path()).unwrap();
+    let ino = |p: &str| std::fs::metadata(back.path().join(p)).unwrap().ino();
+    assert_eq!(ino("b.txt"), ino("a/deep/c.txt"));
+    assert_eq!(ino("z.txt"), ino("a/deep/c.txt"));
+    assert_ne!(ino("alone.txt"), ino("b.txt"));
+    assert_eq!(
+        std::fs::metadata(back.path().join("z.txt"))
+            .unwrap()
+            .nlink(),
+        3
+    );
+    assert_eq!(import(&store, back.path()).unwrap(), k, "the same tree");
+    let mut cache = ImportCache::default();
+    let before_links = import_cached(&store, &root, &mut cache.without_times(), &[]).unwrap();
+    assert!(matches_tree(&store, &root, &mut cache, &[], &before_links).unwrap());
+
+    // A name made a copy of the same content is no longer the same file.
+    std::fs::remove_file(back.path().join("z.txt")).unwrap();
+    std::fs::write(back.path().join("z.txt"), "shared").unwrap();
+    let (named, n) = differences(&store, back.path(), &k, &mut cache, &[], 5).unwrap();
+    assert_eq!((named, n), (vec!["`z.txt` changed".to_owned()], 1));
+
+    // A link to a path the tree does not hold as a file is refused.
+    let bad = |first: &[u8]| {
+        let mut entries = std::collections::BTreeMap::new();
+        entries.insert(
+            "x".to_owned(),
+            TreeEntry {
+                mode: MODE_LINK.into(),
+                object: ferry_store::Store::put(&store, first).unwrap(),
+                mtime_ns: None,
+            },
+        );
+        entries.insert(
+            "a".to_owned(),
+            TreeEntry {
+                mode: ferry_object::MODE_DIR.into(),
+                object: top.entries["a"].object,
+                mtime_ns: None,
+            },
+        );
+        ferry_store::Store::put(
+            &store,
+            &ferry_object::encode(&Tree {
+                kind: "ferry.tree".into(),
+                v: 4,
+                entries,
+            }),
+        )
+        .unwrap()
+    };
+    for first in [
+        &b"/etc/passwd"[..],
+        b"../b.txt",
+        b"a/deep",
+        b"a/deep/none",
+        b"x",
+    ] {
+        let out = tempfile::tempdir().unwrap();
+        let e = materialize(&store, &bad(first), out.path()).unwrap_err();
+        assert!(
+            e.to_string().contains("which is not a file of the tree"),
+            "{}: {e}",
+            String::from_utf8_lossy(first)
+        );
+    }
+}
+
 /// Pre-storing a directory stores and remembers its settled files, so an import after it
 /// reads none; a file modified just now is left to the import; told to stop, it stores
 /// nothing more.
@@ -1047,7 +1153,15 @@ fn a_tree_or_chunked_file_that_does_not_add_up_is_refused() {
             timed(3, "dir", sub, Some(7)),
             "is a dir with a modification time",
         ),
-        (tree(4, "file", put(b"x")), "format version 4"),
+        (
+            tree(3, ferry_object::MODE_LINK, put(b"g")),
+            "which a version 3 tree does not have",
+        ),
+        (
+            timed(4, ferry_object::MODE_LINK, put(b"g"), Some(7)),
+            "is a link with a modification time",
+        ),
+        (tree(5, "file", put(b"x")), "format version 5"),
     ];
     for (k, why) in cases {
         let out = tempfile::tempdir().unwrap();

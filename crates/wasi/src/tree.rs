@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ferry_kappa::Kappa;
 use ferry_object::{
     FILE_CHUNK_SIZE, FileChunks, MODE_DIR, MODE_EXEC, MODE_EXEC_CHUNKS, MODE_FILE,
-    MODE_FILE_CHUNKS, MODE_SYMLINK, Tree, TreeEntry, UNNAMED_ENTRY,
+    MODE_FILE_CHUNKS, MODE_LINK, MODE_SYMLINK, Tree, TreeEntry, UNNAMED_ENTRY,
 };
 use ferry_store::Store;
 
@@ -97,7 +97,14 @@ pub fn import_cached(
     cache: &mut ImportCache,
     skip: &[PathBuf],
 ) -> Result<Kappa, TreeError> {
-    import_at(Sink::Store(store), dir, 0, cache, skip)
+    import_at(
+        Sink::Store(store),
+        dir,
+        "",
+        cache,
+        skip,
+        &mut HashMap::new(),
+    )
 }
 
 /// The κ of the tree [`import_cached`] would store for `dir`, storing nothing: what a resume
@@ -109,7 +116,14 @@ pub fn tree_kappa(
     cache: &mut ImportCache,
     skip: &[PathBuf],
 ) -> Result<Kappa, TreeError> {
-    import_at(Sink::HashOnly(store), dir, 0, cache, skip)
+    import_at(
+        Sink::HashOnly(store),
+        dir,
+        "",
+        cache,
+        skip,
+        &mut HashMap::new(),
+    )
 }
 
 /// Whether `dir` (paths in `skip` aside) holds what tree `want` holds: its κ as
@@ -227,6 +241,13 @@ fn diff_at(
             MODE_SYMLINK if md.file_type().is_symlink() => {
                 let t = fs::read_link(&p).map_err(io(&p))?;
                 Kappa::of(t.to_string_lossy().as_bytes()) == e.object
+            }
+            MODE_LINK if md.is_file() => {
+                // Another name of the file at `first` (from the root of `dir`).
+                let first = String::from_utf8_lossy(&store.get(&e.object)?).into_owned();
+                let root = dir.ancestors().nth(rel.components().count());
+                root.and_then(|r| fs::symlink_metadata(r.join(first)).ok())
+                    .is_some_and(|f| f.is_file() && (f.dev(), f.ino()) == (md.dev(), md.ino()))
             }
             MODE_FILE | MODE_EXEC | MODE_FILE_CHUNKS | MODE_EXEC_CHUNKS if md.is_file() => {
                 let exec = md.permissions().mode() & 0o111 != 0;
@@ -356,7 +377,8 @@ pub struct ImportCache {
     patched: u64,
     /// The files (device, inode) stored in pieces since [`ImportCache::use_guest_writes`].
     in_pieces: std::collections::HashSet<(u64, u64)>,
-    /// Trees are computed without files' times (the form of trees before version 3).
+    /// Trees are computed in the form before version 3: without files' times, and each of a
+    /// file's names its own file (no [`MODE_LINK`]).
     no_times: bool,
 }
 
@@ -768,7 +790,7 @@ impl ImportCache {
         self.bytes_read = counter;
     }
 
-    /// A cache computing trees in the form before version 3 (without files' times).
+    /// A cache computing trees in the form before version 3 (without files' times and links).
     #[cfg(test)]
     pub(crate) fn without_times(&self) -> Self {
         Self {
@@ -1064,14 +1086,19 @@ fn put_file_chunks(store: Sink<'_>, len: u64, chunks: Vec<Kappa>) -> Result<Kapp
     Ok(store.put(&ferry_object::encode(&file))?)
 }
 
+/// Imports `dir`, at path `rel` from the tree's root (`""` at the root, names joined by
+/// `/`). Entries are taken in name order, depth first, so that of a file's names in the
+/// tree the first in that order holds it and the others ([`MODE_LINK`]) name that path:
+/// `links` holds the first name of each file with more than one (device, inode).
 fn import_at(
     store: Sink<'_>,
     dir: &Path,
-    depth: usize,
+    rel: &str,
     cache: &mut ImportCache,
     skip: &[PathBuf],
+    links: &mut HashMap<(u64, u64), String>,
 ) -> Result<Kappa, TreeError> {
-    if depth > MAX_DEPTH {
+    if rel.split('/').filter(|c| !c.is_empty()).count() > MAX_DEPTH {
         return Err(TreeError::TooDeep(dir.display().to_string()));
     }
     let (kind, v) = ferry_object::header::<Tree>();
@@ -1080,18 +1107,26 @@ fn import_at(
         v,
         entries: Default::default(),
     };
+    let mut listed = Vec::new();
     for e in fs::read_dir(dir).map_err(io(dir))? {
         let e = e.map_err(io(dir))?;
         let p = e.path();
-        if skip.contains(&p) {
-            continue;
+        if !skip.contains(&p) {
+            listed.push((e.file_name().to_string_lossy().into_owned(), p));
         }
+    }
+    listed.sort();
+    for (name, p) in listed {
         let md = fs::symlink_metadata(&p).map_err(io(&p))?;
-        let name = e.file_name().to_string_lossy().into_owned();
+        let path = if rel.is_empty() {
+            name.clone()
+        } else {
+            format!("{rel}/{name}")
+        };
         let entry = if md.is_dir() {
             TreeEntry {
                 mode: MODE_DIR.into(),
-                object: import_at(store, &p, depth + 1, cache, skip)?,
+                object: import_at(store, &p, &path, cache, skip, links)?,
                 mtime_ns: None,
             }
         } else if md.file_type().is_symlink() {
@@ -1101,7 +1136,20 @@ fn import_at(
                 object: store.put(t.to_string_lossy().as_bytes())?,
                 mtime_ns: None,
             }
+        } else if md.is_file()
+            && md.nlink() > 1
+            && !cache.no_times
+            && let Some(first) = links.get(&(md.dev(), md.ino()))
+        {
+            TreeEntry {
+                mode: MODE_LINK.into(),
+                object: store.put(first.as_bytes())?,
+                mtime_ns: None,
+            }
         } else if md.is_file() {
+            if md.nlink() > 1 {
+                links.insert((md.dev(), md.ino()), path);
+            }
             let (object, chunked) = cache.file(store, &p, &md, None)?;
             let mode = match (md.permissions().mode() & 0o111 != 0, chunked) {
                 (true, false) => MODE_EXEC,
@@ -1125,7 +1173,7 @@ fn import_at(
 
 /// Writes tree κ into `dir` (created if missing; existing files are overwritten).
 pub fn materialize(store: &dyn Store, kappa: &Kappa, dir: &Path) -> Result<(), TreeError> {
-    materialize_at(store, kappa, dir, 0, None)
+    materialize_with(store, kappa, dir, None)
 }
 
 /// [`materialize`] that adds the bytes of each file to `written` as it writes them: progress
@@ -1136,7 +1184,40 @@ pub fn materialize_counting(
     dir: &Path,
     written: &AtomicU64,
 ) -> Result<(), TreeError> {
-    materialize_at(store, kappa, dir, 0, Some(written))
+    materialize_with(store, kappa, dir, Some(written))
+}
+
+/// What [`materialize_at`] keeps across a tree: the files it wrote, by path from the root
+/// (what a [`MODE_LINK`] may name), and the links to make once they are all written.
+#[derive(Default)]
+struct Materialized {
+    files: HashMap<String, PathBuf>,
+    links: Vec<(PathBuf, String)>,
+}
+
+fn materialize_with(
+    store: &dyn Store,
+    kappa: &Kappa,
+    dir: &Path,
+    written: Option<&AtomicU64>,
+) -> Result<(), TreeError> {
+    let mut done = Materialized::default();
+    materialize_at(store, kappa, dir, "", written, &mut done)?;
+    for (p, first) in done.links {
+        let Some(file) = done.files.get(&first) else {
+            return Err(TreeError::Malformed(format!(
+                "{} is another name of `{first}`, which is not a file of the tree",
+                p.display()
+            )));
+        };
+        match fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(TreeError::Io(p.display().to_string(), e)),
+        }
+        fs::hard_link(file, &p).map_err(io(&p))?;
+    }
+    Ok(())
 }
 
 /// How many bytes writing tree κ out writes (the files' lengths), if `store` knows each
@@ -1154,7 +1235,7 @@ fn tree_len_at(store: &dyn Store, kappa: &Kappa, depth: usize) -> Option<u64> {
     for e in tree.entries.values() {
         let len = match e.mode.as_str() {
             MODE_DIR => tree_len_at(store, &e.object, depth + 1)?,
-            MODE_SYMLINK => 0,
+            MODE_SYMLINK | MODE_LINK => 0,
             MODE_FILE | MODE_EXEC => store.len_of(&e.object)?,
             _ => {
                 ferry_object::decode::<FileChunks>(&store.get(&e.object).ok()?)
@@ -1196,7 +1277,7 @@ pub fn remember_tree(
             let p = d.join(name);
             match e.mode.as_str() {
                 MODE_DIR => todo.push((e.object, p, depth + 1)),
-                MODE_SYMLINK => {}
+                MODE_SYMLINK | MODE_LINK => {}
                 _ => {
                     remembered += u64::from(cache.remember_materialized(
                         &p,
@@ -1211,14 +1292,17 @@ pub fn remember_tree(
     Ok(remembered)
 }
 
+/// Writes tree κ into `dir`, at path `rel` from the root (as [`import_at`] names them);
+/// its links are left to the caller, in `done`.
 fn materialize_at(
     store: &dyn Store,
     kappa: &Kappa,
     dir: &Path,
-    depth: usize,
+    rel: &str,
     written: Option<&AtomicU64>,
+    done: &mut Materialized,
 ) -> Result<(), TreeError> {
-    if depth > MAX_DEPTH {
+    if rel.split('/').filter(|c| !c.is_empty()).count() > MAX_DEPTH {
         return Err(TreeError::TooDeep(dir.display().to_string()));
     }
     let tree: Tree = ferry_object::decode(&store.get(kappa)?)?;
@@ -1234,8 +1318,18 @@ fn materialize_at(
             return Err(TreeError::BadName(name.clone()));
         }
         let p = dir.join(name);
+        let path = if rel.is_empty() {
+            name.clone()
+        } else {
+            format!("{rel}/{name}")
+        };
         match e.mode.as_str() {
-            MODE_DIR => materialize_at(store, &e.object, &p, depth + 1, written)?,
+            MODE_DIR => materialize_at(store, &e.object, &p, &path, written, done)?,
+            MODE_LINK => {
+                let first = String::from_utf8_lossy(&store.get(&e.object)?).into_owned();
+                done.links.push((p, first));
+                continue;
+            }
             MODE_SYMLINK => {
                 let t = String::from_utf8_lossy(&store.get(&e.object)?).into_owned();
                 let _ = fs::remove_file(&p);
@@ -1249,6 +1343,9 @@ fn materialize_at(
                 }
             }
             _ => write_chunked(store, &e.object, &p, written)?,
+        }
+        if e.mode != MODE_DIR && e.mode != MODE_SYMLINK {
+            done.files.insert(path, p.clone());
         }
         if e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS {
             fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).map_err(io(&p))?;

@@ -130,6 +130,8 @@ fn descriptors_that_outlive_their_names() {
         "  60 entries, sum 1770",
         "  tmp: \"another file|\"",
         "  3145728 bytes, hash 5c9c1505",
+        "  first: \"through first|through second|through third|\"",
+        "  one file: yes, 3 links",
     ] {
         assert!(text.lines().any(|l| l == line), "`{line}` not in\n{text}");
     }

@@ -274,6 +274,45 @@ fn a_request_as_the_guest_ends_hears_how_it_ended() {
     );
 }
 
+/// A file with several names (hard links) moves as one file: in the destination's fresh
+/// directory, a write through one name still shows through the others (`handles.c`, step
+/// 8; the move lands after the links are made, before the writes through them).
+#[test]
+fn a_file_with_several_names_moves_as_one_file() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start(&[]);
+    let g = guest("wasm/handles.wasm");
+    let data = here.path("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mount = format!("{}::/data", data.display());
+    let args = [
+        "--dir",
+        &mount,
+        g.to_str().unwrap(),
+        "--",
+        "/data",
+        "500000000",
+        "8",
+    ];
+    let mut run = vec!["run", "--session", "l"];
+    run.extend_from_slice(&args);
+    ok(&here, &a.url, &run);
+    eventually("the links are made", || {
+        cli(&here, &a.url, &["logs", "l"]).0.starts_with("8. ")
+    });
+    ok(&here, &a.url, &["migrate", "l", "--to", &b.url]);
+    let (_, err, code) = cli(&here, &a.url, &["wait", "l"]);
+    assert_eq!(code, 0, "wait: {err}");
+    let (out, _, _) = cli(&here, &a.url, &["logs", "l"]);
+    for line in [
+        "  first: \"through first|through second|through third|\"",
+        "  one file: yes, 3 links",
+    ] {
+        assert!(out.lines().any(|l| l == line), "`{line}` not in\n{out}");
+    }
+}
+
 #[test]
 fn the_destination_policy_refuses_what_it_does_not_grant_and_attenuates_mounts() {
     let here = client();
