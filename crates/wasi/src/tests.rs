@@ -734,12 +734,7 @@ fn files_written_back_are_known_without_reading_and_a_later_write_is_still_seen(
     // Times the tree carries, settled (a recent one is trusted only with multigrain times).
     let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
     for f in ["a.txt", "sub/big.bin"] {
-        std::fs::File::options()
-            .write(true)
-            .open(src.path().join(f))
-            .unwrap()
-            .set_times(std::fs::FileTimes::new().set_modified(hour_ago))
-            .unwrap();
+        set_modified(&src.path().join(f), hour_ago);
     }
     let k = import(&store, src.path()).unwrap();
 
@@ -788,6 +783,16 @@ fn files_written_back_are_known_without_reading_and_a_later_write_is_still_seen(
         "today's form"
     );
     assert_eq!(next.files_read(), 1);
+}
+
+/// Gives the file at `p` the modification time `t`.
+fn set_modified(p: &std::path::Path, t: std::time::SystemTime) {
+    std::fs::File::options()
+        .write(true)
+        .open(p)
+        .unwrap()
+        .set_times(std::fs::FileTimes::new().set_modified(t))
+        .unwrap()
 }
 
 /// What changed in a directory since its tree, as a refused resume shows it: files changed
@@ -857,18 +862,10 @@ fn files_keep_their_modification_times() {
         ("sub/b.txt", UNIX_EPOCH - Duration::new(86_400, 5)),
         ("big.bin", UNIX_EPOCH + Duration::new(1_000_000_000, 1)),
     ];
-    let set = |p: &std::path::Path, t| {
-        std::fs::File::options()
-            .write(true)
-            .open(p)
-            .unwrap()
-            .set_times(std::fs::FileTimes::new().set_modified(t))
-            .unwrap()
-    };
     for (name, t) in times {
         let len = if name == "big.bin" { (2 << 20) + 3 } else { 3 };
         std::fs::write(root.join(name), vec![b'x'; len]).unwrap();
-        set(&root.join(name), t);
+        set_modified(&root.join(name), t);
     }
     let mtime = |p: &std::path::Path| {
         let md = std::fs::metadata(p).unwrap();
@@ -905,7 +902,7 @@ fn files_keep_their_modification_times() {
     let before_times =
         crate::tree::import_cached(&store, &root, &mut cache.without_times(), &[]).unwrap();
     assert_ne!(before_times, k);
-    set(
+    set_modified(
         &root.join("a.txt"),
         UNIX_EPOCH + Duration::from_secs(1_800_000_000),
     );
