@@ -1076,8 +1076,12 @@ impl WasiCtx {
         if target.starts_with('/') {
             return Ok(Errno::Perm);
         }
+        // The target, read from the link's directory, must stay inside the mount.
         let parent = rel.rsplit_once('/').map_or("", |(p, _)| p);
-        tri!(path::join("", &format!("{parent}/{target}")));
+        tri!(path::join(
+            "",
+            &format!("{parent}/{target}").trim_start_matches('/')
+        ));
         if tri!(m.str(np, nl)).ends_with('/') {
             // `link/` would name a directory; the new link is not one.
             return Ok(if fs::symlink_metadata(&host).is_ok() {

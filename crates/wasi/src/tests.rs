@@ -378,6 +378,38 @@ fn symlinks_themselves_and_what_they_lead_to() {
     assert!(std::fs::symlink_metadata(d.path().join("new")).is_err());
 }
 
+/// `path_symlink` makes a link whose relative target stays inside the mount, at the mount's
+/// top level too (it used to refuse `lnk -> sub` there as climbing out: `ENOTCAPABLE`), and
+/// refuses one climbing out (`ENOTCAPABLE`) or absolute (`EPERM`).
+#[test]
+fn symlinks_the_guest_makes_stay_in_the_mount() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir(d.path().join("sub")).unwrap();
+    let mut c = mounted_at_data(d.path());
+    let mut mem = vec![0u8; 4096];
+    for (target, link, want) in [
+        ("sub", "lnk", Errno::Success),
+        ("x.txt", "sub/l2", Errno::Success),
+        ("../sub", "sub/l3", Errno::Success),
+        ("./sub/../sub", "l4", Errno::Success),
+        ("../outside", "l5", Errno::Notcapable),
+        ("../../outside", "sub/l6", Errno::Notcapable),
+        ("/etc", "l7", Errno::Perm),
+    ] {
+        let (t, tl) = put_str(&mut mem, 100, target);
+        let (p, n) = put_str(&mut mem, 200, link);
+        // path_symlink(target, fd 3, link)
+        let r = c.call("path_symlink", &mut mem, &[t, tl, 3, p, n]).unwrap();
+        assert_eq!(r, want as i32, "{link} -> {target}");
+        let made = std::fs::read_link(d.path().join(link));
+        assert_eq!(made.is_ok(), want == Errno::Success, "{link}");
+    }
+    assert_eq!(
+        std::fs::read_link(d.path().join("lnk")).unwrap(),
+        std::path::Path::new("sub")
+    );
+}
+
 #[test]
 fn files_in_a_mount_and_no_way_out() {
     let d = tempfile::tempdir().unwrap();
