@@ -1080,7 +1080,7 @@ impl WasiCtx {
         let parent = rel.rsplit_once('/').map_or("", |(p, _)| p);
         tri!(path::join(
             "",
-            &format!("{parent}/{target}").trim_start_matches('/')
+            format!("{parent}/{target}").trim_start_matches('/')
         ));
         if tri!(m.str(np, nl)).ends_with('/') {
             // `link/` would name a directory; the new link is not one.
