@@ -1019,7 +1019,13 @@ fn hard_links_come_back_as_one_file() {
     std::fs::remove_file(back.path().join("z.txt")).unwrap();
     std::fs::write(back.path().join("z.txt"), "shared").unwrap();
     let (named, n) = differences(&store, back.path(), &k, &mut cache, &[], 5).unwrap();
-    assert_eq!((named, n), (vec!["`z.txt` changed".to_owned()], 1));
+    assert_eq!(
+        (named, n),
+        (
+            vec!["`z.txt` changed (no longer another name of `a/deep/c.txt`)".to_owned()],
+            1
+        )
+    );
 
     // A link to a path the tree does not hold as a file is refused.
     let bad = |first: &[u8]| {

@@ -246,8 +246,15 @@ fn diff_at(
                 // Another name of the file at `first` (from the root of `dir`).
                 let first = String::from_utf8_lossy(&store.get(&e.object)?).into_owned();
                 let root = dir.ancestors().nth(rel.components().count());
-                root.and_then(|r| fs::symlink_metadata(r.join(first)).ok())
-                    .is_some_and(|f| f.is_file() && (f.dev(), f.ino()) == (md.dev(), md.ino()))
+                let same = root
+                    .and_then(|r| fs::symlink_metadata(r.join(&first)).ok())
+                    .is_some_and(|f| f.is_file() && (f.dev(), f.ino()) == (md.dev(), md.ino()));
+                if !same {
+                    let why = format!("changed (no longer another name of `{first}`)");
+                    note(found, name, &why);
+                    continue;
+                }
+                true
             }
             MODE_FILE | MODE_EXEC | MODE_FILE_CHUNKS | MODE_EXEC_CHUNKS if md.is_file() => {
                 let exec = md.permissions().mode() & 0o111 != 0;
