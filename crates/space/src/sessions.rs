@@ -83,6 +83,20 @@ fn set_final_files(i: &mut SessionInfo, files: Option<Result<Vec<MountTree>, Str
     }
 }
 
+/// Writes session record `info` at `p`, atomically and durably.
+fn save_record(p: &Path, info: &SessionInfo) -> std::io::Result<()> {
+    write_durably(
+        p,
+        &serde_json::to_vec_pretty(info).expect("session info serializes"),
+    )
+}
+
+/// The session record at `p`.
+fn read_record(p: &Path) -> Result<SessionInfo, String> {
+    let b = std::fs::read(p).map_err(|e| e.to_string())?;
+    serde_json::from_slice(&b).map_err(|e| e.to_string())
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -256,10 +270,7 @@ impl Sessions {
             if p.extension().is_none_or(|x| x != "json") {
                 continue;
             }
-            let info: SessionInfo = match std::fs::read(&p)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-            {
+            let info = match read_record(&p) {
                 Ok(i) => i,
                 Err(e) => {
                     warn!(file = %p.display(), error = %e, "unreadable session record skipped");
@@ -318,9 +329,8 @@ impl Sessions {
         }
         if state == State::Prepared {
             // The record this prepared copy replaced, which an abort puts back.
-            let kept = std::fs::read(self.replaced_path(&id))
+            let kept = read_record(&self.replaced_path(&id))
                 .ok()
-                .and_then(|b| serde_json::from_slice::<SessionInfo>(&b).ok())
                 .filter(|p| p.id == id);
             if let Some(p) = kept {
                 let log = self.read_log(&p).unwrap_or_default();
@@ -378,11 +388,7 @@ impl Sessions {
 
     /// Writes a record atomically and durably (temp file, fsync, rename, fsync of the dir).
     fn save(&self, info: &SessionInfo) -> std::io::Result<()> {
-        let p = self.record_path(&info.id);
-        write_durably(
-            &p,
-            &serde_json::to_vec_pretty(info).expect("session info serializes"),
-        )
+        save_record(&self.record_path(&info.id), info)
     }
 
     /// Changes a session's record, persists it, then wakes whoever waits on it.
@@ -1543,9 +1549,7 @@ impl Sessions {
             OutputBuffer::default(),
         );
         if let Some(p) = &previous {
-            let pi = p.info();
-            let kept = serde_json::to_vec_pretty(&pi).expect("session info serializes");
-            write_durably(&self.replaced_path(&req.session), &kept).map_err(|e| {
+            save_record(&self.replaced_path(&req.session), &p.info()).map_err(|e| {
                 ApiError::internal(format!("cannot keep the session's earlier record: {e}"))
             })?;
         }

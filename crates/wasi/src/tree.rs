@@ -265,10 +265,9 @@ fn diff_at(
                     &mut *older
                 };
                 let (k, _) = form.file(Sink::HashOnly(store), &p, &md, None)?;
-                if k == e.object
-                    && exec == (e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS)
-                    && e.mtime_ns.is_some_and(|t| t != mtime_ns(&md))
-                {
+                let same =
+                    k == e.object && exec == (e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS);
+                if same && e.mtime_ns.is_some_and(|t| t != mtime_ns(&md)) {
                     note(
                         found,
                         name,
@@ -276,7 +275,7 @@ fn diff_at(
                     );
                     continue;
                 }
-                k == e.object && exec == (e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS)
+                same
             }
             _ => false,
         };
@@ -1105,7 +1104,7 @@ fn import_at(
     skip: &[PathBuf],
     links: &mut HashMap<(u64, u64), String>,
 ) -> Result<Kappa, TreeError> {
-    if rel.split('/').filter(|c| !c.is_empty()).count() > MAX_DEPTH {
+    if depth(rel) > MAX_DEPTH {
         return Err(TreeError::TooDeep(dir.display().to_string()));
     }
     let (kind, v) = ferry_object::header::<Tree>();
@@ -1125,11 +1124,7 @@ fn import_at(
     listed.sort();
     for (name, p) in listed {
         let md = fs::symlink_metadata(&p).map_err(io(&p))?;
-        let path = if rel.is_empty() {
-            name.clone()
-        } else {
-            format!("{rel}/{name}")
-        };
+        let path = below(rel, &name);
         let entry = if md.is_dir() {
             TreeEntry {
                 mode: MODE_DIR.into(),
@@ -1309,7 +1304,7 @@ fn materialize_at(
     written: Option<&AtomicU64>,
     done: &mut Materialized,
 ) -> Result<(), TreeError> {
-    if rel.split('/').filter(|c| !c.is_empty()).count() > MAX_DEPTH {
+    if depth(rel) > MAX_DEPTH {
         return Err(TreeError::TooDeep(dir.display().to_string()));
     }
     let tree: Tree = ferry_object::decode(&store.get(kappa)?)?;
@@ -1325,11 +1320,7 @@ fn materialize_at(
             return Err(TreeError::BadName(name.clone()));
         }
         let p = dir.join(name);
-        let path = if rel.is_empty() {
-            name.clone()
-        } else {
-            format!("{rel}/{name}")
-        };
+        let path = below(rel, name);
         match e.mode.as_str() {
             MODE_DIR => materialize_at(store, &e.object, &p, &path, written, done)?,
             MODE_LINK => {
@@ -1342,30 +1333,50 @@ fn materialize_at(
                 let _ = fs::remove_file(&p);
                 std::os::unix::fs::symlink(t, &p).map_err(io(&p))?;
             }
-            MODE_FILE | MODE_EXEC => {
-                let bytes = store.get(&e.object)?;
-                fs::write(&p, &bytes).map_err(io(&p))?;
-                if let Some(w) = written {
-                    w.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            // A file (`check` left no other mode), made through one handle.
+            _ => {
+                use std::io::Write;
+                let f = fs::File::create(&p).map_err(io(&p))?;
+                if e.chunked() {
+                    // The chunks of zeros as holes: the file is sparse where it likely was.
+                    write_chunks_into(store, &e.object, &f, &p, written)?;
+                } else {
+                    let bytes = store.get(&e.object)?;
+                    (&f).write_all(&bytes).map_err(io(&p))?;
+                    if let Some(w) = written {
+                        w.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    }
                 }
+                if e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS {
+                    f.set_permissions(fs::Permissions::from_mode(0o755))
+                        .map_err(io(&p))?;
+                }
+                if let Some(t) = e.mtime_ns {
+                    set_mtime(&f, t).map_err(io(&p))?;
+                }
+                done.files.insert(path, p);
             }
-            _ => write_chunked(store, &e.object, &p, written)?,
-        }
-        if e.mode != MODE_DIR && e.mode != MODE_SYMLINK {
-            done.files.insert(path, p.clone());
-        }
-        if e.mode == MODE_EXEC || e.mode == MODE_EXEC_CHUNKS {
-            fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).map_err(io(&p))?;
-        }
-        if let Some(t) = e.mtime_ns {
-            fs::File::options()
-                .write(true)
-                .open(&p)
-                .and_then(|f| set_mtime(&f, t))
-                .map_err(io(&p))?;
         }
     }
     Ok(())
+}
+
+/// Path `name` below `rel` (names joined by `/` from a tree's root, `""` being the root).
+fn below(rel: &str, name: &str) -> String {
+    if rel.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{rel}/{name}")
+    }
+}
+
+/// How many directories below a tree's root path `rel` ([`below`]) lies.
+fn depth(rel: &str) -> usize {
+    if rel.is_empty() {
+        0
+    } else {
+        rel.split('/').count()
+    }
 }
 
 /// A file's modification time as a tree holds it: nanoseconds since the Unix epoch.
@@ -1394,19 +1405,8 @@ fn set_mtime(f: &fs::File, ns: i64) -> std::io::Result<()> {
     f.set_times(fs::FileTimes::new().set_modified(t))
 }
 
-/// Writes the chunked file `k` to `p`: the chunks of zeros as holes (the file is sparse
-/// where it was likely sparse), the others as they are.
-fn write_chunked(
-    store: &dyn Store,
-    k: &Kappa,
-    p: &Path,
-    written: Option<&AtomicU64>,
-) -> Result<(), TreeError> {
-    let f = fs::File::create(p).map_err(io(p))?;
-    write_chunks_into(store, k, &f, p, written)
-}
-
-/// [`write_chunked`] into the open, empty file `f` (`p` names it in errors).
+/// Writes the chunked file `k` into the open, empty file `f` (`p` names it in errors): the
+/// chunks of zeros as holes, the others as they are.
 fn write_chunks_into(
     store: &dyn Store,
     k: &Kappa,

@@ -1,6 +1,6 @@
 //! `ferry conformance`: the conformance kit every space must pass (docs/conformance.md).
 //!
-//! A kit is a directory with `cases.json` (format `ferry-conformance`, versions 1 to 3),
+//! A kit is a directory with `cases.json` (format `ferry-conformance`, versions 1 to 4),
 //! guests and expected outputs. For each case and each engine under test the runner checks:
 //!
 //! * **fresh** — an uninterrupted run prints exactly the expected stdout and stderr and exits

@@ -209,9 +209,7 @@ fn descriptors_whose_names_changed_move_between_spaces() {
     let here = client();
     let spaces = [SpaceProc::start(&[]), SpaceProc::start(&[])];
     let g = guest("wasm/handles.wasm");
-    let data = here.path("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let mount = format!("{}::/data", data.display());
+    let (data, mount) = here.data_dir("data");
     let args = [
         "--dir",
         mount.as_str(),

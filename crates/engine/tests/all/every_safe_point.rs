@@ -152,7 +152,6 @@ impl Harness {
         (outcome, bytes)
     }
 
-    /// The check described in the module doc, for every safe point (or every `step`-th).
     /// A module printing 0 to 4, and its snapshot at its second safe point.
     fn counter_at_its_second_safe_point(&self) -> (Vec<u8>, ferry_kappa::Kappa) {
         let wasm = module(
@@ -170,6 +169,7 @@ impl Harness {
         (wasm, k)
     }
 
+    /// The check described in the module doc, for every safe point (or every `step`-th).
     fn check_every_point(&self, wasm: &[u8], step: u64) -> u64 {
         let (outcome, expected) = self.run(0, wasm, None, None);
         assert_eq!(outcome, Outcome::Exited(0));
