@@ -1,7 +1,8 @@
 // Descriptors that outlive the names they were opened by: a file renamed while open, log
 // rotation, a file replaced by a rename, a directory renamed while open, a directory listed
 // in pieces, files deleted while open (a small one, and one of 3 MiB), a file with three names
-// (hard links). Each step is followed by a busy spin, so that suspends land between steps.
+// (hard links), whose device and inode numbers stay the same. Each step is followed by a busy
+// spin, so that suspends land between steps.
 // usage: handles DIR [spin] [8: only the last step]
 #include <dirent.h>
 #include <errno.h>
@@ -176,6 +177,10 @@ links:
     mkdir(at("sub"), 0755);
     if (link(at("first"), at("second")) != 0) printf("  link: %s\n", strerror(errno));
     if (link(at("first"), at("sub/third")) != 0) printf("  link: %s\n", strerror(errno));
+    struct stat s0;
+    if (stat(at("first"), &s0) != 0) printf("  stat: %s\n", strerror(errno));
+    printf("  linked\n");
+    fflush(stdout);
     spin();
     int l2 = open(at("second"), O_WRONLY | O_APPEND);
     put(l2, "through second\n");
@@ -188,6 +193,9 @@ links:
     struct stat s1, s2;
     if (stat(at("first"), &s1) == 0 && stat(at("sub/third"), &s2) == 0)
         printf("  one file: %s, %d links\n", s1.st_ino == s2.st_ino ? "yes" : "no", (int)s1.st_nlink);
+    // Seen before the spins (and so, in the tests, before a move), again after.
+    printf("  the same device and inode numbers as before: %s\n",
+           s1.st_dev == s0.st_dev && s1.st_ino == s0.st_ino ? "yes" : "no");
     printf("done\n");
     return 0;
 }

@@ -325,6 +325,13 @@ pub struct WasiState {
     /// the field refuses an object carrying it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin_input: Option<Kappa>,
+    /// The device and inode numbers the guest was shown for files and directories of its
+    /// mounts, by where they are at capture: a resume shows the same numbers for them,
+    /// whatever the destination's own are. Sorted by mount and path, at most
+    /// [`MAX_INODE_NAMES`]. Absent when empty, so other snapshots encode as before; a ferry
+    /// that predates the field refuses an object carrying it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inodes: Vec<InodeName>,
 }
 kind!(WasiState, "ferry.wasi", 1, |s| s
     .mounts
@@ -356,6 +363,22 @@ pub struct Mount {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_carried: Vec<String>,
 }
+
+/// A file or directory of a mount and the device and inode numbers the guest knows it by
+/// ([`WasiState::inodes`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InodeName {
+    /// Index into [`WasiState::mounts`].
+    pub mount: u32,
+    /// Path inside the mount (`/`-separated, no `..`; empty: the mount's own directory).
+    pub path: String,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// Most names a snapshot keeps inode numbers for ([`WasiState::inodes`]).
+pub const MAX_INODE_NAMES: usize = 100_000;
 
 /// Most files one mount may leave out of its tree ([`Mount::not_carried`]).
 pub const MAX_NOT_CARRIED: usize = 16;

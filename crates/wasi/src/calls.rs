@@ -159,15 +159,23 @@ const FSTFLAG_MTIM_NOW: u16 = 8;
 
 type R = Result<Errno, HostError>;
 
+/// A directory entry as the host lists it: name, WASI file type, host device and inode.
+type HostListed = (String, u8, (u64, u64));
+
 /// The entries of directory `host` as `fd_readdir` gives them: `.` and `..`, then the rest
 /// sorted by name (so a cookie means the same entry in every process), each with its type
-/// and inode number — from the directory itself, without a `stat` per entry.
-fn list_dir(host: &std::path::Path) -> std::io::Result<Vec<crate::ctx::Listed>> {
+/// and host device and inode numbers — from the directory itself, without a `stat` per entry.
+fn list_dir(host: &std::path::Path) -> std::io::Result<Vec<HostListed>> {
     use std::os::unix::fs::DirEntryExt;
-    let ino = |p: &std::path::Path| fs::metadata(p).map(|md| md.ino()).unwrap_or(0);
-    let parent = host.parent().map(ino).unwrap_or(0);
+    let id = |p: &std::path::Path| {
+        fs::metadata(p)
+            .map(|md| (md.dev(), md.ino()))
+            .unwrap_or((0, 0))
+    };
+    let here = id(host);
+    let parent = host.parent().map(id).unwrap_or((0, 0));
     let mut names = vec![
-        (".".into(), FILETYPE_DIR, ino(host)),
+        (".".into(), FILETYPE_DIR, here),
         ("..".into(), FILETYPE_DIR, parent),
     ];
     let mut rest = Vec::new();
@@ -176,7 +184,7 @@ fn list_dir(host: &std::path::Path) -> std::io::Result<Vec<crate::ctx::Listed>> 
         rest.push((
             e.file_name().to_string_lossy().into_owned(),
             filetype(e.file_type()?),
-            e.ino(),
+            (here.0, e.ino()),
         ));
     }
     rest.sort();
@@ -198,10 +206,17 @@ fn filetype(ft: fs::FileType) -> u8 {
     }
 }
 
-fn filestat(mem: &mut Mem<'_>, ptr: u32, md: &fs::Metadata) -> Result<(), Errno> {
+/// Writes `md` as a WASI filestat, with the device and inode numbers the guest is shown
+/// ([`crate::inodes::Inodes`]).
+fn filestat(
+    mem: &mut Mem<'_>,
+    ptr: u32,
+    md: &fs::Metadata,
+    shown: (u64, u64),
+) -> Result<(), Errno> {
     let mut b = [0u8; 64];
-    b[0..8].copy_from_slice(&md.dev().to_le_bytes());
-    b[8..16].copy_from_slice(&md.ino().to_le_bytes());
+    b[0..8].copy_from_slice(&shown.0.to_le_bytes());
+    b[8..16].copy_from_slice(&shown.1.to_le_bytes());
     b[16] = filetype(md.file_type());
     b[24..32].copy_from_slice(&md.nlink().to_le_bytes());
     b[32..40].copy_from_slice(&md.size().to_le_bytes());
@@ -488,7 +503,8 @@ impl WasiCtx {
         match kind {
             FdKind::File => {
                 let md = tri!(tri!(self.file(fd)).expect("file fd").metadata());
-                tri!(filestat(m, out, &md));
+                let shown = self.shown_fd(fd, &md);
+                tri!(filestat(m, out, &md, shown));
             }
             FdKind::Preopen | FdKind::Dir => {
                 // A directory held open is asked directly (it may have been removed).
@@ -496,7 +512,8 @@ impl WasiCtx {
                     Some(md) => tri!(md),
                     None => tri!(fs::metadata(tri!(self.fd_host_path(fd, "")))),
                 };
-                tri!(filestat(m, out, &md));
+                let shown = self.shown_fd(fd, &md);
+                tri!(filestat(m, out, &md, shown));
             }
             _ => {
                 let mut b = [0u8; 64];
@@ -879,6 +896,31 @@ impl WasiCtx {
     }
 
     /// Host path of `rel` resolved against directory fd `fd`.
+    /// The (device, inode) the guest is shown for open file or directory `fd`, whose host
+    /// metadata is `md`.
+    fn shown_fd(&mut self, fd: u32, md: &fs::Metadata) -> (u64, u64) {
+        let (mount, at) = match self.fds.get(&fd) {
+            Some(f) => (f.mount, f.path.clone()),
+            None => return (md.dev(), md.ino()),
+        };
+        self.inodes.show(mount, Some(&at), md)
+    }
+
+    /// A listing of directory fd `fd` ([`list_dir`]) with the inode numbers the guest is
+    /// shown. A listing names nothing in the inode table: a snapshot keeps the numbers of
+    /// what the guest asked about by `stat` or held open, so that listing a big directory
+    /// does not make every later snapshot look at each of its entries again.
+    fn shown_listing(&mut self, fd: u32, listed: Vec<HostListed>) -> Vec<crate::ctx::Listed> {
+        let mount = self.fds.get(&fd).map_or(0, |f| f.mount);
+        listed
+            .into_iter()
+            .map(|(name, ty, key)| {
+                let (_, ino) = self.inodes.show_key(mount, None, key);
+                (name, ty, ino)
+            })
+            .collect()
+    }
+
     fn fd_host_path(&mut self, fd: u32, rel: &str) -> Result<std::path::PathBuf, Errno> {
         let (mount, joined) = self.resolve(fd, rel)?;
         path::host_path(&self.mounts[mount as usize].root, &joined, true)
@@ -952,6 +994,9 @@ impl WasiCtx {
                 tri!(fs::remove_file(&host))
             }
         }
+        if op != PathOp::Mkdir {
+            self.inodes.removed(mount, &rel);
+        }
         Ok(Errno::Success)
     }
 
@@ -965,13 +1010,17 @@ impl WasiCtx {
         out: u32,
     ) -> R {
         let follow = flags & LOOKUP_FOLLOW != 0;
-        let (_, _, host) = tri!(self.guest_path(m, fd, ptr, len, follow));
-        let md = if follow {
+        let (mount, rel, host) = tri!(self.guest_path(m, fd, ptr, len, follow));
+        let md = tri!(if follow {
             fs::metadata(&host)
         } else {
             fs::symlink_metadata(&host)
-        };
-        tri!(filestat(m, out, &tri!(md)));
+        });
+        // The path names what was asked about unless a symlink was followed to it.
+        let root = &self.mounts[mount as usize].root;
+        let named = !follow || host == path::host_path(root, &rel, false).unwrap_or_default();
+        let shown = self.inodes.show(mount, named.then_some(rel.as_str()), &md);
+        tri!(filestat(m, out, &md, shown));
         Ok(Errno::Success)
     }
 
@@ -1169,6 +1218,7 @@ impl WasiCtx {
             return Ok(Errno::Busy);
         }
         tri!(fs::rename(from, to));
+        self.inodes.renamed((mount, &rel), (mount2, &rel2));
         Ok(Errno::Success)
     }
 
@@ -1191,7 +1241,10 @@ impl WasiCtx {
         let f = tri!(self.fd(fd));
         let names = match f.listing.take() {
             Some((at, names)) if cookie != 0 && at == changes => names,
-            _ => tri!(list_dir(&host)),
+            _ => {
+                let listed = tri!(list_dir(&host));
+                self.shown_listing(fd, listed)
+            }
         };
         let mut bytes = Vec::new();
         let mut at_end = true;
@@ -1307,7 +1360,7 @@ impl WasiCtx {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PathOp {
     Mkdir,
     Rmdir,

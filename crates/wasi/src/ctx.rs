@@ -377,6 +377,8 @@ pub struct WasiCtx {
     /// Counts the guest's changes to the names in its mounts (files created, removed,
     /// renamed): a directory listing taken before one is not served any more.
     pub(crate) name_changes: u64,
+    /// The device and inode numbers the guest is shown.
+    pub(crate) inodes: crate::inodes::Inodes,
 }
 
 impl std::fmt::Debug for WasiCtx {
@@ -416,6 +418,7 @@ impl WasiCtx {
             guest_writes: Default::default(),
             recorded: Default::default(),
             name_changes: 0,
+            inodes: Default::default(),
         };
         for (i, kind) in [FdKind::Stdin, FdKind::Stdout, FdKind::Stderr]
             .into_iter()
@@ -575,6 +578,8 @@ impl WasiCtx {
                 _ => {}
             }
         }
+        let roots: Vec<&Path> = ctx.mounts.iter().map(|m| m.root.as_path()).collect();
+        ctx.inodes = crate::inodes::Inodes::restore(&state.inodes, &roots)?;
         let host_now = i128::from(ctx.clock.monotonic_ns());
         ctx.mono_offset = i128::from(state.monotonic_ns) - host_now;
         ctx.stdout_bytes = state.stdout_bytes;
@@ -675,6 +680,8 @@ impl WasiCtx {
                 },
             ));
         }
+        let roots: Vec<&Path> = self.mounts.iter().map(|m| m.root.as_path()).collect();
+        let inodes = self.inodes.capture(&roots);
         let (kind, v) = ferry_object::header::<WasiState>();
         Ok(WasiState {
             kind,
@@ -703,6 +710,7 @@ impl WasiCtx {
             unshown_stdout: self.unshown[0].clone(),
             unshown_stderr: self.unshown[1].clone(),
             stdin_input: self.stdio.input,
+            inodes,
         })
     }
 

@@ -14,6 +14,7 @@
 mod calls;
 mod ctx;
 mod errno;
+mod inodes;
 mod mem;
 pub mod output;
 mod path;

@@ -1914,3 +1914,114 @@ fn polling_stdin_waits_for_input() {
     // SAFETY: the write end, owned by this test.
     unsafe { libc::close(write_end) };
 }
+
+/// The device and inode numbers the guest sees stay the same across a move: resumed into a
+/// fresh directory, where the host gives every file new ones, each file the guest had seen
+/// (by `path_filestat_get` or `fd_filestat_get`, renamed by it since or not) shows the
+/// numbers it showed before, in `fd_readdir` too; hard links still share theirs, and a file
+/// first seen after the move shows numbers no other file shows.
+#[test]
+fn inode_numbers_stay_the_same_across_a_move() {
+    let store = ferry_store::MemStore::new();
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir(d.path().join("sub")).unwrap();
+    std::fs::write(d.path().join("a.txt"), "a").unwrap();
+    std::fs::write(d.path().join("sub/b.txt"), "b").unwrap();
+    std::fs::hard_link(d.path().join("a.txt"), d.path().join("z.txt")).unwrap();
+    std::fs::write(d.path().join("listed.txt"), "l").unwrap();
+    let stat = |g: &mut Guest, name: &str| -> Result<(u64, u64), i32> {
+        match g.call("path_filestat_get", &[3, 0, -1, 500], &[name]) {
+            0 => Ok((
+                u64::from_le_bytes(g.mem[500..508].try_into().unwrap()),
+                u64::from_le_bytes(g.mem[508..516].try_into().unwrap()),
+            )),
+            e => Err(e),
+        }
+    };
+    let fstat = |g: &mut Guest, fd: i64| -> (u64, u64) {
+        assert_eq!(g.call("fd_filestat_get", &[fd, 500], &[]), 0);
+        (
+            u64::from_le_bytes(g.mem[500..508].try_into().unwrap()),
+            u64::from_le_bytes(g.mem[508..516].try_into().unwrap()),
+        )
+    };
+    // The inode number `fd_readdir` gives for `name` in the mount's own directory.
+    let listed = |g: &mut Guest, name: &str| -> u64 {
+        assert_eq!(g.call("fd_readdir", &[3, 4000, 2000, 0, 300], &[]), 0);
+        let n = u32::from_le_bytes(g.mem[300..304].try_into().unwrap()) as usize;
+        let mut at = 0;
+        while at + 24 <= n {
+            let e = &g.mem[4000 + at..4000 + n];
+            let len = u32::from_le_bytes(e[16..20].try_into().unwrap()) as usize;
+            if &e[24..24 + len] == name.as_bytes() {
+                return u64::from_le_bytes(e[8..16].try_into().unwrap());
+            }
+            at += 24 + len;
+        }
+        panic!("{name} not listed");
+    };
+    let mut g = Guest {
+        c: mounted_at_data(d.path()),
+        mem: vec![0u8; 8192],
+    };
+    let a = stat(&mut g, "a.txt").unwrap();
+    let sub = stat(&mut g, "sub").unwrap();
+    let b = stat(&mut g, "sub/b.txt").unwrap();
+    assert_eq!(stat(&mut g, "z.txt").unwrap(), a, "one file, two names");
+    let l = listed(&mut g, "listed.txt");
+    assert_eq!(stat(&mut g, "listed.txt").unwrap(), (a.0, l), "as listed");
+    let fd = g.open(3, "a.txt", 0).unwrap();
+    assert_eq!(fstat(&mut g, fd), a);
+    let root = fstat(&mut g, 3);
+    // Renamed by the guest after it saw it.
+    assert_eq!(
+        g.call("path_rename", &[3, -1, 3, -1], &["sub/b.txt", "sub/c.txt"]),
+        0
+    );
+    let tree = crate::tree::import(&store, d.path()).unwrap();
+    let state = g.c.capture(&[tree], &store).unwrap();
+    assert!(!state.inodes.is_empty());
+
+    // Written anew elsewhere: the host's numbers differ.
+    let back = tempfile::tempdir().unwrap();
+    crate::tree::materialize(&store, &tree, back.path()).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let host_ino = std::fs::metadata(back.path().join("a.txt")).unwrap().ino();
+    assert_ne!(host_ino, a.1, "the host gave the file a new number");
+    let grant = MountSpec {
+        guest_path: "/data".into(),
+        host_dir: back.path().into(),
+        read_only: false,
+        host_bound: false,
+    };
+    let c = WasiCtx::restore(
+        &state,
+        vec![grant],
+        stdio_to(Box::new(std::io::sink())),
+        Box::new(FakeClock::default()),
+        Arc::new(|| false),
+        &store,
+    )
+    .unwrap();
+    let mut r = Guest {
+        c,
+        mem: vec![0u8; 8192],
+    };
+    assert_eq!(stat(&mut r, "a.txt").unwrap(), a);
+    assert_eq!(stat(&mut r, "z.txt").unwrap(), a);
+    assert_eq!(stat(&mut r, "sub").unwrap(), sub);
+    assert_eq!(
+        stat(&mut r, "sub/c.txt").unwrap(),
+        b,
+        "followed through the rename"
+    );
+    assert_eq!(listed(&mut r, "listed.txt"), l);
+    assert_eq!(fstat(&mut r, fd), a, "the descriptor opened again");
+    assert_eq!(fstat(&mut r, 3), root);
+    // A file first seen after the move shows numbers of its own.
+    let new = r.open(3, "new.txt", 1).unwrap();
+    let shown = fstat(&mut r, new);
+    assert_eq!(shown.0, a.0, "the same device as the mount's other files");
+    assert!(![a, sub, b, root].contains(&shown));
+    assert_eq!(stat(&mut r, "new.txt").unwrap(), shown);
+}

@@ -132,6 +132,7 @@ fn descriptors_that_outlive_their_names() {
         "  3145728 bytes, hash 5c9c1505",
         "  first: \"through first|through second|through third|\"",
         "  one file: yes, 3 links",
+        "  the same device and inode numbers as before: yes",
     ] {
         assert!(text.lines().any(|l| l == line), "`{line}` not in\n{text}");
     }

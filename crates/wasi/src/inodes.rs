@@ -1,0 +1,236 @@
+//! The device and inode numbers the guest is shown, kept the same across moves.
+//!
+//! A file keeps its host inode number only as long as it stays on that host's disk: a resume
+//! into a fresh directory, or in another space, writes the files anew, and the host gives them
+//! new numbers. A guest that compares the numbers it saw before with those it sees after
+//! (`tar` or `du` telling hard links apart, a walk that detects cycles, a tool that notices a
+//! file was replaced) would then be misled. So the guest sees virtual numbers: a file's host
+//! numbers the first time it is seen (unless another file already shows those), and the same
+//! numbers ever after, carried by snapshots by path ([`ferry_object::WasiState::inodes`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use ferry_object::{InodeName, MAX_INODE_NAMES};
+
+/// Where fresh inode numbers start, when a file's own would show another file's.
+const FRESH: u64 = 1 << 48;
+
+/// A host file's identity: device and inode.
+type HostKey = (u64, u64);
+
+/// The virtual numbers of one guest's files.
+#[derive(Debug, Default)]
+pub(crate) struct Inodes {
+    /// Host identity → the (device, inode) the guest is shown.
+    shown: HashMap<HostKey, (u64, u64)>,
+    /// The (device, inode) pairs given out, so that no two files show the same.
+    taken: HashSet<(u64, u64)>,
+    /// (Mount, host device) → the device the guest is shown for it.
+    devs: HashMap<(u32, u64), u64>,
+    /// (Mount, path) → the host file last seen there: how a capture finds each file again.
+    names: BTreeMap<(u32, String), HostKey>,
+    /// Counter for fresh inode numbers.
+    next: u64,
+}
+
+impl Inodes {
+    /// The (device, inode) the guest is shown for the host file `md`, found in mount `mount`
+    /// at `path` when the path is known to name it.
+    pub(crate) fn show(
+        &mut self,
+        mount: u32,
+        path: Option<&str>,
+        md: &std::fs::Metadata,
+    ) -> (u64, u64) {
+        self.show_key(mount, path, (md.dev(), md.ino()))
+    }
+
+    /// [`Self::show`] for a host (device, inode) pair.
+    pub(crate) fn show_key(&mut self, mount: u32, path: Option<&str>, key: HostKey) -> (u64, u64) {
+        if let Some(p) = path
+            && (self.names.len() < MAX_INODE_NAMES
+                || self.names.contains_key(&(mount, p.to_owned())))
+        {
+            self.names.insert((mount, p.to_owned()), key);
+        }
+        if let Some(v) = self.shown.get(&key) {
+            return *v;
+        }
+        let dev = *self.devs.entry((mount, key.0)).or_insert(key.0);
+        let mut v = (dev, key.1);
+        while self.taken.contains(&v) {
+            self.next += 1;
+            v = (dev, FRESH + self.next);
+        }
+        self.taken.insert(v);
+        self.shown.insert(key, v);
+        v
+    }
+
+    /// The guest renamed `from` to `to` (each a mount and a path in it): what was named under
+    /// `from` is now under `to`, and what `to` named is gone.
+    pub(crate) fn renamed(&mut self, from: (u32, &str), to: (u32, &str)) {
+        self.remove_under(to.0, to.1);
+        let moved = self.remove_under(from.0, from.1);
+        for (p, key) in moved {
+            let rest = &p[from.1.len()..];
+            self.names.insert((to.0, format!("{}{rest}", to.1)), key);
+        }
+    }
+
+    /// The guest removed `path` in `mount` (a file, or an empty directory).
+    pub(crate) fn removed(&mut self, mount: u32, path: &str) {
+        self.names.remove(&(mount, path.to_owned()));
+    }
+
+    /// Forgets the names `path` and everything under it in `mount`, returning them.
+    fn remove_under(&mut self, mount: u32, path: &str) -> Vec<(String, HostKey)> {
+        let mut gone = Vec::new();
+        if let Some(k) = self.names.remove(&(mount, path.to_owned())) {
+            gone.push((path.to_owned(), k));
+        }
+        let prefix = if path.is_empty() {
+            String::new()
+        } else {
+            format!("{path}/")
+        };
+        let under: Vec<String> = self
+            .names
+            .range((mount, prefix.clone())..)
+            .take_while(|((m, p), _)| *m == mount && p.starts_with(&prefix))
+            .map(|((_, p), _)| p.clone())
+            .collect();
+        for p in under {
+            if let Some(k) = self.names.remove(&(mount, p.clone())) {
+                gone.push((p, k));
+            }
+        }
+        gone
+    }
+
+    /// What a snapshot keeps: each name that still leads to the file last seen there (not
+    /// following a final symlink), with the numbers the guest was shown. `roots` are the
+    /// mounts' host directories, in mount order; each mount's own directory is always kept,
+    /// so that its device number is too.
+    pub(crate) fn capture(&mut self, roots: &[&Path]) -> Vec<InodeName> {
+        for (i, root) in roots.iter().enumerate() {
+            if let Ok(md) = std::fs::metadata(root) {
+                self.show(i as u32, Some(""), &md);
+            }
+        }
+        let mut kept = Vec::new();
+        for ((mount, path), key) in &self.names {
+            let Some(root) = roots.get(*mount as usize) else {
+                continue;
+            };
+            let at = if path.is_empty() {
+                root.to_path_buf()
+            } else {
+                root.join(path)
+            };
+            let Ok(md) = std::fs::symlink_metadata(&at) else {
+                continue;
+            };
+            if (md.dev(), md.ino()) != *key {
+                continue;
+            }
+            let (dev, ino) = self.shown[key];
+            kept.push(InodeName {
+                mount: *mount,
+                path: path.clone(),
+                dev,
+                ino,
+            });
+        }
+        kept
+    }
+
+    /// The numbers a snapshot kept ([`Self::capture`]), for the files now at those paths under
+    /// `roots`. Names that lead nowhere now are passed over, and so is a name whose numbers
+    /// another file already shows; the guest sees fresh numbers for those files.
+    pub(crate) fn restore(kept: &[InodeName], roots: &[&Path]) -> Result<Self, String> {
+        if kept.len() > MAX_INODE_NAMES {
+            return Err(format!(
+                "the snapshot keeps inode numbers for {} names (at most {MAX_INODE_NAMES})",
+                kept.len()
+            ));
+        }
+        let mut me = Self::default();
+        // Each mount's own directory first: it gives the mount's device number.
+        let mut order: Vec<&InodeName> = kept.iter().collect();
+        order.sort_by_key(|n| !n.path.is_empty());
+        for n in order {
+            if !n.path.is_empty() && crate::path::join("", &n.path).is_err() {
+                return Err(format!(
+                    "the snapshot keeps an inode number for an unsafe path `{}`",
+                    n.path
+                ));
+            }
+            let Some(root) = roots.get(n.mount as usize) else {
+                return Err(format!(
+                    "the snapshot keeps an inode number in mount {}, which does not exist",
+                    n.mount
+                ));
+            };
+            let at = if n.path.is_empty() {
+                root.to_path_buf()
+            } else {
+                root.join(&n.path)
+            };
+            let Ok(md) = std::fs::symlink_metadata(&at) else {
+                continue;
+            };
+            let key = (md.dev(), md.ino());
+            me.devs.entry((n.mount, key.0)).or_insert(n.dev);
+            let v = (n.dev, n.ino);
+            match me.shown.get(&key) {
+                Some(_) => {}
+                None if me.taken.contains(&v) => continue,
+                None => {
+                    me.shown.insert(key, v);
+                    me.taken.insert(v);
+                }
+            }
+            me.names.insert((n.mount, n.path.clone()), key);
+        }
+        Ok(me)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_keeps_its_numbers_and_no_two_files_share_them() {
+        let mut i = Inodes::default();
+        assert_eq!(i.show_key(0, Some("a"), (5, 10)), (5, 10));
+        assert_eq!(i.show_key(0, Some("a"), (5, 10)), (5, 10));
+        // As after a resume onto device 7: file (7, 10) shows (5, 10), so the device shows
+        // as 5, and a new file whose own inode number 10 or 21 is taken gets a fresh one.
+        let mut j = Inodes::default();
+        j.shown.insert((7, 10), (5, 10));
+        j.taken.insert((5, 10));
+        j.devs.insert((0, 7), 5);
+        assert_eq!(j.show_key(0, Some("b"), (7, 11)), (5, 11));
+        assert_eq!(j.show_key(0, Some("c"), (7, 20)), (5, 20));
+        assert_eq!(j.show_key(0, Some("c2"), (7, 10)), (5, 10));
+        j.taken.insert((5, 21));
+        assert_eq!(j.show_key(0, Some("d"), (7, 21)), (5, FRESH + 1));
+        assert_eq!(j.show_key(0, Some("b"), (7, 11)), (5, 11));
+    }
+
+    #[test]
+    fn renames_move_the_names_under_them() {
+        let mut i = Inodes::default();
+        i.show_key(0, Some("d/x"), (1, 1));
+        i.show_key(0, Some("d/y/z"), (1, 2));
+        i.show_key(0, Some("dz"), (1, 3));
+        i.show_key(0, Some("e"), (1, 4));
+        i.renamed((0, "d"), (0, "e"));
+        let names: Vec<_> = i.names.keys().map(|(_, p)| p.as_str()).collect();
+        assert_eq!(names, ["dz", "e/x", "e/y/z"]);
+    }
+}
