@@ -15,7 +15,7 @@ use wasmi::{Caller, FuncType, Global, Linker, Memory, TypedFunc, Val, ValType};
 
 use crate::error::EngineError;
 use crate::host::{self, HostCx, HostState, HostStop};
-use crate::seam::{Backend, Compiled, EngineKind, Instance, Stop, Value};
+use crate::seam::{Backend, Compiled, EngineKind, Instance, Stop, TrapReport, Value};
 
 /// Deepest call stack a guest may build (frames live on the heap; 20,000-deep C recursion and
 /// CPython's own recursion limit fit well within it).
@@ -555,9 +555,9 @@ impl Instance for InterpInstance {
             // The specification's wording, as on the JIT (wasmi adds " 2" to one of them).
             None => match e.as_trap_code() {
                 Some(wasmi::TrapCode::IndirectCallToNull) => {
-                    Stop::Trap("uninitialized element".into())
+                    Stop::Trap(TrapReport::bare("uninitialized element"))
                 }
-                Some(code) => Stop::Trap(code.trap_message().into()),
+                Some(code) => Stop::Trap(TrapReport::bare(code.trap_message())),
                 None => Stop::Fatal(e.to_string()),
             },
         })

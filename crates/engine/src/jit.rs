@@ -12,7 +12,7 @@ use wasmtime::{Caller, FuncType, Global, Linker, Memory, TypedFunc, Val, ValType
 
 use crate::error::EngineError;
 use crate::host::{self, HostCx, HostState, HostStop};
-use crate::seam::{Backend, Compiled, EngineKind, Instance, Stop, Value};
+use crate::seam::{Backend, Compiled, EngineKind, Instance, Stop, TrapFrame, TrapReport, Value};
 
 /// Largest Wasm stack a guest may use (deep recursion, CPython).
 pub(crate) const MAX_WASM_STACK: usize = 64 << 20;
@@ -472,48 +472,25 @@ impl Instance for JitInstance {
     }
 }
 
-/// Frames of a trapped guest's call stack shown (a deep recursion would print thousands of
-/// identical lines).
-const FRAMES_SHOWN: usize = 8;
-
 /// A trap as ferry reports it: its cause worded as on the interpreter (the WebAssembly
 /// specification's wording, without wasmtime's `wasm trap:` prefix), then the guest's call
-/// stack, innermost first, by function name. A function without a name is given by its index
-/// in the instrumented module, which is not the program's own: no number is shown that the
-/// user could take for one of their functions.
-fn trap_report(e: &wasmtime::Error, trap: &wasmtime::Trap) -> String {
+/// stack.
+fn trap_report(e: &wasmtime::Error, trap: &wasmtime::Trap) -> TrapReport {
     let cause = trap.to_string();
-    let mut out = cause
-        .strip_prefix("wasm trap: ")
-        .unwrap_or(&cause)
-        .to_owned();
+    let cause = cause.strip_prefix("wasm trap: ").unwrap_or(&cause);
     let frames = e
         .downcast_ref::<wasmtime::WasmBacktrace>()
-        .map_or(&[][..], |b| b.frames());
-    if !frames.is_empty() {
-        out.push_str("\nguest call stack, innermost first:");
-        for (i, f) in frames.iter().enumerate().take(FRAMES_SHOWN) {
-            out.push_str(&match f.func_name() {
-                Some(name) => format!("\n  {i}: {name}"),
-                None => format!(
-                    "\n  {i}: (no name: function {} of the instrumented module)",
-                    f.func_index()
-                ),
-            });
+        .map_or(&[][..], |b| b.frames())
+        .iter()
+        .map(|f| TrapFrame {
+            func: f.func_index(),
+            name: f.func_name().map(str::to_owned),
             // Only with `FERRY_ADDRESS_MAP=1` (work on the transform): the offset in the
             // instrumented module.
-            if let Some(at) = f.module_offset() {
-                out.push_str(&format!(" at 0x{at:x}"));
-            }
-        }
-        if frames.len() > FRAMES_SHOWN {
-            out.push_str(&format!(
-                "\n  ... and {} outer frames",
-                frames.len() - FRAMES_SHOWN
-            ));
-        }
-    }
-    out
+            offset: f.module_offset(),
+        })
+        .collect();
+    TrapReport::with_frames(cause, frames)
 }
 
 /// A host-side failure's message and the innermost frames of its backtrace.

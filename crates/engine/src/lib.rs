@@ -27,7 +27,7 @@ pub use control::{Control, Hold, Request};
 pub use error::{EXIT_TRAPPED, EngineError, Stage};
 pub use prepare::{OtherVersions, Prepared, Runtime};
 pub use run::{Outcome, PlainModule, SnapshotMeta, Start};
-pub use seam::{EngineKind, Stop, Value};
+pub use seam::{EngineKind, Stop, TrapFrame, TrapReport, Value};
 
 /// Host contract version recorded in every snapshot's profile.
 pub const HOST_CONTRACT: &str = "ferry-host/1";

@@ -377,7 +377,16 @@ impl Runtime {
                         inst.host().wasi.flush();
                         return match stop {
                             Stop::Exit(code) => Ok(Outcome::Exited(code)),
-                            Stop::Trap(m) => Err(EngineError::Trap(m)),
+                            Stop::Trap(mut report) => {
+                                // Frames still in their rewind copies (after a resume) are
+                                // named from the instrumented module, read only now.
+                                if report.frames.iter().any(|f| f.name.is_none())
+                                    && let Ok(wasm) = store.get(&prepared.instrumented)
+                                {
+                                    report.name_rewind_copies(&wasm);
+                                }
+                                Err(EngineError::Trap(report.to_string()))
+                            }
                             Stop::Fatal(m) => Err(EngineError::Host(m)),
                         };
                     }
@@ -426,9 +435,9 @@ impl Runtime {
                     inst.host().wasi.flush();
                     return Ok(c);
                 }
-                Err(Stop::Trap(m)) => {
+                Err(Stop::Trap(report)) => {
                     inst.host().wasi.flush();
-                    return Err(EngineError::Trap(m));
+                    return Err(EngineError::Trap(report.to_string()));
                 }
                 Err(Stop::Fatal(m)) => {
                     inst.host().wasi.flush();

@@ -62,10 +62,118 @@ pub enum Stop {
     /// The guest called `proc_exit` with this code.
     Exit(i32),
     /// The guest trapped (a WebAssembly trap: `unreachable`, an access out of bounds, the
-    /// stack exhausted, …); the message says which.
-    Trap(String),
+    /// stack exhausted, …); the report says which, and where when the engine knows.
+    Trap(TrapReport),
     /// A host function failed, or the call could not be made; the message says why.
     Fatal(String),
+}
+
+/// Frames of a trapped guest's call stack shown (a deep recursion would print thousands of
+/// identical lines).
+const FRAMES_SHOWN: usize = 8;
+
+/// A trap as ferry reports it: its cause in the WebAssembly specification's wording, then
+/// (from engines that give one) the guest's call stack, innermost first, by function name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrapReport {
+    pub cause: String,
+    /// The innermost frames (at most [`FRAMES_SHOWN`]).
+    pub frames: Vec<TrapFrame>,
+    /// How many frames the stack had in all.
+    pub depth: usize,
+}
+
+/// One frame of a [`TrapReport`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrapFrame {
+    /// Index of the function in the instrumented module.
+    pub func: u32,
+    pub name: Option<String>,
+    /// Offset in the instrumented module (only with `FERRY_ADDRESS_MAP=1`).
+    pub offset: Option<usize>,
+}
+
+impl TrapReport {
+    /// A trap without a call stack.
+    pub fn bare(cause: impl Into<String>) -> Self {
+        Self {
+            cause: cause.into(),
+            frames: Vec::new(),
+            depth: 0,
+        }
+    }
+
+    /// Frames that run in a rewind copy (after a resume, until they return) are shown as the
+    /// function they copy, as an uninterrupted run shows them: `wasm` is the instrumented
+    /// module ([`ferry_instrument::frame_functions`]).
+    pub fn name_rewind_copies(&mut self, wasm: &[u8]) {
+        let unnamed: Vec<u32> = self
+            .frames
+            .iter()
+            .filter(|f| f.name.is_none())
+            .map(|f| f.func)
+            .collect();
+        if unnamed.is_empty() {
+            return;
+        }
+        let Some(shown) = ferry_instrument::frame_functions(wasm, &unnamed) else {
+            return;
+        };
+        let by_index: std::collections::HashMap<u32, (u32, Option<String>)> =
+            unnamed.into_iter().zip(shown).collect();
+        for f in self.frames.iter_mut().filter(|f| f.name.is_none()) {
+            if let Some((func, name)) = by_index.get(&f.func) {
+                (f.func, f.name) = (*func, name.clone());
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for TrapReport {
+    /// A function without a name is given by its index in the instrumented module, which is
+    /// not the program's own: no number is shown that the user could take for one of theirs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.cause)?;
+        if self.frames.is_empty() {
+            return Ok(());
+        }
+        f.write_str("\nguest call stack, innermost first:")?;
+        for (i, fr) in self.frames.iter().enumerate() {
+            match &fr.name {
+                Some(name) => write!(f, "\n  {i}: {name}")?,
+                None => write!(
+                    f,
+                    "\n  {i}: (no name: function {} of the instrumented module)",
+                    fr.func
+                )?,
+            }
+            if let Some(at) = fr.offset {
+                write!(f, " at 0x{at:x}")?;
+            }
+        }
+        if self.depth > self.frames.len() {
+            write!(
+                f,
+                "\n  ... and {} outer frames",
+                self.depth - self.frames.len()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl TrapReport {
+    /// The report of a trap whose call stack is `frames`, innermost first (all of them).
+    pub fn with_frames(cause: impl Into<String>, frames: Vec<TrapFrame>) -> Self {
+        let depth = frames.len();
+        let mut frames = frames;
+        frames.truncate(FRAMES_SHOWN);
+        Self {
+            cause: cause.into(),
+            frames,
+            depth,
+        }
+    }
 }
 
 /// An engine: turns module bytes into something it can instantiate.

@@ -31,12 +31,14 @@ pub mod abi;
 mod counted;
 mod emit;
 mod error;
+mod frames;
 mod live;
 mod module;
 mod plan;
 mod select_guard;
 
 pub use error::InstrumentError;
+pub use frames::frame_functions;
 pub use module::{
     Instrumented, Stats, instrument, instrument_any, instrument_any_counting, instrument_counting,
 };

@@ -453,3 +453,49 @@ fn dropped_data_segments_are_recorded_and_dropped_again_on_rewind() {
         "{text}"
     );
 }
+
+/// A rewind copy is shown as the function it copies: its lean copy, named as the program
+/// named the function; other functions as themselves.
+#[test]
+fn rewind_copies_are_shown_as_the_functions_they_copy() {
+    let m = wat::parse_str(
+        r#"(module
+          (func $spin (param i32) (result i32)
+            (loop $l (br_if $l (local.tee 0 (i32.sub (local.get 0) (i32.const 1)))))
+            (local.get 0))
+          (func $outer (param i32) (result i32)
+            (i32.add (call $spin (local.get 0)) (i32.const 1)))
+          (func $leaf (result i32) (i32.const 7))
+          (func (export "_start") (drop (call $outer (i32.const 9))) (drop (call $leaf))))"#,
+    )
+    .unwrap();
+    let out = instrument(&m).unwrap();
+    let n = wasmparser::Parser::new(0)
+        .parse_all(&out.wasm)
+        .filter_map(|p| match p.unwrap() {
+            wasmparser::Payload::CodeSectionStart { count, .. } => Some(count),
+            _ => None,
+        })
+        .next()
+        .unwrap();
+    let all: Vec<u32> = (0..200).collect();
+    let shown = crate::frame_functions(&out.wasm, &all).unwrap();
+    let named = |name: &str| {
+        shown
+            .iter()
+            .filter(|(_, n)| n.as_deref() == Some(name))
+            .count()
+    };
+    // Each instrumented function is shown twice (lean copy, rewind copy); the leaf once.
+    assert_eq!(named("spin"), 2, "{shown:?}");
+    assert_eq!(named("outer"), 2);
+    assert_eq!(named("leaf"), 1);
+    let spin: Vec<u32> = shown
+        .iter()
+        .filter(|(_, n)| n.as_deref() == Some("spin"))
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(spin[0], spin[1], "both frames lead to the lean copy");
+    assert!(n > 4, "rewind copies were emitted ({n} bodies)");
+    assert_eq!(crate::frame_functions(b"not wasm", &[0]), None);
+}

@@ -1150,6 +1150,39 @@ fn a_guest_that_traps_exits_134_as_under_wasmtime() {
     }
 }
 
+/// After a resume, the frames that were on the stack at the suspend run in their rewind
+/// copies until they return; a trap there is reported with the call stack an uninterrupted
+/// run reports, byte for byte — the functions' own names, not unnamed functions of the
+/// instrumented module.
+#[test]
+fn a_trap_after_a_resume_reports_the_call_stack_of_an_uninterrupted_run() {
+    let env = Env::new();
+    let m = env.path("late-crash.wat");
+    let wat = crate::harness::ABORTING_GUEST.replace(
+        "    unreachable))",
+        "    (call $work))
+  (func $work (call $spin (i32.const 1500000000)) (call $crash))
+  (func $spin (param $n i32)
+    (loop $l
+      (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+      (br_if $l (local.get $n))))
+  (func $crash unreachable))",
+    );
+    std::fs::write(&m, wat).unwrap();
+    let m = m.to_str().unwrap();
+    let plain = env.ferry().args(["run", m]).output().unwrap();
+    assert_eq!(plain.status.code(), Some(134));
+    let plain_err = String::from_utf8_lossy(&plain.stderr).into_owned();
+    assert!(
+        plain_err.contains("ferry:   1: work\n"),
+        "uninterrupted: {plain_err}"
+    );
+    let (_, k) = crate::harness::suspend_after_output(&env, "run", &[m], 300);
+    let resumed = env.ferry().args(["resume", &k]).output().unwrap();
+    assert_eq!(resumed.status.code(), Some(134));
+    assert_eq!(String::from_utf8_lossy(&resumed.stderr), plain_err);
+}
+
 /// Each kind of trap is reported with the same cause on both engines (the WebAssembly
 /// specification's wording), and a deep call stack is cut to its innermost frames.
 #[test]
