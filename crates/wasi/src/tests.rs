@@ -1520,6 +1520,33 @@ struct Guest {
 }
 
 impl Guest {
+    /// A guest restored from `state` with `dir` granted at `/data`.
+    fn restored(
+        state: &ferry_object::WasiState,
+        dir: &std::path::Path,
+        store: &dyn ferry_store::Store,
+    ) -> Self {
+        let grant = MountSpec {
+            guest_path: "/data".into(),
+            host_dir: dir.into(),
+            read_only: false,
+            host_bound: false,
+        };
+        let c = WasiCtx::restore(
+            state,
+            vec![grant],
+            stdio_to(Box::new(std::io::sink())),
+            Box::new(FakeClock::default()),
+            Arc::new(|| false),
+            store,
+        )
+        .unwrap();
+        Self {
+            c,
+            mem: vec![0u8; 8192],
+        }
+    }
+
     /// Calls `name` with `args`, the strings in `strs` placed in memory first (each replaced
     /// in `args`, at the position of a `-1`, by its pointer and length); its errno.
     fn call(&mut self, name: &str, args: &[i64], strs: &[&str]) -> i32 {
@@ -1664,25 +1691,7 @@ fn descriptors_outlive_their_names() {
         .flatten()
         .map(|e| e.file_name())
         .collect();
-    let grant = MountSpec {
-        guest_path: "/data".into(),
-        host_dir: d.path().into(),
-        read_only: false,
-        host_bound: false,
-    };
-    let c = WasiCtx::restore(
-        &state,
-        vec![grant],
-        stdio_to(Box::new(std::io::sink())),
-        Box::new(FakeClock::default()),
-        Arc::new(|| false),
-        &store,
-    )
-    .unwrap();
-    let mut r = Guest {
-        c,
-        mem: vec![0u8; 8192],
-    };
+    let mut r = Guest::restored(&state, d.path(), &store);
     assert_eq!(
         r.read_all(cfg),
         "old config\n",
@@ -1988,25 +1997,7 @@ fn inode_numbers_stay_the_same_across_a_move() {
     use std::os::unix::fs::MetadataExt;
     let host_ino = std::fs::metadata(back.path().join("a.txt")).unwrap().ino();
     assert_ne!(host_ino, a.1, "the host gave the file a new number");
-    let grant = MountSpec {
-        guest_path: "/data".into(),
-        host_dir: back.path().into(),
-        read_only: false,
-        host_bound: false,
-    };
-    let c = WasiCtx::restore(
-        &state,
-        vec![grant],
-        stdio_to(Box::new(std::io::sink())),
-        Box::new(FakeClock::default()),
-        Arc::new(|| false),
-        &store,
-    )
-    .unwrap();
-    let mut r = Guest {
-        c,
-        mem: vec![0u8; 8192],
-    };
+    let mut r = Guest::restored(&state, back.path(), &store);
     assert_eq!(stat(&mut r, "a.txt").unwrap(), a);
     assert_eq!(stat(&mut r, "z.txt").unwrap(), a);
     assert_eq!(stat(&mut r, "sub").unwrap(), sub);
