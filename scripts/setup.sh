@@ -10,6 +10,9 @@ command -v wasm-ld >/dev/null || command -v wasm-ld-14 >/dev/null || need+=(lld)
 ls /usr/lib/llvm-14/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev-wasm32)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 command -v make >/dev/null || need+=(make) # jemalloc, ferry's allocator, is built from C
+# A snapshot through a container registry (test `capsule::a_snapshot_moves_through_a_container_registry`).
+command -v skopeo >/dev/null || need+=(skopeo)
+command -v docker-registry >/dev/null || need+=(docker-registry)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive

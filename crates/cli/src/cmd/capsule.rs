@@ -20,8 +20,9 @@ pub struct ExportArgs {
     #[arg(value_name = "SNAPSHOT|SESSION")]
     snapshot: String,
     /// The capsule file to write; `-` writes it to stdout, to pipe it
-    /// (`ferry export κ -o - | ssh HOST ferry import -`).
-    #[arg(short, long, value_name = "FILE")]
+    /// (`ferry export κ -o - | ssh HOST ferry import -`); `oci:DIR[:TAG]` writes an OCI image
+    /// layout that `skopeo copy oci:DIR:TAG docker://…` (or oras, crane) takes to a registry.
+    #[arg(short, long, value_name = "FILE|oci:DIR[:TAG]")]
     output: PathBuf,
     /// Also carry the snapshot's ancestors (parents) that this store still has.
     #[arg(long)]
@@ -30,7 +31,9 @@ pub struct ExportArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
-    /// The capsule file written by `ferry export`; `-` reads it from stdin.
+    /// The capsule file written by `ferry export`; `-` reads it from stdin; `oci:DIR[:TAG]`
+    /// reads an OCI image layout (`ferry export -o oci:…`, or `skopeo copy docker://… oci:DIR:TAG`).
+    #[arg(value_name = "FILE|oci:DIR[:TAG]")]
     capsule: PathBuf,
 }
 
@@ -121,6 +124,27 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     // The snapshot's memory chunks first, in memory order: the importer packs them so.
     let mut objects: Vec<_> = closure.into_iter().collect();
     moving_order(&root, loaded.chunks().copied(), &mut objects);
+    if let Some(r) = super::oci::OciRef::parse(a.output.as_os_str()) {
+        let mut progress = Progress::new("exported", None);
+        let started = Instant::now();
+        let (stats, manifest, tag) = super::oci::export(&r, &root, |w| {
+            Ok(capsule::export(&store, root, &objects, w, &mut |b| {
+                progress.tick(b)
+            })?)
+        })
+        .with_context(|| format!("cannot export {root} to {}", a.output.display()))?;
+        eprintln!(
+            "ferry: exported {root} to the OCI layout {}, tag `{tag}` (manifest {manifest}): \
+             {} objects, \
+             {:.1} MiB of data in {:.1} MiB, {:.1} s",
+            r.dir.display(),
+            stats.objects,
+            crate::cmd::mib(stats.bytes),
+            crate::cmd::mib(stats.stored_bytes),
+            started.elapsed().as_secs_f64()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     // `-o -`: straight to stdout (no temporary file: a reader that gets less than all of it
     // refuses it as truncated). Otherwise to FILE.ferry-partial, renamed once durable.
     let to_stdout = a.output.as_os_str() == "-";
@@ -193,6 +217,24 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
 
 pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
+    if let Some(r) = super::oci::OciRef::parse(a.capsule.as_os_str()) {
+        let name = a.capsule.display().to_string();
+        let mut cin = super::oci::open(&r).with_context(|| format!("cannot import {name}"))?;
+        let mut progress = Progress::new("imported", Some(cin.size));
+        let (root, stats) = capsule::import(&mut cin.reader, &store, &mut |b| progress.tick(b))
+            .with_context(|| format!("cannot import {name}"))?;
+        if let Some(named) = cin.snapshot.take()
+            && named != root.to_string()
+        {
+            anyhow::bail!(
+                "cannot import {name}: its manifest names the snapshot {named}, but the \
+                 capsule holds {root}"
+            );
+        }
+        cin.check()
+            .with_context(|| format!("cannot import {name}"))?;
+        return imported(&store, root, stats, &name);
+    }
     let (input, total, name): (Box<dyn std::io::Read>, _, _) = if a.capsule.as_os_str() == "-" {
         let name = "the capsule on stdin".to_owned();
         (Box::new(std::io::stdin().lock()), None, name)
@@ -208,10 +250,20 @@ pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
             progress.tick(b)
         })
         .with_context(|| format!("cannot import {name}"))?;
+    imported(&store, root, stats, &name)
+}
+
+/// The end of an import: the snapshot's closure loaded and verified, then named.
+fn imported(
+    store: &ferry_store::FsStore,
+    root: ferry_kappa::Kappa,
+    stats: capsule::CapsuleStats,
+    name: &str,
+) -> Result<ExitCode> {
     // The closure must be complete and verify before anything names it.
-    let loaded = snapshot::load(&store, root)
+    let loaded = snapshot::load(store, root)
         .with_context(|| format!("{name} holds an incomplete snapshot"))?;
-    snapshot::name(&store, root)?;
+    snapshot::name(store, root)?;
     println!("imported {root}");
     eprintln!(
         "ferry: {} objects ({} new, {:.1} MiB); {}",

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod capsule;
 pub mod conformance;
 pub mod inspect;
+pub mod oci;
 pub mod ps;
 pub mod python;
 pub mod remote;

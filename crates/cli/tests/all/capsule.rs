@@ -201,3 +201,252 @@ fn damaged_capsules_and_unknown_snapshots_are_refused() {
     );
     assert!(!env.path("a-directory.ferry-partial").exists());
 }
+
+/// The blobs of the OCI layout `dir`: each file name must be the SHA-256 of its content.
+fn check_blobs(dir: &std::path::Path) -> usize {
+    use sha2::Digest;
+    let mut n = 0;
+    for e in std::fs::read_dir(dir.join("blobs/sha256")).unwrap() {
+        let e = e.unwrap();
+        let bytes = std::fs::read(e.path()).unwrap();
+        assert_eq!(
+            hex::encode(sha2::Sha256::digest(&bytes)),
+            e.file_name().to_string_lossy(),
+            "a blob named by another digest"
+        );
+        n += 1;
+    }
+    n
+}
+
+/// `export -o oci:DIR:TAG` writes an OCI image layout (the directory form registries' tools
+/// read): the capsule as its one layer, under the tag, every blob named by its SHA-256; a
+/// second snapshot in the same layout is added under its own tag. `import oci:DIR:TAG` in a
+/// store that shares nothing brings the snapshot back, and it resumes byte-identically.
+/// Asked without a tag, a layout of two is refused with its tags; a damaged layer, a digest
+/// that is no SHA-256 (it would name a path), a missing tag and a manifest naming another
+/// snapshot than its capsule holds are refused.
+#[test]
+fn a_snapshot_moves_through_an_oci_layout() {
+    let (here, plain, mut seen, k) = suspended_cpu_guest();
+    let layout = here.path("layout");
+    let at = |tag: &str| format!("oci:{}:{tag}", layout.display());
+    let (_, err, code) = here.output(&["export", &k, "-o", &at("v1")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("to the OCI layout"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(layout.join("oci-layout")).unwrap(),
+        r#"{"imageLayoutVersion":"1.0.0"}"#
+    );
+    assert_eq!(check_blobs(&layout), 3, "manifest, empty config, capsule");
+    // A second snapshot, taken further on, under another tag.
+    let (_, k2) = crate::harness::resume_and_suspend(&here, &[&k], 300);
+    let (_, err, code) = here.output(&["export", &k2, "-o", &at("v2")]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(check_blobs(&layout), 5);
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let tags: Vec<&str> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            m["annotations"]["org.opencontainers.image.ref.name"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(tags, ["v1", "v2"]);
+
+    let there = Env::new();
+    let bare = format!("oci:{}", layout.display());
+    let (_, err, code) = there.output(&["import", &bare]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("holds 2 manifests") && err.contains("tags: v1, v2"),
+        "{err}"
+    );
+    let (_, err, code) = there.output(&["import", &at("v3")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no manifest tagged `v3`"), "{err}");
+    let (out, err, code) = there.output(&["import", &at("v1")]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("imported {k}"));
+    seen.extend(resume_to_end(&there, &k));
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain)
+    );
+
+    // Damaged: v2's capsule with one byte changed (in a copy of the layout).
+    let manifest_of = |dir: &std::path::Path, tag: &str| -> serde_json::Value {
+        let index: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+        let m = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+            .unwrap()
+            .clone();
+        let hex = m["digest"]
+            .as_str()
+            .unwrap()
+            .strip_prefix("sha256:")
+            .unwrap();
+        serde_json::from_slice(&std::fs::read(dir.join("blobs/sha256").join(hex)).unwrap()).unwrap()
+    };
+    let layer = |dir: &std::path::Path| {
+        let m = manifest_of(dir, "v2");
+        let hex = m["layers"][0]["digest"].as_str().unwrap()[7..].to_owned();
+        dir.join("blobs/sha256").join(hex)
+    };
+    let copy = |name: &str| {
+        let d = here.path(name);
+        std::fs::create_dir_all(d.join("blobs/sha256")).unwrap();
+        for f in ["oci-layout", "index.json"] {
+            std::fs::copy(layout.join(f), d.join(f)).unwrap();
+        }
+        for e in std::fs::read_dir(layout.join("blobs/sha256")).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), d.join("blobs/sha256").join(e.file_name())).unwrap();
+        }
+        d
+    };
+    let damaged = copy("damaged");
+    let mut bytes = std::fs::read(layer(&damaged)).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    std::fs::write(layer(&damaged), bytes).unwrap();
+    let (_, err, code) = there.output(&["import", &format!("oci:{}:v2", damaged.display())]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot import"), "{err}");
+    // A digest that would name a path outside the layout.
+    let escaping = copy("escaping");
+    let index = std::fs::read_to_string(escaping.join("index.json")).unwrap();
+    let first = index.find("sha256:").unwrap();
+    let index = format!(
+        "{}sha256:../../../../etc/passwd{}",
+        &index[..first],
+        &index[first + 71..]
+    );
+    std::fs::write(escaping.join("index.json"), index).unwrap();
+    let (_, err, code) = there.output(&["import", &format!("oci:{}:v1", escaping.display())]);
+    assert_eq!(code, 1);
+    assert!(err.contains("is not a SHA-256 digest"), "{err}");
+    // A manifest that names another snapshot than its capsule holds.
+    let lying = copy("lying");
+    let mut m = manifest_of(&lying, "v2");
+    m["annotations"]["dev.ferry.snapshot"] = k.clone().into();
+    let bytes = serde_json::to_vec(&m).unwrap();
+    use sha2::Digest;
+    let hex = hex::encode(sha2::Sha256::digest(&bytes));
+    std::fs::write(lying.join("blobs/sha256").join(&hex), &bytes).unwrap();
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(lying.join("index.json")).unwrap()).unwrap();
+    index["manifests"][1]["digest"] = format!("sha256:{hex}").into();
+    index["manifests"][1]["size"] = bytes.len().into();
+    std::fs::write(
+        lying.join("index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
+    let (_, err, code) = there.output(&["import", &format!("oci:{}:v2", lying.display())]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!(
+            "names the snapshot {k}, but the capsule holds {k2}"
+        )),
+        "{err}"
+    );
+}
+
+/// Through a real container registry: `ferry export -o oci:…`, `skopeo copy` to a registry
+/// (Debian's `docker-registry`, the CNCF distribution registry, on a local port) and back
+/// into another layout, `ferry import oci:…` in a store that shares nothing, and the guest
+/// resumes byte-identically. (`scripts/setup.sh` installs skopeo and docker-registry.)
+#[test]
+fn a_snapshot_moves_through_a_container_registry() {
+    for tool in ["skopeo", "docker-registry"] {
+        let found = std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .unwrap()
+            .status
+            .success();
+        assert!(found, "{tool} is missing: run scripts/setup.sh");
+    }
+    let (here, plain, mut seen, k) = suspended_cpu_guest();
+    // A registry on a free port, storing in this test's directory.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let config = here.path("registry.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            here.path("registry").display()
+        ),
+    )
+    .unwrap();
+    let mut registry = std::process::Command::new("docker-registry")
+        .args(["serve", config.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _registry = Killed(std::mem::replace(
+        &mut registry,
+        std::process::Command::new("true").spawn().unwrap(),
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the registry did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = here.path("out");
+    let (_, err, code) = here.output(&["export", &k, "-o", &format!("oci:{}:snap", out.display())]);
+    assert_eq!(code, 0, "{err}");
+    let skopeo = |args: &[&str]| {
+        let o = std::process::Command::new("skopeo")
+            .args([
+                "--insecure-policy",
+                "copy",
+                "--src-tls-verify=false",
+                "--dest-tls-verify=false",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "skopeo {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let remote = format!("docker://127.0.0.1:{port}/ferry/cpu:snap");
+    skopeo(&[&format!("oci:{}:snap", out.display()), &remote]);
+    let back = here.path("back");
+    skopeo(&[&remote, &format!("oci:{}:snap", back.display())]);
+    let there = Env::new();
+    let (out, err, code) = there.output(&["import", &format!("oci:{}:snap", back.display())]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("imported {k}"));
+    seen.extend(resume_to_end(&there, &k));
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain)
+    );
+}
