@@ -10,14 +10,25 @@ command -v wasm-ld >/dev/null || command -v wasm-ld-14 >/dev/null || need+=(lld)
 ls /usr/lib/llvm-14/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev-wasm32)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 command -v make >/dev/null || need+=(make) # jemalloc, ferry's allocator, is built from C
-# A snapshot through a container registry (test `capsule::a_snapshot_moves_through_a_container_registry`).
+# A snapshot through a container registry (test `capsule::a_snapshot_moves_through_a_container_registry`):
+# skopeo, and the registry's binary (below: unpacked, not installed, so no registry service
+# starts listening on this machine).
 command -v skopeo >/dev/null || need+=(skopeo)
-command -v docker-registry >/dev/null || need+=(docker-registry)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+tools="${FERRY_TOOLS:-$HOME/.cache/ferry/tools}"
+if ! command -v docker-registry >/dev/null && [ ! -x "$tools/docker-registry" ]; then
+    echo "setup: unpacking Debian's docker-registry into $tools"
+    work="$(mktemp -d)"
+    (cd "$work" && { apt-get download docker-registry >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get download docker-registry >/dev/null; }; } \
+        && dpkg-deb -x docker-registry_*.deb unpacked \
+        && install -D unpacked/usr/bin/docker-registry "$tools/docker-registry")
+    rm -rf "$work"
 fi
 "$root/guests/build.sh"
 "$root/scripts/fetch-python.sh"

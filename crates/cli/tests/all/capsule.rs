@@ -364,18 +364,29 @@ fn a_snapshot_moves_through_an_oci_layout() {
 /// Through a real container registry: `ferry export -o oci:…`, `skopeo copy` to a registry
 /// (Debian's `docker-registry`, the CNCF distribution registry, on a local port) and back
 /// into another layout, `ferry import oci:…` in a store that shares nothing, and the guest
-/// resumes byte-identically. (`scripts/setup.sh` installs skopeo and docker-registry.)
+/// resumes byte-identically. (`scripts/setup.sh` installs skopeo and unpacks the registry.)
 #[test]
 fn a_snapshot_moves_through_a_container_registry() {
-    for tool in ["skopeo", "docker-registry"] {
+    // On the PATH, or where scripts/setup.sh unpacks it.
+    let tool = |name: &str| -> String {
         let found = std::process::Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
+            .args(["-c", &format!("command -v {name}")])
             .output()
-            .unwrap()
-            .status
-            .success();
-        assert!(found, "{tool} is missing: run scripts/setup.sh");
-    }
+            .unwrap();
+        if found.status.success() {
+            return String::from_utf8_lossy(&found.stdout).trim().to_owned();
+        }
+        let tools = std::env::var_os("FERRY_TOOLS")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(std::env::var_os("HOME").unwrap())
+                    .join(".cache/ferry/tools")
+            });
+        let p = tools.join(name);
+        assert!(p.exists(), "{name} is missing: run scripts/setup.sh");
+        p.to_string_lossy().into_owned()
+    };
+    let (skopeo_bin, registry_bin) = (tool("skopeo"), tool("docker-registry"));
     let (here, plain, mut seen, k) = suspended_cpu_guest();
     // A registry on a free port, storing in this test's directory.
     let port = {
@@ -391,7 +402,7 @@ fn a_snapshot_moves_through_a_container_registry() {
         ),
     )
     .unwrap();
-    let mut registry = std::process::Command::new("docker-registry")
+    let mut registry = std::process::Command::new(&registry_bin)
         .args(["serve", config.to_str().unwrap()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -420,7 +431,7 @@ fn a_snapshot_moves_through_a_container_registry() {
     let (_, err, code) = here.output(&["export", &k, "-o", &format!("oci:{}:snap", out.display())]);
     assert_eq!(code, 0, "{err}");
     let skopeo = |args: &[&str]| {
-        let o = std::process::Command::new("skopeo")
+        let o = std::process::Command::new(&skopeo_bin)
             .args([
                 "--insecure-policy",
                 "copy",
