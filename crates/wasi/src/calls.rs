@@ -895,7 +895,6 @@ impl WasiCtx {
         Ok(Errno::Success)
     }
 
-    /// Host path of `rel` resolved against directory fd `fd`.
     /// The (device, inode) the guest is shown for open file or directory `fd`, whose host
     /// metadata is `md`.
     fn shown_fd(&mut self, fd: u32, md: &fs::Metadata) -> (u64, u64) {
@@ -921,6 +920,7 @@ impl WasiCtx {
             .collect()
     }
 
+    /// Host path of `rel` resolved against directory fd `fd`.
     fn fd_host_path(&mut self, fd: u32, rel: &str) -> Result<std::path::PathBuf, Errno> {
         let (mount, joined) = self.resolve(fd, rel)?;
         path::host_path(&self.mounts[mount as usize].root, &joined, true)
