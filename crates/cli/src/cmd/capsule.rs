@@ -125,22 +125,40 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     let mut objects: Vec<_> = closure.into_iter().collect();
     moving_order(&root, loaded.chunks().copied(), &mut objects);
     if let Some(r) = super::oci::OciRef::parse(a.output.as_os_str()) {
+        // Two layers: the program (the same for every snapshot of it: a registry keeps it
+        // once), then the rest.
+        let program: Vec<_> = [loaded.snapshot.module, loaded.snapshot.instrumented]
+            .into_iter()
+            .filter(|k| objects.contains(k))
+            .collect();
+        let state: Vec<_> = objects
+            .iter()
+            .copied()
+            .filter(|k| !program.contains(k))
+            .collect();
         let mut progress = Progress::new("exported", None);
+        let mut done = 0;
         let started = Instant::now();
-        let (stats, manifest, tag) = super::oci::export(&r, &root, |w| {
-            Ok(capsule::export(&store, root, &objects, w, &mut |b| {
-                progress.tick(b)
-            })?)
+        let (stats, manifest, tag) = super::oci::export(&r, &root, |part, w| {
+            let (part_root, part_objects) = match part {
+                super::oci::Part::Program => (loaded.snapshot.module, &program),
+                super::oci::Part::State => (root, &state),
+            };
+            let s = capsule::export(&store, part_root, part_objects, w, &mut |b| {
+                progress.tick(done + b)
+            })?;
+            done += s.stored_bytes;
+            Ok(s)
         })
         .with_context(|| format!("cannot export {root} to {}", a.output.display()))?;
+        let sum = |f: fn(&capsule::CapsuleStats) -> u64| stats.iter().map(f).sum::<u64>();
         eprintln!(
             "ferry: exported {root} to the OCI layout {}, tag `{tag}` (manifest {manifest}): \
-             {} objects, \
-             {:.1} MiB of data in {:.1} MiB, {:.1} s",
+             {} objects, {:.1} MiB of data in {:.1} MiB, {:.1} s",
             r.dir.display(),
-            stats.objects,
-            crate::cmd::mib(stats.bytes),
-            crate::cmd::mib(stats.stored_bytes),
+            sum(|s| s.objects),
+            crate::cmd::mib(sum(|s| s.bytes)),
+            crate::cmd::mib(sum(|s| s.stored_bytes)),
             started.elapsed().as_secs_f64()
         );
         return Ok(ExitCode::SUCCESS);
@@ -219,20 +237,46 @@ pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
     if let Some(r) = super::oci::OciRef::parse(a.capsule.as_os_str()) {
         let name = a.capsule.display().to_string();
-        let mut cin = super::oci::open(&r).with_context(|| format!("cannot import {name}"))?;
-        let mut progress = Progress::new("imported", Some(cin.size));
-        let (root, stats) = capsule::import(&mut cin.reader, &store, &mut |b| progress.tick(b))
-            .with_context(|| format!("cannot import {name}"))?;
-        if let Some(named) = cin.snapshot.take()
-            && named != root.to_string()
-        {
-            anyhow::bail!(
-                "cannot import {name}: its manifest names the snapshot {named}, but the \
-                 capsule holds {root}"
-            );
+        let artifact = super::oci::open(&r).with_context(|| format!("cannot import {name}"))?;
+        let mut progress = Progress::new("imported", Some(artifact.size()));
+        let mut done = 0;
+        let mut roots = Vec::new();
+        let mut stats = capsule::CapsuleStats::default();
+        for i in 0..artifact.len() {
+            let mut cin = artifact
+                .capsule(i)
+                .with_context(|| format!("cannot import {name}"))?;
+            let (root, s) =
+                capsule::import(&mut cin.reader, &store, &mut |b| progress.tick(done + b))
+                    .with_context(|| format!("cannot import {name}"))?;
+            done += cin.size;
+            cin.check()
+                .with_context(|| format!("cannot import {name}"))?;
+            roots.push(root);
+            stats.objects += s.objects;
+            stats.new_objects += s.new_objects;
+            stats.bytes += s.bytes;
+            stats.stored_bytes += s.stored_bytes;
         }
-        cin.check()
-            .with_context(|| format!("cannot import {name}"))?;
+        // The snapshot is the one the manifest names (else the last layer's root), and a
+        // layer must hold it.
+        let root = match artifact.snapshot.as_deref() {
+            Some(named) => *roots
+                .iter()
+                .find(|k| k.to_string() == named)
+                .with_context(|| {
+                    format!(
+                        "cannot import {name}: its manifest names the snapshot {named}, but \
+                         no layer holds it (they hold {})",
+                        roots
+                            .iter()
+                            .map(|k| k.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })?,
+            None => *roots.last().expect("at least one layer"),
+        };
         return imported(&store, root, stats, &name);
     }
     let (input, total, name): (Box<dyn std::io::Read>, _, _) = if a.capsule.as_os_str() == "-" {

@@ -1,6 +1,7 @@
 //! Snapshots as OCI artifacts: `ferry export κ -o oci:DIR[:TAG]` writes an OCI image layout
-//! (the directory form of the OCI image specification) holding the snapshot's capsule as its
-//! one layer, and `ferry import oci:DIR[:TAG]` reads one back. Tools that move OCI content
+//! (the directory form of the OCI image specification) holding the snapshot as two capsules,
+//! one layer each — the program, shared by every snapshot of it, then the state — and
+//! `ferry import oci:DIR[:TAG]` reads one back. Tools that move OCI content
 //! (`skopeo copy`, `oras`, `crane`) carry such a layout to and from any container registry —
 //! the way checkpoint images are shipped today — with their own transport and credentials
 //! (docs/format.md, "Snapshots in OCI registries").
@@ -158,15 +159,38 @@ fn open_layout(dir: &Path) -> Result<PathBuf> {
     Ok(blobs)
 }
 
-/// Writes a snapshot's capsule into the OCI layout `r` (created, or added to: a manifest of
-/// the same tag is replaced): `write` writes the capsule to the writer it is given. Returns
-/// what `write` returned, the manifest's digest and the tag (by default `blake3-` and the
-/// first 16 hex digits of the snapshot's κ).
+/// One layer of a snapshot's artifact: a capsule, and what it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The program: the module and its instrumented form (the bulk for an interpreter such
+    /// as CPython), the same for every snapshot of it — so a registry stores it once and a
+    /// second snapshot of the program sends only its state.
+    Program,
+    /// Everything else of the snapshot's closure: memory, stack, files, state.
+    State,
+}
+
+impl Part {
+    fn name(self) -> &'static str {
+        match self {
+            Part::Program => "program",
+            Part::State => "state",
+        }
+    }
+}
+
+/// The annotation naming a layer's [`Part`].
+const PART_ANNOTATION: &str = "dev.ferry.part";
+
+/// Writes a snapshot's capsules into the OCI layout `r` (created, or added to: a manifest of
+/// the same tag is replaced), one layer per [`Part`], in order: `write` writes the part's
+/// capsule to the writer it is given. Returns what `write` returned for each, the manifest's
+/// digest and the tag (by default `blake3-` and the first 16 hex digits of the snapshot's κ).
 pub fn export<T>(
     r: &OciRef,
     root: &ferry_kappa::Kappa,
-    write: impl FnOnce(&mut dyn Write) -> Result<T>,
-) -> Result<(T, String, String)> {
+    mut write: impl FnMut(Part, &mut dyn Write) -> Result<T>,
+) -> Result<(Vec<T>, String, String)> {
     let tag = r
         .tag
         .clone()
@@ -175,30 +199,44 @@ pub fn export<T>(
         bail!("`{tag}` is not an OCI tag (letters, digits, `_`, `.`, `-`; at most 128)");
     }
     let blobs = open_layout(&r.dir)?;
-    // The capsule, hashed as it is written, then named by its digest.
-    let tmp = blobs.join(format!(".ferry-partial-{}", std::process::id()));
-    let file =
-        std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let mut w = Sha256Writer {
-        inner: std::io::BufWriter::with_capacity(1 << 20, &file),
-        hasher: Sha256::new(),
-        len: 0,
-    };
-    let written = write(&mut w).and_then(|t| {
-        w.flush()?;
-        file.sync_all()?;
-        Ok(t)
-    });
-    let t = match written {
-        Ok(t) => t,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    let (layer_hex, layer_len) = (hex::encode(w.hasher.finalize()), w.len);
-    std::fs::rename(&tmp, blobs.join(&layer_hex))
-        .with_context(|| format!("cannot write into {}", blobs.display()))?;
+    let mut results = Vec::new();
+    let mut layers = Vec::new();
+    for part in [Part::Program, Part::State] {
+        // The capsule, hashed as it is written, then named by its digest.
+        let tmp = blobs.join(format!(".ferry-partial-{}", std::process::id()));
+        let file = std::fs::File::create(&tmp)
+            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        let mut w = Sha256Writer {
+            inner: std::io::BufWriter::with_capacity(1 << 20, &file),
+            hasher: Sha256::new(),
+            len: 0,
+        };
+        let written = write(part, &mut w).and_then(|t| {
+            w.flush()?;
+            file.sync_all()?;
+            Ok(t)
+        });
+        let t = match written {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        let (hex, len) = (hex::encode(w.hasher.finalize()), w.len);
+        std::fs::rename(&tmp, blobs.join(&hex))
+            .with_context(|| format!("cannot write into {}", blobs.display()))?;
+        results.push(t);
+        layers.push(json!({
+            "mediaType": CAPSULE_MEDIA_TYPE,
+            "digest": format!("sha256:{hex}"),
+            "size": len,
+            "annotations": {
+                "org.opencontainers.image.title": format!("{tag}.{}.ferry", part.name()),
+                PART_ANNOTATION: part.name(),
+            },
+        }));
+    }
     let empty_hex = sha256_hex(EMPTY);
     write_atomic(&blobs.join(&empty_hex), EMPTY)?;
     let manifest = json!({
@@ -206,12 +244,7 @@ pub fn export<T>(
         "mediaType": MANIFEST_MEDIA_TYPE,
         "artifactType": ARTIFACT_TYPE,
         "config": {"mediaType": EMPTY_MEDIA_TYPE, "digest": format!("sha256:{empty_hex}"), "size": EMPTY.len()},
-        "layers": [{
-            "mediaType": CAPSULE_MEDIA_TYPE,
-            "digest": format!("sha256:{layer_hex}"),
-            "size": layer_len,
-            "annotations": {"org.opencontainers.image.title": format!("{tag}.ferry")},
-        }],
+        "layers": layers,
         "annotations": {SNAPSHOT_ANNOTATION: root.to_string()},
     });
     let manifest = serde_json::to_vec(&manifest)?;
@@ -235,7 +268,7 @@ pub fn export<T>(
     }));
     let index = json!({"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": manifests});
     write_atomic(&index_path, &serde_json::to_vec(&index)?)?;
-    Ok((t, format!("sha256:{manifest_hex}"), tag))
+    Ok((results, format!("sha256:{manifest_hex}"), tag))
 }
 
 /// A blob of the layout, checked against its descriptor's digest and size (read whole: for
@@ -260,14 +293,12 @@ fn small_blob(dir: &Path, desc: &Value) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// The capsule of the layout `r`: a reader of it that checks its SHA-256 (call
-/// [`CapsuleIn::check`] once it has been read to its end), its size, and the snapshot the
-/// manifest names.
+/// One capsule of the layout: a reader of it that checks its SHA-256 (call
+/// [`CapsuleIn::check`] once it has been read to its end), and its size.
 pub struct CapsuleIn {
     pub reader: Sha256Reader<std::io::BufReader<std::fs::File>>,
     pub size: u64,
     digest: String,
-    pub snapshot: Option<String>,
 }
 
 impl CapsuleIn {
@@ -285,8 +316,59 @@ impl CapsuleIn {
     }
 }
 
-/// Opens the capsule of the manifest tagged `r.tag` (or the layout's only manifest).
-pub fn open(r: &OciRef) -> Result<CapsuleIn> {
+/// The snapshot artifact of a layout, as [`open`] found it.
+pub struct Artifact {
+    dir: PathBuf,
+    /// The layers' (digest, size), in order: each a capsule.
+    layers: Vec<(String, u64)>,
+    /// The snapshot the manifest names.
+    pub snapshot: Option<String>,
+}
+
+impl Artifact {
+    /// How many capsules it holds.
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Bytes of all its capsules.
+    pub fn size(&self) -> u64 {
+        self.layers.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Capsule `i`, opened and its size checked.
+    pub fn capsule(&self, i: usize) -> Result<CapsuleIn> {
+        let (digest, size) = &self.layers[i];
+        let path = self
+            .dir
+            .join("blobs")
+            .join("sha256")
+            .join(digest_hex(digest)?);
+        let file =
+            std::fs::File::open(&path).with_context(|| format!("cannot open blob {digest}"))?;
+        let on_disk = file.metadata()?.len();
+        if on_disk != *size {
+            bail!(
+                "blob {digest} is {on_disk} bytes, not the {size} its descriptor says: the \
+                 layout is damaged"
+            );
+        }
+        Ok(CapsuleIn {
+            reader: Sha256Reader {
+                inner: std::io::BufReader::with_capacity(1 << 20, file),
+                hasher: Sha256::new(),
+            },
+            size: *size,
+            digest: digest.clone(),
+        })
+    }
+}
+
+/// Most layers a snapshot artifact may have.
+const MAX_LAYERS: usize = 16;
+
+/// The snapshot artifact of the manifest tagged `r.tag` (or the layout's only manifest).
+pub fn open(r: &OciRef) -> Result<Artifact> {
     let dir = &r.dir;
     let (_, layout) = read_json(&dir.join("oci-layout"))
         .with_context(|| format!("{} is not an OCI image layout", dir.display()))?;
@@ -325,38 +407,29 @@ pub fn open(r: &OciRef) -> Result<CapsuleIn> {
     };
     let manifest: Value =
         serde_json::from_slice(&small_blob(dir, chosen)?).context("the manifest is not JSON")?;
-    let layers = manifest["layers"].as_array().cloned().unwrap_or_default();
-    let [layer] = layers.as_slice() else {
+    let descriptors = manifest["layers"].as_array().cloned().unwrap_or_default();
+    if descriptors.is_empty() || descriptors.len() > MAX_LAYERS {
         bail!(
-            "the manifest has {} layers; a ferry snapshot has one, its capsule",
-            layers.len()
-        );
-    };
-    if layer["mediaType"] != CAPSULE_MEDIA_TYPE {
-        bail!(
-            "the manifest's layer is {}, not a ferry capsule ({CAPSULE_MEDIA_TYPE})",
-            layer["mediaType"]
+            "the manifest has {} layers; a ferry snapshot has 1 to {MAX_LAYERS}, each a capsule",
+            descriptors.len()
         );
     }
-    let digest = layer["digest"]
-        .as_str()
-        .context("the layer has no digest")?;
-    let path = dir.join("blobs").join("sha256").join(digest_hex(digest)?);
-    let file = std::fs::File::open(&path).with_context(|| format!("cannot open blob {digest}"))?;
-    let size = file.metadata()?.len();
-    if layer["size"].as_u64() != Some(size) {
-        bail!(
-            "blob {digest} is {size} bytes, not the {} its descriptor says: the layout is damaged",
-            layer["size"]
-        );
+    let mut layers = Vec::new();
+    for layer in &descriptors {
+        if layer["mediaType"] != CAPSULE_MEDIA_TYPE {
+            bail!(
+                "a layer of the manifest is {}, not a ferry capsule ({CAPSULE_MEDIA_TYPE})",
+                layer["mediaType"]
+            );
+        }
+        let digest = layer["digest"].as_str().context("a layer has no digest")?;
+        digest_hex(digest)?;
+        let size = layer["size"].as_u64().context("a layer has no size")?;
+        layers.push((digest.to_owned(), size));
     }
-    Ok(CapsuleIn {
-        reader: Sha256Reader {
-            inner: std::io::BufReader::with_capacity(1 << 20, file),
-            hasher: Sha256::new(),
-        },
-        size,
-        digest: digest.to_owned(),
+    Ok(Artifact {
+        dir: dir.clone(),
+        layers,
         snapshot: manifest["annotations"][SNAPSHOT_ANNOTATION]
             .as_str()
             .map(str::to_owned),
@@ -377,11 +450,19 @@ mod tests {
             tag: Some("t".into()),
         };
         let root = ferry_kappa::Kappa::of(b"root");
-        let ((), manifest, _) = export(&r, &root, |w| Ok(w.write_all(b"capsule bytes")?)).unwrap();
+        let (_, manifest, _) = export(&r, &root, |part, w| {
+            Ok(w.write_all(match part {
+                Part::Program => b"program bytes",
+                Part::State => b"capsule bytes",
+            })?)
+        })
+        .unwrap();
         assert!(manifest.starts_with("sha256:"));
         let read = |r: &OciRef| {
-            let mut c = open(r).unwrap();
-            assert_eq!(c.snapshot.as_deref(), Some(root.to_string().as_str()));
+            let a = open(r).unwrap();
+            assert_eq!(a.snapshot.as_deref(), Some(root.to_string().as_str()));
+            assert_eq!(a.len(), 2);
+            let mut c = a.capsule(1).unwrap();
             let mut got = Vec::new();
             c.reader.read_to_end(&mut got).unwrap();
             (got, c.check())

@@ -220,8 +220,9 @@ fn check_blobs(dir: &std::path::Path) -> usize {
 }
 
 /// `export -o oci:DIR:TAG` writes an OCI image layout (the directory form registries' tools
-/// read): the capsule as its one layer, under the tag, every blob named by its SHA-256; a
-/// second snapshot in the same layout is added under its own tag. `import oci:DIR:TAG` in a
+/// read): two capsules as its layers (the program, then the rest), under the tag, every
+/// blob named by its SHA-256; a second snapshot in the same layout is added under its own
+/// tag and shares the first one's program layer. `import oci:DIR:TAG` in a
 /// store that shares nothing brings the snapshot back, and it resumes byte-identically.
 /// Asked without a tag, a layout of two is refused with its tags; a damaged layer, a digest
 /// that is no SHA-256 (it would name a path), a missing tag and a manifest naming another
@@ -238,12 +239,16 @@ fn a_snapshot_moves_through_an_oci_layout() {
         std::fs::read_to_string(layout.join("oci-layout")).unwrap(),
         r#"{"imageLayoutVersion":"1.0.0"}"#
     );
-    assert_eq!(check_blobs(&layout), 3, "manifest, empty config, capsule");
+    assert_eq!(
+        check_blobs(&layout),
+        4,
+        "manifest, empty config, the program's capsule and the state's"
+    );
     // A second snapshot, taken further on, under another tag.
     let (_, k2) = crate::harness::resume_and_suspend(&here, &[&k], 300);
     let (_, err, code) = here.output(&["export", &k2, "-o", &at("v2")]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(check_blobs(&layout), 5);
+    assert_eq!(check_blobs(&layout), 6, "the program's layer is shared");
     let index: serde_json::Value =
         serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
     let tags: Vec<&str> = index["manifests"]
@@ -298,7 +303,7 @@ fn a_snapshot_moves_through_an_oci_layout() {
     };
     let layer = |dir: &std::path::Path| {
         let m = manifest_of(dir, "v2");
-        let hex = m["layers"][0]["digest"].as_str().unwrap()[7..].to_owned();
+        let hex = m["layers"][1]["digest"].as_str().unwrap()[7..].to_owned();
         dir.join("blobs/sha256").join(hex)
     };
     let copy = |name: &str| {
@@ -313,6 +318,11 @@ fn a_snapshot_moves_through_an_oci_layout() {
         }
         d
     };
+    assert_eq!(
+        manifest_of(&layout, "v1")["layers"][0]["digest"],
+        manifest_of(&layout, "v2")["layers"][0]["digest"],
+        "one program layer for both snapshots"
+    );
     let damaged = copy("damaged");
     let mut bytes = std::fs::read(layer(&damaged)).unwrap();
     let mid = bytes.len() / 2;
@@ -354,9 +364,7 @@ fn a_snapshot_moves_through_an_oci_layout() {
     let (_, err, code) = there.output(&["import", &format!("oci:{}:v2", lying.display())]);
     assert_eq!(code, 1);
     assert!(
-        err.contains(&format!(
-            "names the snapshot {k}, but the capsule holds {k2}"
-        )),
+        err.contains(&format!("names the snapshot {k}, but no layer holds it")),
         "{err}"
     );
 }
