@@ -1016,9 +1016,12 @@ impl WasiCtx {
         } else {
             fs::symlink_metadata(&host)
         });
-        // The path names what was asked about unless a symlink was followed to it.
+        // The path names what was asked about unless a symlink was followed to it (with
+        // none on the way, the resolved path is the mount's root joined with the path; a
+        // path through a symlinked directory is not named either, which costs nothing but
+        // that name).
         let root = &self.mounts[mount as usize].root;
-        let named = !follow || host == path::host_path(root, &rel, false).unwrap_or_default();
+        let named = !follow || rel.is_empty() || host == root.join(&rel);
         let shown = self.inodes.show(mount, named.then_some(rel.as_str()), &md);
         tri!(filestat(m, out, &md, shown));
         Ok(Errno::Success)

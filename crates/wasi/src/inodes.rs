@@ -121,19 +121,19 @@ impl Inodes {
             }
         }
         let mut kept = Vec::new();
+        let mut stale = Vec::new();
         for ((mount, path), key) in &self.names {
-            let Some(root) = roots.get(*mount as usize) else {
-                continue;
-            };
-            let at = if path.is_empty() {
-                root.to_path_buf()
-            } else {
-                root.join(path)
-            };
-            let Ok(md) = std::fs::symlink_metadata(&at) else {
-                continue;
-            };
-            if (md.dev(), md.ino()) != *key {
+            let at = roots
+                .get(*mount as usize)
+                .map(|root| match path.is_empty() {
+                    true => root.to_path_buf(),
+                    false => root.join(path),
+                });
+            let here = at.and_then(|at| std::fs::symlink_metadata(at).ok());
+            if here.is_none_or(|md| (md.dev(), md.ino()) != *key) {
+                // Removed or replaced by another program: forgotten, so that names do not
+                // pile up.
+                stale.push((*mount, path.clone()));
                 continue;
             }
             let (dev, ino) = self.shown[key];
@@ -143,6 +143,9 @@ impl Inodes {
                 dev,
                 ino,
             });
+        }
+        for name in stale {
+            self.names.remove(&name);
         }
         kept
     }
@@ -220,6 +223,29 @@ mod tests {
         j.taken.insert((5, 21));
         assert_eq!(j.show_key(0, Some("d"), (7, 21)), (5, FRESH + 1));
         assert_eq!(j.show_key(0, Some("b"), (7, 11)), (5, 11));
+    }
+
+    /// A capture keeps the names that still lead to the file seen there and forgets the
+    /// others (removed, or replaced by another program).
+    #[test]
+    fn a_capture_forgets_names_that_lead_elsewhere() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        for f in ["a", "b", "c"] {
+            std::fs::write(root.join(f), f).unwrap();
+        }
+        let mut i = Inodes::default();
+        for f in ["a", "b", "c"] {
+            i.show(0, Some(f), &std::fs::metadata(root.join(f)).unwrap());
+        }
+        std::fs::remove_file(root.join("b")).unwrap();
+        // Made while `c` still holds its inode, so the new file cannot be given that one.
+        std::fs::write(root.join("c.new"), "new").unwrap();
+        std::fs::rename(root.join("c.new"), root.join("c")).unwrap();
+        let kept: Vec<String> = i.capture(&[root]).into_iter().map(|n| n.path).collect();
+        assert_eq!(kept, ["", "a"]);
+        let names: Vec<&str> = i.names.keys().map(|(_, p)| p.as_str()).collect();
+        assert_eq!(names, ["", "a"]);
     }
 
     #[test]
