@@ -20,6 +20,60 @@ const FRESH: u64 = 1 << 48;
 /// A host file's identity: device and inode.
 type HostKey = (u64, u64);
 
+/// Finds the host (device, inode) of mount-relative paths without following a final
+/// symlink, as `lstat` of the whole path would, but through a descriptor of the parent
+/// directory kept while consecutive paths share it (`fstatat`): names sorted by path come
+/// grouped by directory, and the kernel then walks one component per name instead of the
+/// whole path.
+struct Lookup<'a> {
+    roots: &'a [&'a Path],
+    /// (Mount, parent path) and a descriptor of that directory (`None`: it cannot be opened).
+    dir: Option<((u32, String), Option<std::fs::File>)>,
+}
+
+impl<'a> Lookup<'a> {
+    fn new(roots: &'a [&'a Path]) -> Self {
+        Self { roots, dir: None }
+    }
+
+    fn key(&mut self, mount: u32, path: &str) -> Option<HostKey> {
+        let root = self.roots.get(mount as usize)?;
+        if path.is_empty() {
+            return std::fs::symlink_metadata(root)
+                .ok()
+                .map(|md| (md.dev(), md.ino()));
+        }
+        let (parent, name) = path.rsplit_once('/').unwrap_or(("", path));
+        if self
+            .dir
+            .as_ref()
+            .is_none_or(|((m, p), _)| *m != mount || p != parent)
+        {
+            let at = if parent.is_empty() {
+                root.to_path_buf()
+            } else {
+                root.join(parent)
+            };
+            self.dir = Some(((mount, parent.to_owned()), std::fs::File::open(at).ok()));
+        }
+        let dir = self.dir.as_ref()?.1.as_ref()?;
+        let name = std::ffi::CString::new(name).ok()?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: `st` is ours and written by the call; `name` is a NUL-terminated string
+        // that outlives it; `dir` is an open descriptor.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            let r = libc::fstatat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            );
+            (r == 0).then_some((st.st_dev, st.st_ino))
+        }
+    }
+}
+
 /// The virtual numbers of one guest's files.
 #[derive(Debug, Default)]
 pub(crate) struct Inodes {
@@ -122,15 +176,9 @@ impl Inodes {
         }
         let mut kept = Vec::new();
         let mut stale = Vec::new();
+        let mut lookup = Lookup::new(roots);
         for ((mount, path), key) in &self.names {
-            let at = roots
-                .get(*mount as usize)
-                .map(|root| match path.is_empty() {
-                    true => root.to_path_buf(),
-                    false => root.join(path),
-                });
-            let here = at.and_then(|at| std::fs::symlink_metadata(at).ok());
-            if here.is_none_or(|md| (md.dev(), md.ino()) != *key) {
+            if lookup.key(*mount, path) != Some(*key) {
                 // Removed or replaced by another program: forgotten, so that names do not
                 // pile up.
                 stale.push((*mount, path.clone()));
@@ -161,6 +209,7 @@ impl Inodes {
             ));
         }
         let mut me = Self::default();
+        let mut lookup = Lookup::new(roots);
         // Each mount's own directory first: it gives the mount's device number.
         let mut order: Vec<&InodeName> = kept.iter().collect();
         order.sort_by_key(|n| !n.path.is_empty());
@@ -171,21 +220,15 @@ impl Inodes {
                     n.path
                 ));
             }
-            let Some(root) = roots.get(n.mount as usize) else {
+            if roots.get(n.mount as usize).is_none() {
                 return Err(format!(
                     "the snapshot keeps an inode number in mount {}, which does not exist",
                     n.mount
                 ));
-            };
-            let at = if n.path.is_empty() {
-                root.to_path_buf()
-            } else {
-                root.join(&n.path)
-            };
-            let Ok(md) = std::fs::symlink_metadata(&at) else {
+            }
+            let Some(key) = lookup.key(n.mount, &n.path) else {
                 continue;
             };
-            let key = (md.dev(), md.ino());
             me.devs.entry((n.mount, key.0)).or_insert(n.dev);
             let v = (n.dev, n.ino);
             match me.shown.get(&key) {
