@@ -1,6 +1,6 @@
 //! `ferry conformance`: the conformance kit every space must pass (docs/conformance.md).
 //!
-//! A kit is a directory with `cases.json` (format `ferry-conformance`, versions 1 to 4),
+//! A kit is a directory with `cases.json` (format `ferry-conformance`, versions 1 to 5),
 //! guests and expected outputs. For each case and each engine under test the runner checks:
 //!
 //! * **fresh** — an uninterrupted run prints exactly the expected stdout and stderr and exits
@@ -31,8 +31,8 @@ use crate::settings::Settings;
 /// The kit format this ferry reads.
 pub const KIT_FORMAT: &str = "ferry-conformance";
 /// The newest kit version this ferry reads; it reads every version from 1 (v2 added `trap`;
-/// v3 and v4 only cases).
-pub const KIT_VERSION: u32 = 4;
+/// v3, v4 and v5 only cases).
+pub const KIT_VERSION: u32 = 5;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -41,7 +41,7 @@ pub struct Args {
     #[arg(long, default_value = "all", value_name = "ENGINE")]
     engine: String,
     /// The kit directory (holds cases.json).
-    #[arg(long, default_value = "conformance/v4", value_name = "DIR")]
+    #[arg(long, default_value = "conformance/v5", value_name = "DIR")]
     kit: PathBuf,
     /// Only the cases whose name contains this.
     #[arg(long, value_name = "TEXT")]

@@ -1,4 +1,4 @@
-//! The conformance kit (conformance/v4, which holds v1's to v3's cases) passes on both
+//! The conformance kit (conformance/v5, which holds v1's to v4's cases) passes on both
 //! engines, a v1 kit is still read, and a kit whose expectations are wrong fails with the
 //! reason.
 
@@ -22,7 +22,7 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn the_kit_passes_on_both_engines_and_across_them() {
     let env = Env::new();
-    let kit = repo().join("conformance/v4");
+    let kit = repo().join("conformance/v5");
     let (out, err, code) = env.output(&[
         "conformance",
         "--engine",
@@ -101,14 +101,14 @@ fn a_kit_of_another_version_is_refused() {
     std::fs::create_dir_all(&kit).unwrap();
     std::fs::write(
         kit.join("cases.json"),
-        r#"{"format": "ferry-conformance", "version": 5, "cases": []}"#,
+        r#"{"format": "ferry-conformance", "version": 6, "cases": []}"#,
     )
     .unwrap();
     let (_, err, code) = env.output(&["conformance", "--kit", kit.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(
         err.contains(
-            "is a `ferry-conformance` v5 kit; this ferry reads `ferry-conformance` v1 to v4"
+            "is a `ferry-conformance` v6 kit; this ferry reads `ferry-conformance` v1 to v5"
         ),
         "{err}"
     );
