@@ -202,6 +202,25 @@ fn damaged_capsules_and_unknown_snapshots_are_refused() {
     assert!(!env.path("a-directory.ferry-partial").exists());
 }
 
+/// `ferry import SOURCE` in `there` brings snapshot `k`, which resumed there prints the rest
+/// of what an uninterrupted run (`plain`) printed after `seen`.
+fn imports_and_ends_like_plain(
+    there: &Env,
+    source: &str,
+    k: &str,
+    seen: &mut Vec<u8>,
+    plain: &[u8],
+) {
+    let (out, err, code) = there.output(&["import", source]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("imported {k}"));
+    seen.extend(resume_to_end(there, k));
+    assert_eq!(
+        String::from_utf8_lossy(seen),
+        String::from_utf8_lossy(plain)
+    );
+}
+
 /// The blobs of the OCI layout `dir`: each file name must be the SHA-256 of its content.
 fn check_blobs(dir: &std::path::Path) -> usize {
     use sha2::Digest;
@@ -274,14 +293,7 @@ fn a_snapshot_moves_through_an_oci_layout() {
     let (_, err, code) = there.output(&["import", &at("v3")]);
     assert_eq!(code, 1);
     assert!(err.contains("no manifest tagged `v3`"), "{err}");
-    let (out, err, code) = there.output(&["import", &at("v1")]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(out.trim(), format!("imported {k}"));
-    seen.extend(resume_to_end(&there, &k));
-    assert_eq!(
-        String::from_utf8_lossy(&seen),
-        String::from_utf8_lossy(&plain)
-    );
+    imports_and_ends_like_plain(&there, &at("v1"), &k, &mut seen, &plain);
 
     // Damaged: v2's capsule with one byte changed (in a copy of the layout).
     let manifest_of = |dir: &std::path::Path, tag: &str| -> serde_json::Value {
@@ -459,13 +471,6 @@ fn a_snapshot_moves_through_a_container_registry() {
     skopeo(&[&format!("oci:{}:snap", out.display()), &remote]);
     let back = here.path("back");
     skopeo(&[&remote, &format!("oci:{}:snap", back.display())]);
-    let there = Env::new();
-    let (out, err, code) = there.output(&["import", &format!("oci:{}:snap", back.display())]);
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(out.trim(), format!("imported {k}"));
-    seen.extend(resume_to_end(&there, &k));
-    assert_eq!(
-        String::from_utf8_lossy(&seen),
-        String::from_utf8_lossy(&plain)
-    );
+    let source = format!("oci:{}:snap", back.display());
+    imports_and_ends_like_plain(&Env::new(), &source, &k, &mut seen, &plain);
 }
