@@ -18,7 +18,7 @@ use ferry_engine::{
     snapshot,
 };
 use ferry_kappa::Kappa;
-use ferry_store::{RefValue, Store};
+use ferry_store::{RefValue, Store, write_durably};
 use ferry_wasi::{HostClock, MountSpec, OutputBuffer, Stdio, WasiCtx};
 use tracing::{info, warn};
 
@@ -1777,20 +1777,4 @@ fn nonzero_memory(store: &dyn Store, k: &Kappa) -> u64 {
         .filter_map(|b| ferry_object::decode::<ferry_object::MemoryImage>(&b).ok())
         .map(|img| img.chunks.len() as u64 * u64::from(img.chunk_size))
         .sum()
-}
-
-/// Temp file, fsync, rename, fsync of the directory.
-fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }

@@ -21,9 +21,27 @@ pub use error::StoreError;
 pub use fs::{FsStore, Housekeeping};
 pub use mem::MemStore;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ferry_kappa::Kappa;
+
+/// Writes `bytes` at `path` atomically and durably: a temporary file beside it (`path` with
+/// the extension `tmp`), `fsync`, rename over `path`, `fsync` of the directory. A crash
+/// leaves the old file or the new one, never a torn one.
+pub fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
 
 /// What [`Store::compact`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

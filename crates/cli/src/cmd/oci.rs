@@ -112,14 +112,9 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Writes `bytes` to `path` through a temporary file, durably.
+/// Writes `bytes` to `path` through a temporary file, durably ([`ferry_store::write_durably`]).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("ferry-partial");
-    let mut f =
-        std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path))
+    ferry_store::write_durably(path, bytes)
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
