@@ -103,6 +103,17 @@ impl TrapReport {
         }
     }
 
+    /// The report of a trap whose call stack is `frames`, innermost first (all of them).
+    pub fn with_frames(cause: impl Into<String>, mut frames: Vec<TrapFrame>) -> Self {
+        let depth = frames.len();
+        frames.truncate(FRAMES_SHOWN);
+        Self {
+            cause: cause.into(),
+            frames,
+            depth,
+        }
+    }
+
     /// Frames that run in a rewind copy (after a resume, until they return) are shown as the
     /// function they copy, as an uninterrupted run shows them: `wasm` is the instrumented
     /// module ([`ferry_instrument::frame_functions`]).
@@ -159,20 +170,6 @@ impl std::fmt::Display for TrapReport {
             )?;
         }
         Ok(())
-    }
-}
-
-impl TrapReport {
-    /// The report of a trap whose call stack is `frames`, innermost first (all of them).
-    pub fn with_frames(cause: impl Into<String>, frames: Vec<TrapFrame>) -> Self {
-        let depth = frames.len();
-        let mut frames = frames;
-        frames.truncate(FRAMES_SHOWN);
-        Self {
-            cause: cause.into(),
-            frames,
-            depth,
-        }
     }
 }
 

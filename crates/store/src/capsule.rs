@@ -62,6 +62,16 @@ pub struct CapsuleStats {
     pub new_objects: u64,
 }
 
+impl std::ops::AddAssign for CapsuleStats {
+    /// The counts of two capsules moved together (the layers of an OCI artifact).
+    fn add_assign(&mut self, o: Self) {
+        self.objects += o.objects;
+        self.bytes += o.bytes;
+        self.stored_bytes += o.stored_bytes;
+        self.new_objects += o.new_objects;
+    }
+}
+
 /// Counts and hashes what passes through.
 struct Hashing<W> {
     inner: W,

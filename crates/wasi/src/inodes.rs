@@ -103,11 +103,11 @@ impl Inodes {
 
     /// [`Self::show`] for a host (device, inode) pair.
     pub(crate) fn show_key(&mut self, mount: u32, path: Option<&str>, key: HostKey) -> (u64, u64) {
-        if let Some(p) = path
-            && (self.names.len() < MAX_INODE_NAMES
-                || self.names.contains_key(&(mount, p.to_owned())))
-        {
-            self.names.insert((mount, p.to_owned()), key);
+        if let Some(p) = path {
+            let name = (mount, p.to_owned());
+            if self.names.len() < MAX_INODE_NAMES || self.names.contains_key(&name) {
+                self.names.insert(name, key);
+            }
         }
         if let Some(v) = self.shown.get(&key) {
             return *v;

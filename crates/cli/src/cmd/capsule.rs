@@ -151,14 +151,17 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
             Ok(s)
         })
         .with_context(|| format!("cannot export {root} to {}", a.output.display()))?;
-        let sum = |f: fn(&capsule::CapsuleStats) -> u64| stats.iter().map(f).sum::<u64>();
+        let mut total = capsule::CapsuleStats::default();
+        for s in stats {
+            total += s;
+        }
         eprintln!(
             "ferry: exported {root} to the OCI layout {}, tag `{tag}` (manifest {manifest}): \
              {} objects, {:.1} MiB of data in {:.1} MiB, {:.1} s",
             r.dir.display(),
-            sum(|s| s.objects),
-            crate::cmd::mib(sum(|s| s.bytes)),
-            crate::cmd::mib(sum(|s| s.stored_bytes)),
+            total.objects,
+            crate::cmd::mib(total.bytes),
+            crate::cmd::mib(total.stored_bytes),
             started.elapsed().as_secs_f64()
         );
         return Ok(ExitCode::SUCCESS);
@@ -253,10 +256,7 @@ pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
             cin.check()
                 .with_context(|| format!("cannot import {name}"))?;
             roots.push(root);
-            stats.objects += s.objects;
-            stats.new_objects += s.new_objects;
-            stats.bytes += s.bytes;
-            stats.stored_bytes += s.stored_bytes;
+            stats += s;
         }
         // The snapshot is the one the manifest names (else the last layer's root), and a
         // layer must hold it.
