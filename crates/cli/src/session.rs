@@ -3,7 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
@@ -130,9 +130,34 @@ pub fn checked_id(id: &str) -> Result<&str> {
 /// can ask who holds it ([`holder`]) without trusting a recorded pid. (A POSIX lock is also
 /// dropped when its process closes *any* descriptor of the file, so the holding process never
 /// opens the lock file a second time: [`holder`] is for other processes.)
+///
+/// A session that never got a record (a run refused before it started) leaves no lock file
+/// behind: the lease removes it when dropped, still holding the lock. A process that opened
+/// the file before it went then holds a lock on a file no path names, so [`lease`] checks,
+/// once it holds the lock, that the path still leads to its file, and starts again if not.
 #[derive(Debug)]
 pub struct Lease {
     _file: File,
+    lock: PathBuf,
+    record: PathBuf,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // `_file` (and with it the lock) is closed after this, when the fields drop.
+        if !self.record.exists() {
+            let _ = std::fs::remove_file(&self.lock);
+        }
+    }
+}
+
+/// Whether `file` is the file `path` names now (same device and inode).
+fn still_named(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
 }
 
 fn lock_file(settings: &Settings, id: &str, create: bool) -> std::io::Result<File> {
@@ -158,17 +183,27 @@ fn write_lock() -> libc::flock {
 
 /// Takes session `id`'s lease, or says which process holds it (`Err(pid)`).
 pub fn lease(settings: &Settings, id: &str) -> Result<std::result::Result<Lease, u32>> {
-    let file = lock_file(settings, id, true)
-        .with_context(|| format!("opening {}", lock_path(settings, id).display()))?;
-    let fl = write_lock();
-    // SAFETY: a valid descriptor and a valid `flock` for the duration of the call.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &fl) } == 0 {
-        return Ok(Ok(Lease { _file: file }));
-    }
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EACCES | libc::EAGAIN) => Ok(Err(holder(settings, id).unwrap_or(0))),
-        _ => Err(e).with_context(|| format!("locking {}", lock_path(settings, id).display())),
+    let lock = lock_path(settings, id);
+    loop {
+        let file =
+            lock_file(settings, id, true).with_context(|| format!("opening {}", lock.display()))?;
+        let fl = write_lock();
+        // SAFETY: a valid descriptor and a valid `flock` for the duration of the call.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &fl) } == 0 {
+            if !still_named(&file, &lock) {
+                continue; // removed by its last holder meanwhile (see `Lease`)
+            }
+            return Ok(Ok(Lease {
+                _file: file,
+                lock,
+                record: path(settings, id),
+            }));
+        }
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EACCES | libc::EAGAIN) => Ok(Err(holder(settings, id).unwrap_or(0))),
+            _ => Err(e).with_context(|| format!("locking {}", lock.display())),
+        };
     }
 }
 

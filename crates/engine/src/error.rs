@@ -30,6 +30,8 @@ pub enum EngineError {
     #[error(transparent)]
     Instrument(#[from] ferry_instrument::InstrumentError),
     #[error(transparent)]
+    Imports(#[from] crate::ImportError),
+    #[error(transparent)]
     Store(#[from] ferry_store::StoreError),
     #[error("compiling the module failed: {0}")]
     Compile(String),

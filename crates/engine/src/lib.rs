@@ -14,6 +14,7 @@ pub mod dirty;
 mod error;
 pub mod gc;
 mod host;
+mod imports;
 mod incremental;
 mod interp;
 mod jit;
@@ -25,6 +26,7 @@ pub mod snapshot;
 
 pub use control::{Control, Hold, Request};
 pub use error::{EXIT_TRAPPED, EngineError, Stage};
+pub use imports::ImportError;
 pub use prepare::{OtherVersions, Prepared, Runtime};
 pub use run::{Outcome, PlainModule, SnapshotMeta, Start};
 pub use seam::{EngineKind, Stop, TrapFrame, TrapReport, Value};

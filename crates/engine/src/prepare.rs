@@ -98,6 +98,7 @@ impl Runtime {
         if wasm.len() < 8 || &wasm[..4] != b"\0asm" {
             return Err(ferry_instrument::InstrumentError::NotWasm.into());
         }
+        crate::imports::check(wasm)?;
         let module = store.put(wasm)?;
         self.prepare_kappa(store, module, progress)
     }
@@ -248,6 +249,7 @@ impl Runtime {
             }
             _ => {
                 let wasm = store.get(&module)?;
+                crate::imports::check(&wasm)?;
                 if wasm.len() > 4 << 20 {
                     progress(&format!(
                         "making {} suspendable ({} MB; done once, then cached)",

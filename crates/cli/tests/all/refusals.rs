@@ -74,6 +74,56 @@ fn unsupported_proposal_is_named() {
     );
 }
 
+/// A program that needs functions ferry does not give it (a C program linked with undefined
+/// symbols, one built for another host) is refused before it is made suspendable — a big
+/// module is not instrumented and compiled for minutes first — in the same words on both
+/// engines, and nothing is stored (not even a lock file for the session it did not start).
+#[test]
+fn imports_ferry_does_not_provide_are_refused_before_anything_runs() {
+    let env = Env::new();
+    let m = env.path("env.wat");
+    std::fs::write(
+        &m,
+        r#"(module (import "env" "js_now" (func (result f64)))
+             (import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))
+             (memory (export "memory") 1) (func (export "_start")))"#,
+    )
+    .unwrap();
+    let typed = env.path("typed.wat");
+    std::fs::write(
+        &typed,
+        r#"(module (import "wasi_snapshot_preview1" "fd_write" (func (param i32 i64) (result i32)))
+             (memory (export "memory") 1) (func (export "_start")))"#,
+    )
+    .unwrap();
+    for engine in ["jit", "interp"] {
+        let (out, err, code) = env.output(&["run", "--engine", engine, m.to_str().unwrap()]);
+        assert_eq!((out.as_str(), code), ("", 1), "{err}");
+        assert_eq!(
+            err,
+            "ferry: cannot run env.wat\nferry:   caused by: the module imports a function ferry \
+                 does not provide: `env.js_now`; ferry gives a program the functions of WASI \
+                 preview 1 (`wasi_snapshot_preview1`) and nothing else (build it for \
+                 wasm32-wasip1 with every symbol defined)\n"
+        );
+        let (_, err, code) = env.output(&["run", "--engine", engine, typed.to_str().unwrap()]);
+        assert_eq!(code, 1);
+        assert!(
+            err.contains(
+                "imports `wasi_snapshot_preview1.fd_write` as (i32, i64) -> (i32), but ferry \
+                 provides it as (i32, i32, i32, i32) -> (i32)"
+            ),
+            "{err}"
+        );
+    }
+    assert!(
+        dir_contents(&env.store().join("objects")).is_empty(),
+        "nothing was stored"
+    );
+    // Nor is a session left behind: no record, no lock file.
+    assert_eq!(dir_contents(&env.store().join("sessions")), vec![]);
+}
+
 /// Exception handling runs on the JIT; the interpreter (wasmi) lacks the proposal and says so
 /// before running anything.
 #[test]
