@@ -1,5 +1,5 @@
 //! What a program may import: the functions of WASI preview 1 that ferry provides (with their
-//! types) and [`HOST_DOOR`](crate::host::HOST_DOOR). Checked before a module is made
+//! types) and [`HOST_DOOR`](crate::host::HOST_DOOR) — no memories, tables, globals or tags. Checked before a module is made
 //! suspendable, so a program that needs something else is refused at once — before a big
 //! module is instrumented and compiled for minutes — and with the same words on every engine
 //! (each engine's own linker words a missing import its own way).
@@ -25,6 +25,14 @@ pub enum ImportError {
         count(*.total, "function"), list(.names, *.total)
     )]
     Unknown { names: Vec<String>, total: usize },
+    /// Something other than a function (a memory, table, global or tag), which a program
+    /// must define itself.
+    #[error(
+        "the module imports a {kind}, `{name}`; ferry gives a program only functions (those \
+         of WASI preview 1), so it must define its own {kind} (a C program: link it without \
+         `--import-memory` or `--import-table`)"
+    )]
+    NotFunction { name: String, kind: &'static str },
     /// A function ferry provides, imported with another type.
     #[error(
         "the module imports `{name}` as {found}, but ferry provides it as {expected} (the type \
@@ -112,8 +120,19 @@ pub fn check(wasm: &[u8]) -> Result<(), ImportError> {
             Payload::ImportSection(r) => {
                 for imp in r.into_imports() {
                     let Ok(imp) = imp else { return Ok(()) };
-                    let (TypeRef::Func(t) | TypeRef::FuncExact(t)) = imp.ty else {
-                        continue; // not a function: refused by the transform, with the reason
+                    let t = match imp.ty {
+                        TypeRef::Func(t) | TypeRef::FuncExact(t) => t,
+                        other => {
+                            return Err(ImportError::NotFunction {
+                                name: format!("{}.{}", imp.module, imp.name),
+                                kind: match other {
+                                    TypeRef::Memory(_) => "memory",
+                                    TypeRef::Table(_) => "table",
+                                    TypeRef::Global(_) => "global",
+                                    _ => "tag",
+                                },
+                            });
+                        }
                     };
                     let Some((params, results)) = provided(imp.module, imp.name) else {
                         total += 1;
@@ -209,6 +228,30 @@ mod tests {
             err.to_string(),
             "the module imports `wasi_snapshot_preview1.fd_write` as (i32, i64) -> (i32), but \
              ferry provides it as (i32, i32, i32, i32) -> (i32) (the type WASI preview 1 gives it)"
+        );
+    }
+
+    #[test]
+    fn a_memory_or_global_import_is_named() {
+        let err =
+            check_wat(r#"(module (import "env" "memory" (memory 1)) (func (export "_start")))"#)
+                .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the module imports a memory, `env.memory`; ferry gives a program only functions \
+             (those of WASI preview 1), so it must define its own memory (a C program: link it \
+             without `--import-memory` or `--import-table`)"
+        );
+        let err = check_wat(
+            r#"(module (import "env" "__stack_pointer" (global (mut i32))) (func (export "_start")))"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            ImportError::NotFunction {
+                name: "env.__stack_pointer".into(),
+                kind: "global"
+            }
         );
     }
 
