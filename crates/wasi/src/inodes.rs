@@ -75,14 +75,32 @@ impl<'a> Lookup<'a> {
 }
 
 /// The virtual numbers of one guest's files.
+///
+/// Most files take no room: a file shows its host inode number on the device its host device
+/// is shown as, computed each time, unless a restored file already shows that pair (then it
+/// gets a fresh number, kept in the table). This holds on a *simple* host device — shown as
+/// one device, which no other host device is shown as — and those are all devices but the
+/// ones a restore finds sharing a shown device (two mounts once on different devices now on
+/// one, or the other way round): those keep every file's numbers in the table, so that no
+/// two files show the same. So the table holds the restored numbers that differ from what
+/// would be computed (at most [`MAX_INODE_NAMES`]), the fresh numbers given where a file
+/// would show a restored one (at most one per restored number), and the files of shared
+/// devices.
 #[derive(Debug, Default)]
 pub(crate) struct Inodes {
-    /// Host identity → the (device, inode) the guest is shown.
+    /// Host identity → the (device, inode) the guest is shown, where it is not computed.
     shown: HashMap<HostKey, (u64, u64)>,
-    /// The (device, inode) pairs given out, so that no two files show the same.
+    /// The (device, inode) pairs of `shown`: a computed pair must not be one of them.
     taken: HashSet<(u64, u64)>,
     /// (Mount, host device) → the device the guest is shown for it.
     devs: HashMap<(u32, u64), u64>,
+    /// Host device → the device it is shown as in the mount that showed it first.
+    first_dev: HashMap<u64, u64>,
+    /// Devices shown: a host device seen for the first time is shown as one of its own.
+    claimed: HashSet<u64>,
+    /// Host devices that share a shown device (found by a restore): each file's numbers are
+    /// kept in `shown`.
+    shared: HashSet<u64>,
     /// (Mount, path) → the host file last seen there: how a capture finds each file again.
     names: BTreeMap<(u32, String), HostKey>,
     /// Counter for fresh inode numbers.
@@ -112,8 +130,14 @@ impl Inodes {
         if let Some(v) = self.shown.get(&key) {
             return *v;
         }
-        let dev = *self.devs.entry((mount, key.0)).or_insert(key.0);
+        let dev = self.dev(mount, key.0);
         let mut v = (dev, key.1);
+        if !self.shared.contains(&key.0) && key.1 < FRESH && !self.taken.contains(&v) {
+            // No other file can show `v`: other host devices are shown as other devices,
+            // `taken` holds every pair given out here otherwise, and a fresh number is at
+            // least FRESH. Nor will one later: `taken` only gains fresh numbers now.
+            return v;
+        }
         while self.taken.contains(&v) {
             self.next += 1;
             v = (dev, FRESH + self.next);
@@ -121,6 +145,42 @@ impl Inodes {
         self.taken.insert(v);
         self.shown.insert(key, v);
         v
+    }
+
+    /// The device the guest is shown for host device `host` in `mount`: the one it is shown
+    /// as in another mount, else its own number unless that is shown already (then the
+    /// next one that is not).
+    fn dev(&mut self, mount: u32, host: u64) -> u64 {
+        if let Some(d) = self.devs.get(&(mount, host)) {
+            return *d;
+        }
+        let d = match self.first_dev.get(&host) {
+            Some(d) => *d,
+            None => {
+                let mut d = host;
+                while self.claimed.contains(&d) {
+                    d = d.wrapping_add(1);
+                }
+                self.claimed.insert(d);
+                self.first_dev.insert(host, d);
+                d
+            }
+        };
+        self.devs.insert((mount, host), d);
+        d
+    }
+
+    /// The numbers file `key`, already shown (perhaps in another mount than `mount`: the
+    /// guest renamed it there), shows.
+    fn shown_of(&self, mount: u32, key: HostKey) -> (u64, u64) {
+        if let Some(v) = self.shown.get(&key) {
+            return *v;
+        }
+        let dev = self
+            .devs
+            .get(&(mount, key.0))
+            .or_else(|| self.first_dev.get(&key.0));
+        (dev.copied().unwrap_or(key.0), key.1)
     }
 
     /// The guest renamed `from` to `to` (each a mount and a path in it): what was named under
@@ -184,7 +244,7 @@ impl Inodes {
                 stale.push((*mount, path.clone()));
                 continue;
             }
-            let (dev, ino) = self.shown[key];
+            let (dev, ino) = self.shown_of(*mount, *key);
             kept.push(InodeName {
                 mount: *mount,
                 path: path.clone(),
@@ -241,7 +301,36 @@ impl Inodes {
             }
             me.names.insert((n.mount, n.path.clone()), key);
         }
+        me.settle();
         Ok(me)
+    }
+
+    /// Once the restored numbers are in: finds the host devices that share a shown device,
+    /// and forgets the restored numbers that [`Self::show_key`] computes the same.
+    fn settle(&mut self) {
+        let mut shown_as: HashMap<u64, HashSet<u64>> = HashMap::new();
+        let mut shown_for: HashMap<u64, HashSet<u64>> = HashMap::new();
+        let mut devs: Vec<_> = self.devs.iter().map(|(&(m, h), &d)| (m, h, d)).collect();
+        devs.sort_unstable();
+        for &(_, host, dev) in &devs {
+            shown_as.entry(host).or_default().insert(dev);
+            shown_for.entry(dev).or_default().insert(host);
+            self.first_dev.entry(host).or_insert(dev);
+            self.claimed.insert(dev);
+        }
+        for (host, as_) in &shown_as {
+            if as_.len() > 1 || as_.iter().any(|d| shown_for[d].len() > 1) {
+                self.shared.insert(*host);
+            }
+        }
+        self.claimed.extend(self.shown.values().map(|v| v.0));
+        let (shared, first_dev) = (&self.shared, &self.first_dev);
+        self.shown.retain(|key, v| {
+            shared.contains(&key.0)
+                || key.1 >= FRESH
+                || first_dev.get(&key.0).is_none_or(|d| *v != (*d, key.1))
+        });
+        self.taken = self.shown.values().copied().collect();
     }
 }
 
@@ -258,14 +347,70 @@ mod tests {
         // as 5, and a new file whose own inode number 10 or 21 is taken gets a fresh one.
         let mut j = Inodes::default();
         j.shown.insert((7, 10), (5, 10));
-        j.taken.insert((5, 10));
         j.devs.insert((0, 7), 5);
+        j.settle();
         assert_eq!(j.show_key(0, Some("b"), (7, 11)), (5, 11));
         assert_eq!(j.show_key(0, Some("c"), (7, 20)), (5, 20));
         assert_eq!(j.show_key(0, Some("c2"), (7, 10)), (5, 10));
         j.taken.insert((5, 21));
         assert_eq!(j.show_key(0, Some("d"), (7, 21)), (5, FRESH + 1));
         assert_eq!(j.show_key(0, Some("b"), (7, 11)), (5, 11));
+    }
+
+    /// Files show numbers computed from their host ones and take no room, moved or not; the
+    /// table holds what differs, and every file of host devices that share a shown device.
+    #[test]
+    fn most_files_take_no_room() {
+        let mut i = Inodes::default();
+        for ino in 0..1000 {
+            assert_eq!(i.show_key(0, None, (5, ino)), (5, ino));
+        }
+        assert!(i.shown.is_empty() && i.taken.is_empty());
+        // Moved: mount 0 was on device 5 and is now on 7; its file written anew as inode 20
+        // showed (5, 10).
+        let mut m = Inodes::default();
+        m.shown.insert((7, 2), (5, 2));
+        m.shown.insert((7, 20), (5, 10));
+        m.devs.insert((0, 7), 5);
+        m.settle();
+        assert_eq!(m.shown.len(), 1, "(7, 2) shows what would be computed");
+        for ino in 0..1000 {
+            let want = match ino {
+                10 => (5, FRESH + 1),
+                20 => (5, 10),
+                _ => (5, ino),
+            };
+            assert_eq!(m.show_key(0, None, (7, ino)), want);
+        }
+        assert_eq!(m.show_key(0, None, (7, 20)), (5, 10));
+        assert_eq!(m.show_key(0, None, (7, 10)), (5, FRESH + 1));
+        assert_eq!(
+            m.shown.len(),
+            2,
+            "the restored number and the one fresh number"
+        );
+        // A host device first seen now, whose number is shown for another: another one.
+        assert_eq!(m.show_key(0, None, (5, 1)), (6, 1));
+        assert_eq!(m.show_key(1, None, (5, 2)), (6, 2));
+        assert_eq!(m.shown.len(), 2);
+
+        // Shared: mount 0 was on device 5 and is now on 7; mount 1 is on 5 and kept its
+        // numbers; mount 2 on 9 and kept its numbers too.
+        let mut j = Inodes::default();
+        j.shown.insert((7, 10), (5, 10));
+        j.shown.insert((5, 3), (5, 3));
+        j.shown.insert((9, 4), (9, 4));
+        j.devs.extend([((0, 7), 5), ((1, 5), 5), ((2, 9), 9)]);
+        j.settle();
+        assert_eq!(j.shown.len(), 2, "(9, 4) needs no room");
+        assert_eq!(j.show_key(1, None, (5, 10)), (5, FRESH + 1));
+        assert_eq!(j.show_key(0, None, (7, 3)), (5, FRESH + 2));
+        assert_eq!(j.show_key(1, None, (5, 3)), (5, 3));
+        assert_eq!(j.show_key(0, None, (7, 11)), (5, 11));
+        assert_eq!(j.show_key(1, None, (5, 11)), (5, FRESH + 3));
+        assert_eq!(j.show_key(2, None, (9, 11)), (9, 11));
+        assert_eq!(j.show_key(2, None, (9, 4)), (9, 4));
+        assert_eq!(j.shown.len(), 6);
     }
 
     /// A capture keeps the names that still lead to the file seen there and forgets the
