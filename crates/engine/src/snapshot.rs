@@ -327,6 +327,15 @@ impl Loaded {
             .iter()
             .flat_map(|m| m.chunks.iter().map(|(_, k)| k))
     }
+
+    /// [`Self::chunks`] with where each is: (memory, byte offset in it, κ).
+    pub fn chunks_at(&self) -> impl Iterator<Item = (usize, u64, &Kappa)> {
+        self.memories.iter().enumerate().flat_map(|(i, m)| {
+            m.chunks
+                .iter()
+                .map(move |(at, k)| (i, u64::from(*at) * u64::from(m.chunk_size), k))
+        })
+    }
 }
 
 fn get_object<T: ObjectKind>(store: &dyn Store, k: &Kappa, what: &str) -> Result<T, EngineError> {

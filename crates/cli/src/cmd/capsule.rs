@@ -1,7 +1,7 @@
 //! `ferry export` and `ferry import`: a snapshot and its whole closure in one file, to move it
 //! to a machine that shares nothing with this one (docs/format.md, "Capsules").
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::io::{BufReader, BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use ferry_engine::closure::{moving_order, snapshot_closure};
 use ferry_engine::snapshot;
+use ferry_kappa::Kappa;
 use ferry_store::capsule;
 
 use crate::settings::Settings;
@@ -125,23 +126,36 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     let mut objects: Vec<_> = closure.into_iter().collect();
     moving_order(&root, loaded.chunks().copied(), &mut objects);
     if let Some(r) = super::oci::OciRef::parse(a.output.as_os_str()) {
-        // Two layers: the program (the same for every snapshot of it: a registry keeps it
-        // once), then the rest.
+        // The program (the same for every snapshot of it: a registry keeps it once), the
+        // memory region by region (a region that did not change is the same layer), then
+        // the rest.
         let program: Vec<_> = [loaded.snapshot.module, loaded.snapshot.instrumented]
             .into_iter()
             .filter(|k| objects.contains(k))
             .collect();
-        let state: Vec<_> = objects
-            .iter()
-            .copied()
-            .filter(|k| !program.contains(k))
+        let regions = memory_regions(&loaded, &program);
+        let state: Vec<_> = {
+            let in_regions: HashSet<_> = regions.iter().flatten().collect();
+            objects
+                .iter()
+                .copied()
+                .filter(|k| !program.contains(k) && !in_regions.contains(k))
+                .collect()
+        };
+        let parts: Vec<_> = std::iter::once(super::oci::Part::Program)
+            .chain((0..regions.len() as u32).map(super::oci::Part::Memory))
+            .chain([super::oci::Part::State])
             .collect();
         let mut progress = Progress::new("exported", None);
         let mut done = 0;
         let started = Instant::now();
-        let (stats, manifest, tag) = super::oci::export(&r, &root, |part, w| {
+        let (stats, manifest, tag) = super::oci::export(&r, &root, &parts, |part, w| {
             let (part_root, part_objects) = match part {
                 super::oci::Part::Program => (loaded.snapshot.module, &program),
+                super::oci::Part::Memory(n) => {
+                    let chunks = &regions[n as usize];
+                    (chunks[0], chunks)
+                }
                 super::oci::Part::State => (root, &state),
             };
             let s = capsule::export(&store, part_root, part_objects, w, &mut |b| {
@@ -236,6 +250,38 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Bytes of guest memory one OCI layer holds at most (doubled until the regions fit
+/// [`super::oci::MAX_LAYERS`]): small enough that a guest changing a corner of a big memory
+/// sends little, large enough that a registry is not asked for thousands of blobs.
+const REGION: u64 = 32 << 20;
+
+/// The snapshot's memory chunks in regions of [`REGION`] bytes of each memory, in address
+/// order, each chunk in the first region that holds it (none that `program` holds), empty
+/// regions left out: each region's chunks are one layer of an OCI export, the same bytes in
+/// every snapshot in which they are the same.
+fn memory_regions(loaded: &snapshot::Loaded, program: &[Kappa]) -> Vec<Vec<Kappa>> {
+    let mut region = REGION;
+    loop {
+        let mut seen: HashSet<&Kappa> = program.iter().collect();
+        let mut regions: Vec<Vec<Kappa>> = Vec::new();
+        let mut current = None;
+        for (memory, at, k) in loaded.chunks_at() {
+            if !seen.insert(k) {
+                continue;
+            }
+            if current != Some((memory, at / region)) {
+                current = Some((memory, at / region));
+                regions.push(Vec::new());
+            }
+            regions.last_mut().expect("pushed").push(*k);
+        }
+        if regions.len() + 2 <= super::oci::MAX_LAYERS {
+            return regions;
+        }
+        region *= 2;
+    }
+}
+
 pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
     if let Some(r) = super::oci::OciRef::parse(a.capsule.as_os_str()) {
@@ -265,14 +311,14 @@ pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
                 .iter()
                 .find(|k| k.to_string() == named)
                 .with_context(|| {
+                    let mut held: Vec<_> = roots.iter().take(3).map(|k| k.to_string()).collect();
+                    if roots.len() > 3 {
+                        held.push(format!("{} more", roots.len() - 3));
+                    }
                     format!(
                         "cannot import {name}: its manifest names the snapshot {named}, but \
                          no layer holds it (they hold {})",
-                        roots
-                            .iter()
-                            .map(|k| k.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        held.join(", ")
                     )
                 })?,
             None => *roots.last().expect("at least one layer"),

@@ -1,6 +1,7 @@
 //! Snapshots as OCI artifacts: `ferry export κ -o oci:DIR[:TAG]` writes an OCI image layout
-//! (the directory form of the OCI image specification) holding the snapshot as two capsules,
-//! one layer each — the program, shared by every snapshot of it, then the state — and
+//! (the directory form of the OCI image specification) holding the snapshot as capsules, one
+//! layer each — the program, shared by every snapshot of it, the memory region by region
+//! (a region that did not change is the same layer), then the state — and
 //! `ferry import oci:DIR[:TAG]` reads one back. Tools that move OCI content
 //! (`skopeo copy`, `oras`, `crane`) carry such a layout to and from any container registry —
 //! the way checkpoint images are shipped today — with their own transport and credentials
@@ -161,7 +162,12 @@ pub enum Part {
     /// as CPython), the same for every snapshot of it — so a registry stores it once and a
     /// second snapshot of the program sends only its state.
     Program,
-    /// Everything else of the snapshot's closure: memory, stack, files, state.
+    /// The memory chunks of one region of the guest's memory (its number: regions in
+    /// address order, memory after memory), not held by a layer before: the same bytes for
+    /// every snapshot in which that region did not change, so a registry stores it once.
+    Memory(u32),
+    /// Everything else of the snapshot's closure: stack, files, state (and, with
+    /// `--with-history`, the earlier snapshots).
     State,
 }
 
@@ -169,7 +175,15 @@ impl Part {
     fn name(self) -> &'static str {
         match self {
             Part::Program => "program",
+            Part::Memory(_) => "memory",
             Part::State => "state",
+        }
+    }
+
+    fn title(self, tag: &str) -> String {
+        match self {
+            Part::Memory(n) => format!("{tag}.memory-{n}.ferry"),
+            _ => format!("{tag}.{}.ferry", self.name()),
         }
     }
 }
@@ -178,14 +192,22 @@ impl Part {
 const PART_ANNOTATION: &str = "dev.ferry.part";
 
 /// Writes a snapshot's capsules into the OCI layout `r` (created, or added to: a manifest of
-/// the same tag is replaced), one layer per [`Part`], in order: `write` writes the part's
-/// capsule to the writer it is given. Returns what `write` returned for each, the manifest's
-/// digest and the tag (by default `blake3-` and the first 16 hex digits of the snapshot's κ).
+/// the same tag is replaced), one layer per part of `parts`, in order: `write` writes the
+/// part's capsule to the writer it is given. Returns what `write` returned for each, the
+/// manifest's digest and the tag (by default `blake3-` and the first 16 hex digits of the
+/// snapshot's κ).
 pub fn export<T>(
     r: &OciRef,
     root: &ferry_kappa::Kappa,
+    parts: &[Part],
     mut write: impl FnMut(Part, &mut dyn Write) -> Result<T>,
 ) -> Result<(Vec<T>, String, String)> {
+    if parts.is_empty() || parts.len() > MAX_LAYERS {
+        bail!(
+            "a snapshot artifact has 1 to {MAX_LAYERS} layers, not {}",
+            parts.len()
+        );
+    }
     let tag = r
         .tag
         .clone()
@@ -196,7 +218,7 @@ pub fn export<T>(
     let blobs = open_layout(&r.dir)?;
     let mut results = Vec::new();
     let mut layers = Vec::new();
-    for part in [Part::Program, Part::State] {
+    for &part in parts {
         // The capsule, hashed as it is written, then named by its digest.
         let tmp = blobs.join(format!(".ferry-partial-{}", std::process::id()));
         let file = std::fs::File::create(&tmp)
@@ -227,7 +249,7 @@ pub fn export<T>(
             "digest": format!("sha256:{hex}"),
             "size": len,
             "annotations": {
-                "org.opencontainers.image.title": format!("{tag}.{}.ferry", part.name()),
+                "org.opencontainers.image.title": part.title(&tag),
                 PART_ANNOTATION: part.name(),
             },
         }));
@@ -359,8 +381,9 @@ impl Artifact {
     }
 }
 
-/// Most layers a snapshot artifact may have.
-const MAX_LAYERS: usize = 16;
+/// Most layers a snapshot artifact may have: the program, the state and up to 1022 memory
+/// regions (a manifest is read only up to 4 MiB anyway; ferry before 2026-12-04 read 16).
+pub const MAX_LAYERS: usize = 1024;
 
 /// The snapshot artifact of the manifest tagged `r.tag` (or the layout's only manifest).
 pub fn open(r: &OciRef) -> Result<Artifact> {
@@ -445,10 +468,10 @@ mod tests {
             tag: Some("t".into()),
         };
         let root = ferry_kappa::Kappa::of(b"root");
-        let (_, manifest, _) = export(&r, &root, |part, w| {
+        let (_, manifest, _) = export(&r, &root, &[Part::Program, Part::State], |part, w| {
             Ok(w.write_all(match part {
                 Part::Program => b"program bytes",
-                Part::State => b"capsule bytes",
+                _ => b"capsule bytes",
             })?)
         })
         .unwrap();

@@ -239,7 +239,7 @@ fn check_blobs(dir: &std::path::Path) -> usize {
 }
 
 /// `export -o oci:DIR:TAG` writes an OCI image layout (the directory form registries' tools
-/// read): two capsules as its layers (the program, then the rest), under the tag, every
+/// read): capsules as its layers (the program, the memory, then the rest), under the tag, every
 /// blob named by its SHA-256; a second snapshot in the same layout is added under its own
 /// tag and shares the first one's program layer. `import oci:DIR:TAG` in a
 /// store that shares nothing brings the snapshot back, and it resumes byte-identically.
@@ -258,16 +258,35 @@ fn a_snapshot_moves_through_an_oci_layout() {
         std::fs::read_to_string(layout.join("oci-layout")).unwrap(),
         r#"{"imageLayoutVersion":"1.0.0"}"#
     );
+    let v1 = layers_of(&layout, "v1");
+    let parts: Vec<&str> = v1.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        parts,
+        ["program", "memory", "state"],
+        "a small memory: one region"
+    );
     assert_eq!(
         check_blobs(&layout),
-        4,
-        "manifest, empty config, the program's capsule and the state's"
+        5,
+        "manifest, empty config, the program's capsule, the memory's and the state's"
     );
     // A second snapshot, taken further on, under another tag.
     let (_, k2) = crate::harness::resume_and_suspend(&here, &[&k], 300);
     let (_, err, code) = here.output(&["export", &k2, "-o", &at("v2")]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(check_blobs(&layout), 6, "the program's layer is shared");
+    let mut digests: Vec<_> = v1
+        .iter()
+        .chain(&layers_of(&layout, "v2"))
+        .map(|(_, d)| d.clone())
+        .collect();
+    digests.sort();
+    digests.dedup();
+    assert_eq!(
+        digests.len(),
+        5,
+        "the program's layer is shared: {digests:?}"
+    );
+    assert_eq!(check_blobs(&layout), 2 + 1 + digests.len());
     let index: serde_json::Value =
         serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
     let tags: Vec<&str> = index["manifests"]
@@ -379,6 +398,85 @@ fn a_snapshot_moves_through_an_oci_layout() {
         err.contains(&format!("names the snapshot {k}, but no layer holds it")),
         "{err}"
     );
+}
+
+/// An export's layers, as (part, digest): `dev.ferry.part` and the layer's digest.
+fn layers_of(layout: &std::path::Path, tag: &str) -> Vec<(String, String)> {
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let m = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+        .unwrap();
+    let hex = &m["digest"].as_str().unwrap()[7..];
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("blobs/sha256").join(hex)).unwrap())
+            .unwrap();
+    manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["annotations"]["dev.ferry.part"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+                l["digest"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The memory goes into the OCI layout in layers of 32 MiB regions: a second snapshot of a
+/// guest that left its big heap alone (`dirty` rewriting no pages: it only sleeps and
+/// prints) shares the first one's layers of every region but those its stack and stdio
+/// buffer are in, so a registry is sent only those; imported elsewhere, it resumes and ends
+/// as an uninterrupted run.
+#[test]
+fn memory_regions_that_did_not_change_are_shared_layers() {
+    let here = Env::new();
+    let g = guest("wasm/dirty.wasm");
+    let args = [g.to_str().unwrap(), "--", "96", "20", "0"];
+    let plain = here.plain(&args).stdout;
+    // Suspended once the heap is filled ("ready").
+    let (mut seen, mut k) = run_and_suspend(&here, &args, 800);
+    while !String::from_utf8_lossy(&seen).contains("ready") {
+        let (more, k2) = crate::harness::resume_and_suspend(&here, &[&k], 800);
+        seen.extend(more);
+        k = k2;
+    }
+    let layout = here.path("layout");
+    let at = |tag: &str| format!("oci:{}:{tag}", layout.display());
+    let (_, err, code) = here.output(&["export", &k, "-o", &at("v1")]);
+    assert_eq!(code, 0, "{err}");
+    let (more, k2) = crate::harness::resume_and_suspend(&here, &[&k], 400);
+    seen.extend(more);
+    let (_, err, code) = here.output(&["export", &k2, "-o", &at("v2")]);
+    assert_eq!(code, 0, "{err}");
+    let (v1, v2) = (layers_of(&layout, "v1"), layers_of(&layout, "v2"));
+    let parts: Vec<&str> = v2.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(parts.first(), Some(&"program"));
+    assert_eq!(parts.last(), Some(&"state"));
+    let memory = |l: &[(String, String)]| -> Vec<String> {
+        l.iter()
+            .filter(|(p, _)| p == "memory")
+            .map(|(_, d)| d.clone())
+            .collect()
+    };
+    let (m1, m2) = (memory(&v1), memory(&v2));
+    assert!(m2.len() >= 3, "96 MiB of heap in 32 MiB regions: {parts:?}");
+    let shared = m2.iter().filter(|d| m1.contains(d)).count();
+    assert!(
+        shared >= m2.len() - 2 && shared >= 1,
+        "{shared} of {} memory layers shared",
+        m2.len()
+    );
+    assert_ne!(v1.last(), v2.last(), "the state differs");
+    let there = Env::new();
+    imports_and_ends_like_plain(&there, &at("v2"), &k2, &mut seen, &plain);
 }
 
 /// Through a real container registry: `ferry export -o oci:…`, `skopeo copy` to a registry
