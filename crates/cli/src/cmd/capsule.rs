@@ -134,16 +134,23 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
             .filter(|k| objects.contains(k))
             .collect();
         let regions = memory_regions(&loaded, &program);
-        let state: Vec<_> = {
-            let in_regions: HashSet<_> = regions.iter().flatten().collect();
-            objects
-                .iter()
-                .copied()
-                .filter(|k| !program.contains(k) && !in_regions.contains(k))
-                .collect()
-        };
+        let mut taken: HashSet<Kappa> = program.iter().copied().collect();
+        taken.extend(regions.iter().flatten().copied());
+        let files = file_groups(
+            &store,
+            &loaded,
+            &taken,
+            super::oci::MAX_LAYERS - 2 - regions.len(),
+        )?;
+        taken.extend(files.iter().flatten().copied());
+        let state: Vec<_> = objects
+            .iter()
+            .copied()
+            .filter(|k| !taken.contains(k))
+            .collect();
         let parts: Vec<_> = std::iter::once(super::oci::Part::Program)
             .chain((0..regions.len() as u32).map(super::oci::Part::Memory))
+            .chain((0..files.len() as u32).map(super::oci::Part::Files))
             .chain([super::oci::Part::State])
             .collect();
         let mut progress = Progress::new("exported", None);
@@ -155,6 +162,10 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
                 super::oci::Part::Memory(n) => {
                     let chunks = &regions[n as usize];
                     (chunks[0], chunks)
+                }
+                super::oci::Part::Files(n) => {
+                    let group = &files[n as usize];
+                    (group[0], group)
                 }
                 super::oci::Part::State => (root, &state),
             };
@@ -275,10 +286,98 @@ fn memory_regions(loaded: &snapshot::Loaded, program: &[Kappa]) -> Vec<Vec<Kappa
             }
             regions.last_mut().expect("pushed").push(*k);
         }
-        if regions.len() + 2 <= super::oci::MAX_LAYERS {
+        if regions.len() <= (super::oci::MAX_LAYERS - 2) / 2 {
             return regions;
         }
         region *= 2;
+    }
+}
+
+/// Bytes of mounted files one OCI layer holds on average.
+const FILES_GROUP: u64 = 16 << 20;
+
+/// The objects holding the bytes of the snapshot's mounted files (whole files, and chunked
+/// ones with their chunks; none in `taken`), in groups that are the same in every snapshot
+/// whose files are: in κ order, a group ends after an object with a probability of its size
+/// over [`FILES_GROUP`], decided by its κ (and after 4 × `FILES_GROUP` bytes in any case).
+/// A changed file then changes the group its old content was in and the one its new
+/// content goes to, not the others. At most `most` groups (the average doubled until they
+/// fit). Sizes come from the store's index ([`ferry_store::Store::len_of`]), else from
+/// reading the object: they only place the group ends, and the capsule checks every object.
+fn file_groups(
+    store: &dyn ferry_store::Store,
+    loaded: &snapshot::Loaded,
+    taken: &HashSet<Kappa>,
+    most: usize,
+) -> Result<Vec<Vec<Kappa>>> {
+    use ferry_object::{FileChunks, Tree};
+    let decode_err = |k: &Kappa, e: String| anyhow::anyhow!("object {k} of a mounted tree: {e}");
+    let mut data: std::collections::BTreeMap<Kappa, u64> = Default::default();
+    let len = |k: &Kappa| -> Result<u64> {
+        Ok(match store.len_of(k) {
+            Some(n) => n,
+            None => store.get(k)?.len() as u64,
+        })
+    };
+    let mut todo: Vec<(Kappa, usize)> = loaded
+        .wasi
+        .mounts
+        .iter()
+        .filter(|m| !m.host_bound)
+        .map(|m| (m.tree, 0))
+        .collect();
+    while let Some((k, depth)) = todo.pop() {
+        if depth > ferry_wasi::tree::MAX_DEPTH {
+            anyhow::bail!(
+                "a mounted tree nested deeper than {} directories",
+                ferry_wasi::tree::MAX_DEPTH
+            );
+        }
+        let tree: Tree =
+            ferry_object::decode(&store.get(&k)?).map_err(|e| decode_err(&k, e.to_string()))?;
+        for e in tree.entries.values() {
+            match e.mode.as_str() {
+                ferry_object::MODE_DIR => todo.push((e.object, depth + 1)),
+                ferry_object::MODE_FILE | ferry_object::MODE_EXEC => {
+                    let n = len(&e.object)?;
+                    data.insert(e.object, n);
+                }
+                ferry_object::MODE_FILE_CHUNKS | ferry_object::MODE_EXEC_CHUNKS => {
+                    let bytes = store.get(&e.object)?;
+                    let f: FileChunks = ferry_object::decode(&bytes)
+                        .map_err(|err| decode_err(&e.object, err.to_string()))?;
+                    data.insert(e.object, bytes.len() as u64);
+                    for c in &f.chunks {
+                        let n = len(c)?;
+                        data.insert(*c, n);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    data.retain(|k, _| !taken.contains(k));
+    let mut target = FILES_GROUP;
+    loop {
+        let mut groups = Vec::new();
+        let (mut group, mut bytes) = (Vec::new(), 0u64);
+        for (k, n) in &data {
+            group.push(*k);
+            bytes += n;
+            let draw = u64::from_le_bytes(k.as_bytes()[..8].try_into().expect("8 bytes"));
+            let ends = u128::from(draw) * u128::from(target) < u128::from(*n) << 64;
+            if ends || bytes >= 4 * target {
+                groups.push(std::mem::take(&mut group));
+                bytes = 0;
+            }
+        }
+        if !group.is_empty() {
+            groups.push(group);
+        }
+        if groups.len() <= most {
+            return Ok(groups);
+        }
+        target *= 2;
     }
 }
 

@@ -166,6 +166,9 @@ pub enum Part {
     /// address order, memory after memory), not held by a layer before: the same bytes for
     /// every snapshot in which that region did not change, so a registry stores it once.
     Memory(u32),
+    /// A group of the objects that hold the mounted files' bytes (its number), the same
+    /// bytes in every snapshot in which those files are (see `capsule::file_groups`).
+    Files(u32),
     /// Everything else of the snapshot's closure: stack, files, state (and, with
     /// `--with-history`, the earlier snapshots).
     State,
@@ -176,6 +179,7 @@ impl Part {
         match self {
             Part::Program => "program",
             Part::Memory(_) => "memory",
+            Part::Files(_) => "files",
             Part::State => "state",
         }
     }
@@ -183,6 +187,7 @@ impl Part {
     fn title(self, tag: &str) -> String {
         match self {
             Part::Memory(n) => format!("{tag}.memory-{n}.ferry"),
+            Part::Files(n) => format!("{tag}.files-{n}.ferry"),
             _ => format!("{tag}.{}.ferry", self.name()),
         }
     }
@@ -382,7 +387,8 @@ impl Artifact {
 }
 
 /// Most layers a snapshot artifact may have: the program, the state and up to 1022 memory
-/// regions (a manifest is read only up to 4 MiB anyway; ferry before 2026-12-04 read 16).
+/// regions and groups of files (a manifest is read only up to 4 MiB anyway; ferry before
+/// 2026-12-04 read 16).
 pub const MAX_LAYERS: usize = 1024;
 
 /// The snapshot artifact of the manifest tagged `r.tag` (or the layout's only manifest).

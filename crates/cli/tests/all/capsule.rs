@@ -315,23 +315,6 @@ fn a_snapshot_moves_through_an_oci_layout() {
     imports_and_ends_like_plain(&there, &at("v1"), &k, &mut seen, &plain);
 
     // Damaged: v2's capsule with one byte changed (in a copy of the layout).
-    let manifest_of = |dir: &std::path::Path, tag: &str| -> serde_json::Value {
-        let index: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
-        let m = index["manifests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
-            .unwrap()
-            .clone();
-        let hex = m["digest"]
-            .as_str()
-            .unwrap()
-            .strip_prefix("sha256:")
-            .unwrap();
-        serde_json::from_slice(&std::fs::read(dir.join("blobs/sha256").join(hex)).unwrap()).unwrap()
-    };
     let layer = |dir: &std::path::Path| {
         let m = manifest_of(dir, "v2");
         let hex = m["layers"][1]["digest"].as_str().unwrap()[7..].to_owned();
@@ -400,20 +383,28 @@ fn a_snapshot_moves_through_an_oci_layout() {
     );
 }
 
-/// An export's layers, as (part, digest): `dev.ferry.part` and the layer's digest.
-fn layers_of(layout: &std::path::Path, tag: &str) -> Vec<(String, String)> {
+/// The manifest tagged `tag` in the OCI layout `dir`.
+fn manifest_of(dir: &std::path::Path, tag: &str) -> serde_json::Value {
     let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
     let m = index["manifests"]
         .as_array()
         .unwrap()
         .iter()
         .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+        .unwrap()
+        .clone();
+    let hex = m["digest"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("sha256:")
         .unwrap();
-    let hex = &m["digest"].as_str().unwrap()[7..];
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(layout.join("blobs/sha256").join(hex)).unwrap())
-            .unwrap();
+    serde_json::from_slice(&std::fs::read(dir.join("blobs/sha256").join(hex)).unwrap()).unwrap()
+}
+
+/// An export's layers, as (part, digest): `dev.ferry.part` and the layer's digest.
+fn layers_of(layout: &std::path::Path, tag: &str) -> Vec<(String, String)> {
+    let manifest = manifest_of(layout, tag);
     manifest["layers"]
         .as_array()
         .unwrap()
@@ -477,6 +468,63 @@ fn memory_regions_that_did_not_change_are_shared_layers() {
     assert_ne!(v1.last(), v2.last(), "the state differs");
     let there = Env::new();
     imports_and_ends_like_plain(&there, &at("v2"), &k2, &mut seen, &plain);
+}
+
+/// Mounted files go into OCI layers of their own, grouped by content: a second snapshot
+/// after a small file was added to the mount shares every files layer of the first but the
+/// one the new file falls in, and its import resumes into an empty directory and ends as an
+/// uninterrupted run, the directory holding the same files.
+#[test]
+fn mounted_files_that_did_not_change_are_shared_layers() {
+    let here = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let (dir, d) = here.data_dir("data");
+    for i in 0..12 {
+        std::fs::write(
+            dir.join(format!("big-{i}.bin")),
+            crate::harness::varied_bytes(8 << 20, i),
+        )
+        .unwrap();
+    }
+    let args = ["--dir", &d, g.to_str().unwrap(), "--", "120"];
+    let plain = here.plain(&args).stdout;
+    let (mut seen, k) = run_and_suspend(&here, &args, 300);
+    let layout = here.path("layout");
+    let at = |tag: &str| format!("oci:{}:{tag}", layout.display());
+    let (_, err, code) = here.output(&["export", &k, "-o", &at("v1")]);
+    assert_eq!(code, 0, "{err}");
+    std::fs::write(dir.join("note.txt"), "added while suspended\n").unwrap();
+    let (more, k2) =
+        crate::harness::resume_and_suspend(&here, &["--dir", &d, "--allow-changed-dirs", &k], 300);
+    seen.extend(more);
+    let (_, err, code) = here.output(&["export", &k2, "-o", &at("v2")]);
+    assert_eq!(code, 0, "{err}");
+    let files = |tag: &str| -> Vec<String> {
+        layers_of(&layout, tag)
+            .into_iter()
+            .filter(|(p, _)| p == "files")
+            .map(|(_, d)| d)
+            .collect()
+    };
+    let (f1, f2) = (files("v1"), files("v2"));
+    assert!(
+        f1.len() >= 3,
+        "96 MiB of files in groups of ~16 MiB: {f1:?}"
+    );
+    let new = f2.iter().filter(|d| !f1.contains(d)).count();
+    assert!(new <= 1, "{new} of {} files layers new", f2.len());
+    assert!(f2.len() - new >= f1.len() - 1, "{f1:?} then {f2:?}");
+    let there = Env::new();
+    let (out, err, code) = there.output(&["import", &at("v2")]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("imported {k2}"));
+    let (there_dir, td) = there.data_dir("data");
+    seen.extend(resume_to_end_with(&there, &["--dir", &td], &k2));
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain)
+    );
+    assert!(dir_contents(&there_dir) == dir_contents(&dir));
 }
 
 /// Through a real container registry: `ferry export -o oci:…`, `skopeo copy` to a registry
