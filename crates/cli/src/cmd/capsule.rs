@@ -261,8 +261,8 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Bytes of guest memory one OCI layer holds at most (doubled until the regions fit
-/// [`super::oci::MAX_LAYERS`]): small enough that a guest changing a corner of a big memory
+/// Bytes of guest memory one OCI layer holds at most (doubled until the regions take at most
+/// half of [`super::oci::MAX_LAYERS`]): small enough that a guest changing a corner of a big memory
 /// sends little, large enough that a registry is not asked for thousands of blobs.
 const REGION: u64 = 32 << 20;
 
@@ -326,7 +326,12 @@ fn file_groups(
         .filter(|m| !m.host_bound)
         .map(|m| (m.tree, 0))
         .collect();
+    // A subtree held in several places (two directories alike) is one object: walked once.
+    let mut walked = HashSet::new();
     while let Some((k, depth)) = todo.pop() {
+        if !walked.insert(k) {
+            continue;
+        }
         if depth > ferry_wasi::tree::MAX_DEPTH {
             anyhow::bail!(
                 "a mounted tree nested deeper than {} directories",
