@@ -1,8 +1,9 @@
 //! What a program may import: the functions of WASI preview 1 that ferry provides (with their
-//! types) and [`HOST_DOOR`](crate::host::HOST_DOOR) — no memories, tables, globals or tags. Checked before a module is made
-//! suspendable, so a program that needs something else is refused at once — before a big
-//! module is instrumented and compiled for minutes — and with the same words on every engine
-//! (each engine's own linker words a missing import its own way).
+//! types) and [`HOST_DOOR`](crate::host::HOST_DOOR) — no memories, tables, globals or tags.
+//! Checked before a module is made suspendable, so a program that needs something else is
+//! refused at once — before a big module is instrumented and compiled for minutes — and with
+//! the same words on every engine (each engine's own linker words a missing import its own
+//! way).
 
 use ferry_wasi::FUNCTIONS;
 use wasmparser::{CompositeInnerType, FuncType, Parser, Payload, TypeRef, ValType};
@@ -120,11 +121,12 @@ pub fn check(wasm: &[u8]) -> Result<(), ImportError> {
             Payload::ImportSection(r) => {
                 for imp in r.into_imports() {
                     let Ok(imp) = imp else { return Ok(()) };
+                    let full_name = || format!("{}.{}", imp.module, imp.name);
                     let t = match imp.ty {
                         TypeRef::Func(t) | TypeRef::FuncExact(t) => t,
                         other => {
                             return Err(ImportError::NotFunction {
-                                name: format!("{}.{}", imp.module, imp.name),
+                                name: full_name(),
                                 kind: match other {
                                     TypeRef::Memory(_) => "memory",
                                     TypeRef::Table(_) => "table",
@@ -137,7 +139,7 @@ pub fn check(wasm: &[u8]) -> Result<(), ImportError> {
                     let Some((params, results)) = provided(imp.module, imp.name) else {
                         total += 1;
                         if unknown.len() < NAMED {
-                            unknown.push(format!("{}.{}", imp.module, imp.name));
+                            unknown.push(full_name());
                         }
                         continue;
                     };
@@ -146,7 +148,7 @@ pub fn check(wasm: &[u8]) -> Result<(), ImportError> {
                     };
                     if ty.params() != params || ty.results() != results {
                         return Err(ImportError::WrongType {
-                            name: format!("{}.{}", imp.module, imp.name),
+                            name: full_name(),
                             found: show(ty.params(), ty.results()),
                             expected: show(&params, &results),
                         });

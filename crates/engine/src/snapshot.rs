@@ -323,9 +323,7 @@ impl Loaded {
 
     /// The κ of every non-zero memory chunk, memory by memory, in address order.
     pub fn chunks(&self) -> impl Iterator<Item = &Kappa> {
-        self.memories
-            .iter()
-            .flat_map(|m| m.chunks.iter().map(|(_, k)| k))
+        self.chunks_at().map(|(_, _, k)| k)
     }
 
     /// [`Self::chunks`] with where each is: (memory, byte offset in it, κ).

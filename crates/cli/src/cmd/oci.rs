@@ -1,7 +1,8 @@
 //! Snapshots as OCI artifacts: `ferry export κ -o oci:DIR[:TAG]` writes an OCI image layout
 //! (the directory form of the OCI image specification) holding the snapshot as capsules, one
 //! layer each — the program, shared by every snapshot of it, the memory region by region
-//! (a region that did not change is the same layer), then the state — and
+//! and the mounted files group by group (what did not change is the same layer), then the
+//! state — and
 //! `ferry import oci:DIR[:TAG]` reads one back. Tools that move OCI content
 //! (`skopeo copy`, `oras`, `crane`) carry such a layout to and from any container registry —
 //! the way checkpoint images are shipped today — with their own transport and credentials
@@ -160,7 +161,7 @@ fn open_layout(dir: &Path) -> Result<PathBuf> {
 pub enum Part {
     /// The program: the module and its instrumented form (the bulk for an interpreter such
     /// as CPython), the same for every snapshot of it — so a registry stores it once and a
-    /// second snapshot of the program sends only its state.
+    /// second snapshot of the program does not send it again.
     Program,
     /// The memory chunks of one region of the guest's memory (its number: regions in
     /// address order, memory after memory), not held by a layer before: the same bytes for
@@ -169,8 +170,8 @@ pub enum Part {
     /// A group of the objects that hold the mounted files' bytes (its number), the same
     /// bytes in every snapshot in which those files are (see `capsule::file_groups`).
     Files(u32),
-    /// Everything else of the snapshot's closure: stack, files, state (and, with
-    /// `--with-history`, the earlier snapshots).
+    /// Everything else of the snapshot's closure: stack, WASI state, the mounts' trees,
+    /// output (and, with `--with-history`, the earlier snapshots).
     State,
 }
 
