@@ -14,6 +14,8 @@ command -v make >/dev/null || need+=(make) # jemalloc, ferry's allocator, is bui
 # skopeo, and the registry's binary (below: unpacked, not installed, so no registry service
 # starts listening on this machine).
 command -v skopeo >/dev/null || need+=(skopeo)
+# The JavaScript space's tests run on Node 24, fetched with npm (scripts/fetch-node.sh).
+command -v npm >/dev/null || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -36,3 +38,4 @@ fi
 "$root/scripts/fetch-sqlite.sh"
 "$root/scripts/fetch-zstd.sh"
 "$root/scripts/fetch-programs.sh"
+"$root/scripts/fetch-node.sh"

@@ -189,6 +189,7 @@ impl Store for RemoteStore {
             .agent
             .get(format!("{}/v1/objects/{k}", self.base))
             .header("Authorization", self.auth())
+            .header("Accept-Encoding", "zstd")
             .call()
             .map_err(remote)?;
         if r.status() == 404 {

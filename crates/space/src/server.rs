@@ -264,14 +264,22 @@ async fn fetch_objects(State(s): State<Shared>, body: Bytes) -> Response {
     }
 }
 
-/// `GET /v1/objects/{κ}`: the object, zstd-compressed.
-async fn get_object(State(s): State<Shared>, Path(k): Path<String>) -> Response {
+/// `GET /v1/objects/{κ}`: the object, zstd-compressed when the request accepts zstd
+/// (`Accept-Encoding`; ferry's client does), else as it is — a browser or Node, whose
+/// engines cannot decode zstd everywhere, gets the raw bytes (the JavaScript space, `web/`).
+async fn get_object(
+    State(s): State<Shared>,
+    Path(k): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let k = match kappa(&k) {
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
+    let zstd = accepts_zstd(&headers);
     let r = blocking(move || match s.store.get(&k) {
-        Ok(b) => zstd::bulk::compress(&b, 1).map_err(internal),
+        Ok(b) if zstd => zstd::bulk::compress(&b, 1).map_err(internal),
+        Ok(b) => Ok(b),
         Err(ferry_store::StoreError::NotFound(_)) => Err(text(
             StatusCode::NOT_FOUND,
             format!("object {k} is not here"),
@@ -280,9 +288,24 @@ async fn get_object(State(s): State<Shared>, Path(k): Path<String>) -> Response 
     })
     .await;
     match r {
-        Ok(b) => ([(header::CONTENT_ENCODING, "zstd")], b).into_response(),
+        Ok(b) if zstd => ([(header::CONTENT_ENCODING, "zstd")], b).into_response(),
+        Ok(b) => b.into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// Whether `Accept-Encoding` names zstd (with any weight but `q=0`).
+fn accepts_zstd(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            parts.next().is_some_and(|c| c.eq_ignore_ascii_case("zstd"))
+                && !parts.any(|p| p.replace(' ', "") == "q=0")
+        })
 }
 
 /// `POST /v1/snapshots/{κ}`: the snapshot's closure must be complete and verify; then the

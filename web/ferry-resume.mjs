@@ -1,0 +1,90 @@
+#!/usr/bin/env node
+// Resumes a ferry snapshot in V8 (Node's WebAssembly engine), fetching it from a space:
+//
+//   node --experimental-wasm-multi-memory web/ferry-resume.mjs --space URL [--token-file F] blake3:<hex>
+//
+// The guest's stdout and stderr are this process's; progress goes to stderr with `-v`; the
+// exit code is the guest's. A snapshot that cannot be resumed here is refused with the reason
+// (exit 65), before the guest runs; a trap prints `ferry: guest trapped: <cause>` (exit 70).
+// The token comes from --token-file or FERRY_TOKEN, the space from --space or FERRY_SPACE.
+// The guest runs in a worker thread with a stack of its own (--stack-mb, default 512), so a
+// deep call stack can be rewound.
+
+import { readFileSync, writeSync } from "node:fs";
+import { Worker, isMainThread, parentPort, workerData } from "node:worker_threads";
+
+const USAGE = "usage: ferry-resume.mjs --space URL [--token-file F] [--stack-mb N] [-v] blake3:<hex>";
+const EX_REFUSED = 65;
+const EX_TRAP = 70;
+const EX_USAGE = 64;
+
+function writeAll(fd, bytes) {
+  let at = 0;
+  while (at < bytes.length) {
+    try {
+      at += writeSync(fd, bytes, at, bytes.length - at);
+    } catch (e) {
+      if (e.code !== "EAGAIN") throw e;
+    }
+  }
+}
+
+if (isMainThread) {
+  const args = process.argv.slice(2);
+  const opts = { space: process.env.FERRY_SPACE, token: process.env.FERRY_TOKEN, stackMb: 512, verbose: false };
+  let kappa = null;
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i];
+    if (a === "--space") opts.space = args[++i];
+    else if (a === "--token-file") opts.token = readFileSync(args[++i], "utf8").trim();
+    else if (a === "--stack-mb") opts.stackMb = Number(args[++i]);
+    else if (a === "-v") opts.verbose = true;
+    else if (a === "-h" || a === "--help") {
+      console.log(USAGE);
+      process.exit(0);
+    } else if (kappa === null && !a.startsWith("-")) kappa = a;
+    else {
+      console.error(`ferry-resume: unexpected argument \`${a}\`\n${USAGE}`);
+      process.exit(EX_USAGE);
+    }
+  }
+  if (!opts.space || !kappa) {
+    console.error(`ferry-resume: ${!opts.space ? "no space (--space or FERRY_SPACE)" : "no snapshot named"}\n${USAGE}`);
+    process.exit(EX_USAGE);
+  }
+  const worker = new Worker(new URL(import.meta.url), {
+    workerData: { ...opts, kappa },
+    resourceLimits: { stackSizeMb: opts.stackMb },
+    execArgv: process.execArgv,
+  });
+  worker.on("message", (m) => {
+    if (m.refused) {
+      writeAll(2, Buffer.from(`ferry: refused: ${m.refused}\n`));
+      process.exit(EX_REFUSED);
+    }
+    if (m.trap) {
+      writeAll(2, Buffer.from(`ferry: guest trapped: ${m.trap}\n`));
+      process.exit(EX_TRAP);
+    }
+    process.exit(m.code);
+  });
+  worker.on("error", (e) => {
+    writeAll(2, Buffer.from(`ferry: ${e.stack ?? e}\n`));
+    process.exit(1);
+  });
+} else {
+  const { resume } = await import("./resume.js");
+  const { Refused, SpaceSource } = await import("./objects.js");
+  const { space, token, kappa, verbose } = workerData;
+  try {
+    const r = await resume(new SpaceSource(space, token), kappa, {
+      stdout: (b) => writeAll(1, b),
+      stderr: (b) => writeAll(2, b),
+      progress: verbose ? (line) => writeAll(2, Buffer.from(`ferry: ${line}\n`)) : undefined,
+    });
+    parentPort.postMessage(r);
+  } catch (e) {
+    if (e instanceof Refused) parentPort.postMessage({ refused: e.message });
+    else throw e;
+  }
+}

@@ -1,0 +1,275 @@
+// ferry's objects as a JavaScript space reads them (docs/format.md): fetched by κ from a
+// space over its HTTP API, each re-hashed before it is used, decoded strictly, every kind and
+// version checked, unknown fields refused, every count bounded — a snapshot from a peer is
+// untrusted here as in ferry itself.
+
+import { blake3, hex } from "./blake3.js";
+import { decode } from "./cbor.js";
+
+/** A snapshot this space cannot resume, and why (what a user can act on). */
+export class Refused extends Error {}
+
+const KAPPA = /^blake3:([0-9a-f]{64})$/;
+
+/** The 64 hex digits of `blake3:<hex>`; refused otherwise. */
+export function parseKappa(text) {
+  const m = KAPPA.exec(String(text).trim());
+  if (!m) throw new Refused(`\`${text}\` is not a full κ (blake3: and 64 lower-case hex digits)`);
+  return m[1];
+}
+
+const kappaOf = (bytes, what) => {
+  if (!(bytes instanceof Uint8Array) || bytes.length !== 32) {
+    throw new Refused(`${what} is not a κ (32 bytes)`);
+  }
+  return hex(bytes);
+};
+
+/** Objects from a ferry space (`ferry serve`): `GET /v1/objects/{κ}` with its bearer token. */
+export class SpaceSource {
+  constructor(base, token, { concurrency = 16 } = {}) {
+    this.base = base.replace(/\/+$/, "");
+    this.token = token;
+    this.slots = concurrency;
+    this.waiting = [];
+    this.fetched = 0;
+  }
+
+  async slot() {
+    if (this.slots > 0) {
+      this.slots--;
+      return;
+    }
+    await new Promise((ok) => this.waiting.push(ok));
+  }
+  release() {
+    const next = this.waiting.shift();
+    if (next) next();
+    else this.slots++;
+  }
+
+  /** The bytes of object `k` (hex), checked against their κ; at most `max` bytes. */
+  async get(k, max = 1 << 30) {
+    await this.slot();
+    try {
+      const headers = this.token ? { Authorization: `Bearer ${this.token}` } : {};
+      let r;
+      try {
+        r = await fetch(`${this.base}/v1/objects/blake3:${k}`, { headers });
+      } catch (e) {
+        throw new Refused(`cannot reach the space at ${this.base}: ${e.cause?.message ?? e.message}`);
+      }
+      if (r.status === 404) throw new Refused(`object blake3:${k} is missing from the space`);
+      if (r.status === 401) throw new Refused(`the space refused the token (401): ${(await r.text()).trim()}`);
+      if (!r.ok) throw new Refused(`the space answered ${r.status} for blake3:${k}: ${(await r.text()).trim()}`);
+      if (r.headers.get("content-encoding") === "zstd") {
+        throw new Refused("the space sent zstd, which this engine cannot decode (a ferry that honours Accept-Encoding is needed)");
+      }
+      const bytes = new Uint8Array(await r.arrayBuffer());
+      if (bytes.length > max) throw new Refused(`object blake3:${k} is ${bytes.length} bytes, over the ${max} allowed for it`);
+      if (hex(blake3(bytes)) !== k) throw new Refused(`object blake3:${k} does not hash to its κ (corrupt in transit or in the space)`);
+      this.fetched += bytes.length;
+      return bytes;
+    } finally {
+      this.release();
+    }
+  }
+}
+
+/** Objects held in memory (tests, and a page that was handed them): `Map` hex → bytes. */
+export class MapSource {
+  constructor(map) {
+    this.map = map;
+    this.fetched = 0;
+  }
+  async get(k) {
+    const bytes = this.map.get(k);
+    if (!bytes) throw new Refused(`object blake3:${k} is missing`);
+    if (hex(blake3(bytes)) !== k) throw new Refused(`object blake3:${k} does not hash to its κ`);
+    this.fetched += bytes.length;
+    return bytes;
+  }
+}
+
+const MAX_STRUCTURED = 64 << 20;
+
+/** Decodes a structured object of `kind`, version in `versions`, with exactly the fields allowed. */
+function structured(bytes, k, kind, versions, required, optional = []) {
+  let m;
+  try {
+    m = decode(bytes);
+  } catch (e) {
+    throw new Refused(`object blake3:${k} is not a valid ${kind}: ${e.message}`);
+  }
+  if (!(m instanceof Map)) throw new Refused(`object blake3:${k} is not a ${kind}`);
+  if (m.get("kind") !== kind) throw new Refused(`object blake3:${k} is a \`${m.get("kind")}\`, not a \`${kind}\``);
+  const v = m.get("v");
+  if (!versions.includes(v)) {
+    throw new Refused(`\`${kind}\` object has format version ${v}; this space reads version ${versions.join(", ")}`);
+  }
+  const allowed = new Set(["kind", "v", ...required, ...optional]);
+  for (const key of m.keys()) {
+    if (!allowed.has(key)) throw new Refused(`\`${kind}\` object has an unknown field \`${key}\``);
+  }
+  for (const key of required) {
+    if (!m.has(key)) throw new Refused(`\`${kind}\` object lacks the field \`${key}\``);
+  }
+  return m;
+}
+
+function fieldsOf(m, what, required, optional = []) {
+  if (!(m instanceof Map)) throw new Refused(`${what} is not a map`);
+  const allowed = new Set([...required, ...optional]);
+  for (const key of m.keys()) if (!allowed.has(key)) throw new Refused(`${what} has an unknown field \`${key}\``);
+  for (const key of required) if (!m.has(key)) throw new Refused(`${what} lacks \`${key}\``);
+  return m;
+}
+
+const uint = (x, what) => {
+  if (typeof x === "number" && Number.isInteger(x) && x >= 0) return x;
+  if (typeof x === "bigint" && x >= 0n) return x;
+  throw new Refused(`${what} is not an unsigned integer`);
+};
+const text = (x, what) => {
+  if (typeof x !== "string") throw new Refused(`${what} is not text`);
+  return x;
+};
+const list = (x, what, max) => {
+  if (!Array.isArray(x)) throw new Refused(`${what} is not a list`);
+  if (x.length > max) throw new Refused(`${what} has ${x.length} entries, over ${max}`);
+  return x;
+};
+
+export async function snapshot(source, k) {
+  const m = structured(await source.get(k, MAX_STRUCTURED), k, "ferry.snapshot", [1],
+    ["program", "module", "instrumented", "instrument_version", "memories", "globals", "stack",
+      "entry", "wasi", "profile", "parent", "generation"], ["output", "main"]);
+  const profile = fieldsOf(m.get("profile"), "the snapshot's profile", ["runtime", "engine_class", "capabilities", "host_bound"]);
+  return {
+    kappa: k,
+    program: text(m.get("program"), "program"),
+    module: kappaOf(m.get("module"), "module"),
+    instrumented: kappaOf(m.get("instrumented"), "instrumented"),
+    instrumentVersion: uint(m.get("instrument_version"), "instrument_version"),
+    memories: list(m.get("memories"), "memories", 16).map((x) => kappaOf(x, "a memory")),
+    globals: list(m.get("globals"), "globals", 1 << 20).map((g) => {
+      const f = fieldsOf(g, "a global", ["index", "ty", "bits"]);
+      const bits = f.get("bits");
+      if (!(bits instanceof Uint8Array)) throw new Refused("a global's bits are not bytes");
+      return { index: uint(f.get("index"), "a global's index"), ty: text(f.get("ty"), "a global's type"), bits };
+    }),
+    stack: kappaOf(m.get("stack"), "stack"),
+    entry: text(m.get("entry"), "entry"),
+    wasi: kappaOf(m.get("wasi"), "wasi"),
+    profile: {
+      runtime: text(profile.get("runtime"), "runtime"),
+      engineClass: text(profile.get("engine_class"), "engine_class"),
+      capabilities: list(profile.get("capabilities"), "capabilities", 1024).map((c) => text(c, "a capability")),
+      hostBound: profile.get("host_bound") === true,
+    },
+    main: m.has("main") ? text(m.get("main"), "main") : null,
+  };
+}
+
+export const CHUNK = 65536;
+
+export async function memory(source, k) {
+  const m = structured(await source.get(k, MAX_STRUCTURED), k, "ferry.memory", [1], ["len", "chunk_size", "chunks"]);
+  const len = uint(m.get("len"), "a memory's len");
+  if (typeof len !== "number" || len % CHUNK !== 0 || len > 2 ** 32) throw new Refused(`a memory's length ${len} is not a multiple of 65536 up to 4 GiB`);
+  if (m.get("chunk_size") !== CHUNK) throw new Refused(`a memory's chunk size is ${m.get("chunk_size")}, not 65536`);
+  let prev = -1;
+  const chunks = list(m.get("chunks"), "a memory's chunks", len / CHUNK).map((e) => {
+    const [i, c] = list(e, "a memory chunk", 2);
+    const index = uint(i, "a chunk index");
+    if (index <= prev || index >= len / CHUNK) throw new Refused("a memory's chunks are out of order or past its length");
+    prev = index;
+    return [index, kappaOf(c, "a chunk")];
+  });
+  return { len, chunks };
+}
+
+export async function wasiState(source, k) {
+  const m = structured(await source.get(k, MAX_STRUCTURED), k, "ferry.wasi", [1],
+    ["args", "env", "mounts", "fds", "monotonic_ns", "stdout_bytes", "stderr_bytes", "stdin_bytes", "sleep_deadline_ns"],
+    ["unshown_stdout", "unshown_stderr", "stdin_input", "inodes"]);
+  const bytesOr = (key) => {
+    const b = m.get(key);
+    if (b === undefined) return new Uint8Array(0);
+    if (!(b instanceof Uint8Array) || b.length > 1 << 20) throw new Refused(`\`${key}\` is not up to 1 MiB of bytes`);
+    return b;
+  };
+  const mounts = list(m.get("mounts"), "mounts", 1024).map((x) => {
+    const f = fieldsOf(x, "a mount", ["guest_path", "host_hint", "tree", "read_only"], ["host_bound", "not_carried"]);
+    return {
+      guestPath: text(f.get("guest_path"), "a mount's guest path"),
+      tree: kappaOf(f.get("tree"), "a mount's tree"),
+      readOnly: f.get("read_only") === true,
+      hostBound: f.get("host_bound") === true,
+    };
+  });
+  const fds = list(m.get("fds"), "fds", 1 << 20).map((e) => {
+    const [fd, s] = list(e, "an fd", 2);
+    const f = fieldsOf(s, "an fd's state", ["what", "mount", "path", "offset", "fdflags", "read", "write"], ["unnamed"]);
+    const path = text(f.get("path"), "an fd's path");
+    if (path.startsWith("/") || path.split("/").includes("..")) throw new Refused(`an fd's path \`${path}\` is not safe`);
+    return [uint(fd, "an fd number"), {
+      what: text(f.get("what"), "an fd's kind"),
+      mount: uint(f.get("mount"), "an fd's mount"),
+      path,
+      offset: Number(uint(f.get("offset"), "an fd's offset")),
+      fdflags: uint(f.get("fdflags"), "an fd's flags"),
+      read: f.get("read") === true,
+      write: f.get("write") === true,
+      unnamed: f.has("unnamed") ? kappaOf(f.get("unnamed"), "an unnamed file") : null,
+    }];
+  });
+  const inodes = list(m.get("inodes") ?? [], "inodes", 100000).map((x) => {
+    const f = fieldsOf(x, "an inode name", ["mount", "path", "dev", "ino"]);
+    return { mount: uint(f.get("mount"), "mount"), path: text(f.get("path"), "path"), dev: f.get("dev"), ino: f.get("ino") };
+  });
+  const pair = (e) => list(e, "an environment entry", 2).map((s) => text(s, "an environment entry"));
+  const deadline = m.get("sleep_deadline_ns");
+  return {
+    args: list(m.get("args"), "args", 1 << 20).map((a) => text(a, "an argument")),
+    env: list(m.get("env"), "env", 1 << 20).map(pair),
+    mounts,
+    fds,
+    monotonicNs: BigInt(uint(m.get("monotonic_ns"), "monotonic_ns")),
+    stdinBytes: Number(uint(m.get("stdin_bytes"), "stdin_bytes")),
+    sleepDeadlineNs: deadline === null ? null : BigInt(uint(deadline, "sleep_deadline_ns")),
+    unshownStdout: bytesOr("unshown_stdout"),
+    unshownStderr: bytesOr("unshown_stderr"),
+    stdinInput: m.has("stdin_input") ? kappaOf(m.get("stdin_input"), "stdin_input") : null,
+    inodes,
+  };
+}
+
+const MODES = ["file", "exec", "dir", "symlink", "file-chunks", "exec-chunks", "link"];
+
+export async function tree(source, k) {
+  const m = structured(await source.get(k, MAX_STRUCTURED), k, "ferry.tree", [1, 2, 3, 4], ["entries"]);
+  const entries = m.get("entries");
+  if (!(entries instanceof Map)) throw new Refused("a tree's entries are not a map");
+  const out = [];
+  for (const [name, e] of entries) {
+    text(name, "a tree entry's name");
+    if (name === "" || name === "." || name === ".." || name.includes("/") || name.includes("\0")) {
+      throw new Refused(`a tree entry's name \`${name}\` is not a plain name`);
+    }
+    const f = fieldsOf(e, `tree entry \`${name}\``, ["mode", "object"], ["mtime_ns"]);
+    const mode = text(f.get("mode"), "a mode");
+    if (!MODES.includes(mode)) throw new Refused(`tree entry \`${name}\` has an unknown mode \`${mode}\``);
+    out.push({ name, mode, object: kappaOf(f.get("object"), "a tree entry's object"), mtimeNs: f.has("mtime_ns") ? BigInt(f.get("mtime_ns")) : null });
+  }
+  return out;
+}
+
+export async function fileChunks(source, k) {
+  const m = structured(await source.get(k, MAX_STRUCTURED), k, "ferry.file", [1], ["len", "chunk_size", "chunks"]);
+  const len = Number(uint(m.get("len"), "a file's len"));
+  if (m.get("chunk_size") !== 1 << 20) throw new Refused("a chunked file's chunk size is not 1 MiB");
+  const chunks = list(m.get("chunks"), "a file's chunks", Math.ceil(len / (1 << 20))).map((c) => kappaOf(c, "a file chunk"));
+  if (chunks.length !== Math.ceil(len / (1 << 20))) throw new Refused("a chunked file has the wrong number of pieces");
+  return { len, chunks };
+}

@@ -1,0 +1,361 @@
+// Resumes a ferry snapshot in this JavaScript engine (V8 in Node or a browser tab,
+// SpiderMonkey, JavaScriptCore): the verified transition of DESIGN §1.6 as a space without a
+// file system does it. Resolving and Verifying fetch the closure and re-hash every object;
+// Admitting checks the profile and the host contract; Restoring writes the memories, globals
+// and saved stack into a fresh instance of the instrumented module and rewinds it through
+// `ferry:rewind:<entry>` (crates/instrument/src/abi.rs); then the guest runs to its end.
+
+import * as obj from "./objects.js";
+import { Refused } from "./objects.js";
+import { DirNode, Exit, Fatal, FileNode, LinkNode, Wasi } from "./wasi.js";
+
+/** Transform versions whose modules speak host contract 1 (`abi::OLDEST_COMPATIBLE..=INSTRUMENT_VERSION`). */
+export const HOST_CONTRACT_VERSIONS = [14, 19];
+const RUNTIME = "ferry-host/1";
+const CLASSES = ["wasm-core-2+multi-memory", "wasm-core-2+multi-memory+exceptions"];
+const STATE_NORMAL = 0;
+const STATE_REWIND = 2;
+/** Deepest directory nesting a mount's tree may have (as ferry's trees). */
+const MAX_TREE_DEPTH = 64;
+/** Most entries all of a snapshot's trees may hold together here (all in memory). */
+const MAX_TREE_ENTRIES = 1 << 20;
+
+/** The WebAssembly specification's wording of a trap, from this engine's message. */
+export function trapCause(e) {
+  const m = String(e.message ?? e);
+  const known = [
+    [/memory access out of bounds|out of bounds memory|offset is out of bounds|index out of bounds/i, "out of bounds memory access"],
+    [/unreachable/i, "unreachable"],
+    [/divide by zero|division by zero/i, "integer divide by zero"],
+    [/integer overflow|divide result unrepresentable/i, "integer overflow"],
+    [/float unrepresentable|invalid conversion/i, "invalid conversion to integer"],
+    [/table index is out of bounds|undefined element/i, "undefined element"],
+    [/null function|signature mismatch|indirect call/i, "indirect call type mismatch"],
+    [/call stack|stack size exceeded|too much recursion/i, "call stack exhausted"],
+  ];
+  for (const [re, cause] of known) if (re.test(m)) return cause;
+  return m;
+}
+
+/**
+ * Resumes snapshot `kappa` (`blake3:<hex>`) from `source` (a `SpaceSource`). `io`: stdout and
+ * stderr (each called with a Uint8Array), progress (called with a line of text), stdin (a
+ * Uint8Array, or null: end of file), realtime (a function giving ns since the epoch as BigInt).
+ * Returns {code} when the guest exits, {trap} when it traps; throws `Refused` when the
+ * snapshot cannot be resumed here, before the guest runs.
+ */
+export async function resume(source, kappa, io) {
+  const say = io.progress ?? (() => {});
+  const k = obj.parseKappa(kappa);
+  // Resolving and Verifying: every object of the closure, re-hashed on arrival.
+  const snap = await obj.snapshot(source, k);
+  admit(snap);
+  const state = await obj.wasiState(source, snap.wasi);
+  for (const m of state.mounts) {
+    if (m.hostBound) throw new Refused(`mount ${m.guestPath} is passed through from a host directory (host-bound); only a space with that directory can resume it`);
+  }
+  const budget = { entries: 0 };
+  const roots = await Promise.all(state.mounts.map((m) => materialize(source, m.tree, budget)));
+  const unnamed = new Map();
+  for (const [, f] of state.fds) {
+    if (f.unnamed) unnamed.set(f.unnamed, await unnamedNode(source, f.unnamed, budget));
+  }
+  const stack = await source.get(snap.stack, 1 << 30);
+  const images = await Promise.all(snap.memories.map((m) => obj.memory(source, m)));
+  say(`fetching ${images.reduce((n, im) => n + im.chunks.length, 0)} memory chunks`);
+  const chunks = await Promise.all(images.map((im) => Promise.all(im.chunks.map(([i, c]) => source.get(c, obj.CHUNK).then((b) => {
+    if (b.length !== obj.CHUNK) throw new Refused(`memory chunk blake3:${c} is ${b.length} bytes, not 65536`);
+    return [i, b];
+  })))));
+  const stdin = state.stdinInput ? await source.get(state.stdinInput) : io.stdin ?? null;
+  say(`fetching the instrumented module`);
+  const code = await source.get(snap.instrumented);
+  say(`verified ${(source.fetched / 1048576).toFixed(1)} MiB; compiling`);
+  let module;
+  try {
+    module = await WebAssembly.compile(code);
+  } catch (e) {
+    throw new Refused(`this engine cannot compile the instrumented module: ${e.message}${/multi|memory/i.test(e.message) ? " (it needs the multi-memory proposal)" : ""}`);
+  }
+
+  // Admitting: the guest's mounts from the snapshot's trees, its descriptors, its numbers.
+  const mounts = state.mounts.map((m, i) => ({ guestPath: m.guestPath, root: roots[i], readOnly: m.readOnly, dev: 0 }));
+  const inodes = [];
+  for (const n of state.inodes) {
+    const mount = mounts[n.mount];
+    if (!mount) throw new Refused(`an inode name names mount ${n.mount}, which the snapshot lacks`);
+    if (n.path === "") mount.dev = n.dev;
+    const node = lookup(mount.root, n.path);
+    if (node && node.ino === null && !inodes.some((x) => x.ino === n.ino)) {
+      node.ino = n.ino;
+      inodes.push({ node, ino: n.ino });
+    }
+  }
+  mounts.forEach((m, i) => {
+    if (m.dev === 0) m.dev = 0x10000 + i;
+  });
+  const fds = new Map();
+  for (const [n, f] of state.fds) fds.set(n, restoreFd(f, mounts, unnamed));
+  const wasi = new Wasi({
+    args: state.args,
+    env: state.env,
+    mounts,
+    fds,
+    monotonicNs: state.monotonicNs,
+    sleepDeadlineNs: state.sleepDeadlineNs,
+    stdout: io.stdout,
+    stderr: io.stderr,
+    stdin,
+    realtime: io.realtime,
+    inodes,
+  });
+  wasi.stdinAt = state.stdinBytes;
+
+  // Restoring.
+  let instance;
+  const guest = {
+    beforeCall(name) {
+      if ((name === "poll_oneoff" || name === "fd_read") && ex["ferry:state"].value === STATE_REWIND) {
+        finishRewind();
+        wasi.rewinding = true;
+      }
+    },
+  };
+  const finishRewind = () => {
+    if (ex["ferry:sp"].value !== 0) throw new Fatal("corrupt saved stack: frames left over after the rewind reached its target");
+    ex["ferry:state"].value = STATE_NORMAL;
+    ctl()[0] = 0;
+  };
+  const imports = {
+    wasi_snapshot_preview1: wasi.imports(guest),
+    ferry: {
+      poll() {
+        if (ex["ferry:state"].value === STATE_REWIND) finishRewind();
+        else ctl()[0] = 0; // nothing is ever asked of the guest here: lower the flag
+      },
+    },
+    host: { call: () => -1 },
+  };
+  try {
+    instance = await WebAssembly.instantiate(module, imports);
+  } catch (e) {
+    throw new Refused(`cannot instantiate the instrumented module here: ${e.message}`);
+  }
+  const ex = instance.exports;
+  const ctl = () => new Uint32Array(ex["ferry:ctl"].buffer, 0, 1);
+  wasi.memory = ex.memory;
+  if (!(wasi.memory instanceof WebAssembly.Memory)) throw new Refused("the module exports no `memory`");
+  images.forEach((im, i) => restoreMemory(ex, i, im, chunks[i]));
+  for (const g of snap.globals) setGlobal(ex, g);
+  const stackMem = ex["ferry:stack"];
+  if (!(stackMem instanceof WebAssembly.Memory)) throw new Refused("the module has no saved-stack memory");
+  if (stack.length > stackMem.buffer.byteLength) {
+    stackMem.grow(Math.ceil((stack.length - stackMem.buffer.byteLength) / 65536));
+  }
+  new Uint8Array(stackMem.buffer).set(stack);
+  ex["ferry:sp"].value = stack.length;
+  ex["ferry:state"].value = STATE_REWIND;
+  ctl()[0] = 1;
+  if (state.unshownStdout.length) io.stdout(state.unshownStdout);
+  if (state.unshownStderr.length) io.stderr(state.unshownStderr);
+
+  const entries = (snap.main === null ? ["ferry:start", "_start"] : ["ferry:start", "_initialize", snap.main])
+    .filter((n) => typeof ex[n] === "function");
+  let phase = entries.indexOf(snap.entry);
+  if (phase < 0) throw new Refused(`the snapshot was taken in \`${snap.entry}\`, which the module does not export`);
+  say(`restored; the guest runs`);
+  let rewinding = true;
+  try {
+    let result;
+    for (; phase < entries.length; phase++) {
+      const name = rewinding ? `ferry:rewind:${entries[phase]}` : entries[phase];
+      if (typeof ex[name] !== "function") throw new Refused(`\`${entries[phase]}\` has no rewind copy`);
+      result = ex[name]();
+      if (ex["ferry:state"].value === STATE_REWIND) throw new Fatal("corrupt saved stack: the rewind never reached its call site");
+      if (ex["ferry:state"].value !== STATE_NORMAL) throw new Fatal("the guest unwound though nothing asked it to");
+      rewinding = false;
+    }
+    return { code: typeof result === "number" ? result : 0 };
+  } catch (e) {
+    if (e instanceof Exit) return { code: e.code };
+    if (e instanceof WebAssembly.RuntimeError || e instanceof RangeError) return { trap: trapCause(e) };
+    throw e;
+  }
+}
+
+function admit(snap) {
+  const p = snap.profile;
+  if (p.runtime !== RUNTIME) throw new Refused(`the snapshot needs runtime \`${p.runtime}\`; this space provides ${RUNTIME}`);
+  if (!CLASSES.includes(p.engineClass)) throw new Refused(`the snapshot needs engine class \`${p.engineClass}\`; this space provides ${CLASSES.join(", ")}`);
+  if (p.hostBound) throw new Refused("the snapshot is host-bound (a directory passed through with --bind): only a space with that directory can resume it");
+  const [lo, hi] = HOST_CONTRACT_VERSIONS;
+  if (snap.instrumentVersion < lo || snap.instrumentVersion > hi) {
+    throw new Refused(`the snapshot's module was made by transform version ${snap.instrumentVersion}; this space speaks the host contract of versions ${lo} to ${hi}`);
+  }
+}
+
+function restoreMemory(ex, i, image, chunks) {
+  const mem = ex[`ferry:memory:${i}`];
+  if (!(mem instanceof WebAssembly.Memory)) throw new Refused(`module has no memory ${i}`);
+  const cur = mem.buffer.byteLength;
+  if (image.len < cur) throw new Refused(`memory ${i} of the snapshot is smaller (${image.len}) than the instance's (${cur})`);
+  if (image.len > cur) {
+    try {
+      mem.grow((image.len - cur) / obj.CHUNK);
+    } catch (e) {
+      throw new Refused(`memory ${i}: cannot grow to ${image.len} bytes here: ${e.message}`);
+    }
+  }
+  const data = new Uint8Array(mem.buffer);
+  // Data segments were applied at instantiation: what the snapshot lists not is zero.
+  data.fill(0, 0, cur);
+  for (const [index, bytes] of chunks) data.set(bytes, index * obj.CHUNK);
+}
+
+function setGlobal(ex, g) {
+  const global = ex[`ferry:global:${g.index}`];
+  if (!(global instanceof WebAssembly.Global)) throw new Refused(`module has no global ${g.index}`);
+  const need = { i32: 4, i64: 8, f32: 4, f64: 8, v128: 16 }[g.ty];
+  if (need === undefined || g.bits.length !== need) throw new Refused(`global ${g.index} has a malformed value`);
+  const v = new DataView(g.bits.buffer, g.bits.byteOffset, need);
+  try {
+    if (g.ty === "i32") global.value = v.getInt32(0, true);
+    else if (g.ty === "i64") global.value = v.getBigInt64(0, true);
+    // Floats and vectors through WebAssembly itself: JavaScript numbers may not keep a
+    // NaN's bits, and JavaScript cannot hold a v128 at all.
+    else setBits(global, g.ty, g.bits);
+  } catch (e) {
+    throw new Refused(`global ${g.index}: ${e.message}`);
+  }
+}
+
+const setters = new Map();
+
+/**
+ * Sets `global` (of type `ty`: f32, f64 or v128) to exactly `bits`, by a module of a few
+ * bytes that imports the global and stores into it what it loads from its own memory:
+ * `(func (export "set") (global.set 0 (T.load (i32.const 0))))`.
+ */
+function setBits(global, ty, bits) {
+  let mod = setters.get(ty);
+  if (!mod) {
+    const [valtype, load] = { f32: [0x7d, [0x2a, 2]], f64: [0x7c, [0x2b, 3]], v128: [0x7b, [0xfd, 0x00, 4]] }[ty];
+    const section = (id, body) => [id, body.length, ...body];
+    const code = [0x00, 0x41, 0x00, ...load, 0x00, 0x24, 0x00, 0x0b];
+    mod = new WebAssembly.Module(new Uint8Array([
+      0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
+      ...section(1, [0x01, 0x60, 0x00, 0x00]),
+      ...section(2, [0x01, 0x01, 0x6d, 0x01, 0x67, 0x03, valtype, 0x01]),
+      ...section(3, [0x01, 0x00]),
+      ...section(5, [0x01, 0x00, 0x01]),
+      ...section(7, [0x02, 0x03, 0x6d, 0x65, 0x6d, 0x02, 0x00, 0x03, 0x73, 0x65, 0x74, 0x00, 0x00]),
+      ...section(10, [0x01, code.length, ...code]),
+    ]));
+    setters.set(ty, mod);
+  }
+  const inst = new WebAssembly.Instance(mod, { m: { g: global } });
+  new Uint8Array(inst.exports.mem.buffer).set(bits);
+  inst.exports.set();
+}
+
+/** The in-memory directory written from tree `k`, its files' bytes fetched and checked. */
+async function materialize(source, k, budget) {
+  const root = new DirNode(null, 0n);
+  const links = [];
+  await fill(source, k, root, "", 0, budget, links);
+  // Hard links: each `link` entry names the path of a file held earlier in the tree.
+  for (const { dir, name, target } of links) {
+    const node = lookup(root, target);
+    if (!node || node.type !== "file") throw new Refused(`tree link \`${name}\` names \`${target}\`, which the tree does not hold as a file`);
+    dir.entries.set(name, node);
+    node.nlink++;
+  }
+  return root;
+}
+
+async function fill(source, k, dir, path, depth, budget, links) {
+  if (depth > MAX_TREE_DEPTH) throw new Refused(`a mount's tree nests deeper than ${MAX_TREE_DEPTH} levels`);
+  const entries = await obj.tree(source, k);
+  budget.entries += entries.length;
+  if (budget.entries > MAX_TREE_ENTRIES) throw new Refused(`the snapshot's trees hold over ${MAX_TREE_ENTRIES} entries, more than this space keeps in memory`);
+  await Promise.all(entries.map(async (e) => {
+    const mtime = e.mtimeNs ?? 0n;
+    const at = path ? `${path}/${e.name}` : e.name;
+    switch (e.mode) {
+      case "dir": {
+        const sub = new DirNode(dir, mtime);
+        dir.entries.set(e.name, sub);
+        await fill(source, e.object, sub, at, depth + 1, budget, links);
+        break;
+      }
+      case "symlink": {
+        const t = new TextDecoder().decode(await source.get(e.object, 4096));
+        dir.entries.set(e.name, new LinkNode(t, mtime));
+        break;
+      }
+      case "link": {
+        const t = new TextDecoder().decode(await source.get(e.object, 4096));
+        if (t.startsWith("/") || t.split("/").includes("..")) throw new Refused(`tree link \`${at}\` names an unsafe path`);
+        links.push({ dir, name: e.name, target: t });
+        break;
+      }
+      default: {
+        const node = new FileNode(await fileBytes(source, e), mtime);
+        node.exec = e.mode.startsWith("exec");
+        node.nlink = 1;
+        dir.entries.set(e.name, node);
+      }
+    }
+  }));
+}
+
+async function fileBytes(source, e) {
+  if (!e.mode.endsWith("-chunks")) return source.get(e.object, 1 << 20);
+  const f = await obj.fileChunks(source, e.object);
+  if (f.len > 1 << 30) throw new Refused(`a mounted file of ${f.len} bytes is more than this space keeps in memory (1 GiB)`);
+  const data = new Uint8Array(f.len);
+  await Promise.all(f.chunks.map(async (c, i) => {
+    const piece = await source.get(c, 1 << 20);
+    const want = Math.min(1 << 20, f.len - i * (1 << 20));
+    if (piece.length !== want) throw new Refused(`a piece of a chunked file has ${piece.length} bytes, not ${want}`);
+    data.set(piece, i * (1 << 20));
+  }));
+  return data;
+}
+
+async function unnamedNode(source, k, budget) {
+  const dir = new DirNode(null, 0n);
+  await fill(source, k, dir, "", 0, budget, []);
+  const only = [...dir.entries.values()];
+  if (only.length === 0) {
+    const gone = new DirNode(null, 0n);
+    gone.removed = true;
+    return gone;
+  }
+  if (only.length !== 1 || only[0].type !== "file") throw new Refused("an unnamed descriptor's tree is not one file");
+  only[0].nlink = 0;
+  return only[0];
+}
+
+/** Walks mount-relative `path` without following links; undefined if absent. */
+function lookup(root, path) {
+  let node = root;
+  for (const seg of path.split("/").filter((s) => s !== "")) {
+    if (!node || node.type !== "dir") return undefined;
+    node = node.entries.get(seg);
+  }
+  return node;
+}
+
+function restoreFd(f, mounts, unnamed) {
+  const base = { kind: f.what, mount: f.mount, offset: f.offset, fdflags: f.fdflags, read: f.read, write: f.write };
+  if (["stdin", "stdout", "stderr"].includes(f.what)) return base;
+  const mount = mounts[f.mount];
+  if (!mount) throw new Refused(`a descriptor names mount ${f.mount}, which the snapshot lacks`);
+  const node = f.unnamed ? unnamed.get(f.unnamed) : lookup(mount.root, f.path);
+  if (!node) throw new Refused(`a descriptor was open on \`${mount.guestPath}/${f.path}\`, which the snapshot's tree does not hold`);
+  const want = f.what === "file" ? "file" : "dir";
+  if (!["preopen", "dir", "file"].includes(f.what)) throw new Refused(`a descriptor of unknown kind \`${f.what}\``);
+  if (node.type !== want) throw new Refused(`a descriptor was open on \`${mount.guestPath}/${f.path}\` as a ${want}, and the tree holds something else there`);
+  return { ...base, node };
+}
