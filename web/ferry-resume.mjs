@@ -8,12 +8,13 @@
 // (exit 65), before the guest runs; a trap prints `ferry: guest trapped: <cause>` (exit 70).
 // The token comes from --token-file or FERRY_TOKEN, the space from --space or FERRY_SPACE.
 // The guest runs in a worker thread with a stack of its own (--stack-mb, default 512), so a
-// deep call stack can be rewound.
+// deep call stack can be rewound. The guest's mounts live in memory; `--write-mounts DIR`
+// writes them out when it ends (mount /data into DIR/data), hard links as copies.
 
 import { readFileSync, writeSync } from "node:fs";
 import { Worker, isMainThread, parentPort, workerData } from "node:worker_threads";
 
-const USAGE = "usage: ferry-resume.mjs --space URL [--token-file F] [--stack-mb N] [-v] blake3:<hex>";
+const USAGE = "usage: ferry-resume.mjs --space URL [--token-file F] [--stack-mb N] [--write-mounts DIR] [-v] blake3:<hex>";
 const EX_REFUSED = 65;
 const EX_TRAP = 70;
 const EX_USAGE = 64;
@@ -39,6 +40,7 @@ if (isMainThread) {
     else if (a === "--token-file") opts.token = readFileSync(args[++i], "utf8").trim();
     else if (a === "--stack-mb") opts.stackMb = Number(args[++i]);
     else if (a === "-v") opts.verbose = true;
+    else if (a === "--write-mounts") opts.writeMounts = args[++i];
     else if (a === "-h" || a === "--help") {
       console.log(USAGE);
       process.exit(0);
@@ -75,16 +77,37 @@ if (isMainThread) {
 } else {
   const { resume } = await import("./resume.js");
   const { Refused, SpaceSource } = await import("./objects.js");
-  const { space, token, kappa, verbose } = workerData;
+  const { space, token, kappa, verbose, writeMounts } = workerData;
   try {
     const r = await resume(new SpaceSource(space, token), kappa, {
       stdout: (b) => writeAll(1, b),
       stderr: (b) => writeAll(2, b),
       progress: verbose ? (line) => writeAll(2, Buffer.from(`ferry: ${line}\n`)) : undefined,
     });
-    parentPort.postMessage(r);
+    if (writeMounts) {
+      const { join } = await import("node:path");
+      for (const m of r.mounts) await writeTree(m.root, join(writeMounts, m.guestPath));
+    }
+    parentPort.postMessage({ code: r.code, trap: r.trap });
   } catch (e) {
     if (e instanceof Refused) parentPort.postMessage({ refused: e.message });
     else throw e;
+  }
+}
+
+/** Writes in-memory directory `dir` (web/wasi.js) out to host directory `to`. */
+async function writeTree(dir, to) {
+  const fs = await import("node:fs");
+  const { join } = await import("node:path");
+  fs.mkdirSync(to, { recursive: true });
+  for (const [name, node] of dir.entries) {
+    const p = join(to, name);
+    if (node.type === "dir") await writeTree(node, p);
+    else if (node.type === "symlink") fs.symlinkSync(node.target, p);
+    else {
+      fs.writeFileSync(p, node.data.subarray(0, node.size), { mode: node.exec ? 0o755 : 0o644 });
+      const ms = Number(node.mtime / 1000000n);
+      fs.utimesSync(p, new Date(ms), new Date(ms));
+    }
   }
 }

@@ -41,8 +41,9 @@ export function trapCause(e) {
  * Resumes snapshot `kappa` (`blake3:<hex>`) from `source` (a `SpaceSource`). `io`: stdout and
  * stderr (each called with a Uint8Array), progress (called with a line of text), stdin (a
  * Uint8Array, or null: end of file), realtime (a function giving ns since the epoch as BigInt).
- * Returns {code} when the guest exits, {trap} when it traps; throws `Refused` when the
- * snapshot cannot be resumed here, before the guest runs.
+ * Returns {code} when the guest exits, {trap} when it traps, each with `mounts` (the guest's
+ * mounted directories as it left them: {guestPath, root: DirNode}); throws `Refused` when
+ * the snapshot cannot be resumed here, before the guest runs.
  */
 export async function resume(source, kappa, io) {
   const say = io.progress ?? (() => {});
@@ -175,10 +176,10 @@ export async function resume(source, kappa, io) {
       if (ex["ferry:state"].value !== STATE_NORMAL) throw new Fatal("the guest unwound though nothing asked it to");
       rewinding = false;
     }
-    return { code: typeof result === "number" ? result : 0 };
+    return { code: typeof result === "number" ? result : 0, mounts };
   } catch (e) {
-    if (e instanceof Exit) return { code: e.code };
-    if (e instanceof WebAssembly.RuntimeError || e instanceof RangeError) return { trap: trapCause(e) };
+    if (e instanceof Exit) return { code: e.code, mounts };
+    if (e instanceof WebAssembly.RuntimeError || e instanceof RangeError) return { trap: trapCause(e), mounts };
     throw e;
   }
 }

@@ -15,3 +15,4 @@ mod space;
 mod terminal;
 mod versions;
 mod wasi_testsuite;
+mod web;

@@ -1,0 +1,259 @@
+//! The JavaScript space (`web/`): snapshots that ferry took on wasmtime or wasmi, pushed to a
+//! space, resumed in V8 (Node 24, what `scripts/fetch-node.sh` installs) end exactly as an
+//! uninterrupted run; what V8 cannot resume is refused with the reason; its hash and decoder
+//! agree with ferry's.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use crate::harness::{
+    Env, SPACE_TOKEN, SpaceProc, dir_contents, guest, loop_py_app, repo, run_and_suspend,
+};
+
+/// Node 24: `FERRY_NODE`, else where `scripts/fetch-node.sh` puts it.
+fn node() -> PathBuf {
+    let p = std::env::var_os("FERRY_NODE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let tools = std::env::var_os("FERRY_TOOLS")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                        .join(".cache/ferry/tools")
+                });
+            tools.join("node-24.22.3/bin/node")
+        });
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/setup.sh (scripts/fetch-node.sh)",
+        p.display()
+    );
+    p
+}
+
+/// `node web/ferry-resume.mjs --space URL ARGS…` with the test spaces' token.
+fn resume_in_v8(space: &SpaceProc, args: &[&str]) -> Output {
+    Command::new(node())
+        .arg(repo().join("web/ferry-resume.mjs"))
+        .args(["--space", &space.url])
+        .args(args)
+        .env("FERRY_TOKEN", SPACE_TOKEN)
+        .output()
+        .expect("spawn node")
+}
+
+#[test]
+fn conformance_kit_snapshots_resume_in_v8() {
+    let mut space = SpaceProc::start(&[]);
+    space.stop();
+    // The kit's snapshots, taken on both engines, kept in the space's store.
+    let store = space.env.store();
+    let kit = repo().join("conformance/v5");
+    let (out, err, code) = space.env.output(&[
+        "conformance",
+        "--kit",
+        kit.to_str().unwrap(),
+        "--engine",
+        "all",
+        "--keep",
+        store.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    space.spawn(None);
+    let token = space.env.path("token");
+    std::fs::write(&token, SPACE_TOKEN).unwrap();
+    let out = Command::new(node())
+        .arg(repo().join("web/conformance.mjs"))
+        .args(["--space", &space.url, "--token-file"])
+        .arg(&token)
+        .arg("--manifest")
+        .arg(store.join("manifest.json"))
+        .arg("--kit")
+        .arg(&kit)
+        .output()
+        .expect("spawn node");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every case of the kit, from both engines (CPython too, when setup fetched it).
+    let summary = table.lines().last().unwrap();
+    let n: usize = summary.split(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 50, "{table}");
+    assert!(
+        summary.ends_with(&format!("{n} passed, 0 failed, 0 known failures")),
+        "{table}"
+    );
+    for case in [
+        "deep-recursion",
+        "cpython",
+        "descriptors-outlive-names",
+        "hard-links",
+        "inode-numbers",
+    ] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(case) && l.contains(" interp ") && l.ends_with(" pass")),
+            "{case} taken on the interpreter:\n{table}"
+        );
+    }
+}
+
+#[test]
+fn a_run_suspended_on_wasmtime_ends_in_v8_as_if_uninterrupted() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let g = guest("wasm/files.wasm");
+    let (plain_dir, pd) = here.data_dir("plain");
+    let (_, cd) = here.data_dir("churn");
+    let plain = here.plain(&["--dir", &pd, g.to_str().unwrap(), "--", "/data", "500"]);
+    let (mut seen, k) = run_and_suspend(
+        &here,
+        &["--dir", &cd, g.to_str().unwrap(), "--", "/data", "500"],
+        300,
+    );
+    let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
+    assert_eq!(code, 0, "{err}");
+
+    let written = here.path("written");
+    let out = resume_in_v8(&space, &["--write-mounts", written.to_str().unwrap(), &k]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    seen.extend(&out.stdout);
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    assert_eq!(
+        dir_contents(&written.join("data")),
+        dir_contents(&plain_dir),
+        "the files the guest left in V8 differ from an uninterrupted run's"
+    );
+
+    // CPython 3.12, suspended mid-loop.
+    let app = loop_py_app(&here);
+    let py = crate::python::python312();
+    let args = [
+        "--dir",
+        &app,
+        py.to_str().unwrap(),
+        "--",
+        "/app/loop.py",
+        "16",
+    ];
+    let plain = here.plain(&args);
+    assert!(String::from_utf8_lossy(&plain.stdout).contains("done "));
+    let (mut seen, k) = run_and_suspend(&here, &args, 1000);
+    assert!(
+        !seen.is_empty() && seen.len() < plain.stdout.len(),
+        "suspended mid-loop"
+    );
+    let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
+    assert_eq!(code, 0, "{err}");
+    let out = resume_in_v8(&space, &[&k]);
+    assert_eq!(
+        out.status.code(),
+        Some(plain.code),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    seen.extend(&out.stdout);
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+}
+
+#[test]
+fn v8_refuses_what_it_cannot_resume_with_the_reason() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let g = guest("wasm/cpu.wasm");
+    let (_, k) = run_and_suspend(&here, &[g.to_str().unwrap(), "--", "120"], 200);
+    let refused = |out: &Output, why: &str| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(65), "{err}");
+        assert!(
+            err.starts_with("ferry: refused: ") && err.contains(why),
+            "{err}"
+        );
+        assert!(out.stdout.is_empty());
+    };
+    // Not pushed yet: the space lacks it.
+    refused(&resume_in_v8(&space, &[&k]), "is missing from the space");
+    let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
+    assert_eq!(code, 0, "{err}");
+    refused(&resume_in_v8(&space, &[&k[..20]]), "is not a full κ");
+    let wrong = Command::new(node())
+        .arg(repo().join("web/ferry-resume.mjs"))
+        .args(["--space", &space.url, &k])
+        .env("FERRY_TOKEN", "not-the-token")
+        .output()
+        .unwrap();
+    refused(&wrong, "refused the token");
+    // Usage errors are not refusals.
+    let none = Command::new(node())
+        .arg(repo().join("web/ferry-resume.mjs"))
+        .arg(&k)
+        .env_remove("FERRY_SPACE")
+        .output()
+        .unwrap();
+    assert_eq!(none.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no space"));
+}
+
+#[test]
+fn the_javascript_hash_and_decoder_agree_with_ferry() {
+    let env = Env::new();
+    let vectors: Vec<serde_json::Value> = [
+        0u32,
+        1,
+        63,
+        64,
+        65,
+        1023,
+        1024,
+        1025,
+        2048,
+        2049,
+        3072,
+        3073,
+        4096,
+        65536,
+        100_000,
+        1 << 20,
+    ]
+    .iter()
+    .map(|&len| {
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        serde_json::json!({"len": len, "kappa": ferry_kappa::Kappa::of(&bytes).to_hex()})
+    })
+    .collect();
+    let file = env.path("vectors.json");
+    std::fs::write(&file, serde_json::to_vec(&vectors).unwrap()).unwrap();
+    let out = Command::new(node())
+        .arg(repo().join("web/test.mjs"))
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("ok {} BLAKE3 of 1048576 bytes", vectors.len())),
+        "{text}"
+    );
+    assert!(text.trim_end().ends_with("checks passed"), "{text}");
+}
