@@ -22,6 +22,14 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# A browser for the JavaScript space's tab tests: Chromium without a window, and without the
+# packages it merely recommends (systemd, avahi, ...).
+if ! command -v chromium-headless-shell >/dev/null; then
+    echo "setup: installing chromium-headless-shell"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends chromium-headless-shell >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium-headless-shell >/dev/null; }
+fi
 tools="${FERRY_TOOLS:-$HOME/.cache/ferry/tools}"
 if ! command -v docker-registry >/dev/null && [ ! -x "$tools/docker-registry" ]; then
     echo "setup: unpacking Debian's docker-registry into $tools"

@@ -3,7 +3,7 @@
 //
 //   ferry conformance --keep DIR                     # take the kit's snapshots into DIR
 //   ferry serve --listen ADDR --store DIR --token-file F &
-//   node web/conformance.mjs --space http://ADDR --token-file F --kit conformance/v5 --manifest DIR/manifest.json
+//   node web/conformance.mjs --space http://ADDR --token-file F --kit conformance/v5 --manifest DIR/manifest.json [--in node|browser]
 //
 // Each snapshot is resumed by `ferry-resume.mjs` in a process of its own; what it prints must
 // be exactly the rest of the case's expected output (from the offsets the manifest gives),
@@ -28,8 +28,15 @@ const kitDir = opt("--kit") ?? join(here, "..", "conformance", "v5");
 const manifestPath = opt("--manifest");
 const only = opt("--only");
 const knownPath = opt("--known-failures");
+// Where each snapshot is resumed: here, in Node's V8 (ferry-resume.mjs), or in a browser tab
+// (browser.mjs: a headless Chromium opening the space's console).
+const runner = opt("--in") ?? "node";
+if (runner !== "node" && runner !== "browser") {
+  console.error("--in is node or browser");
+  process.exit(64);
+}
 if (!space || !manifestPath) {
-  console.error("usage: conformance.mjs --space URL [--token-file F] [--kit DIR] --manifest DIR/manifest.json [--only TEXT] [--known-failures FILE]");
+  console.error("usage: conformance.mjs --space URL [--token-file F] [--kit DIR] --manifest DIR/manifest.json [--in node|browser] [--only TEXT] [--known-failures FILE]");
   process.exit(64);
 }
 
@@ -50,14 +57,15 @@ let passed = 0;
 let failed = 0;
 let expectedFailures = 0;
 const surprises = [];
-console.log(`kit ${kitDir} (ferry-conformance v${kit.version}), engine: ${process.release.name} ${process.versions.v8 ? `V8 ${process.versions.v8}` : ""}`);
+console.log(`kit ${kitDir} (ferry-conformance v${kit.version}), resumed in ${runner === "node" ? `Node's V8 ${process.versions.v8}` : "a browser tab (headless Chromium)"}`);
 for (const s of manifest.snapshots) {
   if (only && !s.case.includes(only)) continue;
   const c = cases.get(s.case);
   if (!c) throw new Error(`the manifest names case ${s.case}, which the kit lacks`);
   const stdout = read(c.stdout).subarray(s.stdout_offset);
   const stderr = read(c.stderr).subarray(s.stderr_offset);
-  const run = spawnSync(process.execPath, [join(here, "ferry-resume.mjs"), "--space", space, ...(tokenFile ? ["--token-file", tokenFile] : []), s.snapshot], { maxBuffer: 1 << 30 });
+  const script = runner === "node" ? "ferry-resume.mjs" : "browser.mjs";
+  const run = spawnSync(process.execPath, [join(here, script), "--space", space, ...(tokenFile ? ["--token-file", tokenFile] : []), s.snapshot], { maxBuffer: 1 << 30 });
   const why = [];
   let err = run.stderr;
   if (c.trap) {

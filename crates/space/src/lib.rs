@@ -15,6 +15,7 @@
 
 pub mod api;
 mod client;
+mod console;
 pub mod gc;
 pub mod policy;
 mod server;

@@ -558,7 +558,8 @@ async fn abort_migration(
     .await
 }
 
-/// The API: every route but `/v1/health` requires the bearer token.
+/// The API: every route but `/v1/health` and the console's static files requires the bearer
+/// token.
 pub fn router(space: Arc<Space>) -> Router {
     let authed = Router::new()
         .route("/v1/objects/missing", post(missing))
@@ -584,6 +585,8 @@ pub fn router(space: Arc<Space>) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY));
     Router::new()
         .route("/v1/health", get(|| async { "ferry space v1\n" }))
+        .route("/console/", get(crate::console::index))
+        .route("/console/{file}", get(crate::console::asset))
         .merge(authed)
         .with_state(space)
 }

@@ -60,25 +60,7 @@ fn conformance_kit_snapshots_resume_in_v8() {
     ]);
     assert_eq!(code, 0, "{out}{err}");
     space.spawn(None);
-    let token = space.env.path("token");
-    std::fs::write(&token, SPACE_TOKEN).unwrap();
-    let out = Command::new(node())
-        .arg(repo().join("web/conformance.mjs"))
-        .args(["--space", &space.url, "--token-file"])
-        .arg(&token)
-        .arg("--manifest")
-        .arg(store.join("manifest.json"))
-        .arg("--kit")
-        .arg(&kit)
-        .output()
-        .expect("spawn node");
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{table}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let table = kit_in(&space, &kit, &store, "node");
     // Every case of the kit, from both engines (CPython too, when setup fetched it).
     let summary = table.lines().last().unwrap();
     let n: usize = summary.split(' ').next().unwrap().parse().unwrap();
@@ -101,6 +83,81 @@ fn conformance_kit_snapshots_resume_in_v8() {
             "{case} taken on the interpreter:\n{table}"
         );
     }
+}
+
+/// The same snapshots resumed in a browser tab: a headless Chromium opening the space's
+/// console (`/console/`), the guest in a worker of the page.
+#[test]
+fn conformance_kit_snapshots_resume_in_a_browser_tab() {
+    let mut space = SpaceProc::start(&[]);
+    space.stop();
+    let store = space.env.store();
+    let kit = repo().join("conformance/v5");
+    let (out, err, code) = space.env.output(&[
+        "conformance",
+        "--kit",
+        kit.to_str().unwrap(),
+        "--engine",
+        "jit",
+        "--keep",
+        store.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    space.spawn(None);
+    let table = kit_in(&space, &kit, &store, "browser");
+    let summary = table.lines().last().unwrap();
+    // deep-recursion is a known failure there (conformance/browser-known-failures.txt).
+    assert!(
+        summary.contains(" passed, 0 failed, 2 known failures"),
+        "{table}"
+    );
+    for case in [
+        "counter",
+        "cpython",
+        "inside-a-sleep",
+        "open-files",
+        "hard-links",
+    ] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(case) && l.ends_with(" pass")),
+            "{case}:\n{table}"
+        );
+    }
+}
+
+/// `web/conformance.mjs --in RUNNER` over the snapshots `ferry conformance --keep` left in
+/// `store` (which `space` serves): its table, once it has exited 0.
+fn kit_in(
+    space: &SpaceProc,
+    kit: &std::path::Path,
+    store: &std::path::Path,
+    runner: &str,
+) -> String {
+    let token = space.env.path("token");
+    std::fs::write(&token, SPACE_TOKEN).unwrap();
+    let mut c = Command::new(node());
+    c.arg(repo().join("web/conformance.mjs"))
+        .args(["--in", runner, "--space", &space.url, "--token-file"])
+        .arg(&token)
+        .arg("--manifest")
+        .arg(store.join("manifest.json"))
+        .arg("--kit")
+        .arg(kit);
+    if runner == "browser" {
+        c.arg("--known-failures")
+            .arg(repo().join("conformance/browser-known-failures.txt"));
+    }
+    let out = c.output().expect("spawn node");
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    table
 }
 
 #[test]

@@ -1,0 +1,26 @@
+// The guest's thread in a browser tab: a module worker, so that a guest's sleeps and long
+// loops never freeze the page. The page sends {base, token, kappa}; this answers with
+// {out: 1|2, bytes} for the guest's output, {progress}, and at the end {code}, {trap} or
+// {refused}. Served by `ferry serve` at /console/worker.js.
+
+import { Refused, SpaceSource, outputLog, parseKappa, snapshot } from "./objects.js";
+import { resume } from "./resume.js";
+
+self.onmessage = async ({ data }) => {
+  const source = new SpaceSource(data.base, data.token);
+  try {
+    const snap = await snapshot(source, parseKappa(data.kappa));
+    // What the guest showed before the snapshot, when a space kept it (its output log).
+    if (snap.output) {
+      for (const [stream, bytes] of await outputLog(source, snap.output)) self.postMessage({ out: stream, bytes, before: true });
+    }
+    const r = await resume(source, data.kappa, {
+      stdout: (bytes) => self.postMessage({ out: 1, bytes }),
+      stderr: (bytes) => self.postMessage({ out: 2, bytes }),
+      progress: (progress) => self.postMessage({ progress }),
+    });
+    self.postMessage(r.trap ? { trap: r.trap } : { code: r.code });
+  } catch (e) {
+    self.postMessage({ refused: e instanceof Refused ? e.message : `${e.name}: ${e.message}` });
+  }
+};
