@@ -3,10 +3,12 @@
 // (`ferry serve` at /console/, web/index.html) — with the arguments and exit codes of
 // ferry-resume.mjs, so a test can run either:
 //
-//   node web/browser.mjs --space URL [--token-file F] [--chromium PATH] [--timeout SECS] blake3:<hex>
+//   node web/browser.mjs --space URL [--token-file F] [--chromium PATH] [--timeout SECS] [--suspend-after MS] blake3:<hex>
 //
 // The guest's stdout and stderr, exactly as the page received them, go to this process's;
-// the exit code is the guest's (65 refused, 70 trapped, as ferry-resume.mjs). It speaks the
+// the exit code is the guest's (65 refused, 70 trapped, as ferry-resume.mjs).
+// `--suspend-after MS` presses the page's Suspend button MS after the guest started: the tab
+// writes the snapshot to the space, and this prints `suspended blake3:<hex>` (exit 75). It speaks the
 // Chrome DevTools Protocol over the WebSocket Chromium opens (Node 22+ has WebSocket built
 // in), so nothing but Chromium itself is needed. 1 on a timeout or a browser failure.
 
@@ -27,6 +29,7 @@ const chromium = opt("--chromium", process.env.FERRY_CHROMIUM ?? "chromium-headl
 const timeout = Number(opt("--timeout", "300")) * 1000;
 const space = opt("--space", process.env.FERRY_SPACE);
 const tokenFile = opt("--token-file");
+const suspendAfter = opt("--suspend-after");
 const token = tokenFile ? readFileSync(tokenFile, "utf8").trim() : process.env.FERRY_TOKEN ?? "";
 const kappa = args[0];
 if (!space || !kappa) {
@@ -87,8 +90,17 @@ await send("Page.enable", {}, sessionId);
 await send("Page.navigate", { url }, sessionId);
 const evaluate = async (expression) => (await send("Runtime.evaluate", { expression, returnByValue: true }, sessionId)).result?.result?.value;
 
+let pressed = false;
+const startedAt = Date.now();
 for (;;) {
-  await new Promise((ok) => setTimeout(ok, 100));
+  await new Promise((ok) => setTimeout(ok, suspendAfter ? 20 : 100));
+  if (suspendAfter && !pressed && (await evaluate("document.title")) === "ferry console: resuming") {
+    const running = await evaluate("document.getElementById('status').textContent.startsWith('restored')");
+    if (running && Date.now() - startedAt >= Number(suspendAfter)) {
+      await evaluate("document.getElementById('suspend').click()");
+      pressed = true;
+    }
+  }
   const outcome = await evaluate("window.ferryOutcome");
   if (!outcome) continue;
   const write = (fd, b64) => {
@@ -97,7 +109,10 @@ for (;;) {
   };
   write(1, outcome.stdout);
   write(2, outcome.stderr);
-  if (outcome.refused !== undefined) {
+  if (outcome.suspended !== undefined) {
+    write(2, Buffer.from(`suspended blake3:${outcome.suspended}\n`).toString("base64"));
+    done(75);
+  } else if (outcome.refused !== undefined) {
     write(2, Buffer.from(`ferry: refused: ${outcome.refused}\n`).toString("base64"));
     done(65);
   } else if (outcome.trap !== undefined) {

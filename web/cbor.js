@@ -111,3 +111,84 @@ function item(bytes, r, depth) {
       throw new CborError("floats and other simple values are not used by ferry's objects");
   }
 }
+
+/**
+ * Encodes `value` canonically: integers (Number or BigInt) in their shortest form, text,
+ * bytes (Uint8Array), arrays, maps (a Map, or a plain object whose `undefined` fields are
+ * left out, as ferry leaves out absent optional fields) with keys sorted by length then
+ * bytes, true, false, null.
+ */
+export function encode(value) {
+  const w = new Writer();
+  put(w, value, 0);
+  return w.bytes();
+}
+
+class Writer {
+  constructor() {
+    this.buf = new Uint8Array(256);
+    this.len = 0;
+  }
+  reserve(n) {
+    if (this.len + n > this.buf.length) {
+      const grown = new Uint8Array(Math.max(this.len + n, this.buf.length * 2));
+      grown.set(this.buf.subarray(0, this.len));
+      this.buf = grown;
+    }
+  }
+  byte(b) {
+    this.reserve(1);
+    this.buf[this.len++] = b;
+  }
+  raw(bytes) {
+    this.reserve(bytes.length);
+    this.buf.set(bytes, this.len);
+    this.len += bytes.length;
+  }
+  bytes() {
+    return this.buf.slice(0, this.len);
+  }
+}
+
+function head(w, major, n) {
+  const x = BigInt(n);
+  if (x < 24n) return w.byte((major << 5) | Number(x));
+  const [info, size] = x < 0x100n ? [24, 1] : x < 0x10000n ? [25, 2] : x < 0x100000000n ? [26, 4] : [27, 8];
+  w.byte((major << 5) | info);
+  for (let i = size - 1; i >= 0; i--) w.byte(Number((x >> BigInt(8 * i)) & 0xffn));
+}
+
+const utf8Out = new TextEncoder();
+
+function put(w, v, depth) {
+  if (depth > MAX_DEPTH) throw new CborError(`value nests deeper than ${MAX_DEPTH} levels`);
+  if (v === null) return w.byte(0xf6);
+  if (v === true) return w.byte(0xf5);
+  if (v === false) return w.byte(0xf4);
+  if (typeof v === "number" || typeof v === "bigint") {
+    if (typeof v === "number" && !Number.isSafeInteger(v)) throw new CborError(`${v} is not an integer ferry can encode`);
+    const x = BigInt(v);
+    return x >= 0n ? head(w, 0, x) : head(w, 1, -1n - x);
+  }
+  if (typeof v === "string") {
+    const b = utf8Out.encode(v);
+    head(w, 3, b.length);
+    return w.raw(b);
+  }
+  if (v instanceof Uint8Array) {
+    head(w, 2, v.length);
+    return w.raw(v);
+  }
+  if (Array.isArray(v)) {
+    head(w, 4, v.length);
+    for (const x of v) put(w, x, depth + 1);
+    return;
+  }
+  const entries = (v instanceof Map ? [...v] : Object.entries(v)).filter(([, x]) => x !== undefined);
+  const keyed = entries.map(([k, x]) => [encode(k), x]).sort(([a], [b]) => compareKeys(a, b));
+  head(w, 5, keyed.length);
+  for (const [k, x] of keyed) {
+    w.raw(k);
+    put(w, x, depth + 1);
+  }
+}

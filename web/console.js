@@ -1,5 +1,6 @@
 // The console page (web/index.html, served by `ferry serve` at /console/): lists the space's
-// sessions and resumes snapshots in this tab, in a worker (web/worker.js). The token is kept
+// sessions, resumes snapshots in this tab, in a worker (web/worker.js), and suspends them
+// again into the space ("Suspend"). The token is kept
 // in this tab's sessionStorage only. `#resume=blake3:…&token=…` in the address starts a
 // resume at once (the fragment never reaches a server).
 
@@ -61,6 +62,7 @@ $("resume-form").addEventListener("submit", (e) => {
 });
 
 let worker = null;
+let cell = null;
 const decoder = [null, new TextDecoder(), new TextDecoder()];
 // The exact bytes of this run's stdout and stderr (after the snapshot), for whoever drives
 // the page: `window.ferryOutcome` once the guest has ended.
@@ -90,6 +92,9 @@ function start(kappa) {
   status.textContent = `resuming ${kappa} …`;
   const started = performance.now();
   worker = new Worker(new URL("worker.js", import.meta.url), { type: "module" });
+  // A suspend is asked for through shared memory: the worker is busy running the guest.
+  cell = typeof SharedArrayBuffer !== "undefined" && crossOriginIsolated ? new Int32Array(new SharedArrayBuffer(4)) : null;
+  $("suspend").disabled = cell === null;
   worker.onmessage = ({ data }) => {
     if (data.out) return show(data.out, data.bytes, data.before);
     if (data.progress) {
@@ -97,12 +102,14 @@ function start(kappa) {
       return;
     }
     const secs = ((performance.now() - started) / 1000).toFixed(1);
-    if (data.refused !== undefined) status.textContent = `refused: ${data.refused}`;
+    $("suspend").disabled = true;
+    if (data.suspended !== undefined) status.textContent = `suspended blake3:${data.suspended}: written to this space (${data.sent} new objects); resume it here or anywhere (ferry pull, ferry resume)`;
+    else if (data.refused !== undefined) status.textContent = `refused: ${data.refused}`;
     else if (data.trap !== undefined) status.textContent = `the guest trapped: ${data.trap} (${secs} s)`;
     else status.textContent = `the guest exited with code ${data.code} (${secs} s)`;
     // For whoever drives this page (a test, a script): the outcome in one place.
     window.ferryOutcome = { ...data, stdout: base64(seen[1]), stderr: base64(seen[2]) };
-    document.title = `ferry console: ${data.refused !== undefined ? "refused" : data.trap !== undefined ? "trapped" : `exit ${data.code}`}`;
+    document.title = `ferry console: ${data.suspended !== undefined ? "suspended" : data.refused !== undefined ? "refused" : data.trap !== undefined ? "trapped" : `exit ${data.code}`}`;
     worker.terminate();
     worker = null;
   };
@@ -110,8 +117,15 @@ function start(kappa) {
     status.textContent = `the worker failed: ${e.message}`;
     document.title = "ferry console: failed";
   };
-  worker.postMessage({ base, token, kappa });
+  worker.postMessage({ base, token, kappa, cell });
 }
+
+$("suspend").addEventListener("click", () => {
+  if (!cell) return;
+  status.textContent = "suspending at the guest's next safe point …";
+  Atomics.store(cell, 0, 1);
+  Atomics.notify(cell, 0);
+});
 
 listSessions();
 if (params.get("resume")) start(params.get("resume"));

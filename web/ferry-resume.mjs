@@ -4,7 +4,10 @@
 //   node --experimental-wasm-multi-memory web/ferry-resume.mjs --space URL [--token-file F] blake3:<hex>
 //
 // The guest's stdout and stderr are this process's; progress goes to stderr with `-v`; the
-// exit code is the guest's. A snapshot that cannot be resumed here is refused with the reason
+// exit code is the guest's. Ctrl-C (SIGINT) or SIGTERM suspends it, as `ferry run` does: it
+// unwinds at its next WASI call (or the safe point after), its snapshot is written to the
+// space, which verifies and names it, and `suspended blake3:<hex>` is printed on stderr
+// (exit 75); a second Ctrl-C exits at once. A snapshot that cannot be resumed here is refused with the reason
 // (exit 65), before the guest runs; a trap prints `ferry: guest trapped: <cause>` (exit 70).
 // The token comes from --token-file or FERRY_TOKEN, the space from --space or FERRY_SPACE.
 // The guest runs in a worker thread with a stack of its own (--stack-mb, default 512), so a
@@ -18,6 +21,7 @@ const USAGE = "usage: ferry-resume.mjs --space URL [--token-file F] [--stack-mb 
 const EX_REFUSED = 65;
 const EX_TRAP = 70;
 const EX_USAGE = 64;
+const EX_SUSPENDED = 75;
 
 function writeAll(fd, bytes) {
   let at = 0;
@@ -54,8 +58,18 @@ if (isMainThread) {
     console.error(`ferry-resume: ${!opts.space ? "no space (--space or FERRY_SPACE)" : "no snapshot named"}\n${USAGE}`);
     process.exit(EX_USAGE);
   }
+  const cell = new Int32Array(new SharedArrayBuffer(4));
+  let asked = false;
+  const suspend = () => {
+    if (asked) process.exit(130);
+    asked = true;
+    Atomics.store(cell, 0, 1);
+    Atomics.notify(cell, 0);
+  };
+  process.on("SIGINT", suspend);
+  process.on("SIGTERM", suspend);
   const worker = new Worker(new URL(import.meta.url), {
-    workerData: { ...opts, kappa },
+    workerData: { ...opts, kappa, cell },
     resourceLimits: { stackSizeMb: opts.stackMb },
     execArgv: process.execArgv,
   });
@@ -63,6 +77,11 @@ if (isMainThread) {
     if (m.refused) {
       writeAll(2, Buffer.from(`ferry: refused: ${m.refused}\n`));
       process.exit(EX_REFUSED);
+    }
+    if (m.suspended) {
+      const mib = (m.bytes / 1048576).toFixed(1);
+      writeAll(2, Buffer.from(`suspended blake3:${m.suspended}\nferry: written to ${opts.space} (${m.sent} objects, ${mib} MiB new); resume it there, here (node web/ferry-resume.mjs … blake3:${m.suspended}), or with \`ferry pull blake3:${m.suspended.slice(0, 12)}… --from ${opts.space}\` and \`ferry resume\`\n`));
+      process.exit(EX_SUSPENDED);
     }
     if (m.trap) {
       writeAll(2, Buffer.from(`ferry: guest trapped: ${m.trap}\n`));
@@ -77,9 +96,12 @@ if (isMainThread) {
 } else {
   const { resume } = await import("./resume.js");
   const { Refused, SpaceSource } = await import("./objects.js");
-  const { space, token, kappa, verbose, writeMounts } = workerData;
+  const { SpaceSink } = await import("./capture.js");
+  const { space, token, kappa, verbose, writeMounts, cell } = workerData;
   try {
     const r = await resume(new SpaceSource(space, token), kappa, {
+      suspendCell: cell,
+      sink: new SpaceSink(space, token),
       stdout: (b) => writeAll(1, b),
       stderr: (b) => writeAll(2, b),
       progress: verbose ? (line) => writeAll(2, Buffer.from(`ferry: ${line}\n`)) : undefined,
@@ -88,7 +110,7 @@ if (isMainThread) {
       const { join } = await import("node:path");
       for (const m of r.mounts) await writeTree(m.root, join(writeMounts, m.guestPath));
     }
-    parentPort.postMessage({ code: r.code, trap: r.trap });
+    parentPort.postMessage({ code: r.code, trap: r.trap, suspended: r.suspended, sent: r.sent, bytes: r.bytes });
   } catch (e) {
     if (e instanceof Refused) parentPort.postMessage({ refused: e.message });
     else throw e;

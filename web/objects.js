@@ -169,6 +169,7 @@ export async function snapshot(source, k) {
       hostBound: profile.get("host_bound") === true,
     },
     main: m.has("main") ? text(m.get("main"), "main") : null,
+    generation: Number(uint(m.get("generation"), "generation")),
     output: m.has("output") ? kappaOf(m.get("output"), "output") : null,
   };
 }
@@ -205,6 +206,8 @@ export async function wasiState(source, k) {
     const f = fieldsOf(x, "a mount", ["guest_path", "host_hint", "tree", "read_only"], ["host_bound", "not_carried"]);
     return {
       guestPath: text(f.get("guest_path"), "a mount's guest path"),
+      hostHint: text(f.get("host_hint"), "a mount's host hint"),
+      notCarried: list(f.get("not_carried") ?? [], "not_carried", 16).map((p) => text(p, "a path not carried")),
       tree: kappaOf(f.get("tree"), "a mount's tree"),
       readOnly: f.get("read_only") === true,
       hostBound: f.get("host_bound") === true,
@@ -238,6 +241,8 @@ export async function wasiState(source, k) {
     mounts,
     fds,
     monotonicNs: BigInt(uint(m.get("monotonic_ns"), "monotonic_ns")),
+    stdoutBytes: Number(uint(m.get("stdout_bytes"), "stdout_bytes")),
+    stderrBytes: Number(uint(m.get("stderr_bytes"), "stderr_bytes")),
     stdinBytes: Number(uint(m.get("stdin_bytes"), "stdin_bytes")),
     sleepDeadlineNs: deadline === null ? null : BigInt(uint(deadline, "sleep_deadline_ns")),
     unshownStdout: bytesOr("unshown_stdout"),
@@ -281,6 +286,11 @@ export async function fileChunks(source, k) {
  * bytes], in the order the guest wrote them.
  */
 export async function outputLog(source, k) {
+  return parseRecords(await outputLogBytes(source, k));
+}
+
+/** The bytes of a `ferry.log`: its records, as written. */
+export async function outputLogBytes(source, k) {
   const m = structured(await source.get(k, MAX_STRUCTURED), k, "ferry.log", [1], ["len", "chunk_size", "chunks"]);
   const len = uint(m.get("len"), "a log's len");
   if (typeof len !== "number" || len > 1 << 30) throw new Refused("an output log is over 1 GiB");
@@ -293,6 +303,11 @@ export async function outputLog(source, k) {
     if (b.length !== Math.min(CHUNK, len - i * CHUNK)) throw new Refused("an output log's chunk has the wrong size");
     all.set(b, i * CHUNK);
   }));
+  return all;
+}
+
+function parseRecords(all) {
+  const len = all.length;
   const records = [];
   const view = new DataView(all.buffer);
   for (let at = 0; at < len; ) {

@@ -5,6 +5,7 @@
 // and saved stack into a fresh instance of the instrumented module and rewinds it through
 // `ferry:rewind:<entry>` (crates/instrument/src/abi.rs); then the guest runs to its end.
 
+import { capture } from "./capture.js";
 import * as obj from "./objects.js";
 import { Refused } from "./objects.js";
 import { DirNode, Exit, Fatal, FileNode, LinkNode, Wasi } from "./wasi.js";
@@ -14,6 +15,7 @@ export const HOST_CONTRACT_VERSIONS = [14, 19];
 const RUNTIME = "ferry-host/1";
 const CLASSES = ["wasm-core-2+multi-memory", "wasm-core-2+multi-memory+exceptions"];
 const STATE_NORMAL = 0;
+const STATE_UNWIND = 1;
 const STATE_REWIND = 2;
 /** Deepest directory nesting a mount's tree may have (as ferry's trees). */
 const MAX_TREE_DEPTH = 64;
@@ -40,7 +42,11 @@ export function trapCause(e) {
 /**
  * Resumes snapshot `kappa` (`blake3:<hex>`) from `source` (a `SpaceSource`). `io`: stdout and
  * stderr (each called with a Uint8Array), progress (called with a line of text), stdin (a
- * Uint8Array, or null: end of file), realtime (a function giving ns since the epoch as BigInt).
+ * Uint8Array, or null: end of file), realtime (a function giving ns since the epoch as BigInt),
+ * suspendCell (an Int32Array over a SharedArrayBuffer: another thread stores 1 in it and
+ * notifies to ask for a suspend) and sink (a `SpaceSink` the snapshot is written to). A guest
+ * suspended that way unwinds at its next WASI call or safe point after one (a sleep wakes at
+ * once), and the result is {suspended: κ hex, sent, bytes}.
  * Returns {code} when the guest exits, {trap} when it traps, each with `mounts` (the guest's
  * mounted directories as it left them: {guestPath, root: DirNode}); throws `Refused` when
  * the snapshot cannot be resumed here, before the guest runs.
@@ -69,6 +75,8 @@ export async function resume(source, kappa, io) {
     return [i, b];
   })))));
   const stdin = state.stdinInput ? await source.get(state.stdinInput) : io.stdin ?? null;
+  // A space session's earlier output: a snapshot written here carries it on, with what follows.
+  const history = snap.output && io.sink ? await obj.outputLogBytes(source, snap.output) : null;
   say(`fetching the instrumented module`);
   const code = await source.get(snap.instrumented);
   say(`verified ${(source.fetched / 1048576).toFixed(1)} MiB; compiling`);
@@ -109,30 +117,44 @@ export async function resume(source, kappa, io) {
     stdin,
     realtime: io.realtime,
     inodes,
+    stdoutBytes: state.stdoutBytes,
+    stderrBytes: state.stderrBytes,
+    recordOutput: history !== null,
+    suspendCell: io.suspendCell,
   });
   wasi.stdinAt = state.stdinBytes;
 
   // Restoring.
   let instance;
+  const startUnwind = () => {
+    ex["ferry:state"].value = STATE_UNWIND;
+    ex["ferry:sp"].value = 0;
+    ctl()[0] = 1; // raised throughout the unwind (abi.rs)
+  };
   const guest = {
     beforeCall(name) {
-      if ((name === "poll_oneoff" || name === "fd_read") && ex["ferry:state"].value === STATE_REWIND) {
+      const state = ex["ferry:state"].value;
+      if ((name === "poll_oneoff" || name === "fd_read") && state === STATE_REWIND) {
         finishRewind();
         wasi.rewinding = true;
+      } else if (state === STATE_NORMAL && wasi.suspendAsked()) {
+        ctl()[0] = 1; // the next safe point unwinds
       }
     },
+    startUnwind,
   };
   const finishRewind = () => {
     if (ex["ferry:sp"].value !== 0) throw new Fatal("corrupt saved stack: frames left over after the rewind reached its target");
     ex["ferry:state"].value = STATE_NORMAL;
-    ctl()[0] = 0;
+    ctl()[0] = wasi.suspendAsked() ? 1 : 0;
   };
   const imports = {
     wasi_snapshot_preview1: wasi.imports(guest),
     ferry: {
       poll() {
         if (ex["ferry:state"].value === STATE_REWIND) finishRewind();
-        else ctl()[0] = 0; // nothing is ever asked of the guest here: lower the flag
+        else if (wasi.suspendAsked()) startUnwind();
+        else ctl()[0] = 0;
       },
     },
     host: { call: () => -1 },
@@ -173,7 +195,14 @@ export async function resume(source, kappa, io) {
       if (typeof ex[name] !== "function") throw new Refused(`\`${entries[phase]}\` has no rewind copy`);
       result = ex[name]();
       if (ex["ferry:state"].value === STATE_REWIND) throw new Fatal("corrupt saved stack: the rewind never reached its call site");
-      if (ex["ferry:state"].value !== STATE_NORMAL) throw new Fatal("the guest unwound though nothing asked it to");
+      if (ex["ferry:state"].value === STATE_UNWIND) {
+        if (!io.sink) throw new Fatal("the guest unwound, and there is nowhere to write its snapshot");
+        say("the guest unwound; writing its snapshot");
+        const written = capture({ ex, wasi, snap, state, entry: entries[phase], history, parent: k });
+        say(`pushing ${written.objects.size} objects`);
+        const sent = await io.sink.push(written.kappa, written.objects);
+        return { suspended: written.kappa, ...sent, mounts };
+      }
       rewinding = false;
     }
     return { code: typeof result === "number" ? result : 0, mounts };
@@ -349,7 +378,7 @@ function lookup(root, path) {
 }
 
 function restoreFd(f, mounts, unnamed) {
-  const base = { kind: f.what, mount: f.mount, offset: f.offset, fdflags: f.fdflags, read: f.read, write: f.write };
+  const base = { kind: f.what, mount: f.mount, path: f.path, offset: f.offset, fdflags: f.fdflags, read: f.read, write: f.write };
   if (["stdin", "stdout", "stderr"].includes(f.what)) return base;
   const mount = mounts[f.mount];
   if (!mount) throw new Refused(`a descriptor names mount ${f.mount}, which the snapshot lacks`);

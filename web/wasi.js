@@ -39,6 +39,9 @@ export class Exit {
 /** A host failure that stops the guest (not an errno the guest could handle). */
 export class Fatal extends Error {}
 
+/** Thrown by a call that blocks (a sleep) when a suspend is asked for: the guest unwinds from it. */
+export class Unwind {}
+
 class Errno {
   constructor(n) {
     this.n = n;
@@ -142,12 +145,28 @@ export class Wasi {
     this.monoOffset = BigInt(opts.monotonicNs) - now;
     this.realtime = opts.realtime ?? (() => BigInt(Date.now()) * 1000000n);
     this.memory = null; // set by the host once instantiated
+    // Bytes shown on stdout and stderr so far (carried by snapshots), and, for a space
+    // session whose output log a snapshot carries, the records written since the resume.
+    this.shown = [opts.stdoutBytes ?? 0, opts.stderrBytes ?? 0];
+    this.records = opts.recordOutput ? [] : null;
+    // A cell (Int32Array over a SharedArrayBuffer) another thread sets to ask for a suspend.
+    this.suspendCell = opts.suspendCell ?? null;
+    // The deadline of a sleep the guest was suspended in (carried by the snapshot).
+    this.suspendedSleep = null;
+    // Files and directories the guest asked about (a stat), whose numbers snapshots keep.
+    this.asked = new Set();
     this.nextIno = FRESH_INO;
     this.takenIno = new Set();
     for (const { node, ino } of opts.inodes ?? []) {
       node.ino = ino;
       this.takenIno.add(ino);
+      this.asked.add(node);
     }
+  }
+
+  /** Whether a suspend has been asked for. */
+  suspendAsked() {
+    return this.suspendCell !== null && Atomics.load(this.suspendCell, 0) !== 0;
   }
 
   monotonicNs() {
@@ -278,6 +297,7 @@ export class Wasi {
   }
 
   filestat(ptr, node, mount) {
+    this.asked.add(node);
     const b = new DataView(new ArrayBuffer(64));
     b.setBigUint64(0, BigInt(this.mounts[mount].dev), true);
     b.setBigUint64(8, BigInt(this.ino(node)), true);
@@ -307,6 +327,10 @@ export class Wasi {
         return r === undefined ? E.SUCCESS : r;
       } catch (e) {
         if (e instanceof Errno) return e.n;
+        if (e instanceof Unwind) {
+          host.startUnwind();
+          return 0;
+        }
         throw e;
       }
     };
@@ -514,9 +538,12 @@ export class Wasi {
       const i = f.kind === "stderr" ? 1 : 0;
       for (const [p, len] of vecs) {
         // A copy: the sink may keep it past the next write into this memory.
-        this.out[i](this.bytes(p, len).slice());
+        const bytes = this.bytes(p, len).slice();
+        this.out[i](bytes);
+        if (this.records && len > 0) this.records.push([i + 1, bytes]);
         total += len;
       }
+      this.shown[i] += total;
     } else if (f.kind === "stdin") {
       if (write) return E.BADF;
       if (this.rewinding) this.rewinding = false;
@@ -776,7 +803,12 @@ export class Wasi {
       if (this.rewinding && this.sleepDeadline !== null) d = BigInt(this.sleepDeadline);
       this.sleepDeadline = null;
       this.rewinding = false;
-      sleepUntil(() => this.monotonicNs() >= d, () => Number(d - this.monotonicNs()));
+      sleepUntil(() => this.monotonicNs() >= d || this.suspendAsked(), () => Number(d - this.monotonicNs()), this.suspendCell);
+      if (this.monotonicNs() < d) {
+        // Suspended in the sleep: the resumed guest sleeps on to the same deadline.
+        this.suspendedSleep = d;
+        throw new Unwind();
+      }
       ready.push([deadline[1], 0]);
     }
     this.rewinding = false;
@@ -803,8 +835,11 @@ function hostMonotonicNs() {
 }
 
 let waitCell = null;
-/** Blocks until `done()`: with Atomics.wait where the engine allows it, else by spinning. */
-function sleepUntil(done, nsLeft) {
+/**
+ * Blocks until `done()`: with Atomics.wait where the engine allows it (on `cell`, so a
+ * suspend asked for wakes it), else by spinning.
+ */
+function sleepUntil(done, nsLeft, cell) {
   if (waitCell === null && typeof SharedArrayBuffer !== "undefined") {
     try {
       waitCell = new Int32Array(new SharedArrayBuffer(4));
@@ -815,6 +850,7 @@ function sleepUntil(done, nsLeft) {
   }
   while (!done()) {
     const ms = Math.max(0, Math.min(50, nsLeft() / 1e6));
-    if (waitCell) Atomics.wait(waitCell, 0, 0, ms);
+    if (cell && waitCell) Atomics.wait(cell, 0, 0, ms);
+    else if (waitCell) Atomics.wait(waitCell, 0, 0, ms);
   }
 }

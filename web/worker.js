@@ -1,9 +1,13 @@
 // The guest's thread in a browser tab: a module worker, so that a guest's sleeps and long
-// loops never freeze the page. The page sends {base, token, kappa}; this answers with
-// {out: 1|2, bytes} for the guest's output, {progress}, and at the end {code}, {trap} or
-// {refused}. Served by `ferry serve` at /console/worker.js.
+// loops never freeze the page. The page sends {base, token, kappa, cell} (`cell`: an
+// Int32Array over a SharedArrayBuffer the page sets to 1 to ask for a suspend, when the page
+// is cross-origin isolated); this answers with {out: 1|2, bytes} for the guest's output,
+// {progress}, and at the end {code}, {trap}, {suspended: κ hex, sent, bytes} (the snapshot
+// written to the space, which verified and named it) or {refused}. Served by `ferry serve`
+// at /console/worker.js.
 
 import { Refused, SpaceSource, outputLog, parseKappa, snapshot } from "./objects.js";
+import { SpaceSink } from "./capture.js";
 import { resume } from "./resume.js";
 
 self.onmessage = async ({ data }) => {
@@ -18,8 +22,11 @@ self.onmessage = async ({ data }) => {
       stdout: (bytes) => self.postMessage({ out: 1, bytes }),
       stderr: (bytes) => self.postMessage({ out: 2, bytes }),
       progress: (progress) => self.postMessage({ progress }),
+      suspendCell: data.cell ?? null,
+      sink: new SpaceSink(data.base, data.token),
     });
-    self.postMessage(r.trap ? { trap: r.trap } : { code: r.code });
+    if (r.suspended) self.postMessage({ suspended: r.suspended, sent: r.sent, bytes: r.bytes });
+    else self.postMessage(r.trap ? { trap: r.trap } : { code: r.code });
   } catch (e) {
     self.postMessage({ refused: e instanceof Refused ? e.message : `${e.name}: ${e.message}` });
   }

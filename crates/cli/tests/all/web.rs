@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 
 use crate::harness::{
     Env, SPACE_TOKEN, SpaceProc, dir_contents, guest, loop_py_app, repo, run_and_suspend,
+    suspend_after_output,
 };
 
 /// Node 24: `FERRY_NODE`, else where `scripts/fetch-node.sh` puts it.
@@ -229,6 +230,115 @@ fn a_run_suspended_on_wasmtime_ends_in_v8_as_if_uninterrupted() {
     );
 }
 
+/// `node web/ferry-resume.mjs` on snapshot `k`, sent SIGINT after `ms`: its output and the
+/// κ of the snapshot it wrote to `space` (None if the guest ended first).
+fn suspend_in_v8(space: &SpaceProc, k: &str, ms: u64) -> (Output, Option<String>) {
+    let child = Command::new(node())
+        .arg(repo().join("web/ferry-resume.mjs"))
+        .args(["--space", &space.url, k])
+        .env("FERRY_TOKEN", SPACE_TOKEN)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn node");
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let k2 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("suspended "))
+        .map(str::to_owned);
+    if k2.is_some() {
+        assert_eq!(out.status.code(), Some(75), "{err}");
+    }
+    (out, k2)
+}
+
+/// wasmtime → V8 → wasmtime: a guest suspended by ferry, resumed in Node and suspended there
+/// (Ctrl-C) writes a snapshot the space verifies and names, which a native ferry pulls and
+/// resumes; the three parts of the output are an uninterrupted run's, and so are the files.
+#[test]
+fn a_guest_suspended_in_v8_ends_natively_as_if_uninterrupted() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let files = guest("wasm/files.wasm");
+    let sleepy = guest("wasm/sleepy.wasm");
+    for (name, args, native_ms, v8_ms) in [
+        (
+            "files in a mount",
+            vec![files.to_str().unwrap(), "--", "/data", "500"],
+            300,
+            400,
+        ),
+        (
+            "sleeps, stderr, exit code 3",
+            vec![sleepy.to_str().unwrap(), "--", "40", "3"],
+            200,
+            400,
+        ),
+    ] {
+        let (plain_dir, pd) = here.data_dir(&format!("{name}-plain"));
+        let (_, cd) = here.data_dir(&format!("{name}-churn"));
+        fn with<'a>(d: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+            [&["--dir", d][..], args].concat()
+        }
+        let plain = here.plain(&with(&pd, &args));
+        let (first, k) = suspend_after_output(&here, "run", &with(&cd, &args), native_ms);
+        let guest_lines = |b: &[u8]| {
+            String::from_utf8_lossy(b)
+                .lines()
+                .filter(|l| !l.starts_with("suspended ") && !l.starts_with("ferry: "))
+                .map(|l| format!("{l}\n"))
+                .collect::<String>()
+        };
+        let mut stdout = first.stdout.clone();
+        let mut stderr = guest_lines(&first.stderr);
+        let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
+        assert_eq!(code, 0, "{err}");
+
+        let (out, k2) = suspend_in_v8(&space, &k, v8_ms);
+        let k2 = k2.unwrap_or_else(|| {
+            panic!(
+                "{name}: not suspended in V8: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        stdout.extend(&out.stdout);
+        stderr.push_str(&guest_lines(&out.stderr));
+
+        let there = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+        let (_, err, code) = there.output(&["pull", &k2, "--from", &space.url]);
+        assert_eq!(code, 0, "{err}");
+        let (end_dir, ed) = there.data_dir("data");
+        let end = there
+            .ferry()
+            .args(["resume", "--dir", &ed, &k2])
+            .output()
+            .unwrap();
+        assert_eq!(
+            end.status.code(),
+            Some(plain.code),
+            "{name}: {}",
+            String::from_utf8_lossy(&end.stderr)
+        );
+        stdout.extend(&end.stdout);
+        stderr.push_str(&guest_lines(&end.stderr));
+        assert_eq!(
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&plain.stdout),
+            "{name}"
+        );
+        assert_eq!(stderr, plain.stderr, "{name}");
+        assert_eq!(
+            dir_contents(&end_dir),
+            dir_contents(&plain_dir),
+            "{name}: files differ"
+        );
+    }
+}
+
 #[test]
 fn v8_refuses_what_it_cannot_resume_with_the_reason() {
     let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
@@ -313,4 +423,56 @@ fn the_javascript_hash_and_decoder_agree_with_ferry() {
         "{text}"
     );
     assert!(text.trim_end().ends_with("checks passed"), "{text}");
+}
+
+/// wasmtime → a browser tab → wasmtime: the console's Suspend button writes the guest's
+/// snapshot (taken in a sleep, most likely) to the space, and a native ferry ends it as an
+/// uninterrupted run would.
+#[test]
+fn a_guest_suspended_in_a_browser_tab_ends_natively_as_if_uninterrupted() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let g = guest("wasm/sleepy.wasm");
+    let args = [g.to_str().unwrap(), "--", "40", "3"];
+    let plain = here.plain(&args);
+    let (first, k) = suspend_after_output(&here, "run", &args, 300);
+    let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
+    assert_eq!(code, 0, "{err}");
+    let token = here.path("token");
+    std::fs::write(&token, SPACE_TOKEN).unwrap();
+    let tab = Command::new(node())
+        .arg(repo().join("web/browser.mjs"))
+        .args([
+            "--suspend-after",
+            "300",
+            "--space",
+            &space.url,
+            "--token-file",
+        ])
+        .arg(&token)
+        .arg(&k)
+        .output()
+        .unwrap();
+    let tab_err = String::from_utf8_lossy(&tab.stderr);
+    assert_eq!(tab.status.code(), Some(75), "{tab_err}");
+    let k2 = tab_err
+        .lines()
+        .find_map(|l| l.strip_prefix("suspended "))
+        .unwrap();
+    let there = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let (_, err, code) = there.output(&["pull", k2, "--from", &space.url]);
+    assert_eq!(code, 0, "{err}");
+    let end = there.ferry().args(["resume", k2]).output().unwrap();
+    assert_eq!(end.status.code(), Some(3));
+    let seen = [&first.stdout[..], &tab.stdout, &end.stdout].concat();
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+    // Something ran in each of the three places.
+    assert!(
+        !tab.stdout.is_empty() || tab_err.contains("warn"),
+        "{tab_err}"
+    );
+    assert!(!end.stdout.is_empty());
 }
