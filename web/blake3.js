@@ -23,48 +23,67 @@ const SCHEDULE = (() => {
   return rounds;
 })();
 
-const v = new Uint32Array(16);
-
-/** The compression function: writes the first 8 output words to `out`. */
+/**
+ * The compression function: writes the first 8 output words to `out`. The state is in
+ * locals, not an array: V8 keeps them in registers (about twice as fast).
+ */
 function compress(cv, m, counter, blockLen, flags, out) {
-  v[0] = cv[0]; v[1] = cv[1]; v[2] = cv[2]; v[3] = cv[3];
-  v[4] = cv[4]; v[5] = cv[5]; v[6] = cv[6]; v[7] = cv[7];
-  v[8] = IV[0]; v[9] = IV[1]; v[10] = IV[2]; v[11] = IV[3];
-  v[12] = counter >>> 0;
-  v[13] = Math.floor(counter / 0x100000000) >>> 0;
-  v[14] = blockLen;
-  v[15] = flags;
+  let v0 = cv[0], v1 = cv[1], v2 = cv[2], v3 = cv[3], v4 = cv[4], v5 = cv[5], v6 = cv[6], v7 = cv[7];
+  let v8 = IV[0], v9 = IV[1], v10 = IV[2], v11 = IV[3];
+  let v12 = counter >>> 0, v13 = Math.floor(counter / 0x100000000) >>> 0, v14 = blockLen, v15 = flags;
   for (let r = 0; r < 7; r++) {
     const s = SCHEDULE[r];
-    g(0, 4, 8, 12, m[s[0]], m[s[1]]);
-    g(1, 5, 9, 13, m[s[2]], m[s[3]]);
-    g(2, 6, 10, 14, m[s[4]], m[s[5]]);
-    g(3, 7, 11, 15, m[s[6]], m[s[7]]);
-    g(0, 5, 10, 15, m[s[8]], m[s[9]]);
-    g(1, 6, 11, 12, m[s[10]], m[s[11]]);
-    g(2, 7, 8, 13, m[s[12]], m[s[13]]);
-    g(3, 4, 9, 14, m[s[14]], m[s[15]]);
+    v0 = (v0 + v4 + m[s[0]]) | 0; v12 ^= v0; v12 = (v12 >>> 16) | (v12 << 16);
+    v8 = (v8 + v12) | 0; v4 ^= v8; v4 = (v4 >>> 12) | (v4 << 20);
+    v0 = (v0 + v4 + m[s[1]]) | 0; v12 ^= v0; v12 = (v12 >>> 8) | (v12 << 24);
+    v8 = (v8 + v12) | 0; v4 ^= v8; v4 = (v4 >>> 7) | (v4 << 25);
+    v1 = (v1 + v5 + m[s[2]]) | 0; v13 ^= v1; v13 = (v13 >>> 16) | (v13 << 16);
+    v9 = (v9 + v13) | 0; v5 ^= v9; v5 = (v5 >>> 12) | (v5 << 20);
+    v1 = (v1 + v5 + m[s[3]]) | 0; v13 ^= v1; v13 = (v13 >>> 8) | (v13 << 24);
+    v9 = (v9 + v13) | 0; v5 ^= v9; v5 = (v5 >>> 7) | (v5 << 25);
+    v2 = (v2 + v6 + m[s[4]]) | 0; v14 ^= v2; v14 = (v14 >>> 16) | (v14 << 16);
+    v10 = (v10 + v14) | 0; v6 ^= v10; v6 = (v6 >>> 12) | (v6 << 20);
+    v2 = (v2 + v6 + m[s[5]]) | 0; v14 ^= v2; v14 = (v14 >>> 8) | (v14 << 24);
+    v10 = (v10 + v14) | 0; v6 ^= v10; v6 = (v6 >>> 7) | (v6 << 25);
+    v3 = (v3 + v7 + m[s[6]]) | 0; v15 ^= v3; v15 = (v15 >>> 16) | (v15 << 16);
+    v11 = (v11 + v15) | 0; v7 ^= v11; v7 = (v7 >>> 12) | (v7 << 20);
+    v3 = (v3 + v7 + m[s[7]]) | 0; v15 ^= v3; v15 = (v15 >>> 8) | (v15 << 24);
+    v11 = (v11 + v15) | 0; v7 ^= v11; v7 = (v7 >>> 7) | (v7 << 25);
+    v0 = (v0 + v5 + m[s[8]]) | 0; v15 ^= v0; v15 = (v15 >>> 16) | (v15 << 16);
+    v10 = (v10 + v15) | 0; v5 ^= v10; v5 = (v5 >>> 12) | (v5 << 20);
+    v0 = (v0 + v5 + m[s[9]]) | 0; v15 ^= v0; v15 = (v15 >>> 8) | (v15 << 24);
+    v10 = (v10 + v15) | 0; v5 ^= v10; v5 = (v5 >>> 7) | (v5 << 25);
+    v1 = (v1 + v6 + m[s[10]]) | 0; v12 ^= v1; v12 = (v12 >>> 16) | (v12 << 16);
+    v11 = (v11 + v12) | 0; v6 ^= v11; v6 = (v6 >>> 12) | (v6 << 20);
+    v1 = (v1 + v6 + m[s[11]]) | 0; v12 ^= v1; v12 = (v12 >>> 8) | (v12 << 24);
+    v11 = (v11 + v12) | 0; v6 ^= v11; v6 = (v6 >>> 7) | (v6 << 25);
+    v2 = (v2 + v7 + m[s[12]]) | 0; v13 ^= v2; v13 = (v13 >>> 16) | (v13 << 16);
+    v8 = (v8 + v13) | 0; v7 ^= v8; v7 = (v7 >>> 12) | (v7 << 20);
+    v2 = (v2 + v7 + m[s[13]]) | 0; v13 ^= v2; v13 = (v13 >>> 8) | (v13 << 24);
+    v8 = (v8 + v13) | 0; v7 ^= v8; v7 = (v7 >>> 7) | (v7 << 25);
+    v3 = (v3 + v4 + m[s[14]]) | 0; v14 ^= v3; v14 = (v14 >>> 16) | (v14 << 16);
+    v9 = (v9 + v14) | 0; v4 ^= v9; v4 = (v4 >>> 12) | (v4 << 20);
+    v3 = (v3 + v4 + m[s[15]]) | 0; v14 ^= v3; v14 = (v14 >>> 8) | (v14 << 24);
+    v9 = (v9 + v14) | 0; v4 ^= v9; v4 = (v4 >>> 7) | (v4 << 25);
   }
-  for (let i = 0; i < 8; i++) out[i] = v[i] ^ v[i + 8];
-}
-
-function g(a, b, c, d, x, y) {
-  let va = v[a], vb = v[b], vc = v[c], vd = v[d];
-  va = (va + vb + x) | 0;
-  vd ^= va; vd = (vd >>> 16) | (vd << 16);
-  vc = (vc + vd) | 0;
-  vb ^= vc; vb = (vb >>> 12) | (vb << 20);
-  va = (va + vb + y) | 0;
-  vd ^= va; vd = (vd >>> 8) | (vd << 24);
-  vc = (vc + vd) | 0;
-  vb ^= vc; vb = (vb >>> 7) | (vb << 25);
-  v[a] = va; v[b] = vb; v[c] = vc; v[d] = vd;
+  out[0] = v0 ^ v8; out[1] = v1 ^ v9; out[2] = v2 ^ v10; out[3] = v3 ^ v11;
+  out[4] = v4 ^ v12; out[5] = v5 ^ v13; out[6] = v6 ^ v14; out[7] = v7 ^ v15;
 }
 
 const block = new Uint32Array(16);
 
+// Whether this engine stores words little-endian (every engine on x86 and ARM does): then
+// whole blocks of a 4-byte-aligned input are read as words at once.
+const LITTLE = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
+let words = null; // a Uint32Array over the input being hashed, when aligned
+
 /** Loads up to 64 bytes of `bytes` at `at` into `block`, zero-padded. */
 function load(bytes, at, len) {
+  if (len === 64 && words !== null) {
+    const w = at >> 2;
+    for (let i = 0; i < 16; i++) block[i] = words[w + i];
+    return;
+  }
   if (len === 64) {
     for (let i = 0; i < 16; i++) {
       const j = at + 4 * i;
@@ -96,6 +115,15 @@ function chunkBody(bytes, at, len, counter, cv) {
 
 /** BLAKE3-256 of `bytes` (a Uint8Array): 32 bytes. */
 export function blake3(bytes) {
+  words = LITTLE && bytes.byteOffset % 4 === 0 ? new Uint32Array(bytes.buffer, bytes.byteOffset, bytes.length >> 2) : null;
+  try {
+    return hash(bytes);
+  } finally {
+    words = null;
+  }
+}
+
+function hash(bytes) {
   const n = Math.max(1, Math.ceil(bytes.length / CHUNK_LEN));
   const stack = [];
   const cv = new Uint32Array(8);

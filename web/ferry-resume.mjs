@@ -98,13 +98,14 @@ if (isMainThread) {
   const { Refused, SpaceSource } = await import("./objects.js");
   const { SpaceSink } = await import("./capture.js");
   const { space, token, kappa, verbose, writeMounts, cell } = workerData;
+  const t0 = performance.now();
   try {
     const r = await resume(new SpaceSource(space, token), kappa, {
       suspendCell: cell,
       sink: new SpaceSink(space, token),
       stdout: (b) => writeAll(1, b),
       stderr: (b) => writeAll(2, b),
-      progress: verbose ? (line) => writeAll(2, Buffer.from(`ferry: ${line}\n`)) : undefined,
+      progress: verbose ? (line) => writeAll(2, Buffer.from(`ferry: ${line} (${Math.round(performance.now() - t0)} ms)\n`)) : undefined,
     });
     if (writeMounts) {
       const { join } = await import("node:path");

@@ -70,10 +70,13 @@ export async function resume(source, kappa, io) {
   const stack = await source.get(snap.stack, 1 << 30);
   const images = await Promise.all(snap.memories.map((m) => obj.memory(source, m)));
   say(`fetching ${images.reduce((n, im) => n + im.chunks.length, 0)} memory chunks`);
-  const chunks = await Promise.all(images.map((im) => Promise.all(im.chunks.map(([i, c]) => source.get(c, obj.CHUNK).then((b) => {
-    if (b.length !== obj.CHUNK) throw new Refused(`memory chunk blake3:${c} is ${b.length} bytes, not 65536`);
-    return [i, b];
-  })))));
+  const chunks = await Promise.all(images.map(async (im) => {
+    const got = await obj.getMany(source, im.chunks.map(([, c]) => c), obj.CHUNK);
+    return got.map((b, j) => {
+      if (b.length !== obj.CHUNK) throw new Refused(`memory chunk blake3:${im.chunks[j][1]} is ${b.length} bytes, not 65536`);
+      return [im.chunks[j][0], b];
+    });
+  }));
   const stdin = state.stdinInput ? await source.get(state.stdinInput) : io.stdin ?? null;
   // A space session's earlier output: a snapshot written here carries it on, with what follows.
   const history = snap.output && io.sink ? await obj.outputLogBytes(source, snap.output) : null;

@@ -229,8 +229,13 @@ async fn read_body(headers: &HeaderMap, mut body: Body) -> Result<Vec<u8>, Refus
 }
 
 /// `POST /v1/objects/fetch`: body = κ, 32 bytes each (at most `MAX_FETCH`); answer = those
-/// objects as a batch (the `POST /v1/objects` encoding), in the order asked.
-async fn fetch_objects(State(s): State<Shared>, body: Bytes) -> Response {
+/// objects as a batch (the `POST /v1/objects` encoding), in the order asked; with
+/// `?codec=raw`, none of them compressed (a reader without zstd: the JavaScript space).
+async fn fetch_objects(
+    State(s): State<Shared>,
+    Query(q): Query<FetchQuery>,
+    body: Bytes,
+) -> Response {
     if !body.len().is_multiple_of(32) || body.len() / 32 > crate::MAX_FETCH {
         return text(
             StatusCode::BAD_REQUEST,
@@ -238,9 +243,23 @@ async fn fetch_objects(State(s): State<Shared>, body: Bytes) -> Response {
         )
         .into_response();
     }
+    let raw = match q.codec.as_deref() {
+        None => false,
+        Some("raw") => true,
+        Some(other) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("unknown codec `{other}` (only `raw` may be asked for)"),
+            )
+            .into_response();
+        }
+    };
     let r = blocking(move || {
         let mut out = ferry_store::batch::buffer();
         let mut encoder = ferry_store::batch::Encoder::new();
+        if raw {
+            encoder = encoder.uncompressed();
+        }
         let ks: Vec<Kappa> = body
             .chunks_exact(32)
             .map(|c| Kappa::from_bytes(c.try_into().expect("32 bytes")))
@@ -292,6 +311,13 @@ async fn get_object(
         Ok(b) => b.into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// `POST /v1/objects/fetch?codec=raw`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FetchQuery {
+    codec: Option<String>,
 }
 
 /// Whether `Accept-Encoding` names zstd (with any weight but `q=0`).
@@ -665,6 +691,78 @@ mod tests {
             Err(StoreError::Remote(why)) => assert!(why.contains("422"), "{why}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// What a reader without zstd (the JavaScript space) asks for comes raw: one object by
+    /// `GET` without `Accept-Encoding: zstd`, many by `POST /v1/objects/fetch?codec=raw`;
+    /// ferry's own client still gets zstd; an unknown codec is refused.
+    #[test]
+    fn objects_come_raw_to_a_reader_without_zstd() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let store = Arc::new(MemStore::new());
+        let space = Arc::new(super::Space {
+            store: store.clone(),
+            gc: None,
+            token: "t".into(),
+            sessions: None,
+        });
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        rt.spawn(async move { axum::serve(listener, super::router(space)).await });
+        let bytes = vec![7u8; 65536]; // compresses well
+        let k = ferry_store::Store::put(&*store, &bytes).unwrap();
+        let agent = ureq::Agent::new_with_defaults();
+        let get = |accept: Option<&str>| {
+            let mut req = agent
+                .get(format!("{url}/v1/objects/{k}"))
+                .header("Authorization", "Bearer t");
+            if let Some(a) = accept {
+                req = req.header("Accept-Encoding", a);
+            }
+            let mut r = req.call().unwrap();
+            let coded = r.headers().get("Content-Encoding").cloned();
+            (coded, r.body_mut().read_to_vec().unwrap())
+        };
+        assert_eq!(get(None), (None, bytes.clone()));
+        assert_eq!(get(Some("gzip, deflate")).1, bytes);
+        let (coded, body) = get(Some("gzip, zstd;q=0.9"));
+        assert_eq!(coded.unwrap(), "zstd");
+        assert!(body.len() < 1000);
+        assert_eq!(get(Some("zstd;q=0")).0, None);
+        // ferry's client still gets (and decodes) zstd.
+        let client = crate::client::RemoteStore::new(&url, "t");
+        assert_eq!(ferry_store::Store::get(&client, &k).unwrap(), bytes);
+
+        let fetch = |query: &str| {
+            agent
+                .post(format!("{url}/v1/objects/fetch{query}"))
+                .header("Authorization", "Bearer t")
+                .config()
+                .http_status_as_error(false)
+                .build()
+                .send(&k.as_bytes()[..])
+                .unwrap()
+        };
+        let mut r = fetch("?codec=raw");
+        let batch = r.body_mut().read_to_vec().unwrap();
+        assert_eq!(batch[32], 0, "codec raw");
+        assert_eq!(&batch[49..], &bytes[..]);
+        let mut r = fetch("");
+        assert_eq!(
+            r.body_mut().read_to_vec().unwrap()[32],
+            1,
+            "zstd when not asked"
+        );
+        let mut r = fetch("?codec=lz4");
+        assert_eq!(r.status(), 400);
+        assert!(
+            r.body_mut()
+                .read_to_string()
+                .unwrap()
+                .contains("unknown codec `lz4`")
+        );
     }
 
     /// docs/openapi.yaml documents every route the router serves.

@@ -103,6 +103,8 @@ pub struct Encoder {
     direct: bool,
     /// Whether objects read straight from packs are hashed and checked too.
     verify: bool,
+    /// Whether objects may be compressed (not for a client that cannot decompress zstd).
+    compress: bool,
 }
 
 impl Default for Encoder {
@@ -130,7 +132,15 @@ impl Encoder {
             scratch: buffer(),
             direct: true,
             verify: false,
+            compress: true,
         }
+    }
+
+    /// This encoder, writing every object raw (codec 0): for a reader without zstd (the
+    /// JavaScript space in a browser or Node).
+    pub fn uncompressed(mut self) -> Self {
+        self.compress = false;
+        self
     }
 
     /// An encoder that also checks every object it reads straight from a pack against its κ
@@ -279,7 +289,7 @@ impl Encoder {
 
     /// `bytes` compressed, if that saves at least an eighth.
     fn compressed(&mut self, bytes: &[u8]) -> Option<Vec<u8>> {
-        if !self.worth_trying(bytes) {
+        if !self.compress || !self.worth_trying(bytes) {
             return None;
         }
         let packed = self.zstd.compress(bytes).ok()?;
