@@ -1,15 +1,20 @@
 #!/usr/bin/env node
 // Unit checks of the JavaScript space's own codecs, run by `cargo test` (crates/cli/tests/all/web.rs):
 //
-//   node web/test.mjs VECTORS.json
+//   node web/test.mjs VECTORS.json [SPACE_URL TOKEN blake3:<snapshot>...]
 //
 // VECTORS.json: [{"len": N, "kappa": "<hex>"}] — κ of the bytes i % 251 for i < N, computed
-// by ferry's Rust κ. Prints `ok N` per passed check and exits 1 on the first failure.
+// by ferry's Rust κ. With a space and snapshots in it: every structured object of their
+// closures (snapshot, WASI state, memory images, trees, output logs) re-encoded by cbor.js
+// must be the very bytes ferry wrote, and mutated copies of them must be refused cleanly
+// (a `Refused` or `CborError`, never another exception). Prints `ok N` per passed check and
+// exits 1 on the first failure.
 
 import { readFileSync } from "node:fs";
 import { blake3, hex } from "./blake3.js";
-import { CborError, decode } from "./cbor.js";
-import { MapSource, Refused, snapshot } from "./objects.js";
+import { CborError, decode, encode } from "./cbor.js";
+import * as objects from "./objects.js";
+import { MapSource, Refused, SpaceSource, snapshot } from "./objects.js";
 import { byName } from "./wasi.js";
 
 let n = 0;
@@ -73,5 +78,81 @@ const v2 = bytes(0xa2, 0x61, 0x76, 0x02, 0x64, 0x6b, 0x69, 0x6e, 0x64, 0x6e, ...
 const [k2, b2] = obj(v2);
 await refusesAsync("a newer format version", () => snapshot(new MapSource(new Map([[k2, b2]])), k2), "format version 2");
 
+// A few thousand random inputs: the decoder refuses or decodes, nothing else.
+let seed = 0x2545f491;
+const rand = () => {
+  seed ^= seed << 13;
+  seed ^= seed >>> 17;
+  seed ^= seed << 5;
+  return (seed >>> 0) / 2 ** 32;
+};
+let odd = null;
+for (let i = 0; i < 5000 && odd === null; i++) {
+  const b = new Uint8Array(1 + Math.floor(rand() * 64));
+  for (let j = 0; j < b.length; j++) b[j] = rand() < 0.5 ? Math.floor(rand() * 256) : [0xa1, 0x81, 0x61, 0x18, 0x5b, 0xf6, 0x40][Math.floor(rand() * 7)];
+  try {
+    decode(b);
+  } catch (e) {
+    if (!(e instanceof CborError)) odd = `${hex(b)}: ${e}`;
+  }
+}
+check(`5000 random inputs are decoded or refused with a CborError${odd ? `: ${odd}` : ""}`, odd === null);
+
 check("names sort by code point, as ferry's byte order", ["b", "\u{1F600}", "a", "\uFFFD", "B"].sort(byName).join(",") === ["B", "a", "b", "\uFFFD", "\u{1F600}"].join(","));
+const [space, token, ...snaps] = process.argv.slice(3);
+if (space) {
+  const source = new SpaceSource(space, token);
+  const seen = new Map(); // κ → bytes, every structured object of the closures
+  const take = async (k) => {
+    const b = await source.get(k);
+    seen.set(k, b);
+    return b;
+  };
+  const walkTree = async (k) => {
+    await take(k);
+    for (const e of await objects.tree(source, k)) {
+      if (e.mode === "dir") await walkTree(e.object);
+      if (e.mode.endsWith("-chunks")) await take(e.object);
+    }
+  };
+  for (const s of snaps) {
+    const k = objects.parseKappa(s);
+    await take(k);
+    const snap = await snapshot(source, k);
+    await take(snap.wasi);
+    const state = await objects.wasiState(source, snap.wasi);
+    for (const m of snap.memories) await take(m);
+    for (const m of state.mounts) await walkTree(m.tree);
+    for (const [, f] of state.fds) if (f.unnamed) await walkTree(f.unnamed);
+    if (snap.output) await take(snap.output);
+  }
+  let same = 0;
+  for (const [k, b] of seen) {
+    const again = encode(decode(b));
+    if (hex(again) !== hex(b)) check(`blake3:${k} re-encodes to other bytes`, false);
+    same++;
+  }
+  check(`${same} structured objects of ${snaps.length} snapshots re-encode to ferry's very bytes`, same >= snaps.length * 2);
+  // Mutated copies: refused cleanly, whatever the mutation.
+  const readers = { "ferry.snapshot": snapshot, "ferry.wasi": objects.wasiState, "ferry.memory": objects.memory, "ferry.tree": objects.tree, "ferry.file": objects.fileChunks };
+  let tried = 0;
+  let strange = null;
+  for (const [, b] of seen) {
+    const kind = decode(b).get("kind");
+    const read = readers[kind];
+    if (!read) continue;
+    for (let i = 0; i < 200 && strange === null; i++) {
+      const m = b.slice();
+      for (let j = 0; j < 1 + Math.floor(rand() * 3); j++) m[Math.floor(rand() * m.length)] = Math.floor(rand() * 256);
+      const km = hex(blake3(m));
+      try {
+        await read(new MapSource(new Map([[km, m]])), km);
+      } catch (e) {
+        if (!(e instanceof Refused)) strange = `${kind}: ${e.stack}`;
+      }
+      tried++;
+    }
+  }
+  check(`${tried} mutated objects are read or refused with the reason${strange ? `: ${strange}` : ""}`, strange === null && tried > 0);
+}
 console.log(`${n} checks passed`);

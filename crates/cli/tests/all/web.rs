@@ -379,7 +379,7 @@ fn v8_refuses_what_it_cannot_resume_with_the_reason() {
 
 #[test]
 fn the_javascript_hash_and_decoder_agree_with_ferry() {
-    let env = Env::new();
+    let env = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
     let vectors: Vec<serde_json::Value> = [
         0u32,
         1,
@@ -406,9 +406,39 @@ fn the_javascript_hash_and_decoder_agree_with_ferry() {
     .collect();
     let file = env.path("vectors.json");
     std::fs::write(&file, serde_json::to_vec(&vectors).unwrap()).unwrap();
+    // Snapshots with mounted files (trees, a file over 1 MiB in pieces) and a sleep, in a
+    // space: their objects as ferry encoded them.
+    let space = SpaceProc::start(&[]);
+    let (dir, mount) = env.data_dir("data");
+    std::fs::write(
+        dir.join("big.bin"),
+        crate::harness::varied_bytes(3 << 20, 7),
+    )
+    .unwrap();
+    let files = guest("wasm/files.wasm");
+    let sleepy = guest("wasm/sleepy.wasm");
+    let mut snapshots = Vec::new();
+    for args in [
+        vec![
+            "--dir",
+            &mount,
+            files.to_str().unwrap(),
+            "--",
+            "/data",
+            "500",
+        ],
+        vec![sleepy.to_str().unwrap(), "--", "40", "3"],
+    ] {
+        let (_, k) = run_and_suspend(&env, &args, 300);
+        let (_, err, code) = env.output(&["push", &k, "--to", &space.url]);
+        assert_eq!(code, 0, "{err}");
+        snapshots.push(k);
+    }
     let out = Command::new(node())
         .arg(repo().join("web/test.mjs"))
         .arg(&file)
+        .args([&space.url, SPACE_TOKEN])
+        .args(&snapshots)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -420,6 +450,11 @@ fn the_javascript_hash_and_decoder_agree_with_ferry() {
     );
     assert!(
         text.contains(&format!("ok {} BLAKE3 of 1048576 bytes", vectors.len())),
+        "{text}"
+    );
+    assert!(text.contains("re-encode to ferry's very bytes"), "{text}");
+    assert!(
+        text.contains("mutated objects are read or refused"),
         "{text}"
     );
     assert!(text.trim_end().ends_with("checks passed"), "{text}");
