@@ -7,7 +7,7 @@
 //
 // The guest's stdout and stderr, exactly as the page received them, go to this process's;
 // the exit code is the guest's (65 refused, 70 trapped, as ferry-resume.mjs).
-// `--suspend-after MS` presses the page's Suspend button MS after the guest started: the tab
+// `--suspend-after MS` presses the page's Suspend button MS after the guest began to run: the tab
 // writes the snapshot to the space, and this prints `suspended blake3:<hex>` (exit 75). It speaks the
 // Chrome DevTools Protocol over the WebSocket Chromium opens (Node 22+ has WebSocket built
 // in), so nothing but Chromium itself is needed. 1 on a timeout or a browser failure.
@@ -91,12 +91,13 @@ await send("Page.navigate", { url }, sessionId);
 const evaluate = async (expression) => (await send("Runtime.evaluate", { expression, returnByValue: true }, sessionId)).result?.result?.value;
 
 let pressed = false;
-const startedAt = Date.now();
+let runningSince = null;
 for (;;) {
   await new Promise((ok) => setTimeout(ok, suspendAfter ? 20 : 100));
   if (suspendAfter && !pressed && (await evaluate("document.title")) === "ferry console: resuming") {
     const running = await evaluate("document.getElementById('status').textContent.startsWith('restored')");
-    if (running && Date.now() - startedAt >= Number(suspendAfter)) {
+    if (running && runningSince === null) runningSince = Date.now();
+    if (running && Date.now() - runningSince >= Number(suspendAfter)) {
       await evaluate("document.getElementById('suspend').click()");
       pressed = true;
     }

@@ -63,6 +63,7 @@ $("resume-form").addEventListener("submit", (e) => {
 
 let worker = null;
 let cell = null;
+let ctl = null; // the guest's poll flag (shared memory), once the worker has it
 const decoder = [null, new TextDecoder(), new TextDecoder()];
 // The exact bytes of this run's stdout and stderr (after the snapshot), for whoever drives
 // the page: `window.ferryOutcome` once the guest has ended.
@@ -95,7 +96,12 @@ function start(kappa) {
   // A suspend is asked for through shared memory: the worker is busy running the guest.
   cell = typeof SharedArrayBuffer !== "undefined" && crossOriginIsolated ? new Int32Array(new SharedArrayBuffer(4)) : null;
   $("suspend").disabled = cell === null;
+  ctl = null;
   worker.onmessage = ({ data }) => {
+    if (data.ctl) {
+      ctl = new Int32Array(data.ctl, 0, 1);
+      return;
+    }
     if (data.out) return show(data.out, data.bytes, data.before);
     if (data.progress) {
       status.textContent = data.progress;
@@ -125,6 +131,7 @@ $("suspend").addEventListener("click", () => {
   status.textContent = "suspending at the guest's next safe point …";
   Atomics.store(cell, 0, 1);
   Atomics.notify(cell, 0);
+  if (ctl) Atomics.store(ctl, 0, 1);
 });
 
 listSessions();

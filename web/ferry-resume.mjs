@@ -59,12 +59,14 @@ if (isMainThread) {
     process.exit(EX_USAGE);
   }
   const cell = new Int32Array(new SharedArrayBuffer(4));
+  let ctl = null; // the guest's poll flag, once the worker has it
   let asked = false;
   const suspend = () => {
     if (asked) process.exit(130);
     asked = true;
     Atomics.store(cell, 0, 1);
     Atomics.notify(cell, 0);
+    if (ctl) Atomics.store(ctl, 0, 1);
   };
   process.on("SIGINT", suspend);
   process.on("SIGTERM", suspend);
@@ -74,6 +76,11 @@ if (isMainThread) {
     execArgv: process.execArgv,
   });
   worker.on("message", (m) => {
+    if (m.ctl) {
+      ctl = new Int32Array(m.ctl, 0, 1);
+      if (asked) Atomics.store(ctl, 0, 1);
+      return;
+    }
     if (m.refused) {
       writeAll(2, Buffer.from(`ferry: refused: ${m.refused}\n`));
       process.exit(EX_REFUSED);
@@ -102,6 +109,7 @@ if (isMainThread) {
   try {
     const r = await resume(new SpaceSource(space, token), kappa, {
       suspendCell: cell,
+      onCtl: (buffer) => parentPort.postMessage({ ctl: buffer }),
       sink: new SpaceSink(space, token),
       stdout: (b) => writeAll(1, b),
       stderr: (b) => writeAll(2, b),

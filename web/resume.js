@@ -83,9 +83,11 @@ export async function resume(source, kappa, io) {
   say(`fetching the instrumented module`);
   const code = await source.get(snap.instrumented);
   say(`verified ${(source.fetched / 1048576).toFixed(1)} MiB; compiling`);
+  // With `ferry:ctl` shared, another thread can raise the poll flag while the guest runs.
+  const shared = canShare() ? shareCtl(code) : null;
   let module;
   try {
-    module = await WebAssembly.compile(code);
+    module = await WebAssembly.compile(shared ?? code);
   } catch (e) {
     throw new Refused(`this engine cannot compile the instrumented module: ${e.message}${/multi|memory/i.test(e.message) ? " (it needs the multi-memory proposal)" : ""}`);
   }
@@ -157,7 +159,12 @@ export async function resume(source, kappa, io) {
       poll() {
         if (ex["ferry:state"].value === STATE_REWIND) finishRewind();
         else if (wasi.suspendAsked()) startUnwind();
-        else ctl()[0] = 0;
+        else {
+          // Lowered, then looked at again: a suspend asked for in between (by another
+          // thread that raised the flag) raises it back, so it is not lost.
+          Atomics.store(ctl(), 0, 0);
+          if (wasi.suspendAsked()) Atomics.store(ctl(), 0, 1);
+        }
       },
     },
     host: { call: () => -1 },
@@ -168,7 +175,8 @@ export async function resume(source, kappa, io) {
     throw new Refused(`cannot instantiate the instrumented module here: ${e.message}`);
   }
   const ex = instance.exports;
-  const ctl = () => new Uint32Array(ex["ferry:ctl"].buffer, 0, 1);
+  const ctl = () => new Int32Array(ex["ferry:ctl"].buffer, 0, 1);
+  if (shared && io.onCtl) io.onCtl(ex["ferry:ctl"].buffer);
   wasi.memory = ex.memory;
   if (!(wasi.memory instanceof WebAssembly.Memory)) throw new Refused("the module exports no `memory`");
   images.forEach((im, i) => restoreMemory(ex, i, im, chunks[i]));
@@ -213,6 +221,85 @@ export async function resume(source, kappa, io) {
     if (e instanceof Exit) return { code: e.code, mounts };
     if (e instanceof WebAssembly.RuntimeError || e instanceof RangeError) return { trap: trapCause(e), mounts };
     throw e;
+  }
+}
+
+/** Whether this engine can make a memory shared (SharedArrayBuffer; a browser page only when cross-origin isolated). */
+function canShare() {
+  if (typeof SharedArrayBuffer === "undefined") return false;
+  return typeof crossOriginIsolated === "undefined" || crossOriginIsolated;
+}
+
+/**
+ * The module with its `ferry:ctl` memory made shared (`(memory 1 1)` → `(memory 1 1
+ * shared)`: one flag byte, nothing moves), so that a thread other than the guest's can raise
+ * the poll flag while the guest computes — the time to a safe point is then bounded by the
+ * guest's polls, as natively. Null when the module is not as the transform makes it (the
+ * resume then goes on with a suspend seen at the guest's next WASI call).
+ */
+export function shareCtl(code) {
+  try {
+    const r = { at: 8 };
+    const leb = () => {
+      let x = 0;
+      let shift = 0;
+      for (;;) {
+        const b = code[r.at++];
+        x += (b & 0x7f) * 2 ** shift;
+        shift += 7;
+        if ((b & 0x80) === 0) return x;
+        if (shift > 35) throw new Error("LEB128 too long");
+      }
+    };
+    const sections = new Map();
+    while (r.at < code.length) {
+      const id = code[r.at++];
+      const size = leb();
+      if (!sections.has(id)) sections.set(id, r.at);
+      r.at += size;
+    }
+    const name = () => {
+      const n = leb();
+      const s = new TextDecoder().decode(code.subarray(r.at, r.at + n));
+      r.at += n;
+      return s;
+    };
+    let importedMemories = 0;
+    if (sections.has(2)) {
+      r.at = sections.get(2);
+      for (let n = leb(); n > 0; n--) {
+        name();
+        name();
+        if (code[r.at++] !== 0) return null; // ferry's modules import functions only
+        leb();
+      }
+    }
+    let ctl = -1;
+    r.at = sections.get(7);
+    for (let n = leb(); n > 0; n--) {
+      const field = name();
+      const kind = code[r.at++];
+      const index = leb();
+      if (field === "ferry:ctl" && kind === 2) ctl = index - importedMemories;
+    }
+    if (ctl < 0 || !sections.has(5)) return null;
+    r.at = sections.get(5);
+    const count = leb();
+    for (let i = 0; i < count; i++) {
+      const flagAt = r.at;
+      const flags = code[r.at++];
+      leb();
+      if (flags & 1) leb();
+      if (i === ctl) {
+        if (flags !== 0x01) return null;
+        const out = code.slice();
+        out[flagAt] = 0x03;
+        return out;
+      }
+    }
+    return null;
+  } catch {
+    return null;
   }
 }
 

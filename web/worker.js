@@ -23,6 +23,7 @@ self.onmessage = async ({ data }) => {
       stderr: (bytes) => self.postMessage({ out: 2, bytes }),
       progress: (progress) => self.postMessage({ progress }),
       suspendCell: data.cell ?? null,
+      onCtl: (ctl) => self.postMessage({ ctl }),
       sink: new SpaceSink(data.base, data.token),
     });
     if (r.suspended) self.postMessage({ suspended: r.suspended, sent: r.sent, bytes: r.bytes });

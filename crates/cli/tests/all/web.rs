@@ -511,3 +511,61 @@ fn a_guest_suspended_in_a_browser_tab_ends_natively_as_if_uninterrupted() {
     );
     assert!(!end.stdout.is_empty());
 }
+
+/// A guest that computes without any WASI call is suspended in V8 at its next safe point,
+/// not at its end: the JavaScript space makes `ferry:ctl` shared, so the thread that takes
+/// the Ctrl-C raises the guest's poll flag, as native ferry does. Its snapshot then ends
+/// natively as an uninterrupted run.
+#[test]
+fn a_guest_that_makes_no_wasi_call_is_suspended_in_v8_at_its_next_safe_point() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let spin = here.path("spin.wat");
+    std::fs::write(
+        &spin,
+        r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "spun\n")
+  (global $n (mut i64) (i64.const 0))
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 5))
+    (loop $again
+      (global.set $n (i64.add (global.get $n) (i64.const 1)))
+      (br_if $again (i64.lt_u (global.get $n) (i64.const 100000000000))))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#,
+    )
+    .unwrap();
+    let (_, k) = run_and_suspend(&here, &[spin.to_str().unwrap()], 300);
+    let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
+    assert_eq!(code, 0, "{err}");
+    // 10^11 iterations: minutes, unless the suspend is seen at a safe point.
+    let (out, k2) = suspend_in_v8(&space, &k, 500);
+    let k2 =
+        k2.unwrap_or_else(|| panic!("not suspended: {}", String::from_utf8_lossy(&out.stderr)));
+    assert!(out.stdout.is_empty());
+    // Natively, from there: the counter goes on (it is in the snapshot's globals) and the
+    // guest is suspended again, so that this test does not wait for 10^11 iterations.
+    let there = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let (_, err, code) = there.output(&["pull", &k2, "--from", &space.url]);
+    assert_eq!(code, 0, "{err}");
+    let (_, k3) = crate::harness::resume_and_suspend(&there, &[&k2], 300);
+    let before: u64 = global_n(&there, &k2);
+    let after: u64 = global_n(&there, &k3);
+    assert!(
+        before > 0 && after > before,
+        "the counter went {before} → {after}"
+    );
+}
+
+/// The value of the spin guest's counter (its one mutable global) in snapshot `k`, read from
+/// `env`'s store.
+fn global_n(env: &Env, k: &str) -> u64 {
+    use ferry_store::Store;
+    let store = ferry_store::FsStore::open(env.store()).unwrap();
+    let k: ferry_kappa::Kappa = k.parse().unwrap();
+    let snap: ferry_object::Snapshot = ferry_object::decode(&store.get(&k).unwrap()).unwrap();
+    assert_eq!(snap.globals[0].ty, "i64");
+    u64::from_le_bytes(snap.globals[0].bits.clone().try_into().unwrap())
+}
