@@ -17,6 +17,7 @@ a listed test that now passes (the list must stay true).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -60,10 +61,10 @@ def known_failures():
     return out
 
 
-def run_test(ferry, engine, wasm, spec, store):
+def run_test(ferry, engine, wasm, spec, store, space=None):
     root = spec.get("root")
     with tempfile.TemporaryDirectory() as work:
-        cmd = [ferry, "run", "--engine", engine]
+        cmd = [ferry, "run", "--engine", "jit" if engine == "js" else engine]
         if root:
             copy = Path(work) / "root"
             shutil.copytree(wasm.parent / root, copy, symlinks=True)
@@ -78,14 +79,36 @@ def run_test(ferry, engine, wasm, spec, store):
         cmd += [str(wasm), "--"] + spec.get("args", [])
         env = dict(os.environ, FERRY_STORE=str(store))
         env.pop("FERRY_ENGINE", None)
+        if engine == "js":
+            # Suspended at its first safe point by ferry; all the rest runs in the JavaScript
+            # space (Node's V8), from the snapshot pushed to a space.
+            env.update(FERRY_SUSPEND_AT_START="1", FERRY_TOKEN=space["token"])
         try:
             p = subprocess.run(cmd, capture_output=True, timeout=120, env=env,
                                stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return "timed out after 120 s"
+        if engine == "js":
+            if p.returncode != 75:
+                return NOT_EXERCISED
+            k = next(l.split()[1] for l in p.stderr.decode().splitlines() if l.startswith("suspended "))
+            push = subprocess.run([ferry, "push", k, "--to", space["url"]], capture_output=True,
+                                  env=env, timeout=120)
+            if push.returncode != 0:
+                return f"push failed: {push.stderr.decode(errors='replace')[:300]}"
+            before = p
+            try:
+                p = subprocess.run([space["node"], str(REPO / "web/ferry-resume.mjs"), "--space",
+                                    space["url"], k], capture_output=True, timeout=120, env=env,
+                                   stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                return "timed out after 120 s in JavaScript"
+            p = subprocess.CompletedProcess(p.args, p.returncode, before.stdout + p.stdout,
+                                            before.stderr + p.stderr)
     want = spec.get("exit_code", 0)
     err = p.stderr.decode(errors="replace")
-    guest_err = "".join(l for l in err.splitlines(keepends=True) if not l.startswith("ferry: "))
+    guest_err = "".join(l for l in err.splitlines(keepends=True)
+                        if not l.startswith("ferry: ") and not l.startswith("suspended "))
     if p.returncode != want:
         return f"exit {p.returncode}, expected {want}: {err.strip()[:300]}"
     if "stdout" in spec and p.stdout.decode(errors="replace") != spec["stdout"]:
@@ -95,10 +118,34 @@ def run_test(ferry, engine, wasm, spec, store):
     return None
 
 
+# A js-engine test that ended (natively) before its first safe point: a program without a
+# loop or a call that can unwind — nothing of it ran in JavaScript.
+NOT_EXERCISED = "ended before its first safe point, so nothing ran in JavaScript"
+
+
+def start_space(ferry, work, stack):
+    """A `ferry serve` for the js engine's snapshots; stopped when `stack` closes."""
+    node = os.environ.get("FERRY_NODE") or str(
+        Path(os.environ.get("FERRY_TOOLS", Path.home() / ".cache/ferry/tools"))
+        / "node-24.22.3/bin/node")
+    if not Path(node).exists():
+        sys.exit(f"wasi-testsuite: {node} is missing: run scripts/fetch-node.sh")
+    (work / "token").write_text("wasi-testsuite")
+    server = subprocess.Popen([ferry, "serve", "--listen", "127.0.0.1:0", "--store",
+                               str(work / "space"), "--token-file", str(work / "token")],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    stack.callback(server.kill)
+    url = server.stdout.readline().strip().removeprefix("listening on ")
+    return {"url": url, "token": "wasi-testsuite", "node": node}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", help="a wasi-testsuite checkout of branch prod/testsuite-base")
-    ap.add_argument("--engine", default="all", choices=["jit", "interp", "all"])
+    ap.add_argument("--engine", default="all", choices=["jit", "interp", "js", "all"],
+                    help="all: jit and interp; js: each test suspended by ferry at its first "
+                         "safe point and run on from there by the JavaScript space in Node "
+                         "(web/ferry-resume.mjs; needs Node 24, scripts/fetch-node.sh)")
     ap.add_argument("--ferry", default=str(REPO / "target/release/ferry"))
     ap.add_argument("--only", help="only tests whose name contains this")
     ap.add_argument("--require", action="store_true",
@@ -114,9 +161,11 @@ def main():
     if a.only:
         tests = [t for t in tests if a.only in t.name]
     unexpected = 0
-    with tempfile.TemporaryDirectory() as store:
+    with tempfile.TemporaryDirectory() as store, contextlib.ExitStack() as stack:
+        space = start_space(a.ferry, Path(store), stack) if "js" in engines else None
         for engine in engines:
             passed = 0
+            skipped = 0
             for wasm in tests:
                 name = f"{wasm.parts[-4]}/{wasm.stem}"
                 spec_path = wasm.with_suffix(".json")
@@ -124,8 +173,11 @@ def main():
                 if "operations" in spec:
                     failure = "operation-based specs (sockets, http) are not supported"
                 else:
-                    failure = run_test(a.ferry, engine, wasm, spec, store)
-                if failure is None:
+                    failure = run_test(a.ferry, engine, wasm, spec, store, space)
+                if failure == NOT_EXERCISED:
+                    skipped += 1
+                    print(f"{engine:<7} {name}: not exercised ({failure})")
+                elif failure is None:
                     passed += 1
                     if name in known:
                         print(f"{engine:<7} {name}: passes but is listed as a known failure")
@@ -135,7 +187,11 @@ def main():
                 else:
                     print(f"{engine:<7} {name}: FAIL: {failure}")
                     unexpected += 1
-            print(f"{engine:<7} wasi-testsuite wasm32-wasip1: {passed}/{len(tests)} passed")
+            if skipped:
+                print(f"{engine:<7} wasi-testsuite wasm32-wasip1: {passed}/{len(tests) - skipped} passed "
+                      f"({skipped} more ended before their first safe point)")
+            else:
+                print(f"{engine:<7} wasi-testsuite wasm32-wasip1: {passed}/{len(tests)} passed")
     if unexpected:
         print(f"{unexpected} unexpected result(s)")
         return 1

@@ -224,6 +224,11 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     );
     let control = Arc::new(Control::new());
     control.pre_write_every(a.guest.pre_write);
+    // A testing aid (docs/conformance.md): suspend at the guest's first safe point, so that
+    // another space runs all the rest (scripts/wasi-testsuite.py --engine js).
+    if std::env::var_os("FERRY_SUSPEND_AT_START").is_some() {
+        control.request(ferry_engine::Request::Suspend);
+    }
     guest::install_signals(
         &control,
         "before the program started: nothing ran, nothing to resume",
