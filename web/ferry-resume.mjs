@@ -73,7 +73,6 @@ if (isMainThread) {
   const worker = new Worker(new URL(import.meta.url), {
     workerData: { ...opts, kappa, cell },
     resourceLimits: { stackSizeMb: opts.stackMb },
-    execArgv: process.execArgv,
   });
   worker.on("message", (m) => {
     if (m.ctl) {
