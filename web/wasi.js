@@ -603,8 +603,8 @@ export class Wasi {
       (fdflags & FDFLAG_APPEND) !== 0;
     let node = r.node;
     if (node && node.type === "symlink") {
-      // Not followed (no LOOKUP_FOLLOW): as O_NOFOLLOW, opening a link fails.
-      return E.LOOP;
+      // Not followed (no LOOKUP_FOLLOW): not a directory; as O_NOFOLLOW, opening it fails.
+      return (oflags & OFLAG_DIRECTORY) !== 0 ? E.NOTDIR : E.LOOP;
     }
     if ((oflags & OFLAG_DIRECTORY) !== 0 || (node && node.type === "dir")) {
       if (!node) return E.NOENT;
