@@ -641,12 +641,9 @@ mod tests {
     use ferry_kappa::Kappa;
     use ferry_store::{MemStore, StoreError};
 
-    /// A batch holding an object whose bytes do not hash to its κ is refused with that κ in
-    /// the `Ferry-Refused-Object` header, which the client returns as a structured error
-    /// (what a push acts on: it checks that one object of its own store), and nothing of the
-    /// batch is stored.
-    #[test]
-    fn a_forged_object_is_refused_by_name() {
+    /// A space serving an empty `MemStore` with the token `t` on a loopback port: the runtime
+    /// (keep it alive), the store, the URL.
+    fn serve_mem_store() -> (tokio::runtime::Runtime, Arc<MemStore>, String) {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let store = Arc::new(MemStore::new());
         let space = Arc::new(super::Space {
@@ -660,6 +657,16 @@ mod tests {
             .unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         rt.spawn(async move { axum::serve(listener, super::router(space)).await });
+        (rt, store, url)
+    }
+
+    /// A batch holding an object whose bytes do not hash to its κ is refused with that κ in
+    /// the `Ferry-Refused-Object` header, which the client returns as a structured error
+    /// (what a push acts on: it checks that one object of its own store), and nothing of the
+    /// batch is stored.
+    #[test]
+    fn a_forged_object_is_refused_by_name() {
+        let (_rt, store, url) = serve_mem_store();
 
         let good = b"an honest object".to_vec();
         let forged = Kappa::of(b"what the sender claims");
@@ -698,19 +705,7 @@ mod tests {
     /// ferry's own client still gets zstd; an unknown codec is refused.
     #[test]
     fn objects_come_raw_to_a_reader_without_zstd() {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let store = Arc::new(MemStore::new());
-        let space = Arc::new(super::Space {
-            store: store.clone(),
-            gc: None,
-            token: "t".into(),
-            sessions: None,
-        });
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        rt.spawn(async move { axum::serve(listener, super::router(space)).await });
+        let (_rt, store, url) = serve_mem_store();
         let bytes = vec![7u8; 65536]; // compresses well
         let k = ferry_store::Store::put(&*store, &bytes).unwrap();
         let agent = ureq::Agent::new_with_defaults();

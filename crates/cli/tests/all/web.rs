@@ -43,11 +43,12 @@ fn resume_in_v8(space: &SpaceProc, args: &[&str]) -> Output {
         .expect("spawn node")
 }
 
-#[test]
-fn conformance_kit_snapshots_resume_in_v8() {
+/// A space serving the snapshots `ferry conformance --engine ENGINE --keep` takes of kit
+/// v5 (kept in the space's own store), then `web/conformance.mjs --in RUNNER` over them: its
+/// table, once it has exited 0.
+fn kit_in(engine: &str, runner: &str) -> String {
     let mut space = SpaceProc::start(&[]);
     space.stop();
-    // The kit's snapshots, taken on both engines, kept in the space's store.
     let store = space.env.store();
     let kit = repo().join("conformance/v5");
     let (out, err, code) = space.env.output(&[
@@ -55,13 +56,41 @@ fn conformance_kit_snapshots_resume_in_v8() {
         "--kit",
         kit.to_str().unwrap(),
         "--engine",
-        "all",
+        engine,
         "--keep",
         store.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "{out}{err}");
     space.spawn(None);
-    let table = kit_in(&space, &kit, &store, "node");
+    let token = space.env.path("token");
+    std::fs::write(&token, SPACE_TOKEN).unwrap();
+    let mut c = Command::new(node());
+    c.arg(repo().join("web/conformance.mjs"))
+        .args(["--in", runner, "--space", &space.url, "--token-file"])
+        .arg(&token)
+        .arg("--manifest")
+        .arg(store.join("manifest.json"))
+        .arg("--kit")
+        .arg(&kit);
+    if runner == "browser" {
+        c.arg("--known-failures")
+            .arg(repo().join("conformance/browser-known-failures.txt"));
+    }
+    let out = c.output().expect("spawn node");
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    table
+}
+
+#[test]
+fn conformance_kit_snapshots_resume_in_v8() {
+    // The kit's snapshots, taken on both engines.
+    let table = kit_in("all", "node");
     // Every case of the kit, from both engines (CPython too, when setup fetched it).
     let summary = table.lines().last().unwrap();
     let n: usize = summary.split(' ').next().unwrap().parse().unwrap();
@@ -90,22 +119,7 @@ fn conformance_kit_snapshots_resume_in_v8() {
 /// console (`/console/`), the guest in a worker of the page.
 #[test]
 fn conformance_kit_snapshots_resume_in_a_browser_tab() {
-    let mut space = SpaceProc::start(&[]);
-    space.stop();
-    let store = space.env.store();
-    let kit = repo().join("conformance/v5");
-    let (out, err, code) = space.env.output(&[
-        "conformance",
-        "--kit",
-        kit.to_str().unwrap(),
-        "--engine",
-        "jit",
-        "--keep",
-        store.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{out}{err}");
-    space.spawn(None);
-    let table = kit_in(&space, &kit, &store, "browser");
+    let table = kit_in("jit", "browser");
     let summary = table.lines().last().unwrap();
     // deep-recursion is a known failure there (conformance/browser-known-failures.txt).
     assert!(
@@ -126,39 +140,6 @@ fn conformance_kit_snapshots_resume_in_a_browser_tab() {
             "{case}:\n{table}"
         );
     }
-}
-
-/// `web/conformance.mjs --in RUNNER` over the snapshots `ferry conformance --keep` left in
-/// `store` (which `space` serves): its table, once it has exited 0.
-fn kit_in(
-    space: &SpaceProc,
-    kit: &std::path::Path,
-    store: &std::path::Path,
-    runner: &str,
-) -> String {
-    let token = space.env.path("token");
-    std::fs::write(&token, SPACE_TOKEN).unwrap();
-    let mut c = Command::new(node());
-    c.arg(repo().join("web/conformance.mjs"))
-        .args(["--in", runner, "--space", &space.url, "--token-file"])
-        .arg(&token)
-        .arg("--manifest")
-        .arg(store.join("manifest.json"))
-        .arg("--kit")
-        .arg(kit);
-    if runner == "browser" {
-        c.arg("--known-failures")
-            .arg(repo().join("conformance/browser-known-failures.txt"));
-    }
-    let out = c.output().expect("spawn node");
-    let table = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{table}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    table
 }
 
 #[test]
