@@ -144,7 +144,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
         // The first line on stdout names the address (scripts and tests read it).
         println!("listening on http://{addr}");
         eprintln!(
-            "ferry: serving {} (Ctrl-C to stop)",
+            "ferry: serving {} (Ctrl-C to stop); console: http://{addr}/console/",
             settings.store_dir.display()
         );
         ferry_space::serve(
