@@ -550,3 +550,73 @@ fn global_n(env: &Env, k: &str) -> u64 {
     assert_eq!(snap.globals[0].ty, "i64");
     u64::from_le_bytes(snap.globals[0].bits.clone().try_into().unwrap())
 }
+
+/// A space session's snapshot resumed and suspended in V8: the snapshot written there carries
+/// the session's output log on — what the session printed on the space, then what it printed
+/// in V8 — and the space verifies it (its log may not claim more than the guest showed).
+#[test]
+fn a_space_session_suspended_in_v8_carries_its_output_log_on() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let g = guest("wasm/sleepy.wasm");
+    let (_, err, code) = here.output(&[
+        "--space",
+        &space.url,
+        "run",
+        g.to_str().unwrap(),
+        "--",
+        "300",
+        "3",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let id = err
+        .split_whitespace()
+        .skip_while(|w| *w != "session")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{err}"))
+        .to_owned();
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let (_, err, code) = here.output(&["--space", &space.url, "suspend", &id]);
+    assert_eq!(code, 0, "{err}");
+    let k = space.session(&id).unwrap()["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (out, k2) = suspend_in_v8(&space, &k, 800);
+    let k2 = k2.unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+
+    let there = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let (_, err, code) = there.output(&["pull", &k2, "--from", &space.url]);
+    assert_eq!(code, 0, "{err}");
+    let stderr_of = |k: &str, env: &Env| {
+        use ferry_store::Store;
+        let store = ferry_store::FsStore::open(env.store()).unwrap();
+        let get = |k: &ferry_kappa::Kappa| store.get(k).unwrap();
+        let snap: ferry_object::Snapshot = ferry_object::decode(&get(&k.parse().unwrap())).unwrap();
+        let log: ferry_object::OutputLog =
+            ferry_object::decode(&get(&snap.output.expect("a session's snapshot has a log")))
+                .unwrap();
+        let bytes: Vec<u8> = log.chunks.iter().flat_map(|c| get(c)).collect();
+        let (mut at, mut err) = (0, Vec::new());
+        while at < bytes.len() {
+            let n = u32::from_le_bytes(bytes[at + 1..at + 5].try_into().unwrap()) as usize;
+            if bytes[at] == 2 {
+                err.extend_from_slice(&bytes[at + 5..at + 5 + n]);
+            }
+            at += 5 + n;
+        }
+        String::from_utf8(err).unwrap()
+    };
+    let (_, err, code) = there.output(&["pull", &k, "--from", &space.url]);
+    assert_eq!(code, 0, "{err}");
+    let before = stderr_of(&k, &there);
+    let after = stderr_of(&k2, &there);
+    let in_v8: String = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| !l.starts_with("suspended ") && !l.starts_with("ferry: "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(before.contains("warn 0\n"), "{before}");
+    assert!(!in_v8.is_empty());
+    assert_eq!(after, format!("{before}{in_v8}"));
+}
