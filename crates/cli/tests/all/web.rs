@@ -596,7 +596,7 @@ fn a_space_session_suspended_in_v8_carries_its_output_log_on() {
         let log: ferry_object::OutputLog =
             ferry_object::decode(&get(&snap.output.expect("a session's snapshot has a log")))
                 .unwrap();
-        let bytes: Vec<u8> = log.chunks.iter().flat_map(|c| get(c)).collect();
+        let bytes: Vec<u8> = log.chunks.iter().flat_map(get).collect();
         let (mut at, mut err) = (0, Vec::new());
         while at < bytes.len() {
             let n = u32::from_le_bytes(bytes[at + 1..at + 5].try_into().unwrap()) as usize;
