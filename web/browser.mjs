@@ -42,9 +42,15 @@ const profile = mkdtempSync(join(tmpdir(), "ferry-chromium-"));
 const browser = spawn(chromium, [
   "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
   `--user-data-dir=${profile}`, "--remote-debugging-port=0", "about:blank",
-], { stdio: ["ignore", "ignore", "pipe"] });
+], { stdio: ["ignore", "ignore", "pipe"], detached: true });
+// Chromium is a tree of processes (Debian's command is a script that starts the browser,
+// which starts its zygotes, GPU and renderer processes): all of it goes, as a process group.
 const done = (code) => {
-  browser.kill("SIGKILL");
+  try {
+    process.kill(-browser.pid, "SIGKILL");
+  } catch {
+    browser.kill("SIGKILL");
+  }
   rmSync(profile, { recursive: true, force: true });
   process.exit(code);
 };
