@@ -177,6 +177,13 @@ function parent(left, right, flags) {
   return out;
 }
 
+/** The bytes of lower-case hex `h`. */
+export function fromHex(h) {
+  const b = new Uint8Array(h.length / 2);
+  for (let i = 0; i < b.length; i++) b[i] = parseInt(h.substr(2 * i, 2), 16);
+  return b;
+}
+
 /** Lower-case hex of `bytes`. */
 export function hex(bytes) {
   let s = "";

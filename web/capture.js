@@ -4,9 +4,10 @@
 // them like any other. `capture` builds the objects; `SpaceSink` sends those the space lacks
 // and has the space verify the closure and name the snapshot.
 
-import { blake3, hex } from "./blake3.js";
+import { blake3, fromHex, hex } from "./blake3.js";
 import { encode } from "./cbor.js";
-import { CHUNK, Refused } from "./objects.js";
+import { getBits } from "./globals.js";
+import { CHUNK, Refused, spaceRequest } from "./objects.js";
 import { byName } from "./wasi.js";
 
 const FILE_CHUNK = 1 << 20;
@@ -14,12 +15,6 @@ const FILE_CHUNK = 1 << 20;
 const UNNAMED_ENTRY = "content";
 /** As ferry: at most this many inode names are kept. */
 const MAX_INODES = 100000;
-
-export function fromHex(h) {
-  const b = new Uint8Array(h.length / 2);
-  for (let i = 0; i < b.length; i++) b[i] = parseInt(h.substr(2 * i, 2), 16);
-  return b;
-}
 
 /** The objects of one snapshot being written: κ hex → bytes. */
 class Objects {
@@ -167,37 +162,6 @@ function memoryImage(data, objs) {
   return { kind: "ferry.memory", v: 1, len: data.length, chunk_size: CHUNK, chunks };
 }
 
-const getters = new Map();
-
-/** The exact bits of `global` (of type `ty`), through a module that stores it into memory. */
-function getBits(global, ty) {
-  let mod = getters.get(ty);
-  if (!mod) {
-    const [valtype, store, size] = {
-      i32: [0x7f, [0x36, 2], 4], i64: [0x7e, [0x37, 3], 8], f32: [0x7d, [0x38, 2], 4],
-      f64: [0x7c, [0x39, 3], 8], v128: [0x7b, [0xfd, 0x0b, 4], 16],
-    }[ty];
-    const section = (id, body) => [id, body.length, ...body];
-    const code = [0x00, 0x41, 0x00, 0x23, 0x00, ...store, 0x00, 0x0b];
-    mod = {
-      size,
-      module: new WebAssembly.Module(new Uint8Array([
-        0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-        ...section(1, [0x01, 0x60, 0x00, 0x00]),
-        ...section(2, [0x01, 0x01, 0x6d, 0x01, 0x67, 0x03, valtype, 0x01]),
-        ...section(3, [0x01, 0x00]),
-        ...section(5, [0x01, 0x00, 0x01]),
-        ...section(7, [0x02, 0x03, 0x6d, 0x65, 0x6d, 0x02, 0x00, 0x03, 0x67, 0x65, 0x74, 0x00, 0x00]),
-        ...section(10, [0x01, code.length, ...code]),
-      ])),
-    };
-    getters.set(ty, mod);
-  }
-  const inst = new WebAssembly.Instance(mod.module, { m: { g: global } });
-  inst.exports.get();
-  return new Uint8Array(inst.exports.mem.buffer, 0, mod.size).slice();
-}
-
 function tree(entries) {
   const es = Object.values(entries);
   const v = es.some((e) => e.mode === "link") ? 4 : es.some((e) => e.mtime_ns !== undefined) ? 3 : es.some((e) => e.mode.endsWith("-chunks")) ? 2 : 1;
@@ -275,17 +239,11 @@ function outputLog(history, records, objs) {
 export class SpaceSink {
   constructor(base, token) {
     this.base = base.replace(/\/+$/, "");
-    this.headers = token ? { Authorization: `Bearer ${token}` } : {};
+    this.token = token;
   }
 
   async call(method, path, body) {
-    let r;
-    try {
-      r = await fetch(`${this.base}${path}`, { method, headers: { ...this.headers, "Content-Type": "application/octet-stream" }, body });
-    } catch (e) {
-      throw new Refused(`cannot reach the space at ${this.base}: ${e.cause?.message ?? e.message}`);
-    }
-    if (!r.ok) throw new Refused(`the space answered ${r.status} to ${method} ${path}: ${(await r.text()).trim()}`);
+    const r = await spaceRequest(this.base, this.token, method, path, body, `${method} ${path}`);
     return new Uint8Array(await r.arrayBuffer());
   }
 

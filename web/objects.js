@@ -3,7 +3,7 @@
 // version checked, unknown fields refused, every count bounded — a snapshot from a peer is
 // untrusted here as in ferry itself.
 
-import { blake3, hex } from "./blake3.js";
+import { blake3, fromHex, hex } from "./blake3.js";
 import { decode } from "./cbor.js";
 
 /** A snapshot this space cannot resume, and why (what a user can act on). */
@@ -24,6 +24,27 @@ const kappaOf = (bytes, what) => {
   }
   return hex(bytes);
 };
+
+/**
+ * `method path` on the space at `base` with its bearer token, refused with the reason when the
+ * space cannot be reached or does not answer 2xx: `what` names the request in the message,
+ * `missing` (if given) is the whole message for a 404.
+ */
+export async function spaceRequest(base, token, method, path, body, what, missing) {
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  if (body) headers["Content-Type"] = "application/octet-stream";
+  let r;
+  try {
+    r = await fetch(`${base}${path}`, { method, headers, body });
+  } catch (e) {
+    throw new Refused(`cannot reach the space at ${base}: ${e.cause?.message ?? e.message}`);
+  }
+  if (r.ok) return r;
+  const text = (await r.text()).trim();
+  if (r.status === 404 && missing) throw new Refused(missing(text));
+  if (r.status === 401) throw new Refused(`the space refused the token (401): ${text}`);
+  throw new Refused(`the space answered ${r.status} to ${what}: ${text}`);
+}
 
 /** Objects from a ferry space (`ferry serve`): `GET /v1/objects/{κ}` with its bearer token. */
 export class SpaceSource {
@@ -53,19 +74,9 @@ export class SpaceSource {
     await this.slot();
     try {
       const ask = new Uint8Array(32 * ks.length);
-      ks.forEach((k, i) => {
-        for (let j = 0; j < 32; j++) ask[32 * i + j] = parseInt(k.substr(2 * j, 2), 16);
-      });
-      const headers = { "Content-Type": "application/octet-stream", ...(this.token ? { Authorization: `Bearer ${this.token}` } : {}) };
-      let r;
-      try {
-        r = await fetch(`${this.base}/v1/objects/fetch?codec=raw`, { method: "POST", headers, body: ask });
-      } catch (e) {
-        throw new Refused(`cannot reach the space at ${this.base}: ${e.cause?.message ?? e.message}`);
-      }
-      if (r.status === 404) throw new Refused(`the space lacks an object of the snapshot: ${(await r.text()).trim()}`);
-      if (r.status === 401) throw new Refused(`the space refused the token (401): ${(await r.text()).trim()}`);
-      if (!r.ok) throw new Refused(`the space answered ${r.status} to a fetch: ${(await r.text()).trim()}`);
+      ks.forEach((k, i) => ask.set(fromHex(k), 32 * i));
+      const r = await spaceRequest(this.base, this.token, "POST", "/v1/objects/fetch?codec=raw", ask, "a fetch",
+        (text) => `the space lacks an object of the snapshot: ${text}`);
       const body = new Uint8Array(await r.arrayBuffer());
       const view = new DataView(body.buffer, body.byteOffset, body.length);
       const out = [];
@@ -97,16 +108,8 @@ export class SpaceSource {
   async get(k, max = 1 << 30) {
     await this.slot();
     try {
-      const headers = this.token ? { Authorization: `Bearer ${this.token}` } : {};
-      let r;
-      try {
-        r = await fetch(`${this.base}/v1/objects/blake3:${k}`, { headers });
-      } catch (e) {
-        throw new Refused(`cannot reach the space at ${this.base}: ${e.cause?.message ?? e.message}`);
-      }
-      if (r.status === 404) throw new Refused(`object blake3:${k} is missing from the space`);
-      if (r.status === 401) throw new Refused(`the space refused the token (401): ${(await r.text()).trim()}`);
-      if (!r.ok) throw new Refused(`the space answered ${r.status} for blake3:${k}: ${(await r.text()).trim()}`);
+      const r = await spaceRequest(this.base, this.token, "GET", `/v1/objects/blake3:${k}`, undefined, `blake3:${k}`,
+        () => `object blake3:${k} is missing from the space`);
       // A browser decodes the zstd it asked for itself; Node does not ask for it.
       const bytes = new Uint8Array(await r.arrayBuffer());
       if (bytes.length > max) throw new Refused(`object blake3:${k} is ${bytes.length} bytes, over the ${max} allowed for it`);
@@ -338,14 +341,6 @@ export async function fileChunks(source, k) {
   return { len, chunks };
 }
 
-/**
- * A space session's output log (`ferry.log`): its records, [stream (1 stdout, 2 stderr),
- * bytes], in the order the guest wrote them.
- */
-export async function outputLog(source, k) {
-  return parseRecords(await outputLogBytes(source, k));
-}
-
 /** The bytes of a `ferry.log`: its records, as written. */
 export async function outputLogBytes(source, k) {
   const m = structured(await source.get(k, MAX_STRUCTURED), k, "ferry.log", [1], ["len", "chunk_size", "chunks"]);
@@ -363,7 +358,11 @@ export async function outputLogBytes(source, k) {
   return all;
 }
 
-function parseRecords(all) {
+/**
+ * The records of a space session's output log (the bytes `outputLogBytes` gives): [stream
+ * (1 stdout, 2 stderr), bytes], in the order the guest wrote them.
+ */
+export function parseRecords(all) {
   const len = all.length;
   const records = [];
   const view = new DataView(all.buffer);

@@ -6,6 +6,7 @@
 // `ferry:rewind:<entry>` (crates/instrument/src/abi.rs); then the guest runs to its end.
 
 import { capture } from "./capture.js";
+import { setBits } from "./globals.js";
 import * as obj from "./objects.js";
 import { Refused } from "./objects.js";
 import { DirNode, Exit, Fatal, FileNode, LinkNode, Wasi } from "./wasi.js";
@@ -44,7 +45,9 @@ export function trapCause(e) {
  * stderr (each called with a Uint8Array), progress (called with a line of text), stdin (a
  * Uint8Array, or null: end of file), realtime (a function giving ns since the epoch as BigInt),
  * suspendCell (an Int32Array over a SharedArrayBuffer: another thread stores 1 in it and
- * notifies to ask for a suspend) and sink (a `SpaceSink` the snapshot is written to). A guest
+ * notifies to ask for a suspend), sink (a `SpaceSink` the snapshot is written to), onCtl
+ * (given the guest's shared poll-flag memory, for another thread to raise) and history (given
+ * a space session's earlier output, as records [stream, bytes], before the guest runs). A guest
  * suspended that way unwinds at its next WASI call or safe point after one (a sleep wakes at
  * once), and the result is {suspended: κ hex, sent, bytes}.
  * Returns {code} when the guest exits, {trap} when it traps, each with `mounts` (the guest's
@@ -78,8 +81,10 @@ export async function resume(source, kappa, io) {
     });
   }));
   const stdin = state.stdinInput ? await source.get(state.stdinInput) : io.stdin ?? null;
-  // A space session's earlier output: a snapshot written here carries it on, with what follows.
-  const history = snap.output && io.sink ? await obj.outputLogBytes(source, snap.output) : null;
+  // A space session's earlier output: shown first (`io.history`), and carried on, with what
+  // follows, by a snapshot written here.
+  const history = snap.output && (io.sink || io.history) ? await obj.outputLogBytes(source, snap.output) : null;
+  if (history && io.history) io.history(obj.parseRecords(history));
   say(`fetching the instrumented module`);
   const code = await source.get(snap.instrumented);
   say(`verified ${(source.fetched / 1048576).toFixed(1)} MiB; compiling`);
@@ -124,7 +129,7 @@ export async function resume(source, kappa, io) {
     inodes,
     stdoutBytes: state.stdoutBytes,
     stderrBytes: state.stderrBytes,
-    recordOutput: history !== null,
+    recordOutput: history !== null && Boolean(io.sink),
     suspendCell: io.suspendCell,
   });
   wasi.stdinAt = state.stdinBytes;
@@ -341,41 +346,11 @@ function setGlobal(ex, g) {
   try {
     if (g.ty === "i32") global.value = v.getInt32(0, true);
     else if (g.ty === "i64") global.value = v.getBigInt64(0, true);
-    // Floats and vectors through WebAssembly itself: JavaScript numbers may not keep a
-    // NaN's bits, and JavaScript cannot hold a v128 at all.
+    // Floats and vectors through WebAssembly itself (globals.js).
     else setBits(global, g.ty, g.bits);
   } catch (e) {
     throw new Refused(`global ${g.index}: ${e.message}`);
   }
-}
-
-const setters = new Map();
-
-/**
- * Sets `global` (of type `ty`: f32, f64 or v128) to exactly `bits`, by a module of a few
- * bytes that imports the global and stores into it what it loads from its own memory:
- * `(func (export "set") (global.set 0 (T.load (i32.const 0))))`.
- */
-function setBits(global, ty, bits) {
-  let mod = setters.get(ty);
-  if (!mod) {
-    const [valtype, load] = { f32: [0x7d, [0x2a, 2]], f64: [0x7c, [0x2b, 3]], v128: [0x7b, [0xfd, 0x00, 4]] }[ty];
-    const section = (id, body) => [id, body.length, ...body];
-    const code = [0x00, 0x41, 0x00, ...load, 0x00, 0x24, 0x00, 0x0b];
-    mod = new WebAssembly.Module(new Uint8Array([
-      0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-      ...section(1, [0x01, 0x60, 0x00, 0x00]),
-      ...section(2, [0x01, 0x01, 0x6d, 0x01, 0x67, 0x03, valtype, 0x01]),
-      ...section(3, [0x01, 0x00]),
-      ...section(5, [0x01, 0x00, 0x01]),
-      ...section(7, [0x02, 0x03, 0x6d, 0x65, 0x6d, 0x02, 0x00, 0x03, 0x73, 0x65, 0x74, 0x00, 0x00]),
-      ...section(10, [0x01, code.length, ...code]),
-    ]));
-    setters.set(ty, mod);
-  }
-  const inst = new WebAssembly.Instance(mod, { m: { g: global } });
-  new Uint8Array(inst.exports.mem.buffer).set(bits);
-  inst.exports.set();
 }
 
 /** The in-memory directory written from tree `k`, its files' bytes fetched and checked. */

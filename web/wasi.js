@@ -546,7 +546,7 @@ export class Wasi {
       this.shown[i] += total;
     } else if (f.kind === "stdin") {
       if (write) return E.BADF;
-      if (this.rewinding) this.rewinding = false;
+      this.rewinding = false;
       for (const [p, len] of vecs) {
         const data = this.stdin ?? new Uint8Array(0);
         const k = Math.min(len, data.length - this.stdinAt);

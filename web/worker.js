@@ -6,19 +6,18 @@
 // written to the space, which verified and named it) or {refused}. Served by `ferry serve`
 // at /console/worker.js.
 
-import { Refused, SpaceSource, outputLog, parseKappa, snapshot } from "./objects.js";
+import { Refused, SpaceSource } from "./objects.js";
 import { SpaceSink } from "./capture.js";
 import { resume } from "./resume.js";
 
 self.onmessage = async ({ data }) => {
   const source = new SpaceSource(data.base, data.token);
   try {
-    const snap = await snapshot(source, parseKappa(data.kappa));
-    // What the guest showed before the snapshot, when a space kept it (its output log).
-    if (snap.output) {
-      for (const [stream, bytes] of await outputLog(source, snap.output)) self.postMessage({ out: stream, bytes, before: true });
-    }
     const r = await resume(source, data.kappa, {
+      // What the guest showed before the snapshot, when a space kept it (its output log).
+      history: (records) => {
+        for (const [stream, bytes] of records) self.postMessage({ out: stream, bytes, before: true });
+      },
       stdout: (bytes) => self.postMessage({ out: 1, bytes }),
       stderr: (bytes) => self.postMessage({ out: 2, bytes }),
       progress: (progress) => self.postMessage({ progress }),

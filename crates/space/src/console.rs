@@ -18,6 +18,7 @@ const FILES: &[(&str, &str, &[u8])] = &[
     ("worker.js", JS, include_bytes!("../../../web/worker.js")),
     ("resume.js", JS, include_bytes!("../../../web/resume.js")),
     ("capture.js", JS, include_bytes!("../../../web/capture.js")),
+    ("globals.js", JS, include_bytes!("../../../web/globals.js")),
     ("objects.js", JS, include_bytes!("../../../web/objects.js")),
     ("wasi.js", JS, include_bytes!("../../../web/wasi.js")),
     ("cbor.js", JS, include_bytes!("../../../web/cbor.js")),

@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use crate::harness::{
     Env, SPACE_TOKEN, SpaceProc, dir_contents, guest, loop_py_app, repo, run_and_suspend,
-    suspend_after_output,
+    suspend_after_output, suspended_kappa,
 };
 
 /// Node 24: `FERRY_NODE`, else where `scripts/fetch-node.sh` puts it.
@@ -30,6 +30,29 @@ fn node() -> PathBuf {
         p.display()
     );
     p
+}
+
+/// `ferry push k --to` the space, which must succeed.
+fn push(env: &Env, k: &str, space: &SpaceProc) {
+    let (_, err, code) = env.output(&["push", k, "--to", &space.url]);
+    assert_eq!(code, 0, "{err}");
+}
+
+/// A new local store that pulled snapshot `k` from the space (another machine's, as it were).
+fn pulled(k: &str, space: &SpaceProc) -> Env {
+    let there = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let (_, err, code) = there.output(&["pull", k, "--from", &space.url]);
+    assert_eq!(code, 0, "{err}");
+    there
+}
+
+/// The guest's own lines of a stderr: ferry's (`suspended …`, `ferry: …`) left out.
+fn guest_lines(stderr: &[u8]) -> String {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .filter(|l| !l.starts_with("suspended ") && !l.starts_with("ferry: "))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 /// `node web/ferry-resume.mjs --space URL ARGS…` with the test spaces' token.
@@ -155,8 +178,7 @@ fn a_run_suspended_on_wasmtime_ends_in_v8_as_if_uninterrupted() {
         &["--dir", &cd, g.to_str().unwrap(), "--", "/data", "500"],
         300,
     );
-    let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
-    assert_eq!(code, 0, "{err}");
+    push(&here, &k, &space);
 
     let written = here.path("written");
     let out = resume_in_v8(&space, &["--write-mounts", written.to_str().unwrap(), &k]);
@@ -195,8 +217,7 @@ fn a_run_suspended_on_wasmtime_ends_in_v8_as_if_uninterrupted() {
         !seen.is_empty() && seen.len() < plain.stdout.len(),
         "suspended mid-loop"
     );
-    let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
-    assert_eq!(code, 0, "{err}");
+    push(&here, &k, &space);
     let out = resume_in_v8(&space, &[&k]);
     assert_eq!(
         out.status.code(),
@@ -226,14 +247,7 @@ fn suspend_in_v8(space: &SpaceProc, k: &str, ms: u64) -> (Output, Option<String>
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    let k2 = err
-        .lines()
-        .find_map(|l| l.strip_prefix("suspended "))
-        .map(str::to_owned);
-    if k2.is_some() {
-        assert_eq!(out.status.code(), Some(75), "{err}");
-    }
+    let k2 = (out.status.code() == Some(75)).then(|| suspended_kappa(&out));
     (out, k2)
 }
 
@@ -267,17 +281,9 @@ fn a_guest_suspended_in_v8_ends_natively_as_if_uninterrupted() {
         }
         let plain = here.plain(&with(&pd, &args));
         let (first, k) = suspend_after_output(&here, "run", &with(&cd, &args), native_ms);
-        let guest_lines = |b: &[u8]| {
-            String::from_utf8_lossy(b)
-                .lines()
-                .filter(|l| !l.starts_with("suspended ") && !l.starts_with("ferry: "))
-                .map(|l| format!("{l}\n"))
-                .collect::<String>()
-        };
         let mut stdout = first.stdout.clone();
         let mut stderr = guest_lines(&first.stderr);
-        let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
-        assert_eq!(code, 0, "{err}");
+        push(&here, &k, &space);
 
         let (out, k2) = suspend_in_v8(&space, &k, v8_ms);
         let k2 = k2.unwrap_or_else(|| {
@@ -289,9 +295,7 @@ fn a_guest_suspended_in_v8_ends_natively_as_if_uninterrupted() {
         stdout.extend(&out.stdout);
         stderr.push_str(&guest_lines(&out.stderr));
 
-        let there = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
-        let (_, err, code) = there.output(&["pull", &k2, "--from", &space.url]);
-        assert_eq!(code, 0, "{err}");
+        let there = pulled(&k2, &space);
         let (end_dir, ed) = there.data_dir("data");
         let end = there
             .ferry()
@@ -337,8 +341,7 @@ fn v8_refuses_what_it_cannot_resume_with_the_reason() {
     };
     // Not pushed yet: the space lacks it.
     refused(&resume_in_v8(&space, &[&k]), "is missing from the space");
-    let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
-    assert_eq!(code, 0, "{err}");
+    push(&here, &k, &space);
     refused(&resume_in_v8(&space, &[&k[..20]]), "is not a full κ");
     let wrong = Command::new(node())
         .arg(repo().join("web/ferry-resume.mjs"))
@@ -411,8 +414,7 @@ fn the_javascript_hash_and_decoder_agree_with_ferry() {
         vec![sleepy.to_str().unwrap(), "--", "40", "3"],
     ] {
         let (_, k) = run_and_suspend(&env, &args, 300);
-        let (_, err, code) = env.output(&["push", &k, "--to", &space.url]);
-        assert_eq!(code, 0, "{err}");
+        push(&env, &k, &space);
         snapshots.push(k);
     }
     let out = Command::new(node())
@@ -452,8 +454,7 @@ fn a_guest_suspended_in_a_browser_tab_ends_natively_as_if_uninterrupted() {
     let args = [g.to_str().unwrap(), "--", "40", "3"];
     let plain = here.plain(&args);
     let (first, k) = suspend_after_output(&here, "run", &args, 300);
-    let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
-    assert_eq!(code, 0, "{err}");
+    push(&here, &k, &space);
     let token = here.path("token");
     std::fs::write(&token, SPACE_TOKEN).unwrap();
     let tab = Command::new(node())
@@ -470,15 +471,9 @@ fn a_guest_suspended_in_a_browser_tab_ends_natively_as_if_uninterrupted() {
         .output()
         .unwrap();
     let tab_err = String::from_utf8_lossy(&tab.stderr);
-    assert_eq!(tab.status.code(), Some(75), "{tab_err}");
-    let k2 = tab_err
-        .lines()
-        .find_map(|l| l.strip_prefix("suspended "))
-        .unwrap();
-    let there = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
-    let (_, err, code) = there.output(&["pull", k2, "--from", &space.url]);
-    assert_eq!(code, 0, "{err}");
-    let end = there.ferry().args(["resume", k2]).output().unwrap();
+    let k2 = suspended_kappa(&tab);
+    let there = pulled(&k2, &space);
+    let end = there.ferry().args(["resume", &k2]).output().unwrap();
     assert_eq!(end.status.code(), Some(3));
     let seen = [&first.stdout[..], &tab.stdout, &end.stdout].concat();
     assert_eq!(
@@ -519,8 +514,7 @@ fn a_guest_that_makes_no_wasi_call_is_suspended_in_v8_at_its_next_safe_point() {
     )
     .unwrap();
     let (_, k) = run_and_suspend(&here, &[spin.to_str().unwrap()], 300);
-    let (_, err, code) = here.output(&["push", &k, "--to", &space.url]);
-    assert_eq!(code, 0, "{err}");
+    push(&here, &k, &space);
     // 10^11 iterations: minutes, unless the suspend is seen at a safe point.
     let (out, k2) = suspend_in_v8(&space, &k, 500);
     let k2 =
@@ -528,9 +522,7 @@ fn a_guest_that_makes_no_wasi_call_is_suspended_in_v8_at_its_next_safe_point() {
     assert!(out.stdout.is_empty());
     // Natively, from there: the counter goes on (it is in the snapshot's globals) and the
     // guest is suspended again, so that this test does not wait for 10^11 iterations.
-    let there = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
-    let (_, err, code) = there.output(&["pull", &k2, "--from", &space.url]);
-    assert_eq!(code, 0, "{err}");
+    let there = pulled(&k2, &space);
     let (_, k3) = crate::harness::resume_and_suspend(&there, &[&k2], 300);
     let before: u64 = global_n(&there, &k2);
     let after: u64 = global_n(&there, &k3);
@@ -543,10 +535,7 @@ fn a_guest_that_makes_no_wasi_call_is_suspended_in_v8_at_its_next_safe_point() {
 /// The value of the spin guest's counter (its one mutable global) in snapshot `k`, read from
 /// `env`'s store.
 fn global_n(env: &Env, k: &str) -> u64 {
-    use ferry_store::Store;
-    let store = ferry_store::FsStore::open(env.store()).unwrap();
-    let k: ferry_kappa::Kappa = k.parse().unwrap();
-    let snap: ferry_object::Snapshot = ferry_object::decode(&store.get(&k).unwrap()).unwrap();
+    let (_, snap) = stored_snapshot(env, k);
     assert_eq!(snap.globals[0].ty, "i64");
     u64::from_le_bytes(snap.globals[0].bits.clone().try_into().unwrap())
 }
@@ -585,14 +574,11 @@ fn a_space_session_suspended_in_v8_carries_its_output_log_on() {
     let (out, k2) = suspend_in_v8(&space, &k, 800);
     let k2 = k2.unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(&out.stderr)));
 
-    let there = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
-    let (_, err, code) = there.output(&["pull", &k2, "--from", &space.url]);
-    assert_eq!(code, 0, "{err}");
+    let there = pulled(&k2, &space);
     let stderr_of = |k: &str, env: &Env| {
         use ferry_store::Store;
-        let store = ferry_store::FsStore::open(env.store()).unwrap();
+        let (store, snap) = stored_snapshot(env, k);
         let get = |k: &ferry_kappa::Kappa| store.get(k).unwrap();
-        let snap: ferry_object::Snapshot = ferry_object::decode(&get(&k.parse().unwrap())).unwrap();
         let log: ferry_object::OutputLog =
             ferry_object::decode(&get(&snap.output.expect("a session's snapshot has a log")))
                 .unwrap();
@@ -611,12 +597,17 @@ fn a_space_session_suspended_in_v8_carries_its_output_log_on() {
     assert_eq!(code, 0, "{err}");
     let before = stderr_of(&k, &there);
     let after = stderr_of(&k2, &there);
-    let in_v8: String = String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .filter(|l| !l.starts_with("suspended ") && !l.starts_with("ferry: "))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let in_v8 = guest_lines(&out.stderr);
     assert!(before.contains("warn 0\n"), "{before}");
     assert!(!in_v8.is_empty());
     assert_eq!(after, format!("{before}{in_v8}"));
+}
+
+/// `env`'s store, and snapshot `k` decoded from it.
+fn stored_snapshot(env: &Env, k: &str) -> (ferry_store::FsStore, ferry_object::Snapshot) {
+    use ferry_store::Store;
+    let store = ferry_store::FsStore::open(env.store()).unwrap();
+    let k: ferry_kappa::Kappa = k.parse().unwrap();
+    let snap = ferry_object::decode(&store.get(&k).unwrap()).unwrap();
+    (store, snap)
 }
