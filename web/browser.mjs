@@ -30,13 +30,15 @@ const timeout = Number(opt("--timeout", "300")) * 1000;
 const space = opt("--space", process.env.FERRY_SPACE);
 const tokenFile = opt("--token-file");
 const suspendAfter = opt("--suspend-after");
+const session = opt("--session");
 const token = tokenFile ? readFileSync(tokenFile, "utf8").trim() : process.env.FERRY_TOKEN ?? "";
 const kappa = args[0];
-if (!space || !kappa) {
-  console.error("usage: browser.mjs --space URL [--token-file F] [--chromium PATH] [--timeout SECS] blake3:<hex>");
+if (!space || !kappa === !session) {
+  console.error("usage: browser.mjs --space URL [--token-file F] [--chromium PATH] [--timeout SECS] [--suspend-after MS] (blake3:<hex> | --session ID)");
   process.exit(64);
 }
-const url = `${space.replace(/\/+$/, "")}/console/#${new URLSearchParams({ resume: kappa, token })}`;
+const what = session ? { take: session } : { resume: kappa };
+const url = `${space.replace(/\/+$/, "")}/console/#${new URLSearchParams({ ...what, token })}`;
 
 const profile = mkdtempSync(join(tmpdir(), "ferry-chromium-"));
 const browser = spawn(chromium, [
@@ -116,15 +118,25 @@ for (;;) {
   };
   write(1, outcome.stdout);
   write(2, outcome.stderr);
+  // A session taken over: the space must have taken it back (69 if it did not, or fenced the tab).
+  const back = (code) => {
+    if (outcome.fenced !== undefined || outcome.returnError !== undefined) {
+      write(2, Buffer.from(`ferry: ${outcome.fenced ?? `the space did not take the session back: ${outcome.returnError}`}\n`).toString("base64"));
+      done(69);
+    }
+    done(code);
+  };
   if (outcome.suspended !== undefined) {
     write(2, Buffer.from(`suspended blake3:${outcome.suspended}\n`).toString("base64"));
-    done(75);
+    back(75);
+  } else if (outcome.fenced !== undefined) {
+    back(69);
   } else if (outcome.refused !== undefined) {
     write(2, Buffer.from(`ferry: refused: ${outcome.refused}\n`).toString("base64"));
-    done(65);
+    back(65);
   } else if (outcome.trap !== undefined) {
     write(2, Buffer.from(`ferry: guest trapped: ${outcome.trap}\n`).toString("base64"));
-    done(70);
-  } else done(outcome.code);
+    back(70);
+  } else back(outcome.code);
   break;
 }

@@ -218,6 +218,17 @@ function pathsOf(root) {
   return out;
 }
 
+/**
+ * The guest's mounts as it left them (`mounts`: resume()'s {guestPath, root}), as ferry's
+ * trees: {objects (Map κ hex → bytes), trees: [{guest, tree: "blake3:…"}]} — what a session
+ * taken over from a space gives back as its final files.
+ */
+export function mountTrees(mounts) {
+  const objs = new Objects();
+  const trees = mounts.map((m) => ({ guest: m.guestPath, tree: `blake3:${hex(treeOf(m.root, "", new Map(), objs))}` }));
+  return { objects: objs.map, trees };
+}
+
 /** A space session's output log: what it had, and the records written since, in 64 KiB chunks. */
 function outputLog(history, records, objs) {
   const extra = records.reduce((n, [, b]) => n + 5 + b.length, 0);
@@ -249,6 +260,13 @@ export class SpaceSink {
 
   /** Sends what the space lacks of `objects`, then names snapshot `kappa`. Returns {sent, bytes}. */
   async push(kappa, objects) {
+    const sent = await this.send(objects);
+    await this.call("POST", `/v1/snapshots/blake3:${kappa}`, new Uint8Array(0));
+    return sent;
+  }
+
+  /** Sends what the space lacks of `objects` (each verified there on receipt). Returns {sent, bytes}. */
+  async send(objects) {
     const all = [...objects.keys()];
     const missing = [];
     for (let i = 0; i < all.length; i += 1 << 16) {
@@ -282,7 +300,6 @@ export class SpaceSink {
       await this.call("POST", "/v1/objects", body);
       bytes += size;
     }
-    await this.call("POST", `/v1/snapshots/blake3:${kappa}`, new Uint8Array(0));
     return { sent: missing.length, bytes };
   }
 }

@@ -1,8 +1,12 @@
 // The console page (web/index.html, served by `ferry serve` at /console/): lists the space's
 // sessions, resumes snapshots in this tab, in a worker (web/worker.js), and suspends them
-// again into the space ("Suspend"). The token is kept
-// in this tab's sessionStorage only. `#resume=blake3:…&token=…` in the address starts a
-// resume at once (the fragment never reaches a server).
+// again into the space ("Suspend"); or takes a session over ("Take over", web/lease.js): the
+// space lends it to this tab, which sends it the guest's output as it comes and gives the
+// session back when it is suspended or ends. The token is kept in this tab's sessionStorage
+// only. `#resume=blake3:…&token=…` in the address starts a resume at once, `#take=SESSION`
+// a take-over (the fragment never reaches a server).
+
+import { Lease } from "./lease.js";
 
 const base = location.origin;
 const $ = (id) => document.getElementById(id);
@@ -50,9 +54,18 @@ async function listSessions() {
     if (s.snapshot) {
       const b = document.createElement("button");
       b.textContent = "Resume here";
+      b.title = "Run a copy of its latest snapshot in this tab; the space keeps the session";
       b.onclick = () => start(s.snapshot);
       cell.append(b);
     }
+    if (s.state === "running" || s.state === "suspended") {
+      const b = document.createElement("button");
+      b.textContent = "Take over";
+      b.title = "Move the session into this tab: the space suspends it and lends it here until it is suspended or ends";
+      b.onclick = () => takeOver(s.id);
+      cell.append(" ", b);
+    }
+    if (s.state === "lent") row.cells[2].textContent += ` to ${s.lent_to ?? "a client"}`;
   }
 }
 
@@ -84,7 +97,48 @@ function show(stream, bytes, before) {
   output.append(span);
 }
 
-function start(kappa) {
+async function takeOver(id) {
+  if (worker) worker.terminate();
+  worker = null;
+  output.replaceChildren();
+  window.ferryOutcome = undefined;
+  document.title = "ferry console: resuming";
+  status.textContent = `taking session ${id} over …`;
+  let lease;
+  try {
+    lease = await Lease.take(base, token, id, `a browser tab (${navigator.userAgent})`);
+  } catch (e) {
+    status.textContent = `refused: ${e.message}`;
+    window.ferryOutcome = { refused: e.message, stdout: "", stderr: "" };
+    document.title = "ferry console: refused";
+    return;
+  }
+  lease.onFailed = (why) => {
+    if (worker) worker.terminate();
+    worker = null;
+    $("suspend").disabled = true;
+    status.textContent = `${why}: this copy of session ${id} stops`;
+    window.ferryOutcome = { fenced: why, stdout: base64(seen[1]), stderr: base64(seen[2]) };
+    document.title = "ferry console: fenced";
+  };
+  start(lease.snapshot, lease);
+}
+
+/** Tells the space how a session taken over ended here; what to show of it. */
+async function giveBack(lease, data) {
+  const outcome = data.suspended !== undefined ? { snapshot: `blake3:${data.suspended}` }
+    : data.refused !== undefined ? { refused: data.refused }
+    : data.trap !== undefined ? { trap: data.trap, files: data.files }
+    : { exit_code: data.code, files: data.files };
+  try {
+    const s = await lease.giveBack(outcome);
+    return { note: `; session ${s.id} is ${s.state} on the space again`, returned: s.state };
+  } catch (e) {
+    return { note: `; the space did not take session ${lease.id} back: ${e.message} (ferry --space URL reclaim ${lease.id} takes it back at its last snapshot)`, returnError: e.message };
+  }
+}
+
+function start(kappa, lease = null) {
   if (worker) worker.terminate();
   output.replaceChildren();
   seen = { 1: [], 2: [] };
@@ -102,28 +156,37 @@ function start(kappa) {
       ctl = new Int32Array(data.ctl, 0, 1);
       return;
     }
-    if (data.out) return show(data.out, data.bytes, data.before);
+    if (data.out) {
+      if (lease && !data.before) lease.write(data.out, data.bytes);
+      return show(data.out, data.bytes, data.before);
+    }
     if (data.progress) {
       status.textContent = data.progress;
       return;
     }
+    ended(data);
+  };
+  const ended = async (data) => {
     const secs = ((performance.now() - started) / 1000).toFixed(1);
     $("suspend").disabled = true;
-    if (data.suspended !== undefined) status.textContent = `suspended blake3:${data.suspended}: written to this space (${data.sent} new objects); resume it here or anywhere (ferry pull, ferry resume)`;
+    if (worker) worker.terminate();
+    worker = null;
+    const back = lease ? await giveBack(lease, data) : { note: "" };
+    if (data.suspended !== undefined) status.textContent = `suspended blake3:${data.suspended}: written to this space (${data.sent} new objects)${lease ? "" : "; resume it here or anywhere (ferry pull, ferry resume)"}`;
     else if (data.refused !== undefined) status.textContent = `refused: ${data.refused}`;
     else if (data.trap !== undefined) status.textContent = `the guest trapped: ${data.trap} (${secs} s)`;
     else status.textContent = `the guest exited with code ${data.code} (${secs} s)`;
+    status.textContent += back.note;
     // For whoever drives this page (a test, a script): the outcome in one place.
-    window.ferryOutcome = { ...data, stdout: base64(seen[1]), stderr: base64(seen[2]) };
+    const { note, ...told } = back;
+    window.ferryOutcome = { ...data, ...told, stdout: base64(seen[1]), stderr: base64(seen[2]) };
     document.title = `ferry console: ${data.suspended !== undefined ? "suspended" : data.refused !== undefined ? "refused" : data.trap !== undefined ? "trapped" : `exit ${data.code}`}`;
-    worker.terminate();
-    worker = null;
   };
   worker.onerror = (e) => {
     status.textContent = `the worker failed: ${e.message}`;
     document.title = "ferry console: failed";
   };
-  worker.postMessage({ base, token, kappa, cell });
+  worker.postMessage({ base, token, kappa, cell, lease: lease !== null });
 }
 
 $("suspend").addEventListener("click", () => {
@@ -136,3 +199,4 @@ $("suspend").addEventListener("click", () => {
 
 listSessions();
 if (params.get("resume")) start(params.get("resume"));
+else if (params.get("take")) takeOver(params.get("take"));

@@ -13,14 +13,22 @@
 // The guest runs in a worker thread with a stack of its own (--stack-mb, default 512), so a
 // deep call stack can be rewound. The guest's mounts live in memory; `--write-mounts DIR`
 // writes them out when it ends (mount /data into DIR/data), hard links as copies.
+//
+// `--session ID` takes the space's session ID over instead (docs/browser.md, "Taking a
+// session over"): the space lends it (suspending it first if it runs), the guest runs here
+// and its output goes to the session's log too, and at the end the session is given back —
+// suspended at the snapshot written here (Ctrl-C), or ended with its exit code or trap and
+// the files its mounts hold. 69 when the space cannot be told, or fences this copy (the
+// session was reclaimed): the session then stays with the space.
 
 import { readFileSync, writeSync } from "node:fs";
 import { Worker, isMainThread, parentPort, workerData } from "node:worker_threads";
 
-const USAGE = "usage: ferry-resume.mjs --space URL [--token-file F] [--stack-mb N] [--write-mounts DIR] [-v] blake3:<hex>";
+const USAGE = "usage: ferry-resume.mjs --space URL [--token-file F] [--stack-mb N] [--write-mounts DIR] [-v] (blake3:<hex> | --session ID)";
 const EX_REFUSED = 65;
 const EX_TRAP = 70;
 const EX_USAGE = 64;
+const EX_UNAVAILABLE = 69;
 const EX_SUSPENDED = 75;
 
 function writeAll(fd, bytes) {
@@ -45,6 +53,7 @@ if (isMainThread) {
     else if (a === "--stack-mb") opts.stackMb = Number(args[++i]);
     else if (a === "-v") opts.verbose = true;
     else if (a === "--write-mounts") opts.writeMounts = args[++i];
+    else if (a === "--session") opts.session = args[++i];
     else if (a === "-h" || a === "--help") {
       console.log(USAGE);
       process.exit(0);
@@ -54,15 +63,44 @@ if (isMainThread) {
       process.exit(EX_USAGE);
     }
   }
-  if (!opts.space || !kappa) {
-    console.error(`ferry-resume: ${!opts.space ? "no space (--space or FERRY_SPACE)" : "no snapshot named"}\n${USAGE}`);
+  if (!opts.space || (kappa === null) === !opts.session) {
+    console.error(`ferry-resume: ${!opts.space ? "no space (--space or FERRY_SPACE)" : kappa ? "a snapshot or --session, not both" : "no snapshot named"}\n${USAGE}`);
     process.exit(EX_USAGE);
   }
+  const say = (line) => writeAll(2, Buffer.from(`ferry: ${line}\n`));
+  let lease = null;
+  if (opts.session) {
+    const { Lease } = await import("./lease.js");
+    const { hostname } = await import("node:os");
+    try {
+      lease = await Lease.take(opts.space, opts.token, opts.session, `node ${process.version} (pid ${process.pid}) on ${hostname()}`);
+    } catch (e) {
+      say(`refused: ${e.message}`);
+      process.exit(EX_REFUSED);
+    }
+    kappa = lease.snapshot;
+    if (opts.verbose) say(`took session ${opts.session} over from ${opts.space} at epoch ${lease.epoch}: resuming ${kappa}`);
+  }
+  const reclaimHint = () => `\`ferry --space ${opts.space} reclaim ${opts.session}\` takes it back at its last snapshot`;
+  // The session's end, told to the space; exits with `code` once it heard, 69 if it did not.
+  const giveBack = async (outcome, code) => {
+    try {
+      await lease.giveBack(outcome);
+    } catch (e) {
+      say(`the space did not take session ${opts.session} back: ${e.message}; ${reclaimHint()}`);
+      process.exit(EX_UNAVAILABLE);
+    }
+    if (opts.verbose) say(`session ${opts.session} given back to ${opts.space}`);
+    process.exit(code);
+  };
   const cell = new Int32Array(new SharedArrayBuffer(4));
   let ctl = null; // the guest's poll flag, once the worker has it
   let asked = false;
   const suspend = () => {
-    if (asked) process.exit(130);
+    if (asked) {
+      if (lease) say(`session ${opts.session} stays lent to this process, which is gone; ${reclaimHint()}`);
+      process.exit(130);
+    }
     asked = true;
     Atomics.store(cell, 0, 1);
     Atomics.notify(cell, 0);
@@ -71,28 +109,47 @@ if (isMainThread) {
   process.on("SIGINT", suspend);
   process.on("SIGTERM", suspend);
   const worker = new Worker(new URL(import.meta.url), {
-    workerData: { ...opts, kappa, cell },
+    workerData: { ...opts, kappa, cell, lease: lease !== null },
     resourceLimits: { stackSizeMb: opts.stackMb },
   });
+  if (lease) {
+    // Fenced (reclaimed) or out of reach for good: this copy stops at once.
+    lease.onFailed = (why) => {
+      worker.terminate();
+      say(`${why}; this copy of session ${opts.session} stops`);
+      process.exit(EX_UNAVAILABLE);
+    };
+  }
   worker.on("message", (m) => {
     if (m.ctl) {
       ctl = new Int32Array(m.ctl, 0, 1);
       if (asked) Atomics.store(ctl, 0, 1);
       return;
     }
+    if (m.out) {
+      lease.write(m.out, m.bytes);
+      return;
+    }
     if (m.refused) {
       writeAll(2, Buffer.from(`ferry: refused: ${m.refused}\n`));
+      if (lease) return giveBack({ refused: m.refused }, EX_REFUSED);
       process.exit(EX_REFUSED);
     }
     if (m.suspended) {
       const mib = (m.bytes / 1048576).toFixed(1);
+      if (lease) {
+        writeAll(2, Buffer.from(`suspended blake3:${m.suspended}\nferry: written to ${opts.space} (${m.sent} objects, ${mib} MiB new); session ${opts.session} is suspended there again\n`));
+        return giveBack({ snapshot: `blake3:${m.suspended}` }, EX_SUSPENDED);
+      }
       writeAll(2, Buffer.from(`suspended blake3:${m.suspended}\nferry: written to ${opts.space} (${m.sent} objects, ${mib} MiB new); resume it there, here (node web/ferry-resume.mjs … blake3:${m.suspended}), or with \`ferry pull blake3:${m.suspended.slice(0, 12)}… --from ${opts.space}\` and \`ferry resume\`\n`));
       process.exit(EX_SUSPENDED);
     }
     if (m.trap) {
       writeAll(2, Buffer.from(`ferry: guest trapped: ${m.trap}\n`));
+      if (lease) return giveBack({ trap: m.trap, files: m.files }, EX_TRAP);
       process.exit(EX_TRAP);
     }
+    if (lease) return giveBack({ exit_code: m.code, files: m.files }, m.code);
     process.exit(m.code);
   });
   worker.on("error", (e) => {
@@ -102,23 +159,38 @@ if (isMainThread) {
 } else {
   const { resume } = await import("./resume.js");
   const { Refused, SpaceSource } = await import("./objects.js");
-  const { SpaceSink } = await import("./capture.js");
-  const { space, token, kappa, verbose, writeMounts, cell } = workerData;
+  const { SpaceSink, mountTrees } = await import("./capture.js");
+  const { space, token, kappa, verbose, writeMounts, cell, lease } = workerData;
+  const sink = new SpaceSink(space, token);
   const t0 = performance.now();
   try {
     const r = await resume(new SpaceSource(space, token), kappa, {
       suspendCell: cell,
       onCtl: (buffer) => parentPort.postMessage({ ctl: buffer }),
-      sink: new SpaceSink(space, token),
-      stdout: (b) => writeAll(1, b),
-      stderr: (b) => writeAll(2, b),
+      sink,
+      // Taken over: each record goes to the session's log too (through the main thread).
+      stdout: (b) => {
+        writeAll(1, b);
+        if (lease) parentPort.postMessage({ out: 1, bytes: b });
+      },
+      stderr: (b) => {
+        writeAll(2, b);
+        if (lease) parentPort.postMessage({ out: 2, bytes: b });
+      },
       progress: verbose ? (line) => writeAll(2, Buffer.from(`ferry: ${line} (${Math.round(performance.now() - t0)} ms)\n`)) : undefined,
     });
     if (writeMounts) {
       const { join } = await import("node:path");
       for (const m of r.mounts) await writeTree(m.root, join(writeMounts, m.guestPath));
     }
-    parentPort.postMessage({ code: r.code, trap: r.trap, suspended: r.suspended, sent: r.sent, bytes: r.bytes });
+    // A session taken over and ended here: what its mounts hold goes back with it.
+    let files;
+    if (lease && !r.suspended) {
+      const m = mountTrees(r.mounts);
+      await sink.send(m.objects);
+      files = m.trees;
+    }
+    parentPort.postMessage({ code: r.code, trap: r.trap, suspended: r.suspended, sent: r.sent, bytes: r.bytes, files });
   } catch (e) {
     if (e instanceof Refused) parentPort.postMessage({ refused: e.message });
     else throw e;

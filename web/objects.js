@@ -32,7 +32,7 @@ const kappaOf = (bytes, what) => {
  */
 export async function spaceRequest(base, token, method, path, body, what, missing) {
   const headers = token ? { Authorization: `Bearer ${token}` } : {};
-  if (body) headers["Content-Type"] = "application/octet-stream";
+  if (body) headers["Content-Type"] = typeof body === "string" ? "application/json" : "application/octet-stream";
   let r;
   try {
     r = await fetch(`${base}${path}`, { method, headers, body });

@@ -3,15 +3,17 @@
 // Int32Array over a SharedArrayBuffer the page sets to 1 to ask for a suspend, when the page
 // is cross-origin isolated); this answers with {out: 1|2, bytes} for the guest's output,
 // {progress}, and at the end {code}, {trap}, {suspended: κ hex, sent, bytes} (the snapshot
-// written to the space, which verified and named it) or {refused}. Served by `ferry serve`
-// at /console/worker.js.
+// written to the space, which verified and named it) or {refused}. With `lease` set (a
+// session taken over), an exit or trap also sends the guest's mounts to the space and names
+// their trees in `files`. Served by `ferry serve` at /console/worker.js.
 
 import { Refused, SpaceSource } from "./objects.js";
-import { SpaceSink } from "./capture.js";
+import { SpaceSink, mountTrees } from "./capture.js";
 import { resume } from "./resume.js";
 
 self.onmessage = async ({ data }) => {
   const source = new SpaceSource(data.base, data.token);
+  const sink = new SpaceSink(data.base, data.token);
   try {
     const r = await resume(source, data.kappa, {
       // What the guest showed before the snapshot, when a space kept it (its output log).
@@ -23,10 +25,19 @@ self.onmessage = async ({ data }) => {
       progress: (progress) => self.postMessage({ progress }),
       suspendCell: data.cell ?? null,
       onCtl: (ctl) => self.postMessage({ ctl }),
-      sink: new SpaceSink(data.base, data.token),
+      sink,
     });
-    if (r.suspended) self.postMessage({ suspended: r.suspended, sent: r.sent, bytes: r.bytes });
-    else self.postMessage(r.trap ? { trap: r.trap } : { code: r.code });
+    if (r.suspended) {
+      self.postMessage({ suspended: r.suspended, sent: r.sent, bytes: r.bytes });
+      return;
+    }
+    let files;
+    if (data.lease) {
+      const m = mountTrees(r.mounts);
+      await sink.send(m.objects);
+      files = m.trees;
+    }
+    self.postMessage(r.trap ? { trap: r.trap, files } : { code: r.code, files });
   } catch (e) {
     self.postMessage({ refused: e instanceof Refused ? e.message : `${e.name}: ${e.message}` });
   }

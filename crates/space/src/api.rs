@@ -24,12 +24,20 @@ pub enum State {
     /// Moved to another space (`moved_to`): this copy is fenced — it can neither resume nor
     /// emit output.
     Moved,
+    /// Taken over by a client outside the space — a browser tab, Node — at `epoch`
+    /// (`lent_to` says which): it runs there and sends its output here; this space neither
+    /// runs nor moves it until the client gives it back, or it is reclaimed (which raises the
+    /// epoch, fencing the client).
+    Lent,
 }
 
 impl State {
     /// Whether the session may still produce output here.
     pub fn is_live(self) -> bool {
-        matches!(self, State::Starting | State::Running | State::Prepared)
+        matches!(
+            self,
+            State::Starting | State::Running | State::Prepared | State::Lent
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -42,6 +50,7 @@ impl State {
             State::Killed => "killed",
             State::Prepared => "prepared",
             State::Moved => "moved",
+            State::Lent => "lent",
         }
     }
 }
@@ -68,6 +77,9 @@ pub struct SessionInfo {
     /// Where the session went (state `moved`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_to: Option<String>,
+    /// The client running the session (state `lent`), as it described itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lent_to: Option<String>,
     /// For a session that arrived by migration: the space it came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
@@ -118,6 +130,7 @@ impl SessionInfo {
             epoch,
             migrating_to: None,
             moved_to: None,
+            lent_to: None,
             source: None,
             reason: None,
             commit_pending: false,
@@ -280,6 +293,65 @@ pub struct MigrationReport {
     /// `in progress`, `committed`, or `aborted: <reason>`.
     pub outcome: String,
 }
+
+/// `POST /v1/sessions/{id}/lend`: a client outside the space (a browser tab, Node) takes a
+/// running or suspended session over (docs/browser.md, "Taking a session over").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LendRequest {
+    /// How the client describes itself (shown by `ps`; at most 200 characters are kept).
+    #[serde(default)]
+    pub client: String,
+}
+
+/// What a client that took a session over holds: the snapshot to resume, the epoch it holds
+/// the session at (every later call names it), and the length of the output log it continues.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lent {
+    pub session: SessionInfo,
+    pub snapshot: String,
+    pub epoch: u64,
+    pub log_len: u64,
+}
+
+/// `POST /v1/sessions/{id}/return`: the client gives a session it took over back, saying how
+/// its guest ended there — exactly one of `snapshot`, `exit_code`, `trap`, `refused`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReturnRequest {
+    /// The epoch the session was lent at.
+    pub epoch: u64,
+    /// Suspended there: the snapshot it wrote to this space (its parent is the snapshot it
+    /// was lent at, its output log continues the session's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// The guest exited with this code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The guest trapped (the cause, in the specification's words).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trap: Option<String>,
+    /// The client could not resume the snapshot (why); the guest never ran there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// With `exit_code` or `trap`: the whole output log's length, as the client sent it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_len: Option<u64>,
+    /// With `exit_code` or `trap`: what the guest's mounts held as it ended, as trees the
+    /// client sent to this space.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<Vec<MountTree>>,
+}
+
+/// `POST /v1/sessions/{id}/output`: how long the session's output log is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLength {
+    pub len: u64,
+}
+
+/// The header of a `409` to `POST /v1/sessions/{id}/output` that names the log's length, when
+/// the client's bytes start past it (the client sends again from there).
+pub const LOG_LEN_HEADER: &str = "ferry-log-len";
 
 /// `POST /v1/gc`: collect garbage while the space serves.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -626,6 +626,56 @@ impl SpaceClient {
         self.post(&format!("/v1/sessions/{id}/{verb}"), &serde_json::json!({}))
     }
 
+    /// `POST /v1/sessions/{id}/lend`: takes the session over (docs/browser.md).
+    pub fn lend(&self, id: &str, client: &str) -> Result<crate::api::Lent, ApiError> {
+        let id = session_id(id)?;
+        let req = crate::api::LendRequest {
+            client: client.to_owned(),
+        };
+        self.post(&format!("/v1/sessions/{id}/lend"), &req)
+    }
+
+    /// `POST /v1/sessions/{id}/output`: output records of a session this client holds at
+    /// `epoch`, placed at byte `at` of its log; the log's new length.
+    pub fn send_output(
+        &self,
+        id: &str,
+        epoch: u64,
+        at: u64,
+        records: &[u8],
+    ) -> Result<u64, ApiError> {
+        let id = session_id(id)?;
+        let r = self
+            .agent
+            .post(format!(
+                "{}/v1/sessions/{id}/output?epoch={epoch}&at={at}",
+                self.base
+            ))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .send(records);
+        let b = self.answer(r)?;
+        self.json::<crate::api::LogLength>(&b).map(|l| l.len)
+    }
+
+    /// `POST /v1/sessions/{id}/return`: gives a session this client holds back.
+    pub fn give_back(
+        &self,
+        id: &str,
+        req: &crate::api::ReturnRequest,
+    ) -> Result<SessionInfo, ApiError> {
+        let id = session_id(id)?;
+        self.post(&format!("/v1/sessions/{id}/return"), req)
+    }
+
+    /// `POST /v1/sessions/{id}/reclaim`: takes a lent session back (its holder is fenced).
+    pub fn reclaim(&self, id: &str) -> Result<SessionInfo, ApiError> {
+        let id = session_id(id)?;
+        self.post(
+            &format!("/v1/sessions/{id}/reclaim"),
+            &serde_json::json!({}),
+        )
+    }
+
     pub fn migrate(&self, id: &str, req: &MigrateRequest) -> Result<MigrationReport, ApiError> {
         let id = session_id(id)?;
         self.post(&format!("/v1/sessions/{id}/migrate"), req)

@@ -16,6 +16,7 @@ const FILES: &[(&str, &str, &[u8])] = &[
     ),
     ("console.js", JS, include_bytes!("../../../web/console.js")),
     ("worker.js", JS, include_bytes!("../../../web/worker.js")),
+    ("lease.js", JS, include_bytes!("../../../web/lease.js")),
     ("resume.js", JS, include_bytes!("../../../web/resume.js")),
     ("capture.js", JS, include_bytes!("../../../web/capture.js")),
     ("globals.js", JS, include_bytes!("../../../web/globals.js")),

@@ -15,10 +15,10 @@ use ferry_store::Store;
 use tracing::{info, warn};
 
 use crate::api::{
-    ApiError, Decision, GcReport, GcRequest, MigrateRequest, PrepareRequest, ResumeRequest,
-    RunRequest,
+    ApiError, Decision, GcReport, GcRequest, LOG_LEN_HEADER, LendRequest, LogLength,
+    MigrateRequest, PrepareRequest, ResumeRequest, ReturnRequest, RunRequest,
 };
-use crate::sessions::Sessions;
+use crate::sessions::{OutputRefusal, Sessions};
 use crate::{MAX_BODY, MAX_OBJECT, MAX_QUERY};
 
 /// What the server holds: the store it serves, the token clients must present, and the
@@ -561,6 +561,65 @@ async fn session_logs(
     }
 }
 
+/// `POST /v1/sessions/{id}/lend`: a client outside the space takes the session over.
+async fn lend_session(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<LendRequest>,
+) -> Response {
+    session_call(s, move |ss| ss.lend(&id, req)).await
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutputQuery {
+    epoch: u64,
+    at: u64,
+}
+
+/// `POST /v1/sessions/{id}/output?epoch=E&at=N`: the holder's output records, placed at byte
+/// `N` of the log; a `409` with [`LOG_LEN_HEADER`] when they start past its end.
+async fn lent_output(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<OutputQuery>,
+    body: Bytes,
+) -> Response {
+    let r = tokio::task::spawn_blocking(move || {
+        sessions(&s)
+            .map_err(OutputRefusal::from)?
+            .lent_output(&id, q.epoch, q.at, &body)
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::internal(e).into()));
+    match r {
+        Ok(len) => Json(LogLength { len }).into_response(),
+        Err(OutputRefusal { error, len }) => {
+            let mut resp = error.into_response();
+            // The log's length, for the client to send again from there.
+            if let Some(len) = len {
+                resp.headers_mut()
+                    .insert(LOG_LEN_HEADER, header::HeaderValue::from(len));
+            }
+            resp
+        }
+    }
+}
+
+/// `POST /v1/sessions/{id}/return`: the holder gives the session back.
+async fn return_session(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<ReturnRequest>,
+) -> Response {
+    session_call(s, move |ss| ss.take_back(&id, req)).await
+}
+
+/// `POST /v1/sessions/{id}/reclaim`: the session comes back from its holder, which is fenced.
+async fn reclaim_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    session_call(s, move |ss| ss.reclaim(&id)).await
+}
+
 async fn prepare_migration(State(s): State<Shared>, Json(req): Json<PrepareRequest>) -> Response {
     session_call(s, move |ss| ss.prepare(req)).await
 }
@@ -604,6 +663,10 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/sessions/{id}/checkpoint", post(checkpoint_session))
         .route("/v1/sessions/{id}/kill", post(kill_session))
         .route("/v1/sessions/{id}/migrate", post(migrate_session))
+        .route("/v1/sessions/{id}/lend", post(lend_session))
+        .route("/v1/sessions/{id}/output", post(lent_output))
+        .route("/v1/sessions/{id}/return", post(return_session))
+        .route("/v1/sessions/{id}/reclaim", post(reclaim_session))
         .route("/v1/migrations", post(prepare_migration))
         .route("/v1/migrations/{id}/commit", post(commit_migration))
         .route("/v1/migrations/{id}/abort", post(abort_migration))

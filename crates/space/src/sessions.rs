@@ -30,6 +30,9 @@ use crate::api::{
 use crate::client::{RemoteStore, SpaceClient, send_closure};
 use crate::policy::Policy;
 
+mod lend;
+pub use lend::OutputRefusal;
+
 /// Stack of a guest thread: Wasm frames live on it.
 const GUEST_STACK: usize = 256 << 20;
 /// How long a suspend or checkpoint may take to reach a safe point and be written.
@@ -319,7 +322,10 @@ impl Sessions {
                 OutputBuffer::default()
             }
         };
-        log.close();
+        // A lent session's client goes on sending its output (from the snapshot's log on).
+        if info.state != State::Lent {
+            log.close();
+        }
         let state = info.state;
         let pending = info.commit_pending;
         let id = info.id.clone();
@@ -488,23 +494,34 @@ impl Sessions {
         let store = self.store.as_ref();
         let mut cache = ferry_wasi::tree::ImportCache::saved_in(store);
         let mut out = Vec::new();
-        let mut entries = std::collections::BTreeMap::new();
-        for (i, (guest, dir)) in mounts.iter().enumerate() {
+        for (guest, dir) in mounts {
             let k = ferry_wasi::tree::import_cached(store, dir, &mut cache, &[])
                 .map_err(|e| format!("mount `{guest}`: {e}"))?;
             out.push(MountTree {
                 guest: guest.clone(),
                 tree: k.to_string(),
             });
-            let entry = ferry_object::TreeEntry {
-                mode: "dir".into(),
-                object: k,
-                mtime_ns: None,
-            };
-            entries.insert(i.to_string(), entry);
         }
         if out.is_empty() {
             return Ok(out);
+        }
+        self.name_final_files(id, &out)?;
+        Ok(out)
+    }
+
+    /// Names the final files of session `id` — one tree with a directory per mount — with
+    /// the ref `files/<id>`, so garbage collection keeps them.
+    fn name_final_files(&self, id: &str, mounts: &[MountTree]) -> Result<(), String> {
+        let store = self.store.as_ref();
+        let mut entries = std::collections::BTreeMap::new();
+        for (i, m) in mounts.iter().enumerate() {
+            let object: Kappa = m.tree.parse().map_err(|e| format!("{e}"))?;
+            let entry = ferry_object::TreeEntry {
+                mode: "dir".into(),
+                object,
+                mtime_ns: None,
+            };
+            entries.insert(i.to_string(), entry);
         }
         let (kind, v) = ferry_object::header::<ferry_object::Tree>();
         let all = ferry_object::Tree { kind, v, entries };
@@ -521,7 +538,7 @@ impl Sessions {
         store
             .cas_ref(&name, cur, Some(next))
             .map_err(|e| e.to_string())?;
-        Ok(out)
+        Ok(())
     }
 
     /// Forgets and removes the directories backing session `id`'s mounts.
@@ -846,18 +863,7 @@ impl Sessions {
             i.snapshot = Some(k.to_string());
             i.snapshot_error = None;
         });
-        let name = format!("session/{}", info.id);
-        let next = RefValue {
-            epoch: info.epoch,
-            target: k,
-        };
-        for _ in 0..8 {
-            let cur = self.store.get_ref(&name).ok().flatten();
-            if self.store.cas_ref(&name, cur, Some(next)).is_ok() {
-                return;
-            }
-        }
-        warn!(session = %info.id, "cannot point the session's ref at {k}");
+        self.point_ref(&info, k);
     }
 
     /// The guest stopped (or is about to: its final snapshot is written): the record says
@@ -1014,6 +1020,7 @@ impl Sessions {
         let info = live.info();
         match info.state {
             State::Suspended => {}
+            State::Lent => return Err(lend::lent_refusal(&info)),
             State::Moved => {
                 return Err(ApiError::conflict(format!(
                     "session `{id}` moved to {} (epoch {}); it is resumed there, not here",
@@ -1044,6 +1051,7 @@ impl Sessions {
         let _turn = lock(&live.turn);
         let info = live.info();
         match info.state {
+            State::Lent => return Err(lend::lent_refusal(&info)),
             State::Starting | State::Running | State::Prepared => {
                 return Err(ApiError::conflict(format!(
                     "session `{id}` is {}; suspend or kill it first",
@@ -1145,6 +1153,9 @@ impl Sessions {
         if kill && info.state == State::Suspended {
             return Ok(self.update(&live, |i| i.state = State::Killed));
         }
+        if info.state == State::Lent {
+            return Err(lend::lent_refusal(&info));
+        }
         if info.state != State::Running {
             return Err(ApiError::conflict(format!(
                 "session `{id}` is {}, not running",
@@ -1239,6 +1250,7 @@ impl Sessions {
         let was_running = match info.state {
             State::Running => true,
             State::Suspended => false,
+            State::Lent => return Err(lend::lent_refusal(&info)),
             s => {
                 return Err(ApiError::conflict(format!(
                     "session `{id}` is {}; only a running or suspended session can move",

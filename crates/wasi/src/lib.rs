@@ -27,7 +27,7 @@ mod tests;
 pub use calls::{FUNCTIONS, Signature};
 pub use ctx::{Clock, HostClock, MountSpec, Stdio, WasiCtx};
 pub use errno::Errno;
-pub use output::OutputBuffer;
+pub use output::{AppendAtError, OutputBuffer};
 
 /// A host-level outcome of a WASI call (not a guest-visible errno).
 #[derive(Debug, thiserror::Error)]

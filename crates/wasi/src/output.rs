@@ -59,6 +59,37 @@ impl OutputBuffer {
         Ok(())
     }
 
+    /// Appends encoded `records` that a writer elsewhere (a client running the guest) placed
+    /// at byte `at` of the log, and returns the log's new length. Bytes the log already holds
+    /// from `at` on must be the same (a retry after a lost answer appends nothing twice); what
+    /// follows them must be whole records, and the log stays within [`MAX_LOG`].
+    pub fn append_at(&self, at: u64, records: &[u8]) -> Result<u64, AppendAtError> {
+        let mut g = self.lock();
+        let len = g.bytes.len() as u64;
+        if at > len {
+            return Err(AppendAtError::Gap { len });
+        }
+        let start = at as usize;
+        let held = &g.bytes[start..];
+        let overlap = held.len().min(records.len());
+        if held[..overlap] != records[..overlap] {
+            return Err(AppendAtError::Differs { at: len });
+        }
+        let rest = &records[overlap..];
+        if rest.is_empty() {
+            return Ok(len);
+        }
+        Records::check(rest).map_err(AppendAtError::Malformed)?;
+        if len + rest.len() as u64 > MAX_LOG {
+            return Err(AppendAtError::Full);
+        }
+        g.bytes.extend_from_slice(rest);
+        let len = g.bytes.len() as u64;
+        drop(g);
+        self.0.1.notify_all();
+        Ok(len)
+    }
+
     /// Length of the encoded log.
     pub fn len(&self) -> u64 {
         self.lock().bytes.len() as u64
@@ -132,6 +163,19 @@ impl Write for StreamWriter {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// Why [`OutputBuffer::append_at`] refused bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AppendAtError {
+    #[error("the log holds {len} bytes; the output must go on from there")]
+    Gap { len: u64 },
+    #[error("the output differs from what the log already holds (it holds {at} bytes)")]
+    Differs { at: u64 },
+    #[error("the output is not whole records: {0}")]
+    Malformed(String),
+    #[error("the session's output log is full (1 GiB)")]
+    Full,
 }
 
 /// The records of an encoded log, in order: `(stream, bytes)`. A truncated or malformed tail
@@ -225,5 +269,50 @@ mod tests {
         assert!(Records::check(&[9, 0, 0, 0, 0]).is_err());
         log.close();
         assert!(log.read_from(0, 10).1);
+    }
+
+    fn record(stream: u8, data: &[u8]) -> Vec<u8> {
+        let mut v = vec![stream];
+        v.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        v.extend_from_slice(data);
+        v
+    }
+
+    #[test]
+    fn appends_at_an_offset_once_and_refuses_gaps_and_differences() {
+        let log = OutputBuffer::from_bytes(record(STDOUT, b"before\n"));
+        let base = log.len();
+        let a = record(STDOUT, b"one\n");
+        let b = record(STDERR, b"two\n");
+        assert_eq!(log.append_at(base, &a), Ok(base + a.len() as u64));
+        // A retry of the same bytes, and a retry that carries more, append nothing twice.
+        assert_eq!(log.append_at(base, &a), Ok(base + a.len() as u64));
+        let ab = [a.clone(), b.clone()].concat();
+        let end = base + ab.len() as u64;
+        assert_eq!(log.append_at(base, &ab), Ok(end));
+        assert_eq!(
+            log.bytes(),
+            [record(STDOUT, b"before\n"), ab.clone()].concat()
+        );
+        // Past the end: the log says where to go on from.
+        assert_eq!(
+            log.append_at(end + 5, &a),
+            Err(AppendAtError::Gap { len: end })
+        );
+        // Other bytes where the log holds some: refused, nothing appended.
+        assert_eq!(
+            log.append_at(base, &record(STDOUT, b"uno\n")),
+            Err(AppendAtError::Differs { at: end })
+        );
+        // Not whole records after the overlap.
+        assert!(matches!(
+            log.append_at(end, &a[..a.len() - 1]),
+            Err(AppendAtError::Malformed(_))
+        ));
+        assert!(matches!(
+            log.append_at(end, &[7, 0, 0, 0, 0]),
+            Err(AppendAtError::Malformed(_))
+        ));
+        assert_eq!(log.len(), end);
     }
 }

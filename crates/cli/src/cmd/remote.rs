@@ -213,6 +213,7 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
         };
         let whereabouts = match (&s.moved_to, &s.migrating_to, &s.snapshot) {
             (Some(to), _, _) => format!("moved to {to}"),
+            _ if s.lent_to.is_some() => format!("lent to {}", s.lent_to.as_deref().unwrap_or("")),
             (_, Some(to), _) => format!("moving to {to}"),
             (_, _, Some(k)) => k.chars().take(19).collect(),
             _ => "-".into(),
@@ -490,6 +491,25 @@ pub fn resume(settings: &Settings, session: &str, engine: Option<&str>) -> Resul
         s.id,
         s.state.name(),
         c.base()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ferry --space URL reclaim SESSION`.
+pub fn reclaim(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
+    let c = client(settings)?;
+    let s = c.reclaim(&a.session).map_err(api)?;
+    if let Some(k) = &s.snapshot {
+        println!("{k}");
+    }
+    eprintln!(
+        "ferry: session {} is {} at its last snapshot (epoch {}); `ferry --space {} resume {}` \
+         continues it",
+        s.id,
+        s.state.name(),
+        s.epoch,
+        c.base(),
+        s.id
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -12,6 +12,7 @@ mod migrate;
 mod python;
 mod refusals;
 mod space;
+mod takeover;
 mod terminal;
 mod versions;
 mod wasi_testsuite;

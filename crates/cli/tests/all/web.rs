@@ -12,7 +12,7 @@ use crate::harness::{
 };
 
 /// Node 24: `FERRY_NODE`, else where `scripts/fetch-node.sh` puts it.
-fn node() -> PathBuf {
+pub(crate) fn node() -> PathBuf {
     let p = std::env::var_os("FERRY_NODE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {

@@ -1,0 +1,429 @@
+//! Taking a space's session over from V8 (Node, a browser tab): the space lends the session,
+//! the guest goes on there with its output in the session's log, and the session comes back
+//! — suspended, ended, or reclaimed (which fences the copy it was lent to). In every case the
+//! session's whole output and files are an uninterrupted run's, with nothing repeated.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use ferry_space::SpaceClient;
+use ferry_space::api::{ReturnRequest, State};
+
+use crate::harness::{Env, SPACE_TOKEN, SpaceProc, dir_contents, guest, repo, suspended_kappa};
+use crate::web::node;
+
+/// `ferry --space URL run --session ID ARGS…` on the space, which must start it.
+fn run_on(here: &Env, space: &SpaceProc, id: &str, args: &[&str]) {
+    let mut all = vec!["--space", &space.url, "run", "--session", id];
+    all.extend_from_slice(args);
+    let (_, err, code) = here.output(&all);
+    assert_eq!(code, 0, "{err}");
+}
+
+/// `node web/ferry-resume.mjs --session ID`, running.
+fn take_over_in_v8(space: &SpaceProc, id: &str) -> Child {
+    Command::new(node())
+        .arg(repo().join("web/ferry-resume.mjs"))
+        .args(["--space", &space.url, "--session", id])
+        .env("FERRY_TOKEN", SPACE_TOKEN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn node")
+}
+
+fn interrupt(child: &Child) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+}
+
+/// Waits until `pred` holds of the session's record (at most 30 s).
+fn until(space: &SpaceProc, id: &str, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
+    for _ in 0..600 {
+        if space.session(id).as_ref().is_some_and(&pred) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("session {id} never {what}: {:?}", space.session(id));
+}
+
+/// The session's whole output, as `ferry --space URL logs` prints it: (stdout, stderr).
+fn logs(here: &Env, space: &SpaceProc, id: &str) -> (String, String) {
+    let (out, err, code) = here.output(&["--space", &space.url, "logs", id]);
+    assert_eq!(code, 0, "{err}");
+    (out, err)
+}
+
+/// Resumes a suspended session on its space and waits for its end: the exit code.
+fn resume_and_wait(here: &Env, space: &SpaceProc, id: &str) -> i32 {
+    let (_, err, code) = here.output(&["--space", &space.url, "resume", id]);
+    assert_eq!(code, 0, "{err}");
+    here.output(&["--space", &space.url, "wait", id]).2
+}
+
+fn check_files(here: &Env, space: &SpaceProc, id: &str, plain: &std::path::Path, what: &str) {
+    let out = here.path(&format!("{id}-files"));
+    let (_, err, code) = here.output(&[
+        "--space",
+        &space.url,
+        "files",
+        id,
+        "--dir",
+        &format!("{}::/data", out.display()),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        dir_contents(&out),
+        dir_contents(plain),
+        "{what}: files differ"
+    );
+}
+
+/// A session taken over while it runs and suspended in V8 (Ctrl-C) is given back suspended,
+/// and goes on on its space: its log holds all it printed, once, and its files are an
+/// uninterrupted run's.
+#[test]
+fn a_session_taken_over_by_v8_and_suspended_there_goes_on_on_its_space() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let files = guest("wasm/files.wasm");
+    let sleepy = guest("wasm/sleepy.wasm");
+    for (id, args, ms) in [
+        (
+            "files",
+            vec![files.to_str().unwrap(), "--", "/data", "600"],
+            700,
+        ),
+        (
+            "sleepy",
+            vec![sleepy.to_str().unwrap(), "--", "60", "3"],
+            600,
+        ),
+    ] {
+        let (plain_dir, pd) = here.data_dir(&format!("{id}-plain"));
+        let (_, sd) = here.data_dir(&format!("{id}-sent"));
+        let plain = here.plain(&[&["--dir", &pd][..], &args].concat());
+        run_on(&here, &space, id, &[&["--dir", &sd][..], &args].concat());
+        std::thread::sleep(Duration::from_millis(300));
+        let node = take_over_in_v8(&space, id);
+        until(&space, id, "was lent", |s| s["state"] == "lent");
+        let lent = space.session(id).unwrap();
+        assert_eq!(lent["epoch"], 2, "{lent}");
+        assert!(
+            lent["lent_to"].as_str().unwrap().starts_with("node v24"),
+            "{lent}"
+        );
+        std::thread::sleep(Duration::from_millis(ms));
+        interrupt(&node);
+        let out = node.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(75), "{id}: {err}");
+        let k = suspended_kappa(&out);
+        let back = space.session(id).unwrap();
+        assert_eq!(back["state"], "suspended", "{back}");
+        assert_eq!(back["snapshot"], k.as_str());
+        assert_eq!(back["epoch"], 2);
+        assert!(back.get("lent_to").is_none(), "{back}");
+
+        assert_eq!(resume_and_wait(&here, &space, id), plain.code, "{id}");
+        let (stdout, stderr) = logs(&here, &space, id);
+        assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout), "{id}");
+        assert_eq!(stderr, plain.stderr, "{id}");
+        check_files(&here, &space, id, &plain_dir, id);
+    }
+}
+
+/// A session taken over runs to its end in V8: the space records its exit code, its whole
+/// output and the files it left, as for a run that never left.
+#[test]
+fn a_session_taken_over_by_v8_ends_there_with_its_output_and_files() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let files = guest("wasm/files.wasm");
+    let args = [files.to_str().unwrap(), "--", "/data", "300"];
+    let (plain_dir, pd) = here.data_dir("plain");
+    let (_, sd) = here.data_dir("sent");
+    let plain = here.plain(&[&["--dir", &pd][..], &args].concat());
+    run_on(&here, &space, "t", &[&["--dir", &sd][..], &args].concat());
+    std::thread::sleep(Duration::from_millis(200));
+    let out = take_over_in_v8(&space, "t").wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(plain.code),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = space.session("t").unwrap();
+    assert_eq!(s["state"], "exited", "{s}");
+    assert_eq!(s["exit_code"], plain.code);
+    assert_eq!(s["epoch"], 2);
+    let (stdout, _) = logs(&here, &space, "t");
+    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
+    // What V8 printed after the take-over is the end of it.
+    assert!(stdout.ends_with(&*String::from_utf8_lossy(&out.stdout)));
+    assert!(!out.stdout.is_empty());
+    check_files(&here, &space, "t", &plain_dir, "ended in V8");
+    // An ended session cannot be taken over.
+    let again = take_over_in_v8(&space, "t").wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(65), "{err}");
+    assert!(
+        err.contains("is exited; only a running or suspended session can be taken over"),
+        "{err}"
+    );
+}
+
+/// While a session is lent the space neither runs, moves nor forgets it, and says where it
+/// is; a reclaim brings it back at its last snapshot and fences the copy it was lent to,
+/// which stops: the session's log then holds each line once.
+#[test]
+fn a_reclaimed_session_fences_the_copy_it_was_lent_to() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let other = SpaceProc::start(&[]);
+    let sleepy = guest("wasm/sleepy.wasm");
+    let args = [sleepy.to_str().unwrap(), "--", "400", "3"];
+    let plain = here.plain(&args);
+    run_on(&here, &space, "r", &args);
+    std::thread::sleep(Duration::from_millis(200));
+    let streamed = {
+        let node = take_over_in_v8(&space, "r");
+        until(&space, "r", "was lent", |s| s["state"] == "lent");
+        let lent_log = logs(&here, &space, "r").1;
+        // Its stderr goes on arriving from V8 (`logs` shows it).
+        let mut streamed = lent_log.clone();
+        for _ in 0..200 {
+            streamed = logs(&here, &space, "r").1;
+            if streamed.len() > lent_log.len() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(streamed.len() > lent_log.len(), "{streamed}");
+        let (ps, _, _) = here.output(&["--space", &space.url, "ps"]);
+        assert!(
+            ps.lines()
+                .any(|l| l.starts_with("r ") && l.contains(" lent ") && l.contains("lent to node")),
+            "{ps}"
+        );
+        for cmd in [
+            vec!["resume", "r"],
+            vec!["suspend", "r"],
+            vec!["kill", "r"],
+            vec!["migrate", "r", "--to", &other.url],
+            vec!["rm", "--force", "r"],
+        ] {
+            let (_, err, code) =
+                here.output(&[&["--space", space.url.as_str()][..], &cmd].concat());
+            assert_ne!(code, 0, "{cmd:?}");
+            assert!(
+                err.contains("is lent to node") && err.contains("reclaim r"),
+                "{cmd:?}: {err}"
+            );
+        }
+        let (out, err, code) = here.output(&["--space", &space.url, "reclaim", "r"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.starts_with("blake3:"), "{out}");
+        let fenced = node.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&fenced.stderr);
+        assert_eq!(fenced.status.code(), Some(69), "{err}");
+        assert!(err.contains("is not lent at epoch 2"), "{err}");
+        streamed
+    };
+    let s = space.session("r").unwrap();
+    assert_eq!(s["state"], "suspended", "{s}");
+    assert_eq!(s["epoch"], 3);
+    assert!(
+        s["reason"]
+            .as_str()
+            .unwrap()
+            .contains("taken back from node")
+    );
+    // Cut back to the snapshot it was lent at: what V8 sent is gone.
+    let cut = logs(&here, &space, "r").1;
+    assert!(cut.len() < streamed.len(), "{cut}");
+    assert!(plain.stderr.starts_with(&cut), "{cut}");
+    let (_, err, code) = here.output(&["--space", &space.url, "reclaim", "r"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is suspended, not lent"), "{err}");
+
+    assert_eq!(resume_and_wait(&here, &space, "r"), 3);
+    let (stdout, stderr) = logs(&here, &space, "r");
+    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
+    assert_eq!(stderr, plain.stderr);
+}
+
+/// A space that restarts while its session is lent keeps it lent (it cut its log back to the
+/// snapshot the session was lent at); the client sends its output again from there, and the
+/// session comes back whole.
+#[test]
+fn a_lent_session_outlives_a_restart_of_its_space() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let mut space = SpaceProc::start(&[]);
+    let sleepy = guest("wasm/sleepy.wasm");
+    let args = [sleepy.to_str().unwrap(), "--", "150", "4"];
+    let plain = here.plain(&args);
+    run_on(&here, &space, "x", &args);
+    std::thread::sleep(Duration::from_millis(200));
+    let node = take_over_in_v8(&space, "x");
+    until(&space, "x", "was lent", |s| s["state"] == "lent");
+    std::thread::sleep(Duration::from_millis(700));
+    space.stop();
+    std::thread::sleep(Duration::from_millis(700));
+    space.spawn(None);
+    assert_eq!(space.state("x").as_deref(), Some("lent"));
+    let out = node.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (stdout, stderr) = logs(&here, &space, "x");
+    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
+    assert_eq!(stderr, plain.stderr);
+}
+
+/// The same move into a browser tab: the console's "Take over", then its Suspend button.
+#[test]
+fn a_session_taken_over_by_a_browser_tab_goes_on_on_its_space() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let sleepy = guest("wasm/sleepy.wasm");
+    let args = [sleepy.to_str().unwrap(), "--", "80", "5"];
+    let plain = here.plain(&args);
+    run_on(&here, &space, "b", &args);
+    std::thread::sleep(Duration::from_millis(200));
+    let out: Output = Command::new(node())
+        .arg(repo().join("web/browser.mjs"))
+        .args([
+            "--space",
+            &space.url,
+            "--session",
+            "b",
+            "--suspend-after",
+            "600",
+        ])
+        .env("FERRY_TOKEN", SPACE_TOKEN)
+        .output()
+        .expect("spawn node");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    let s = space.session("b").unwrap();
+    assert_eq!(s["state"], "suspended", "{s}");
+    assert_eq!(s["snapshot"], suspended_kappa(&out).as_str());
+    assert_eq!(resume_and_wait(&here, &space, "b"), 5);
+    let (stdout, stderr) = logs(&here, &space, "b");
+    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
+    assert_eq!(stderr, plain.stderr);
+}
+
+/// The protocol's checks, spoken directly: a holder's calls name its epoch; output goes on
+/// from the log's end, once; what comes back must go on from what was lent.
+#[test]
+fn the_lending_protocol_checks_every_call() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let sleepy = guest("wasm/sleepy.wasm");
+    run_on(
+        &here,
+        &space,
+        "p",
+        &[sleepy.to_str().unwrap(), "--", "400", "3"],
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let c = SpaceClient::new(&space.url, SPACE_TOKEN);
+    let lent = c.lend("p", "a test").unwrap();
+    assert_eq!(lent.epoch, 2);
+    assert_eq!(lent.session.state, State::Lent);
+    assert_eq!(lent.session.lent_to.as_deref(), Some("a test"));
+    let before = logs(&here, &space, "p");
+    let e = c.lend("p", "another").unwrap_err();
+    assert_eq!(e.status, 409);
+    assert!(e.msg.contains("is lent to a test"), "{e}");
+
+    let record = |s: &[u8]| {
+        let mut v = vec![1u8];
+        v.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        v.extend_from_slice(s);
+        v
+    };
+    let hello = record(b"hello\n");
+    let at = lent.log_len;
+    let e = c.send_output("p", 1, at, &hello).unwrap_err();
+    assert_eq!(e.status, 409);
+    assert!(e.msg.contains("not lent at epoch 1"), "{e}");
+    let e = c.send_output("p", 2, at + 10, &hello).unwrap_err();
+    assert_eq!(e.status, 409);
+    assert!(e.msg.contains(&format!("holds {at} bytes")), "{e}");
+    let e = c.send_output("p", 2, at, &hello[..4]).unwrap_err();
+    assert_eq!(e.status, 400, "{e}");
+    let end = at + hello.len() as u64;
+    assert_eq!(c.send_output("p", 2, at, &hello).unwrap(), end);
+    // A retry appends nothing twice; other bytes at the same place are refused.
+    assert_eq!(c.send_output("p", 2, at, &hello).unwrap(), end);
+    assert_eq!(c.send_output("p", 2, at, &[]).unwrap(), end);
+    let e = c.send_output("p", 2, at, &record(b"olleh\n")).unwrap_err();
+    assert_eq!(e.status, 409);
+    assert_eq!(logs(&here, &space, "p").0, format!("{}hello\n", before.0));
+
+    let give = |r: ReturnRequest| c.give_back("p", &r);
+    let e = give(ReturnRequest {
+        epoch: 2,
+        exit_code: Some(0),
+        trap: Some("unreachable".into()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.status, 400, "{e}");
+    let e = give(ReturnRequest {
+        epoch: 2,
+        exit_code: Some(0),
+        log_len: Some(at),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.status, 409);
+    assert!(e.msg.contains("send the rest first"), "{e}");
+    // The snapshot it was lent at does not go on from itself.
+    let e = give(ReturnRequest {
+        epoch: 2,
+        snapshot: Some(lent.snapshot.clone()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.status, 422);
+    assert!(e.msg.contains("does not go on from"), "{e}");
+    // Never run there: back as it was lent, the output sent since gone.
+    let s = give(ReturnRequest {
+        epoch: 2,
+        refused: Some("no engine here".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(s.state, State::Suspended);
+    assert_eq!(s.snapshot.as_deref(), Some(lent.snapshot.as_str()));
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap()
+            .contains("a test could not resume it: no engine here"),
+        "{s:?}"
+    );
+    assert_eq!(logs(&here, &space, "p"), before);
+
+    // Lent again (epoch 3) and reclaimed (epoch 4): the old holder is fenced.
+    assert_eq!(c.lend("p", "").unwrap().epoch, 3);
+    assert_eq!(c.reclaim("p").unwrap().epoch, 4);
+    let e = give(ReturnRequest {
+        epoch: 3,
+        exit_code: Some(0),
+        log_len: Some(at),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert_eq!(e.status, 409);
+    assert!(e.msg.contains("fenced"), "{e}");
+    assert_eq!(resume_and_wait(&here, &space, "p"), 3);
+}

@@ -1,0 +1,158 @@
+// A space's session taken over by this JavaScript space (docs/browser.md, "Taking a session
+// over"). The space lends the session — a running one is suspended first — and records it as
+// `lent` at a raised epoch before answering; from then on it neither runs nor moves it. This
+// side resumes the lent snapshot, sends the guest's output to the session's log as it comes
+// (so `ferry --space URL logs --follow` shows it), and at the end gives the session back:
+// suspended at the snapshot it wrote to the space, ended (exit code or trap, with the files
+// its mounts hold), or never run (the resume was refused here). Every call names the epoch;
+// once the session is reclaimed (`ferry --space URL reclaim`), the space refuses them all, and
+// this copy must stop: it is fenced.
+//
+// A Lease lives on the thread that is free while the guest runs (the page, or Node's main
+// thread): the worker running the guest hands it each output record.
+
+import { Refused, spaceRequest } from "./objects.js";
+
+/** Most bytes of output sent in one request (whole records: a longer record goes alone). */
+const SEND_AT_MOST = 8 << 20;
+/** How long output keeps being retried while the space cannot be reached. */
+const RETRY_FOR_MS = 30000;
+
+export class Lease {
+  /**
+   * Takes session `id` over from the space at `base`; `client` says who takes it (shown by
+   * `ferry --space URL ps`). Throws `Refused` with the space's reason.
+   */
+  static async take(base, token, id, client) {
+    base = base.replace(/\/+$/, "");
+    const r = await spaceRequest(base, token, "POST", `/v1/sessions/${encodeURIComponent(id)}/lend`, JSON.stringify({ client }), `the lend of session ${id}`, () => `the space has no session \`${id}\``);
+    return new Lease(base, token, id, await r.json());
+  }
+
+  constructor(base, token, id, lent) {
+    this.base = base;
+    this.token = token;
+    this.id = id;
+    this.epoch = lent.epoch;
+    /** The snapshot to resume (`blake3:…`). */
+    this.snapshot = lent.snapshot;
+    /** Where this side's output starts in the session's log, and where it ends. */
+    this.start = lent.log_len;
+    this.length = lent.log_len;
+    /** How much of the log the space has acknowledged. */
+    this.acked = lent.log_len;
+    this.buf = new Uint8Array(1 << 16);
+    /** End offsets (in the log) of the records written here. */
+    this.ends = [];
+    this.sending = null;
+    /** Set when the space refused this holder (fenced) or output could not be sent. */
+    this.failed = null;
+    this.onFailed = null;
+  }
+
+  /** One output record of the guest (`stream` 1 stdout, 2 stderr). */
+  write(stream, bytes) {
+    if (bytes.length === 0 || this.failed) return;
+    const need = this.length - this.start + 5 + bytes.length;
+    if (need > this.buf.length) {
+      let size = this.buf.length;
+      while (size < need) size *= 2;
+      const grown = new Uint8Array(size);
+      grown.set(this.buf.subarray(0, this.length - this.start));
+      this.buf = grown;
+    }
+    const at = this.length - this.start;
+    this.buf[at] = stream;
+    new DataView(this.buf.buffer).setUint32(at + 1, bytes.length, true);
+    this.buf.set(bytes, at + 5);
+    this.length += 5 + bytes.length;
+    this.ends.push(this.length);
+    this.kick();
+  }
+
+  kick() {
+    if (this.sending || this.failed || this.acked >= this.length) return;
+    this.sending = this.pump().finally(() => {
+      this.sending = null;
+      this.kick();
+    });
+  }
+
+  fail(why) {
+    if (this.failed) return;
+    this.failed = why;
+    if (this.onFailed) this.onFailed(why);
+  }
+
+  /** Sends what the space has not acknowledged, whole records, a batch at a time. */
+  async pump() {
+    let since = null;
+    while (this.acked < this.length && !this.failed) {
+      const to = this.batchEnd();
+      const body = this.buf.slice(this.acked - this.start, to - this.start);
+      let r;
+      try {
+        r = await fetch(`${this.base}/v1/sessions/${encodeURIComponent(this.id)}/output?epoch=${this.epoch}&at=${this.acked}`, {
+          method: "POST",
+          headers: { Authorization: `Bearer ${this.token}`, "Content-Type": "application/octet-stream" },
+          body,
+        });
+      } catch (e) {
+        // The space is out of reach: try again, for a while.
+        since ??= Date.now();
+        if (Date.now() - since > RETRY_FOR_MS) return this.fail(`cannot reach the space at ${this.base}: ${e.cause?.message ?? e.message}`);
+        await new Promise((ok) => setTimeout(ok, 500));
+        continue;
+      }
+      since = null;
+      if (r.ok) {
+        this.acked = (await r.json()).len;
+        continue;
+      }
+      const len = r.headers.get("ferry-log-len");
+      const text = (await r.text()).trim();
+      if (r.status === 409 && len !== null && Number(len) >= this.start && Number(len) < this.acked) {
+        // The space lost the end of what it had (it restarted): send again from there.
+        this.acked = Number(len);
+        continue;
+      }
+      return this.fail(`the space refused this session's output (${r.status}): ${text}`);
+    }
+  }
+
+  /** Where the next batch from `acked` ends: whole records, at most SEND_AT_MOST bytes unless one record is longer. */
+  batchEnd() {
+    let lo = 0;
+    let hi = this.ends.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (this.ends[mid] <= this.acked) lo = mid + 1;
+      else hi = mid;
+    }
+    let to = this.ends[lo];
+    for (let i = lo + 1; i < this.ends.length && this.ends[i] - this.acked <= SEND_AT_MOST; i++) to = this.ends[i];
+    return to;
+  }
+
+  /** Waits until the space holds all the output written here. */
+  async flush() {
+    while (this.acked < this.length && !this.failed) {
+      this.kick();
+      await this.sending;
+    }
+    if (this.failed) throw new Refused(this.failed);
+  }
+
+  /**
+   * Gives the session back. `outcome`: {snapshot: "blake3:…"} (suspended here, already
+   * written to the space), {exit_code, files}, {trap, files} (`files`: [{guest, tree}],
+   * already sent) or {refused: reason}. Returns the session's record.
+   */
+  async giveBack(outcome) {
+    if (outcome.refused === undefined) await this.flush();
+    const ended = outcome.exit_code !== undefined || outcome.trap !== undefined;
+    const body = JSON.stringify({ epoch: this.epoch, ...outcome, ...(ended ? { log_len: this.length } : {}) });
+    const r = await spaceRequest(this.base, this.token, "POST", `/v1/sessions/${encodeURIComponent(this.id)}/return`, body, `the return of session ${this.id}`);
+    return r.json();
+  }
+}
