@@ -151,6 +151,17 @@ function start(kappa, lease = null) {
   cell = typeof SharedArrayBuffer !== "undefined" && crossOriginIsolated ? new Int32Array(new SharedArrayBuffer(4)) : null;
   $("suspend").disabled = cell === null;
   ctl = null;
+  // A session taken over is checkpointed as often as the space would (its interval).
+  const every = lease?.checkpointEveryMs;
+  if (every && cell) {
+    const mine = cell;
+    const timer = setInterval(() => {
+      if (cell !== mine) return clearInterval(timer);
+      if (Atomics.compareExchange(mine, 0, 0, 2) !== 0) return;
+      Atomics.notify(mine, 0);
+      if (ctl) Atomics.store(ctl, 0, 1);
+    }, every);
+  }
   worker.onmessage = ({ data }) => {
     if (data.ctl) {
       ctl = new Int32Array(data.ctl, 0, 1);
@@ -162,6 +173,10 @@ function start(kappa, lease = null) {
     }
     if (data.progress) {
       status.textContent = data.progress;
+      return;
+    }
+    if (data.checkpoint) {
+      if (lease) lease.checkpointed(`blake3:${data.checkpoint}`, (why) => (status.textContent = `the space refused a checkpoint: ${why}`));
       return;
     }
     ended(data);

@@ -19,12 +19,14 @@
 // and its output goes to the session's log too, and at the end the session is given back —
 // suspended at the snapshot written here (Ctrl-C), or ended with its exit code or trap and
 // the files its mounts hold. 69 when the space cannot be told, or fences this copy (the
-// session was reclaimed): the session then stays with the space.
+// session was reclaimed): the session then stays with the space. `--checkpoint-every MS`
+// (default: the session's own interval, if it has one) writes a checkpoint to the space that
+// often while the guest goes on, so a reclaim loses at most that much.
 
 import { readFileSync, writeSync } from "node:fs";
 import { Worker, isMainThread, parentPort, workerData } from "node:worker_threads";
 
-const USAGE = "usage: ferry-resume.mjs --space URL [--token-file F] [--stack-mb N] [--write-mounts DIR] [-v] (blake3:<hex> | --session ID)";
+const USAGE = "usage: ferry-resume.mjs --space URL [--token-file F] [--stack-mb N] [--write-mounts DIR] [-v] (blake3:<hex> | --session ID [--checkpoint-every MS])";
 const EX_REFUSED = 65;
 const EX_TRAP = 70;
 const EX_USAGE = 64;
@@ -54,6 +56,7 @@ if (isMainThread) {
     else if (a === "-v") opts.verbose = true;
     else if (a === "--write-mounts") opts.writeMounts = args[++i];
     else if (a === "--session") opts.session = args[++i];
+    else if (a === "--checkpoint-every") opts.checkpointEvery = Number(args[++i]);
     else if (a === "-h" || a === "--help") {
       console.log(USAGE);
       process.exit(0);
@@ -80,6 +83,10 @@ if (isMainThread) {
     }
     kappa = lease.snapshot;
     if (opts.verbose) say(`took session ${opts.session} over from ${opts.space} at epoch ${lease.epoch}: resuming ${kappa}`);
+  }
+  if (opts.checkpointEvery !== undefined && !(opts.checkpointEvery >= 100)) {
+    say("--checkpoint-every takes milliseconds, at least 100");
+    process.exit(EX_USAGE);
   }
   const reclaimHint = () => `\`ferry --space ${opts.space} reclaim ${opts.session}\` takes it back at its last snapshot`;
   // The session's end, told to the space; exits with `code` once it heard, 69 if it did not.
@@ -112,6 +119,15 @@ if (isMainThread) {
     workerData: { ...opts, kappa, cell, lease: lease !== null },
     resourceLimits: { stackSizeMb: opts.stackMb },
   });
+  const every = lease ? opts.checkpointEvery ?? lease.checkpointEveryMs : null;
+  if (every) {
+    // A checkpoint asked for as a suspend is (2 instead of 1), unless one is asked already.
+    setInterval(() => {
+      if (Atomics.compareExchange(cell, 0, 0, 2) !== 0) return;
+      Atomics.notify(cell, 0);
+      if (ctl) Atomics.store(ctl, 0, 1);
+    }, every).unref();
+  }
   if (lease) {
     // Fenced (reclaimed) or out of reach for good: this copy stops at once.
     lease.onFailed = (why) => {
@@ -128,6 +144,11 @@ if (isMainThread) {
     }
     if (m.out) {
       lease.write(m.out, m.bytes);
+      return;
+    }
+    if (m.checkpoint) {
+      if (opts.verbose) say(`checkpoint blake3:${m.checkpoint} written to ${opts.space}`);
+      lease.checkpointed(`blake3:${m.checkpoint}`, (why) => say(`the space refused a checkpoint: ${why}`));
       return;
     }
     if (m.refused) {
@@ -167,6 +188,7 @@ if (isMainThread) {
     const r = await resume(new SpaceSource(space, token), kappa, {
       suspendCell: cell,
       onCtl: (buffer) => parentPort.postMessage({ ctl: buffer }),
+      onCheckpoint: ({ kappa }) => parentPort.postMessage({ checkpoint: kappa }),
       sink,
       // Taken over: each record goes to the session's log too (through the main thread).
       stdout: (b) => {

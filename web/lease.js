@@ -48,6 +48,10 @@ export class Lease {
     /** Set when the space refused this holder (fenced) or output could not be sent. */
     this.failed = null;
     this.onFailed = null;
+    /** The session's checkpoint interval (ms), if it has one. */
+    this.checkpointEveryMs = lent.session.checkpoint_every_ms ?? null;
+    /** Checkpoints being told to the space, in order. */
+    this.told = Promise.resolve();
   }
 
   /** One output record of the guest (`stream` 1 stdout, 2 stderr). */
@@ -144,11 +148,30 @@ export class Lease {
   }
 
   /**
+   * Tells the space of a checkpoint written to it (`kappa`: "blake3:…"): the session's last
+   * snapshot is that one, what a reclaim goes back to. Told in order, before the session is
+   * given back; a refusal other than fencing is passed to `onWarning`.
+   */
+  checkpointed(kappa, onWarning) {
+    this.told = this.told.then(async () => {
+      if (this.failed) return;
+      try {
+        await spaceRequest(this.base, this.token, "POST", `/v1/sessions/${encodeURIComponent(this.id)}/checkpointed`, JSON.stringify({ epoch: this.epoch, snapshot: kappa }), `the checkpoint of session ${this.id}`);
+      } catch (e) {
+        if (/\(409\)|answered 409/.test(e.message)) this.fail(e.message);
+        else if (onWarning) onWarning(e.message);
+      }
+    });
+    return this.told;
+  }
+
+  /**
    * Gives the session back. `outcome`: {snapshot: "blake3:…"} (suspended here, already
    * written to the space), {exit_code, files}, {trap, files} (`files`: [{guest, tree}],
    * already sent) or {refused: reason}. Returns the session's record.
    */
   async giveBack(outcome) {
+    await this.told;
     if (outcome.refused === undefined) await this.flush();
     const ended = outcome.exit_code !== undefined || outcome.trap !== undefined;
     const body = JSON.stringify({ epoch: this.epoch, ...outcome, ...(ended ? { log_len: this.length } : {}) });

@@ -18,6 +18,8 @@ const CLASSES = ["wasm-core-2+multi-memory", "wasm-core-2+multi-memory+exception
 const STATE_NORMAL = 0;
 const STATE_UNWIND = 1;
 const STATE_REWIND = 2;
+/** The suspend cell's value that asks for a checkpoint (1 asks for a suspend). */
+export const CHECKPOINT = 2;
 /** Deepest directory nesting a mount's tree may have (as ferry's trees). */
 const MAX_TREE_DEPTH = 64;
 /** Most entries all of a snapshot's trees may hold together here (all in memory). */
@@ -49,7 +51,9 @@ export function trapCause(e) {
  * (given the guest's shared poll-flag memory, for another thread to raise) and history (given
  * a space session's earlier output, as records [stream, bytes], before the guest runs). A guest
  * suspended that way unwinds at its next WASI call or safe point after one (a sleep wakes at
- * once), and the result is {suspended: κ hex, sent, bytes}.
+ * once), and the result is {suspended: κ hex, sent, bytes}. With CHECKPOINT (2) in the cell
+ * instead, the snapshot is written the same way and the guest goes on: onCheckpoint is called
+ * with {kappa: κ hex, sent, bytes}, and the cell is 0 again.
  * Returns {code} when the guest exits, {trap} when it traps, each with `mounts` (the guest's
  * mounted directories as it left them: {guestPath, root: DirNode}); throws `Refused` when
  * the snapshot cannot be resumed here, before the guest runs.
@@ -204,6 +208,8 @@ export async function resume(source, kappa, io) {
   if (phase < 0) throw new Refused(`the snapshot was taken in \`${snap.entry}\`, which the module does not export`);
   say(`restored; the guest runs`);
   let rewinding = true;
+  // What the next snapshot written here goes on from.
+  let parent = k;
   try {
     let result;
     for (; phase < entries.length; phase++) {
@@ -213,11 +219,25 @@ export async function resume(source, kappa, io) {
       if (ex["ferry:state"].value === STATE_REWIND) throw new Fatal("corrupt saved stack: the rewind never reached its call site");
       if (ex["ferry:state"].value === STATE_UNWIND) {
         if (!io.sink) throw new Fatal("the guest unwound, and there is nowhere to write its snapshot");
-        say("the guest unwound; writing its snapshot");
-        const written = capture({ ex, wasi, snap, state, entry: entries[phase], history, parent: k });
+        // 2 in the cell asks for a checkpoint: the snapshot is written and the guest goes on.
+        const checkpoint = io.suspendCell && Atomics.load(io.suspendCell, 0) === CHECKPOINT;
+        say(`the guest unwound; writing its ${checkpoint ? "checkpoint" : "snapshot"}`);
+        const written = capture({ ex, wasi, snap, state, entry: entries[phase], history, parent });
         say(`pushing ${written.objects.size} objects`);
         const sent = await io.sink.push(written.kappa, written.objects);
-        return { suspended: written.kappa, ...sent, mounts };
+        if (!checkpoint) return { suspended: written.kappa, ...sent, mounts };
+        // Rewound from where it unwound, as a resume would: the saved stack is in place, a
+        // sleep it was in keeps its deadline. A suspend asked for meanwhile stays asked.
+        parent = written.kappa;
+        Atomics.compareExchange(io.suspendCell, 0, CHECKPOINT, 0);
+        wasi.sleepDeadline = wasi.suspendedSleep;
+        wasi.suspendedSleep = null;
+        ex["ferry:state"].value = STATE_REWIND;
+        ctl()[0] = 1;
+        if (io.onCheckpoint) io.onCheckpoint({ kappa: written.kappa, ...sent });
+        rewinding = true;
+        phase--;
+        continue;
       }
       rewinding = false;
     }

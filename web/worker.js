@@ -25,6 +25,7 @@ self.onmessage = async ({ data }) => {
       progress: (progress) => self.postMessage({ progress }),
       suspendCell: data.cell ?? null,
       onCtl: (ctl) => self.postMessage({ ctl }),
+      onCheckpoint: ({ kappa }) => self.postMessage({ checkpoint: kappa }),
       sink,
     });
     if (r.suspended) {

@@ -343,6 +343,17 @@ pub struct ReturnRequest {
     pub files: Option<Vec<MountTree>>,
 }
 
+/// `POST /v1/sessions/{id}/checkpointed`: the holder of a lent session wrote a checkpoint of
+/// its guest (which goes on there) to this space.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointedRequest {
+    pub epoch: u64,
+    /// The checkpoint: sent and named here already; its parent is the session's last
+    /// snapshot, its output log agrees with the session's.
+    pub snapshot: String,
+}
+
 /// `POST /v1/sessions/{id}/output`: how long the session's output log is now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogLength {

@@ -667,6 +667,17 @@ impl SpaceClient {
         self.post(&format!("/v1/sessions/{id}/return"), req)
     }
 
+    /// `POST /v1/sessions/{id}/checkpointed`: a checkpoint of a session this client holds,
+    /// already sent and named.
+    pub fn checkpointed(
+        &self,
+        id: &str,
+        req: &crate::api::CheckpointedRequest,
+    ) -> Result<SessionInfo, ApiError> {
+        let id = session_id(id)?;
+        self.post(&format!("/v1/sessions/{id}/checkpointed"), req)
+    }
+
     /// `POST /v1/sessions/{id}/reclaim`: takes a lent session back (its holder is fenced).
     pub fn reclaim(&self, id: &str) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;

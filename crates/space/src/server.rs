@@ -15,8 +15,8 @@ use ferry_store::Store;
 use tracing::{info, warn};
 
 use crate::api::{
-    ApiError, Decision, GcReport, GcRequest, LOG_LEN_HEADER, LendRequest, LogLength,
-    MigrateRequest, PrepareRequest, ResumeRequest, ReturnRequest, RunRequest,
+    ApiError, CheckpointedRequest, Decision, GcReport, GcRequest, LOG_LEN_HEADER, LendRequest,
+    LogLength, MigrateRequest, PrepareRequest, ResumeRequest, ReturnRequest, RunRequest,
 };
 use crate::sessions::{OutputRefusal, Sessions};
 use crate::{MAX_BODY, MAX_OBJECT, MAX_QUERY};
@@ -615,6 +615,15 @@ async fn return_session(
     session_call(s, move |ss| ss.take_back(&id, req)).await
 }
 
+/// `POST /v1/sessions/{id}/checkpointed`: the holder wrote a checkpoint.
+async fn lent_checkpoint(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<CheckpointedRequest>,
+) -> Response {
+    session_call(s, move |ss| ss.lent_checkpoint(&id, req)).await
+}
+
 /// `POST /v1/sessions/{id}/reclaim`: the session comes back from its holder, which is fenced.
 async fn reclaim_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
     session_call(s, move |ss| ss.reclaim(&id)).await
@@ -665,6 +674,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/sessions/{id}/migrate", post(migrate_session))
         .route("/v1/sessions/{id}/lend", post(lend_session))
         .route("/v1/sessions/{id}/output", post(lent_output))
+        .route("/v1/sessions/{id}/checkpointed", post(lent_checkpoint))
         .route("/v1/sessions/{id}/return", post(return_session))
         .route("/v1/sessions/{id}/reclaim", post(reclaim_session))
         .route("/v1/migrations", post(prepare_migration))

@@ -22,9 +22,14 @@ fn run_on(here: &Env, space: &SpaceProc, id: &str, args: &[&str]) {
 
 /// `node web/ferry-resume.mjs --session ID`, running.
 fn take_over_in_v8(space: &SpaceProc, id: &str) -> Child {
+    take_over_in_v8_with(space, id, &[])
+}
+
+fn take_over_in_v8_with(space: &SpaceProc, id: &str, extra: &[&str]) -> Child {
     Command::new(node())
         .arg(repo().join("web/ferry-resume.mjs"))
         .args(["--space", &space.url, "--session", id])
+        .args(extra)
         .env("FERRY_TOKEN", SPACE_TOKEN)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -82,23 +87,26 @@ fn check_files(here: &Env, space: &SpaceProc, id: &str, plain: &std::path::Path,
 
 /// A session taken over while it runs and suspended in V8 (Ctrl-C) is given back suspended,
 /// and goes on on its space: its log holds all it printed, once, and its files are an
-/// uninterrupted run's.
+/// uninterrupted run's. The second guest is checkpointed in V8 too, so what it gives back
+/// goes on from its last checkpoint.
 #[test]
 fn a_session_taken_over_by_v8_and_suspended_there_goes_on_on_its_space() {
     let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
     let space = SpaceProc::start(&[]);
     let files = guest("wasm/files.wasm");
     let sleepy = guest("wasm/sleepy.wasm");
-    for (id, args, ms) in [
+    for (id, args, ms, checkpoints) in [
         (
             "files",
             vec![files.to_str().unwrap(), "--", "/data", "600"],
             700,
+            &[][..],
         ),
         (
             "sleepy",
             vec![sleepy.to_str().unwrap(), "--", "60", "3"],
-            600,
+            700,
+            &["--checkpoint-every", "200", "-v"][..],
         ),
     ] {
         let (plain_dir, pd) = here.data_dir(&format!("{id}-plain"));
@@ -106,7 +114,7 @@ fn a_session_taken_over_by_v8_and_suspended_there_goes_on_on_its_space() {
         let plain = here.plain(&[&["--dir", &pd][..], &args].concat());
         run_on(&here, &space, id, &[&["--dir", &sd][..], &args].concat());
         std::thread::sleep(Duration::from_millis(300));
-        let node = take_over_in_v8(&space, id);
+        let node = take_over_in_v8_with(&space, id, checkpoints);
         until(&space, id, "was lent", |s| s["state"] == "lent");
         let lent = space.session(id).unwrap();
         assert_eq!(lent["epoch"], 2, "{lent}");
@@ -120,6 +128,11 @@ fn a_session_taken_over_by_v8_and_suspended_there_goes_on_on_its_space() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(75), "{id}: {err}");
         let k = suspended_kappa(&out);
+        assert_eq!(
+            err.contains("ferry: checkpoint blake3:"),
+            !checkpoints.is_empty(),
+            "{id}: {err}"
+        );
         let back = space.session(id).unwrap();
         assert_eq!(back["state"], "suspended", "{back}");
         assert_eq!(back["snapshot"], k.as_str());
@@ -395,6 +408,28 @@ fn the_lending_protocol_checks_every_call() {
     .unwrap_err();
     assert_eq!(e.status, 422);
     assert!(e.msg.contains("does not go on from"), "{e}");
+    // A checkpoint must go on from the session's last snapshot too, and name the epoch.
+    let e = c
+        .checkpointed(
+            "p",
+            &ferry_space::api::CheckpointedRequest {
+                epoch: 2,
+                snapshot: lent.snapshot.clone(),
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e.status, 422);
+    assert!(e.msg.contains("does not go on from"), "{e}");
+    let e = c
+        .checkpointed(
+            "p",
+            &ferry_space::api::CheckpointedRequest {
+                epoch: 1,
+                snapshot: lent.snapshot.clone(),
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e.status, 409, "{e}");
     // Never run there: back as it was lent, the output sent since gone.
     let s = give(ReturnRequest {
         epoch: 2,
@@ -426,4 +461,66 @@ fn the_lending_protocol_checks_every_call() {
     assert_eq!(e.status, 409);
     assert!(e.msg.contains("fenced"), "{e}");
     assert_eq!(resume_and_wait(&here, &space, "p"), 3);
+}
+
+/// A client checkpoints the session it holds (`--checkpoint-every`): the space's last
+/// snapshot moves on while it is lent, so a reclaim after the client died loses only what
+/// came after the last checkpoint — and the output is still an uninterrupted run's.
+#[test]
+fn a_reclaim_goes_back_to_the_holders_last_checkpoint() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let sleepy = guest("wasm/sleepy.wasm");
+    let args = [sleepy.to_str().unwrap(), "--", "300", "3"];
+    let plain = here.plain(&args);
+    run_on(&here, &space, "c", &args);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut node = Command::new(node())
+        .arg(repo().join("web/ferry-resume.mjs"))
+        .args([
+            "--space",
+            &space.url,
+            "--session",
+            "c",
+            "--checkpoint-every",
+            "300",
+        ])
+        .env("FERRY_TOKEN", SPACE_TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn node");
+    until(&space, "c", "was lent", |s| s["state"] == "lent");
+    let lent = space.session("c").unwrap()["snapshot"].clone();
+    let lent_log = logs(&here, &space, "c").1;
+    // Two checkpoints on from the lent snapshot, each recorded while it stays lent.
+    let mut seen = vec![lent.clone()];
+    for _ in 0..400 {
+        let s = space.session("c").unwrap();
+        assert_eq!(s["state"], "lent", "{s}");
+        if !seen.contains(&s["snapshot"]) {
+            seen.push(s["snapshot"].clone());
+        }
+        if seen.len() >= 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert!(seen.len() >= 3, "no checkpoints: {seen:?}");
+    node.kill().unwrap();
+    node.wait().unwrap();
+    let (out, err, code) = here.output(&["--space", &space.url, "reclaim", "c"]);
+    assert_eq!(code, 0, "{err}");
+    let back = space.session("c").unwrap();
+    assert_eq!(out.trim(), back["snapshot"].as_str().unwrap());
+    assert_ne!(
+        back["snapshot"], lent,
+        "back at the lent snapshot: the checkpoints were lost"
+    );
+    let cut = logs(&here, &space, "c").1;
+    assert!(cut.len() > lent_log.len(), "{cut}");
+    assert_eq!(resume_and_wait(&here, &space, "c"), 3);
+    let (stdout, stderr) = logs(&here, &space, "c");
+    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
+    assert_eq!(stderr, plain.stderr);
 }

@@ -17,7 +17,8 @@ use tracing::info;
 
 use super::{Live, Sessions, lock, parse_kappa};
 use crate::api::{
-    ApiError, LendRequest, Lent, MountTree, ReturnRequest, SessionInfo, State, session_id,
+    ApiError, CheckpointedRequest, LendRequest, Lent, MountTree, ReturnRequest, SessionInfo, State,
+    session_id,
 };
 
 /// Longest client description kept.
@@ -175,26 +176,7 @@ impl Sessions {
         let client = info.lent_to.clone().unwrap_or_else(|| "a client".into());
         let log = live.log();
         if let Some(s) = &req.snapshot {
-            let k = parse_kappa(s, "snapshot")?;
-            let lent_at = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
-            let got = snapshot::load(self.store.as_ref(), k)
-                .map_err(|e| ApiError::unprocessable(format!("snapshot {k}: {e}")))?;
-            if got.snapshot.parent != Some(lent_at) {
-                return Err(ApiError::unprocessable(format!(
-                    "snapshot {k} does not go on from {lent_at}, the snapshot session `{id}` \
-                     was lent at"
-                )));
-            }
-            let have = log.bytes();
-            let carried = got.output.unwrap_or_default();
-            if !carried.starts_with(&have) {
-                return Err(ApiError::unprocessable(format!(
-                    "snapshot {k}'s output log does not go on from the session's ({} bytes here)",
-                    have.len()
-                )));
-            }
-            log.append_at(have.len() as u64, &carried[have.len()..])
-                .map_err(|e| ApiError::unprocessable(format!("snapshot {k}'s output log: {e}")))?;
+            let k = self.carry_on(&info, &log, s, true)?;
             log.close();
             let info = self.update(&live, |i| {
                 i.state = State::Suspended;
@@ -262,6 +244,63 @@ impl Sessions {
         });
         info!(session = %id, state = info.state.name(), "lent session ended");
         Ok(info)
+    }
+
+    /// `POST /v1/sessions/{id}/checkpointed`: the holder wrote a checkpoint of the guest,
+    /// which goes on there; the session's last snapshot is that one (a reclaim goes back to
+    /// it, a space that restarts cuts the log back to its log).
+    pub fn lent_checkpoint(
+        &self,
+        id: &str,
+        req: CheckpointedRequest,
+    ) -> Result<SessionInfo, ApiError> {
+        let live = self.get(id)?;
+        let _turn = lock(&live.turn);
+        let info = Self::holder(&live, req.epoch)?;
+        let k = self.carry_on(&info, &live.log(), &req.snapshot, false)?;
+        let info = self.update(&live, |i| {
+            i.snapshot = Some(k.to_string());
+            i.snapshot_error = None;
+        });
+        self.point_ref(&info, k);
+        info!(session = %id, snapshot = %k, "lent session checkpointed");
+        Ok(info)
+    }
+
+    /// Snapshot `s` from the holder of `info`'s session, checked: its closure verifies, its
+    /// parent is the session's last snapshot, and its output log and the session's agree
+    /// (one goes on from the other — for the `last` snapshot, which the guest stopped at, the
+    /// snapshot's from the session's; what the log lacks of the snapshot's is appended).
+    fn carry_on(
+        &self,
+        info: &SessionInfo,
+        log: &OutputBuffer,
+        s: &str,
+        last: bool,
+    ) -> Result<Kappa, ApiError> {
+        let id = &info.id;
+        let k = parse_kappa(s, "snapshot")?;
+        let before = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
+        let got = snapshot::load(self.store.as_ref(), k)
+            .map_err(|e| ApiError::unprocessable(format!("snapshot {k}: {e}")))?;
+        if got.snapshot.parent != Some(before) {
+            return Err(ApiError::unprocessable(format!(
+                "snapshot {k} does not go on from {before}, session `{id}`'s last snapshot"
+            )));
+        }
+        let have = log.bytes();
+        let carried = got.output.unwrap_or_default();
+        if !carried.starts_with(&have) && (last || !have.starts_with(&carried)) {
+            return Err(ApiError::unprocessable(format!(
+                "snapshot {k}'s output log does not go on from the session's ({} bytes here)",
+                have.len()
+            )));
+        }
+        if carried.len() > have.len() {
+            log.append_at(have.len() as u64, &carried[have.len()..])
+                .map_err(|e| ApiError::unprocessable(format!("snapshot {k}'s output log: {e}")))?;
+        }
+        Ok(k)
     }
 
     /// Each mount tree a client sent is whole in the store (every object was verified on
