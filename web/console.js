@@ -106,7 +106,9 @@ async function takeOver(id) {
   status.textContent = `taking session ${id} over …`;
   let lease;
   try {
-    lease = await Lease.take(base, token, id, `a browser tab (${navigator.userAgent})`);
+    // A tab that is closed, or whose machine goes away, gives the session back to the space
+    // by saying nothing for two minutes (a hidden tab's timers still run once a minute).
+    lease = await Lease.take(base, token, id, `a browser tab (${navigator.userAgent})`, { leaseMs: 120000 });
   } catch (e) {
     status.textContent = `refused: ${e.message}`;
     window.ferryOutcome = { refused: e.message, stdout: "", stderr: "" };

@@ -21,12 +21,14 @@
 // the files its mounts hold. 69 when the space cannot be told, or fences this copy (the
 // session was reclaimed): the session then stays with the space. `--checkpoint-every MS`
 // (default: the session's own interval, if it has one) writes a checkpoint to the space that
-// often while the guest goes on, so a reclaim loses at most that much.
+// often while the guest goes on, so a reclaim loses at most that much. `--lease SECS`
+// (default 120; 0: none): the space takes the session back by itself once it has heard
+// nothing from this process for that long (it speaks at least every quarter of it).
 
 import { readFileSync, writeSync } from "node:fs";
 import { Worker, isMainThread, parentPort, workerData } from "node:worker_threads";
 
-const USAGE = "usage: ferry-resume.mjs --space URL [--token-file F] [--stack-mb N] [--write-mounts DIR] [-v] (blake3:<hex> | --session ID [--checkpoint-every MS])";
+const USAGE = "usage: ferry-resume.mjs --space URL [--token-file F] [--stack-mb N] [--write-mounts DIR] [-v] (blake3:<hex> | --session ID [--checkpoint-every MS] [--lease SECS])";
 const EX_REFUSED = 65;
 const EX_TRAP = 70;
 const EX_USAGE = 64;
@@ -57,6 +59,7 @@ if (isMainThread) {
     else if (a === "--write-mounts") opts.writeMounts = args[++i];
     else if (a === "--session") opts.session = args[++i];
     else if (a === "--checkpoint-every") opts.checkpointEvery = Number(args[++i]);
+    else if (a === "--lease") opts.lease = Number(args[++i]);
     else if (a === "-h" || a === "--help") {
       console.log(USAGE);
       process.exit(0);
@@ -76,13 +79,18 @@ if (isMainThread) {
     const { Lease } = await import("./lease.js");
     const { hostname } = await import("node:os");
     try {
-      lease = await Lease.take(opts.space, opts.token, opts.session, `node ${process.version} (pid ${process.pid}) on ${hostname()}`);
+      const leaseMs = opts.lease === 0 ? null : (opts.lease ?? 120) * 1000;
+      lease = await Lease.take(opts.space, opts.token, opts.session, `node ${process.version} (pid ${process.pid}) on ${hostname()}`, { leaseMs });
     } catch (e) {
       say(`refused: ${e.message}`);
       process.exit(EX_REFUSED);
     }
     kappa = lease.snapshot;
     if (opts.verbose) say(`took session ${opts.session} over from ${opts.space} at epoch ${lease.epoch}: resuming ${kappa}`);
+  }
+  if (opts.lease !== undefined && !(opts.lease === 0 || opts.lease >= 1)) {
+    say("--lease takes seconds, at least 1 (0: none)");
+    process.exit(EX_USAGE);
   }
   if (opts.checkpointEvery !== undefined && !(opts.checkpointEvery >= 100)) {
     say("--checkpoint-every takes milliseconds, at least 100");

@@ -6,7 +6,9 @@
 // suspended at the snapshot it wrote to the space, ended (exit code or trap, with the files
 // its mounts hold), or never run (the resume was refused here). Every call names the epoch;
 // once the session is reclaimed (`ferry --space URL reclaim`), the space refuses them all, and
-// this copy must stop: it is fenced.
+// this copy must stop: it is fenced. Taken with a lease, the session is reclaimed by the space
+// itself once it has not heard from this side for that long; this side speaks (an empty
+// append) every quarter of the lease while it has nothing to send.
 //
 // A Lease lives on the thread that is free while the guest runs (the page, or Node's main
 // thread): the worker running the guest hands it each output record.
@@ -21,12 +23,17 @@ const RETRY_FOR_MS = 30000;
 export class Lease {
   /**
    * Takes session `id` over from the space at `base`; `client` says who takes it (shown by
-   * `ferry --space URL ps`). Throws `Refused` with the space's reason.
+   * `ferry --space URL ps`); `leaseMs` (optional, at least 1000) is how long the space waits
+   * without word from here before it takes the session back. Throws `Refused` with the
+   * space's reason.
    */
-  static async take(base, token, id, client) {
+  static async take(base, token, id, client, { leaseMs = null } = {}) {
     base = base.replace(/\/+$/, "");
-    const r = await spaceRequest(base, token, "POST", `/v1/sessions/${encodeURIComponent(id)}/lend`, JSON.stringify({ client }), `the lend of session ${id}`, () => `the space has no session \`${id}\``);
-    return new Lease(base, token, id, await r.json());
+    const body = JSON.stringify(leaseMs ? { client, lease_ms: leaseMs } : { client });
+    const r = await spaceRequest(base, token, "POST", `/v1/sessions/${encodeURIComponent(id)}/lend`, body, `the lend of session ${id}`, () => `the space has no session \`${id}\``);
+    const lease = new Lease(base, token, id, await r.json());
+    if (leaseMs) lease.keepAlive(leaseMs);
+    return lease;
   }
 
   constructor(base, token, id, lent) {
@@ -74,6 +81,24 @@ export class Lease {
     this.kick();
   }
 
+  /** Speaks to the space (an empty append) whenever a quarter of the lease went by without. */
+  keepAlive(leaseMs) {
+    this.heard = Date.now();
+    this.beat = setInterval(() => {
+      if (this.failed || this.sending || Date.now() - this.heard < leaseMs / 4) return;
+      this.sending = this.pump(true).finally(() => {
+        this.sending = null;
+        this.kick();
+      });
+    }, Math.max(250, leaseMs / 8));
+    this.beat.unref?.();
+  }
+
+  stop() {
+    if (this.beat) clearInterval(this.beat);
+    this.beat = null;
+  }
+
   kick() {
     if (this.sending || this.failed || this.acked >= this.length) return;
     this.sending = this.pump().finally(() => {
@@ -85,13 +110,15 @@ export class Lease {
   fail(why) {
     if (this.failed) return;
     this.failed = why;
+    this.stop();
     if (this.onFailed) this.onFailed(why);
   }
 
-  /** Sends what the space has not acknowledged, whole records, a batch at a time. */
-  async pump() {
+  /** Sends what the space has not acknowledged, whole records, a batch at a time (`beat`: once, even with nothing to send). */
+  async pump(beat = false) {
     let since = null;
-    while (this.acked < this.length && !this.failed) {
+    while ((this.acked < this.length || beat) && !this.failed) {
+      beat = false;
       const to = this.batchEnd();
       const body = this.buf.slice(this.acked - this.start, to - this.start);
       let r;
@@ -111,6 +138,7 @@ export class Lease {
       since = null;
       if (r.ok) {
         this.acked = (await r.json()).len;
+        this.heard = Date.now();
         continue;
       }
       const len = r.headers.get("ferry-log-len");
@@ -133,7 +161,7 @@ export class Lease {
       if (this.ends[mid] <= this.acked) lo = mid + 1;
       else hi = mid;
     }
-    let to = this.ends[lo];
+    let to = this.ends[lo] ?? this.length;
     for (let i = lo + 1; i < this.ends.length && this.ends[i] - this.acked <= SEND_AT_MOST; i++) to = this.ends[i];
     return to;
   }
@@ -173,6 +201,7 @@ export class Lease {
   async giveBack(outcome) {
     await this.told;
     if (outcome.refused === undefined) await this.flush();
+    this.stop();
     const ended = outcome.exit_code !== undefined || outcome.trap !== undefined;
     const body = JSON.stringify({ epoch: this.epoch, ...outcome, ...(ended ? { log_len: this.length } : {}) });
     const r = await spaceRequest(this.base, this.token, "POST", `/v1/sessions/${encodeURIComponent(this.id)}/return`, body, `the return of session ${this.id}`);

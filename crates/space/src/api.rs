@@ -80,6 +80,10 @@ pub struct SessionInfo {
     /// The client running the session (state `lent`), as it described itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lent_to: Option<String>,
+    /// The lease it was lent with (ms): the space takes it back after that long without word
+    /// from the client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
     /// For a session that arrived by migration: the space it came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
@@ -131,6 +135,7 @@ impl SessionInfo {
             migrating_to: None,
             moved_to: None,
             lent_to: None,
+            lease_ms: None,
             source: None,
             reason: None,
             commit_pending: false,
@@ -302,7 +307,17 @@ pub struct LendRequest {
     /// How the client describes itself (shown by `ps`; at most 200 characters are kept).
     #[serde(default)]
     pub client: String,
+    /// The session comes back (as by a reclaim) once the space has heard nothing from the
+    /// client for this long (ms, [`MIN_LEASE_MS`] to [`MAX_LEASE_MS`]); the client's output,
+    /// checkpoints and empty appends renew it. Absent: lent until given back or reclaimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
 }
+
+/// Shortest lease a client may take a session with (ms).
+pub const MIN_LEASE_MS: u64 = 1000;
+/// Longest lease (ms): a day.
+pub const MAX_LEASE_MS: u64 = 86_400_000;
 
 /// What a client that took a session over holds: the snapshot to resume, the epoch it holds
 /// the session at (every later call names it), and the length of the output log it continues.

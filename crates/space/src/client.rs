@@ -631,6 +631,7 @@ impl SpaceClient {
         let id = session_id(id)?;
         let req = crate::api::LendRequest {
             client: client.to_owned(),
+            lease_ms: None,
         };
         self.post(&format!("/v1/sessions/{id}/lend"), &req)
     }

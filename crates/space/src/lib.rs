@@ -50,7 +50,15 @@ pub fn fuzz_inputs(data: &[u8]) {
     let _ = serde_json::from_slice::<api::PrepareRequest>(data);
     let _ = serde_json::from_slice::<api::MigrateRequest>(data);
     let _ = serde_json::from_slice::<api::SessionInfo>(data);
+    let _ = serde_json::from_slice::<api::LendRequest>(data);
+    let _ = serde_json::from_slice::<api::ReturnRequest>(data);
+    let _ = serde_json::from_slice::<api::CheckpointedRequest>(data);
     let _ = ferry_wasi::output::Records::check(data);
+    // A lent session's output, appended at each offset of a log that holds some records.
+    let log = ferry_wasi::OutputBuffer::from_bytes(vec![1, 2, 0, 0, 0, b'h', b'i']);
+    for at in [0, 3, 7, 8] {
+        let _ = log.append_at(at, data);
+    }
     let _ = ferry_wasi::output::Records::new(data).count();
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = Policy::parse(text, "/nonexistent".into(), "fuzz");

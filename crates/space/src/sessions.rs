@@ -158,6 +158,9 @@ struct Live {
     /// moving back): that record, which an abort puts back, so `wait` and `logs` here still
     /// follow the session to where it stayed.
     replaced: Mutex<Option<Arc<Live>>>,
+    /// While the session is lent with a lease: when it runs out, unless the client is heard
+    /// from before.
+    lease_deadline: Mutex<Option<Instant>>,
 }
 
 impl Live {
@@ -174,6 +177,7 @@ impl Live {
             run: std::sync::atomic::AtomicU64::new(0),
             defer_teardown: Mutex::new(None),
             replaced: Mutex::new(None),
+            lease_deadline: Mutex::new(None),
         })
     }
 
@@ -348,6 +352,9 @@ impl Sessions {
         info!(session = %id, state = state.name(), "session recovered");
         if state == State::Prepared {
             self.spawn_resolver(live);
+        } else if state == State::Lent {
+            // The lease counts again from now: the client may have spoken while we were down.
+            self.watch_lease(live);
         } else if state == State::Moved && pending {
             self.spawn_committer(live);
         }

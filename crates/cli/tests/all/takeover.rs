@@ -524,3 +524,52 @@ fn a_reclaim_goes_back_to_the_holders_last_checkpoint() {
     assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
     assert_eq!(stderr, plain.stderr);
 }
+
+/// Taken with a lease, a session stays lent while its client speaks — here a guest that prints
+/// nothing, so only the client's keep-alive speaks — and comes back by itself once the
+/// client is gone for longer than the lease.
+#[test]
+fn a_session_comes_back_when_its_lease_runs_out() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let spin = here.path("spin.wat");
+    std::fs::write(
+        &spin,
+        r#"(module
+  (memory (export "memory") 1)
+  (global $n (mut i64) (i64.const 0))
+  (func (export "_start")
+    (loop $again
+      (global.set $n (i64.add (global.get $n) (i64.const 1)))
+      (br_if $again (i64.lt_u (global.get $n) (i64.const 100000000000))))))"#,
+    )
+    .unwrap();
+    run_on(&here, &space, "l", &[spin.to_str().unwrap()]);
+    let mut node = take_over_in_v8_with(&space, "l", &["--lease", "1"]);
+    until(&space, "l", "was lent", |s| s["state"] == "lent");
+    assert_eq!(space.session("l").unwrap()["lease_ms"], 1000);
+    std::thread::sleep(Duration::from_millis(3000));
+    let s = space.session("l").unwrap();
+    assert_eq!(
+        s["state"], "lent",
+        "the lease ran out while the client spoke: {s}"
+    );
+    node.kill().unwrap();
+    node.wait().unwrap();
+    until(&space, "l", "came back", |s| s["state"] == "suspended");
+    let s = space.session("l").unwrap();
+    assert_eq!(s["epoch"], 3, "{s}");
+    assert!(
+        s["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("the lease of node"),
+        "{s}"
+    );
+    assert!(s.get("lease_ms").is_none(), "{s}");
+    // Resumable where it is.
+    let (_, err, code) = here.output(&["--space", &space.url, "resume", "l"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, err, code) = here.output(&["--space", &space.url, "kill", "l"]);
+    assert_eq!(code, 0, "{err}");
+}

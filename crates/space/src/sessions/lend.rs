@@ -8,6 +8,7 @@
 //! that comes back after a reclaim is refused: only one copy of the session ever goes on.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ferry_engine::{EXIT_TRAPPED, Request, snapshot};
 use ferry_kappa::Kappa;
@@ -17,8 +18,8 @@ use tracing::info;
 
 use super::{Live, Sessions, lock, parse_kappa};
 use crate::api::{
-    ApiError, CheckpointedRequest, LendRequest, Lent, MountTree, ReturnRequest, SessionInfo, State,
-    session_id,
+    ApiError, CheckpointedRequest, LendRequest, Lent, MAX_LEASE_MS, MIN_LEASE_MS, MountTree,
+    ReturnRequest, SessionInfo, State, session_id,
 };
 
 /// Longest client description kept.
@@ -71,6 +72,13 @@ impl Sessions {
     /// `lent` (durably) before the client hears of it.
     pub fn lend(self: &Arc<Self>, id: &str, req: LendRequest) -> Result<Lent, ApiError> {
         let client = client_name(&req.client);
+        if let Some(ms) = req.lease_ms
+            && !(MIN_LEASE_MS..=MAX_LEASE_MS).contains(&ms)
+        {
+            return Err(ApiError::bad_request(format!(
+                "lease_ms must be from {MIN_LEASE_MS} to {MAX_LEASE_MS}"
+            )));
+        }
         let live = self.get(id)?;
         if live.info().state == State::Running {
             self.stop(id, Request::Suspend, false)?;
@@ -105,9 +113,11 @@ impl Sessions {
             i.state = State::Lent;
             i.epoch += 1;
             i.lent_to = Some(client.clone());
+            i.lease_ms = req.lease_ms;
             i.reason = None;
         });
         self.point_ref(&info, k);
+        self.watch_lease(live.clone());
         info!(session = %id, client = %client, epoch = info.epoch, "session lent");
         Ok(Lent {
             snapshot: k.to_string(),
@@ -129,6 +139,10 @@ impl Sessions {
                 info.state.name(),
                 info.epoch
             )));
+        }
+        // Word from the client: its lease runs from now.
+        if let Some(ms) = info.lease_ms {
+            *lock(&live.lease_deadline) = Some(Instant::now() + Duration::from_millis(ms));
         }
         Ok(info)
     }
@@ -183,6 +197,7 @@ impl Sessions {
                 i.snapshot = Some(k.to_string());
                 i.snapshot_error = None;
                 i.lent_to = None;
+                i.lease_ms = None;
                 i.reason = None;
             });
             self.point_ref(&info, k);
@@ -199,6 +214,7 @@ impl Sessions {
             let info = self.update(&live, |i| {
                 i.state = State::Suspended;
                 i.lent_to = None;
+                i.lease_ms = None;
                 i.reason = Some(format!("{client} could not resume it: {why}"));
             });
             info!(session = %id, "lent session given back unrun");
@@ -225,6 +241,7 @@ impl Sessions {
         write_durably(&self.log_path(id), &log.bytes()).map_err(ApiError::internal)?;
         let info = self.update(&live, |i| {
             i.lent_to = None;
+            i.lease_ms = None;
             if let Some(code) = req.exit_code {
                 i.state = State::Exited;
                 i.exit_code = Some(code);
@@ -342,25 +359,80 @@ impl Sessions {
                 info.state.name()
             )));
         }
-        let fresh: OutputBuffer = self.read_log(&info).map_err(ApiError::internal)?;
+        let client = info.lent_to.clone().unwrap_or_else(|| "a client".into());
+        self.take_back_from(&live, &info, format!("taken back from {client}"))
+    }
+
+    /// The reclaim, the session's `turn` held: suspended at its last snapshot, the log cut
+    /// back to it, the epoch raised; `why` starts the reason.
+    fn take_back_from(
+        &self,
+        live: &Live,
+        info: &SessionInfo,
+        why: String,
+    ) -> Result<SessionInfo, ApiError> {
+        let fresh: OutputBuffer = self.read_log(info).map_err(ApiError::internal)?;
         fresh.close();
         let old = std::mem::replace(&mut *lock(&live.log), fresh);
         old.close();
-        let client = info.lent_to.clone().unwrap_or_else(|| "a client".into());
-        let info = self.update(&live, |i| {
+        *lock(&live.lease_deadline) = None;
+        let info = self.update(live, |i| {
             i.state = State::Suspended;
             i.epoch += 1;
             i.lent_to = None;
+            i.lease_ms = None;
             i.reason = Some(format!(
-                "taken back from {client}: suspended at its last snapshot (what it did after \
-                 that snapshot was discarded)"
+                "{why}: suspended at its last snapshot (what it did after that snapshot was \
+                 discarded)"
             ));
         });
         if let Some(k) = info.snapshot.as_deref().and_then(|k| k.parse().ok()) {
             self.point_ref(&info, k);
         }
-        info!(session = %id, epoch = info.epoch, "lent session reclaimed");
+        info!(session = %info.id, epoch = info.epoch, "lent session taken back");
         Ok(info)
+    }
+
+    /// For a session lent with a lease: a thread that takes it back once the lease runs out
+    /// without word from the client (it ends when the session is no longer lent at this
+    /// epoch). The lease counts from now.
+    pub(super) fn watch_lease(self: &Arc<Self>, live: Arc<Live>) {
+        let info = live.info();
+        let Some(ms) = info.lease_ms else {
+            return;
+        };
+        *lock(&live.lease_deadline) = Some(Instant::now() + Duration::from_millis(ms));
+        let me = self.clone();
+        let epoch = info.epoch;
+        std::thread::spawn(move || {
+            loop {
+                let deadline = *lock(&live.lease_deadline);
+                let Some(deadline) = deadline else { return };
+                let now = Instant::now();
+                if now < deadline {
+                    std::thread::sleep((deadline - now).min(Duration::from_secs(1)));
+                    continue;
+                }
+                let _turn = lock(&live.turn);
+                let info = live.info();
+                if info.state != State::Lent || info.epoch != epoch {
+                    return;
+                }
+                // Renewed while this thread waited for the turn.
+                if lock(&live.lease_deadline).is_some_and(|d| Instant::now() < d) {
+                    continue;
+                }
+                let client = info.lent_to.clone().unwrap_or_else(|| "a client".into());
+                let why = format!(
+                    "the lease of {client} ran out (no word from it for {} s)",
+                    ms.div_ceil(1000)
+                );
+                if let Err(e) = me.take_back_from(&live, &info, why) {
+                    tracing::warn!(session = %info.id, error = %e, "cannot take a lent session back");
+                }
+                return;
+            }
+        });
     }
 
     /// Points the ref `session/<id>` at `k` with the session's epoch.
