@@ -59,22 +59,24 @@ for i in $(seq "$rounds"); do
     echo "$i $ran $unwound $pushing $t0 $t1" | awk -v new="$new" '{printf "  round %d: running after %.2f s; Ctrl-C to suspended %.2f s (snapshot written in %.2f s, then pushed: %s)\n", $1, $2 / 1000, $6 - $5, ($4 - $3) / 1000, new}'
 done
 
-[[ $parts == *,3,* ]] && echo "a running space session, dirty guest of $mib MiB, taken over by Node, given back after 3 s, resumed on the space:"
+[[ $parts == *,3,* ]] && echo "a running space session, dirty guest of $mib MiB, taken over by Node (pre-copy, lend, resume), given back after 3 s, resumed on the space:"
 for i in $(seq "$rounds"); do
     [[ $parts == *,3,* ]] || break
     id=take$i
     "$ferry" --space "$url" run --session "$id" guests/wasm/dirty.wasm -- "$mib" 100000 10 >/dev/null 2>&1
     until "$ferry" --space "$url" logs "$id" 2>/dev/null | grep -q ready; do sleep 0.2; done
     sleep 1
-    t0=$(date +%s.%N)
     "$node" web/ferry-resume.mjs -v --lease 0 --space "$url" --session "$id" >/dev/null 2>"$work/t" &
     pid=$!
     until grep -q "the guest runs" "$work/t" 2>/dev/null; do sleep 0.02; done
-    t1=$(date +%s.%N)
     sleep 3
     t2=$(date +%s.%N); kill -INT "$pid"; wait "$pid" || true; t3=$(date +%s.%N)
     "$ferry" --space "$url" resume "$id" >/dev/null 2>&1; t4=$(date +%s.%N)
     "$ferry" --space "$url" kill "$id" >/dev/null 2>&1
+    pre=$(grep -o 'pre-copied checkpoint [^ ]* ([0-9.]* MiB) while the session ran on ([0-9]* ms' "$work/t" | grep -o '([0-9.]*' | tr -d '(' | tr '\n' ' ')
+    lend=$(grep -o 'the lend took [0-9]* ms' "$work/t" | grep -o '[0-9]*')
+    runs=$(grep -o 'the guest runs ([0-9]* ms' "$work/t" | grep -o '[0-9]*')
+    verified=$(grep -o 'verified [0-9.]* MiB' "$work/t" | grep -o '[0-9.]*')
     new=$(grep -o '[0-9]* objects, [0-9.]* MiB new' "$work/t")
-    echo "$i $t0 $t1 $t2 $t3 $t4" | awk -v new="$new" '{printf "  round %d: lend to running in Node %.2f s; Ctrl-C to given back %.2f s (%s); resumed on the space %.2f s\n", $1, $3 - $2, $5 - $4, new, $6 - $5}'
+    echo "$i $pre $lend $runs $verified $t2 $t3 $t4" | awk -v new="$new" '{printf "  round %d: pre-copy %.0f MiB in %.2f s (the guest running on the space); downtime %.2f s (lend %.2f s, then %.0f MiB fetched and the guest restored in %.2f s); Ctrl-C to given back %.2f s (%s); resumed on the space %.2f s\n", $1, $2, $3 / 1000, ($4 + $5) / 1000, $4 / 1000, $6 - $2, $5 / 1000, $8 - $7, new, $9 - $8}'
 done

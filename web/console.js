@@ -6,7 +6,7 @@
 // only. `#resume=blake3:…&token=…` in the address starts a resume at once, `#take=SESSION`
 // a take-over (the fragment never reaches a server).
 
-import { Lease } from "./lease.js";
+import { Lease, precopyPoint } from "./lease.js";
 
 const base = location.origin;
 const $ = (id) => document.getElementById(id);
@@ -104,12 +104,24 @@ async function takeOver(id) {
   window.ferryOutcome = undefined;
   document.title = "ferry console: resuming";
   status.textContent = `taking session ${id} over …`;
+  // Pre-copy: while the session still runs on the space, a checkpoint of it is fetched and
+  // checked in the worker that will run it; after the lend only what changed since moves.
+  const pre = new Worker(new URL("worker.js", import.meta.url), { type: "module" });
+  const k0 = await precopyPoint(base, token, id);
+  if (k0) {
+    status.textContent = `pre-copying ${k0} while the session runs on the space …`;
+    await new Promise((ok) => {
+      pre.onmessage = ok;
+      pre.postMessage({ prefetch: k0, base, token });
+    });
+  }
   let lease;
   try {
     // A tab that is closed, or whose machine goes away, gives the session back to the space
     // by saying nothing for two minutes (a hidden tab's timers still run once a minute).
     lease = await Lease.take(base, token, id, `a browser tab (${navigator.userAgent})`, { leaseMs: 120000 });
   } catch (e) {
+    pre.terminate();
     status.textContent = `refused: ${e.message}`;
     window.ferryOutcome = { refused: e.message, stdout: "", stderr: "" };
     document.title = "ferry console: refused";
@@ -123,7 +135,7 @@ async function takeOver(id) {
     window.ferryOutcome = { fenced: why, stdout: base64(seen[1]), stderr: base64(seen[2]) };
     document.title = "ferry console: fenced";
   };
-  start(lease.snapshot, lease);
+  start(lease.snapshot, lease, pre);
 }
 
 /** Tells the space how a session taken over ended here; what to show of it. */
@@ -140,7 +152,7 @@ async function giveBack(lease, data) {
   }
 }
 
-function start(kappa, lease = null) {
+function start(kappa, lease = null, ready = null) {
   if (worker) worker.terminate();
   output.replaceChildren();
   seen = { 1: [], 2: [] };
@@ -148,7 +160,7 @@ function start(kappa, lease = null) {
   document.title = "ferry console: resuming";
   status.textContent = `resuming ${kappa} …`;
   const started = performance.now();
-  worker = new Worker(new URL("worker.js", import.meta.url), { type: "module" });
+  worker = ready ?? new Worker(new URL("worker.js", import.meta.url), { type: "module" });
   // A suspend is asked for through shared memory: the worker is busy running the guest.
   cell = typeof SharedArrayBuffer !== "undefined" && crossOriginIsolated ? new Int32Array(new SharedArrayBuffer(4)) : null;
   $("suspend").disabled = cell === null;

@@ -74,20 +74,6 @@ if (isMainThread) {
     process.exit(EX_USAGE);
   }
   const say = (line) => writeAll(2, Buffer.from(`ferry: ${line}\n`));
-  let lease = null;
-  if (opts.session) {
-    const { Lease } = await import("./lease.js");
-    const { hostname } = await import("node:os");
-    try {
-      const leaseMs = opts.lease === 0 ? null : (opts.lease ?? 120) * 1000;
-      lease = await Lease.take(opts.space, opts.token, opts.session, `node ${process.version} (pid ${process.pid}) on ${hostname()}`, { leaseMs });
-    } catch (e) {
-      say(`refused: ${e.message}`);
-      process.exit(EX_REFUSED);
-    }
-    kappa = lease.snapshot;
-    if (opts.verbose) say(`took session ${opts.session} over from ${opts.space} at epoch ${lease.epoch}: resuming ${kappa}`);
-  }
   if (opts.lease !== undefined && !(opts.lease === 0 || opts.lease >= 1)) {
     say("--lease takes seconds, at least 1 (0: none)");
     process.exit(EX_USAGE);
@@ -96,6 +82,7 @@ if (isMainThread) {
     say("--checkpoint-every takes milliseconds, at least 100");
     process.exit(EX_USAGE);
   }
+  let lease = null;
   const reclaimHint = () => `\`ferry --space ${opts.space} reclaim ${opts.session}\` takes it back at its last snapshot`;
   // The session's end, told to the space; exits with `code` once it heard, 69 if it did not.
   const giveBack = async (outcome, code) => {
@@ -112,6 +99,8 @@ if (isMainThread) {
   let ctl = null; // the guest's poll flag, once the worker has it
   let asked = false;
   const suspend = () => {
+    // Before the lend nothing was taken: the session runs on where it was.
+    if (opts.session && !lease) process.exit(130);
     if (asked) {
       if (lease) say(`session ${opts.session} stays lent to this process, which is gone; ${reclaimHint()}`);
       process.exit(130);
@@ -124,9 +113,43 @@ if (isMainThread) {
   process.on("SIGINT", suspend);
   process.on("SIGTERM", suspend);
   const worker = new Worker(new URL(import.meta.url), {
-    workerData: { ...opts, kappa, cell, lease: lease !== null },
+    workerData: { ...opts, kappa, cell, lease: Boolean(opts.session) },
     resourceLimits: { stackSizeMb: opts.stackMb },
   });
+  worker.on("error", (e) => {
+    writeAll(2, Buffer.from(`ferry: ${e.stack ?? e}\n`));
+    process.exit(1);
+  });
+  if (opts.session) {
+    const { Lease, precopyPoint } = await import("./lease.js");
+    const { hostname } = await import("node:os");
+    // Pre-copy: while the session still runs on the space, a checkpoint of it is fetched and
+    // checked here; after the lend only what changed since moves.
+    const k0 = await precopyPoint(opts.space, opts.token, opts.session);
+    if (k0) {
+      const t0 = performance.now();
+      const got = await new Promise((ok) => {
+        worker.once("message", ok);
+        worker.postMessage({ prefetch: k0 });
+      });
+      if (opts.verbose) {
+        say(got.prefetched !== undefined
+          ? `pre-copied checkpoint ${k0} (${(got.prefetched / 1048576).toFixed(1)} MiB) while the session ran on (${Math.round(performance.now() - t0)} ms)`
+          : `no pre-copy: ${got.prefetchFailed}`);
+      }
+    }
+    const t1 = performance.now();
+    try {
+      const leaseMs = opts.lease === 0 ? null : (opts.lease ?? 120) * 1000;
+      lease = await Lease.take(opts.space, opts.token, opts.session, `node ${process.version} (pid ${process.pid}) on ${hostname()}`, { leaseMs });
+    } catch (e) {
+      say(`refused: ${e.message}`);
+      process.exit(EX_REFUSED);
+    }
+    kappa = lease.snapshot;
+    if (opts.verbose) say(`took session ${opts.session} over from ${opts.space} at epoch ${lease.epoch} (the lend took ${Math.round(performance.now() - t1)} ms): resuming ${kappa}`);
+    worker.postMessage({ resume: kappa });
+  }
   const every = lease ? opts.checkpointEvery ?? lease.checkpointEveryMs : null;
   if (every) {
     // A checkpoint asked for as a suspend is (2 instead of 1), unless one is asked already.
@@ -181,49 +204,65 @@ if (isMainThread) {
     if (lease) return giveBack({ exit_code: m.code, files: m.files }, m.code);
     process.exit(m.code);
   });
-  worker.on("error", (e) => {
-    writeAll(2, Buffer.from(`ferry: ${e.stack ?? e}\n`));
-    process.exit(1);
-  });
 } else {
-  const { resume } = await import("./resume.js");
+  const { prefetch, resume } = await import("./resume.js");
   const { Refused, SpaceSource } = await import("./objects.js");
   const { SpaceSink, mountTrees } = await import("./capture.js");
   const { space, token, kappa, verbose, writeMounts, cell, lease } = workerData;
+  const source = new SpaceSource(space, token);
   const sink = new SpaceSink(space, token);
-  const t0 = performance.now();
-  try {
-    const r = await resume(new SpaceSource(space, token), kappa, {
-      suspendCell: cell,
-      onCtl: (buffer) => parentPort.postMessage({ ctl: buffer }),
-      onCheckpoint: ({ kappa }) => parentPort.postMessage({ checkpoint: kappa }),
-      sink,
-      // Taken over: each record goes to the session's log too (through the main thread).
-      stdout: (b) => {
-        writeAll(1, b);
-        if (lease) parentPort.postMessage({ out: 1, bytes: b });
-      },
-      stderr: (b) => {
-        writeAll(2, b);
-        if (lease) parentPort.postMessage({ out: 2, bytes: b });
-      },
-      progress: verbose ? (line) => writeAll(2, Buffer.from(`ferry: ${line} (${Math.round(performance.now() - t0)} ms)\n`)) : undefined,
+  const run = async (kappa) => {
+    const t0 = performance.now();
+    try {
+      const r = await resume(source, kappa, {
+        suspendCell: cell,
+        onCtl: (buffer) => parentPort.postMessage({ ctl: buffer }),
+        onCheckpoint: ({ kappa }) => parentPort.postMessage({ checkpoint: kappa }),
+        sink,
+        // Taken over: each record goes to the session's log too (through the main thread).
+        stdout: (b) => {
+          writeAll(1, b);
+          if (lease) parentPort.postMessage({ out: 1, bytes: b });
+        },
+        stderr: (b) => {
+          writeAll(2, b);
+          if (lease) parentPort.postMessage({ out: 2, bytes: b });
+        },
+        progress: verbose ? (line) => writeAll(2, Buffer.from(`ferry: ${line} (${Math.round(performance.now() - t0)} ms)\n`)) : undefined,
+      });
+      if (writeMounts) {
+        const { join } = await import("node:path");
+        for (const m of r.mounts) await writeTree(m.root, join(writeMounts, m.guestPath));
+      }
+      // A session taken over and ended here: what its mounts hold goes back with it.
+      let files;
+      if (lease && !r.suspended) {
+        const m = mountTrees(r.mounts);
+        await sink.send(m.objects);
+        files = m.trees;
+      }
+      parentPort.postMessage({ code: r.code, trap: r.trap, suspended: r.suspended, sent: r.sent, bytes: r.bytes, files });
+    } catch (e) {
+      if (e instanceof Refused) parentPort.postMessage({ refused: e.message });
+      else throw e;
+    }
+  };
+  if (kappa) await run(kappa);
+  else {
+    // Taking a session over: a pre-copy perhaps, then the snapshot lent.
+    parentPort.on("message", async (m) => {
+      if (m.prefetch) {
+        try {
+          parentPort.postMessage({ prefetched: await prefetch(source, m.prefetch) });
+        } catch (e) {
+          source.drop();
+          parentPort.postMessage({ prefetchFailed: e.message });
+        }
+      } else if (m.resume) {
+        parentPort.removeAllListeners("message");
+        await run(m.resume);
+      }
     });
-    if (writeMounts) {
-      const { join } = await import("node:path");
-      for (const m of r.mounts) await writeTree(m.root, join(writeMounts, m.guestPath));
-    }
-    // A session taken over and ended here: what its mounts hold goes back with it.
-    let files;
-    if (lease && !r.suspended) {
-      const m = mountTrees(r.mounts);
-      await sink.send(m.objects);
-      files = m.trees;
-    }
-    parentPort.postMessage({ code: r.code, trap: r.trap, suspended: r.suspended, sent: r.sent, bytes: r.bytes, files });
-  } catch (e) {
-    if (e instanceof Refused) parentPort.postMessage({ refused: e.message });
-    else throw e;
   }
 }
 

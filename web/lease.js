@@ -208,3 +208,21 @@ export class Lease {
     return r.json();
   }
 }
+
+/**
+ * A checkpoint to pre-copy before taking session `id` over: while it runs on its space, the
+ * space writes one (`POST …/checkpoint`; the guest goes on) and its κ is returned; null for a
+ * session that does not run (its lend moves nothing new), or if the space would not.
+ */
+export async function precopyPoint(base, token, id) {
+  base = base.replace(/\/+$/, "");
+  const path = `/v1/sessions/${encodeURIComponent(id)}`;
+  try {
+    const s = await (await spaceRequest(base, token, "GET", path, undefined, `session ${id}`)).json();
+    if (s.state !== "running") return null;
+    const c = await (await spaceRequest(base, token, "POST", `${path}/checkpoint`, "{}", `a checkpoint of ${id}`)).json();
+    return c.state === "running" ? c.snapshot ?? null : null;
+  } catch {
+    return null;
+  }
+}

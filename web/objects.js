@@ -54,6 +54,25 @@ export class SpaceSource {
     this.slots = concurrency;
     this.waiting = [];
     this.fetched = 0;
+    /** Objects kept once checked (κ hex → bytes), while `keep()` is on: a pre-copy. */
+    this.cache = null;
+  }
+
+  /** Keeps every object fetched from now on, so a later resume fetches only what it lacks. */
+  keep() {
+    this.cache ??= new Map();
+  }
+
+  /** Stops keeping objects, and frees those kept. */
+  drop() {
+    this.cache = null;
+  }
+
+  /** The kept object `k`, if there is one (of at most `max` bytes). */
+  kept(k, max) {
+    const b = this.cache?.get(k);
+    if (b !== undefined && b.length > max) throw new Refused(`object blake3:${k} is ${b.length} bytes, over the ${max} allowed for it`);
+    return b;
   }
 
   async slot() {
@@ -94,6 +113,7 @@ export class SpaceSource {
         const bytes = body.subarray(at + 49, at + 49 + len);
         if (hex(blake3(bytes)) !== k) throw new Refused(`object blake3:${k} does not hash to its κ (corrupt in transit or in the space)`);
         this.fetched += len;
+        this.cache?.set(k, bytes);
         out.push(bytes);
         at += 49 + len;
       }
@@ -106,6 +126,8 @@ export class SpaceSource {
 
   /** The bytes of object `k` (hex), checked against their κ; at most `max` bytes. */
   async get(k, max = 1 << 30) {
+    const had = this.kept(k, max);
+    if (had !== undefined) return had;
     await this.slot();
     try {
       const r = await spaceRequest(this.base, this.token, "GET", `/v1/objects/blake3:${k}`, undefined, `blake3:${k}`,
@@ -118,6 +140,7 @@ export class SpaceSource {
         throw new Refused(`object blake3:${k} does not hash to its κ (corrupt in transit or in the space${coded ? `, or sent as ${coded}, which this engine did not decode` : ""})`);
       }
       this.fetched += bytes.length;
+      this.cache?.set(k, bytes);
       return bytes;
     } finally {
       this.release();
@@ -132,9 +155,19 @@ export class SpaceSource {
  */
 export async function getMany(source, ks, max) {
   if (!(source instanceof SpaceSource)) return Promise.all(ks.map((k) => source.get(k, max)));
+  // What a pre-copy kept is not fetched again.
+  const out = ks.map((k) => source.kept(k, max));
+  const todo = [];
+  out.forEach((b, i) => {
+    if (b === undefined) todo.push(i);
+  });
   const parts = [];
-  for (let i = 0; i < ks.length; i += 256) parts.push(source.fetchBatch(ks.slice(i, i + 256), max));
-  return (await Promise.all(parts)).flat();
+  for (let i = 0; i < todo.length; i += 256) {
+    const at = todo.slice(i, i + 256);
+    parts.push(source.fetchBatch(at.map((j) => ks[j]), max).then((got) => got.forEach((b, n) => (out[at[n]] = b))));
+  }
+  await Promise.all(parts);
+  return out;
 }
 
 /** Objects held in memory (tests, and a page that was handed them): `Map` hex → bytes. */

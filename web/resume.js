@@ -43,6 +43,27 @@ export function trapCause(e) {
 }
 
 /**
+ * Pre-copy: fetches and checks the closure of snapshot `kappa` (a checkpoint of a session that
+ * still runs on its space) into `source`'s keeping (`SpaceSource.keep`), so that the resume
+ * of a later snapshot of it fetches only what changed. Returns the bytes fetched.
+ */
+export async function prefetch(source, kappa) {
+  source.keep();
+  const before = source.fetched;
+  const k = obj.parseKappa(kappa);
+  const snap = await obj.snapshot(source, k);
+  const state = await obj.wasiState(source, snap.wasi);
+  const budget = { entries: 0 };
+  await Promise.all(state.mounts.filter((m) => !m.hostBound).map((m) => materialize(source, m.tree, budget)));
+  await source.get(snap.stack, 1 << 30);
+  const images = await Promise.all(snap.memories.map((m) => obj.memory(source, m)));
+  await Promise.all(images.map((im) => obj.getMany(source, im.chunks.map(([, c]) => c), obj.CHUNK)));
+  if (snap.output) await obj.outputLogBytes(source, snap.output);
+  await source.get(snap.instrumented);
+  return source.fetched - before;
+}
+
+/**
  * Resumes snapshot `kappa` (`blake3:<hex>`) from `source` (a `SpaceSource`). `io`: stdout and
  * stderr (each called with a Uint8Array), progress (called with a line of text), stdin (a
  * Uint8Array, or null: end of file), realtime (a function giving ns since the epoch as BigInt),
@@ -92,6 +113,8 @@ export async function resume(source, kappa, io) {
   say(`fetching the instrumented module`);
   const code = await source.get(snap.instrumented);
   say(`verified ${(source.fetched / 1048576).toFixed(1)} MiB; compiling`);
+  // What a pre-copy kept is in use now; nothing more to keep.
+  source.drop?.();
   // With `ferry:ctl` shared, another thread can raise the poll flag while the guest runs.
   const shared = canShare() ? shareCtl(code) : null;
   let module;

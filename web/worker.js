@@ -9,10 +9,24 @@
 
 import { Refused, SpaceSource } from "./objects.js";
 import { SpaceSink, mountTrees } from "./capture.js";
-import { resume } from "./resume.js";
+import { prefetch, resume } from "./resume.js";
+
+// Kept across messages: what a pre-copy ({prefetch: κ, base, token}, answered with
+// {prefetched: bytes} or {prefetchFailed}) fetched, the resume that follows does not fetch again.
+let source = null;
 
 self.onmessage = async ({ data }) => {
-  const source = new SpaceSource(data.base, data.token);
+  if (data.prefetch) {
+    source = new SpaceSource(data.base, data.token);
+    try {
+      self.postMessage({ prefetched: await prefetch(source, data.prefetch) });
+    } catch (e) {
+      source.drop();
+      self.postMessage({ prefetchFailed: e.message });
+    }
+    return;
+  }
+  source ??= new SpaceSource(data.base, data.token);
   const sink = new SpaceSink(data.base, data.token);
   try {
     const r = await resume(source, data.kappa, {
