@@ -611,3 +611,23 @@ fn stored_snapshot(env: &Env, k: &str) -> (ferry_store::FsStore, ferry_object::S
     let snap = ferry_object::decode(&store.get(&k).unwrap()).unwrap();
     (store, snap)
 }
+
+/// The JavaScript space names the transform versions whose modules speak ferry's host
+/// contract; they must be ferry's own (`abi::OLDEST_COMPATIBLE..=INSTRUMENT_VERSION`), or a
+/// new transform's snapshots would be refused there (or an incompatible one admitted).
+#[test]
+fn the_javascript_space_speaks_the_host_contract_of_this_ferry() {
+    let js = std::fs::read_to_string(repo().join("web/resume.js")).unwrap();
+    let line = js
+        .lines()
+        .find(|l| l.starts_with("export const HOST_CONTRACT_VERSIONS"))
+        .expect("HOST_CONTRACT_VERSIONS in web/resume.js");
+    assert_eq!(
+        line,
+        format!(
+            "export const HOST_CONTRACT_VERSIONS = [{}, {}];",
+            ferry_instrument::abi::OLDEST_COMPATIBLE,
+            ferry_instrument::INSTRUMENT_VERSION
+        )
+    );
+}

@@ -408,6 +408,11 @@ impl Sessions {
             loop {
                 let deadline = *lock(&live.lease_deadline);
                 let Some(deadline) = deadline else { return };
+                // Given back or reclaimed (and perhaps lent again): another thread's lease.
+                let info = live.info();
+                if info.state != State::Lent || info.epoch != epoch {
+                    return;
+                }
                 let now = Instant::now();
                 if now < deadline {
                     std::thread::sleep((deadline - now).min(Duration::from_secs(1)));
