@@ -73,10 +73,10 @@ for i in $(seq "$rounds"); do
     t2=$(date +%s.%N); kill -INT "$pid"; wait "$pid" || true; t3=$(date +%s.%N)
     "$ferry" --space "$url" resume "$id" >/dev/null 2>&1; t4=$(date +%s.%N)
     "$ferry" --space "$url" kill "$id" >/dev/null 2>&1
-    pre=$(grep -o 'pre-copied checkpoint [^ ]* ([0-9.]* MiB) while the session ran on ([0-9]* ms' "$work/t" | grep -o '([0-9.]*' | tr -d '(' | tr '\n' ' ')
+    pre=$(grep -o 'pre-copied checkpoint [^ ]* ([0-9.]* MiB) while the session ran on ([0-9]* ms' "$work/t" | grep -o '([0-9.]*' | tr -d '(' | paste - - | awk '{n++; mib += $1; ms += $2; last = $1} END {printf "%d %.1f %d %.1f", n, mib, ms, last}')
     lend=$(grep -o 'the lend took [0-9]* ms' "$work/t" | grep -o '[0-9]*')
     runs=$(grep -o 'the guest runs ([0-9]* ms' "$work/t" | grep -o '[0-9]*')
     verified=$(grep -o 'verified [0-9.]* MiB' "$work/t" | grep -o '[0-9.]*')
     new=$(grep -o '[0-9]* objects, [0-9.]* MiB new' "$work/t")
-    echo "$i $pre $lend $runs $verified $t2 $t3 $t4" | awk -v new="$new" '{printf "  round %d: pre-copy %.0f MiB in %.2f s (the guest running on the space); downtime %.2f s (lend %.2f s, then %.0f MiB fetched and the guest restored in %.2f s); Ctrl-C to given back %.2f s (%s); resumed on the space %.2f s\n", $1, $2, $3 / 1000, ($4 + $5) / 1000, $4 / 1000, $6 - $2, $5 / 1000, $8 - $7, new, $9 - $8}'
+    echo "$i $pre $lend $runs $verified $t2 $t3 $t4" | awk -v new="$new" '{printf "  round %d: pre-copy %d rounds, %.0f MiB in %.2f s (the last %.1f MiB; the guest running on the space); downtime %.2f s (lend %.2f s, then %.1f MiB fetched and the guest restored in %.2f s); Ctrl-C to given back %.2f s (%s); resumed on the space %.2f s\n", $1, $2, $3, $4 / 1000, $5, ($6 + $7) / 1000, $6 / 1000, $8 - $3, $7 / 1000, $10 - $9, new, $11 - $10}'
 done

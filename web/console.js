@@ -6,7 +6,7 @@
 // only. `#resume=blake3:…&token=…` in the address starts a resume at once, `#take=SESSION`
 // a take-over (the fragment never reaches a server).
 
-import { Lease, precopyPoint } from "./lease.js";
+import { Lease, precopy } from "./lease.js";
 
 const base = location.origin;
 const $ = (id) => document.getElementById(id);
@@ -107,14 +107,13 @@ async function takeOver(id) {
   // Pre-copy: while the session still runs on the space, a checkpoint of it is fetched and
   // checked in the worker that will run it; after the lend only what changed since moves.
   const pre = new Worker(new URL("worker.js", import.meta.url), { type: "module" });
-  const k0 = await precopyPoint(base, token, id);
-  if (k0) {
-    status.textContent = `pre-copying ${k0} while the session runs on the space …`;
-    await new Promise((ok) => {
-      pre.onmessage = ok;
-      pre.postMessage({ prefetch: k0, base, token });
+  await precopy(base, token, id, (k) => {
+    status.textContent = `pre-copying ${k} while the session runs on the space …`;
+    return new Promise((ok) => {
+      pre.onmessage = ({ data }) => ok(data.prefetched ?? null);
+      pre.postMessage({ prefetch: k, base, token });
     });
-  }
+  });
   let lease;
   try {
     // A tab that is closed, or whose machine goes away, gives the session back to the space

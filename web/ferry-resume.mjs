@@ -121,22 +121,16 @@ if (isMainThread) {
     process.exit(1);
   });
   if (opts.session) {
-    const { Lease, precopyPoint } = await import("./lease.js");
+    const { Lease, precopy } = await import("./lease.js");
     const { hostname } = await import("node:os");
-    // Pre-copy: while the session still runs on the space, a checkpoint of it is fetched and
-    // checked here; after the lend only what changed since moves.
-    const k0 = await precopyPoint(opts.space, opts.token, opts.session);
-    if (k0) {
-      const t0 = performance.now();
-      const got = await new Promise((ok) => {
-        worker.once("message", ok);
-        worker.postMessage({ prefetch: k0 });
-      });
-      if (opts.verbose) {
-        say(got.prefetched !== undefined
-          ? `pre-copied checkpoint ${k0} (${(got.prefetched / 1048576).toFixed(1)} MiB) while the session ran on (${Math.round(performance.now() - t0)} ms)`
-          : `no pre-copy: ${got.prefetchFailed}`);
-      }
+    // Pre-copy: while the session still runs on the space, checkpoints of it are fetched and
+    // checked here, round after round; after the lend only what changed since moves.
+    const rounds = await precopy(opts.space, opts.token, opts.session, (k) => new Promise((ok) => {
+      worker.once("message", (m) => ok(m.prefetched ?? null));
+      worker.postMessage({ prefetch: k });
+    }));
+    if (opts.verbose) {
+      for (const r of rounds) say(`pre-copied checkpoint ${r.snapshot} (${(r.bytes / 1048576).toFixed(1)} MiB) while the session ran on (${r.ms} ms)`);
     }
     const t1 = performance.now();
     try {

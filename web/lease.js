@@ -226,3 +226,25 @@ export async function precopyPoint(base, token, id) {
     return null;
   }
 }
+
+/**
+ * Pre-copy rounds before taking session `id` over, as a live migration does: each round has
+ * the space checkpoint the running session and `fetch(κ)` fetch and keep that checkpoint's
+ * closure (resolving to the bytes it fetched: only what changed since the round before; null
+ * if it failed). Rounds go on while one fetches more than `stopBytes` and less than the one
+ * before, at most `maxRounds`. Returns the rounds: [{snapshot, bytes, ms}].
+ */
+export async function precopy(base, token, id, fetch, { maxRounds = 4, stopBytes = 4 << 20 } = {}) {
+  const rounds = [];
+  while (rounds.length < maxRounds) {
+    const k = await precopyPoint(base, token, id);
+    if (!k) break;
+    const t0 = performance.now();
+    const bytes = await fetch(k);
+    if (bytes === null) break;
+    rounds.push({ snapshot: k, bytes, ms: Math.round(performance.now() - t0) });
+    const before = rounds.at(-2);
+    if (bytes <= stopBytes || (before && bytes >= before.bytes)) break;
+  }
+  return rounds;
+}

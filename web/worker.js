@@ -17,7 +17,7 @@ let source = null;
 
 self.onmessage = async ({ data }) => {
   if (data.prefetch) {
-    source = new SpaceSource(data.base, data.token);
+    source ??= new SpaceSource(data.base, data.token);
     try {
       self.postMessage({ prefetched: await prefetch(source, data.prefetch) });
     } catch (e) {
