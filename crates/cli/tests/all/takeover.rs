@@ -9,7 +9,9 @@ use std::time::Duration;
 use ferry_space::SpaceClient;
 use ferry_space::api::{ReturnRequest, State};
 
-use crate::harness::{Env, SPACE_TOKEN, SpaceProc, dir_contents, guest, repo, suspended_kappa};
+use crate::harness::{
+    Env, SPACE_TOKEN, Seen, SpaceProc, dir_contents, guest, repo, suspended_kappa,
+};
 use crate::web::node;
 
 /// `ferry --space URL run --session ID ARGS…` on the space, which must start it.
@@ -65,6 +67,19 @@ fn resume_and_wait(here: &Env, space: &SpaceProc, id: &str) -> i32 {
     let (_, err, code) = here.output(&["--space", &space.url, "resume", id]);
     assert_eq!(code, 0, "{err}");
     here.output(&["--space", &space.url, "wait", id]).2
+}
+
+/// The session's whole log is `plain`'s output: stdout and stderr, each line once.
+fn same_log(here: &Env, space: &SpaceProc, id: &str, plain: &Seen) {
+    let (stdout, stderr) = logs(here, space, id);
+    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout), "{id}");
+    assert_eq!(stderr, plain.stderr, "{id}");
+}
+
+/// Resumes the suspended session on its space: it ends as `plain` did (exit code and log).
+fn resumed_ends_as(here: &Env, space: &SpaceProc, id: &str, plain: &Seen) {
+    assert_eq!(resume_and_wait(here, space, id), plain.code, "{id}");
+    same_log(here, space, id, plain);
 }
 
 fn check_files(here: &Env, space: &SpaceProc, id: &str, plain: &std::path::Path, what: &str) {
@@ -144,10 +159,7 @@ fn a_session_taken_over_by_v8_and_suspended_there_goes_on_on_its_space() {
         assert_eq!(back["epoch"], 2);
         assert!(back.get("lent_to").is_none(), "{back}");
 
-        assert_eq!(resume_and_wait(&here, &space, id), plain.code, "{id}");
-        let (stdout, stderr) = logs(&here, &space, id);
-        assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout), "{id}");
-        assert_eq!(stderr, plain.stderr, "{id}");
+        resumed_ends_as(&here, &space, id, &plain);
         check_files(&here, &space, id, &plain_dir, id);
     }
 }
@@ -266,10 +278,7 @@ fn a_reclaimed_session_fences_the_copy_it_was_lent_to() {
     assert_ne!(code, 0);
     assert!(err.contains("is suspended, not lent"), "{err}");
 
-    assert_eq!(resume_and_wait(&here, &space, "r"), 3);
-    let (stdout, stderr) = logs(&here, &space, "r");
-    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
-    assert_eq!(stderr, plain.stderr);
+    resumed_ends_as(&here, &space, "r", &plain);
 }
 
 /// A space that restarts while its session is lent keeps it lent (it cut its log back to the
@@ -298,9 +307,7 @@ fn a_lent_session_outlives_a_restart_of_its_space() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (stdout, stderr) = logs(&here, &space, "x");
-    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
-    assert_eq!(stderr, plain.stderr);
+    same_log(&here, &space, "x", &plain);
 }
 
 /// The same move into a browser tab: the console's "Take over", then its Suspend button.
@@ -331,10 +338,7 @@ fn a_session_taken_over_by_a_browser_tab_goes_on_on_its_space() {
     let s = space.session("b").unwrap();
     assert_eq!(s["state"], "suspended", "{s}");
     assert_eq!(s["snapshot"], suspended_kappa(&out).as_str());
-    assert_eq!(resume_and_wait(&here, &space, "b"), 5);
-    let (stdout, stderr) = logs(&here, &space, "b");
-    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
-    assert_eq!(stderr, plain.stderr);
+    resumed_ends_as(&here, &space, "b", &plain);
 }
 
 /// The protocol's checks, spoken directly: a holder's calls name its epoch; output goes on
@@ -414,27 +418,17 @@ fn the_lending_protocol_checks_every_call() {
     assert_eq!(e.status, 422);
     assert!(e.msg.contains("does not go on from"), "{e}");
     // A checkpoint must go on from the session's last snapshot too, and name the epoch.
-    let e = c
-        .checkpointed(
-            "p",
-            &ferry_space::api::CheckpointedRequest {
-                epoch: 2,
-                snapshot: lent.snapshot.clone(),
-            },
-        )
-        .unwrap_err();
+    let checkpoint = |epoch| {
+        let req = ferry_space::api::CheckpointedRequest {
+            epoch,
+            snapshot: lent.snapshot.clone(),
+        };
+        c.checkpointed("p", &req).unwrap_err()
+    };
+    let e = checkpoint(2);
     assert_eq!(e.status, 422);
     assert!(e.msg.contains("does not go on from"), "{e}");
-    let e = c
-        .checkpointed(
-            "p",
-            &ferry_space::api::CheckpointedRequest {
-                epoch: 1,
-                snapshot: lent.snapshot.clone(),
-            },
-        )
-        .unwrap_err();
-    assert_eq!(e.status, 409, "{e}");
+    assert_eq!(checkpoint(1).status, 409);
     // Never run there: back as it was lent, the output sent since gone.
     let s = give(ReturnRequest {
         epoch: 2,
@@ -524,10 +518,7 @@ fn a_reclaim_goes_back_to_the_holders_last_checkpoint() {
     );
     let cut = logs(&here, &space, "c").1;
     assert!(cut.len() > lent_log.len(), "{cut}");
-    assert_eq!(resume_and_wait(&here, &space, "c"), 3);
-    let (stdout, stderr) = logs(&here, &space, "c");
-    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
-    assert_eq!(stderr, plain.stderr);
+    resumed_ends_as(&here, &space, "c", &plain);
 }
 
 /// Taken with a lease, a session stays lent while its client speaks — here a guest that prints
