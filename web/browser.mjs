@@ -60,6 +60,9 @@ setTimeout(() => {
   console.error(`browser.mjs: no outcome within ${timeout / 1000} s`);
   done(1);
 }, timeout).unref();
+// Stopped from outside (Ctrl-C, `timeout`): the browser goes too.
+process.on("SIGINT", () => done(130));
+process.on("SIGTERM", () => done(143));
 
 // Chromium prints `DevTools listening on ws://…` once it is ready.
 const wsUrl = await new Promise((ok, fail) => {

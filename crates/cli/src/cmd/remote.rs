@@ -213,7 +213,14 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
         };
         let whereabouts = match (&s.moved_to, &s.migrating_to, &s.snapshot) {
             (Some(to), _, _) => format!("moved to {to}"),
-            _ if s.lent_to.is_some() => format!("lent to {}", s.lent_to.as_deref().unwrap_or("")),
+            // A browser describes itself at length (its user agent): the start says enough.
+            (_, _, _) if s.lent_to.is_some() => {
+                let who = s.lent_to.as_deref().unwrap_or("");
+                match who.char_indices().nth(48) {
+                    Some((at, _)) => format!("lent to {}…", &who[..at]),
+                    None => format!("lent to {who}"),
+                }
+            }
             (_, Some(to), _) => format!("moving to {to}"),
             (_, _, Some(k)) => k.chars().take(19).collect(),
             _ => "-".into(),
