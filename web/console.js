@@ -104,6 +104,16 @@ async function takeOver(id) {
   window.ferryOutcome = undefined;
   document.title = "ferry console: resuming";
   status.textContent = `taking session ${id} over …`;
+  const refuse = (why) => {
+    status.textContent = `refused: ${why}`;
+    window.ferryOutcome = { refused: why, stdout: "", stderr: "" };
+    document.title = "ferry console: refused";
+  };
+  try {
+    await Lease.check(base, token, id);
+  } catch (e) {
+    return refuse(e.message);
+  }
   // Pre-copy: while the session still runs on the space, a checkpoint of it is fetched and
   // checked in the worker that will run it; after the lend only what changed since moves.
   const pre = new Worker(new URL("worker.js", import.meta.url), { type: "module" });
@@ -121,10 +131,7 @@ async function takeOver(id) {
     lease = await Lease.take(base, token, id, `a browser tab (${navigator.userAgent})`, { leaseMs: 120000 });
   } catch (e) {
     pre.terminate();
-    status.textContent = `refused: ${e.message}`;
-    window.ferryOutcome = { refused: e.message, stdout: "", stderr: "" };
-    document.title = "ferry console: refused";
-    return;
+    return refuse(e.message);
   }
   lease.onFailed = (why) => {
     if (worker) worker.terminate();

@@ -123,6 +123,12 @@ if (isMainThread) {
   if (opts.session) {
     const { Lease, precopy } = await import("./lease.js");
     const { hostname } = await import("node:os");
+    try {
+      await Lease.check(opts.space, opts.token, opts.session);
+    } catch (e) {
+      say(`refused: ${e.message}`);
+      process.exit(EX_REFUSED);
+    }
     // Pre-copy: while the session still runs on the space, checkpoints of it are fetched and
     // checked here, round after round; after the lend only what changed since moves.
     const rounds = await precopy(opts.space, opts.token, opts.session, (k) => new Promise((ok) => {

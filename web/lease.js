@@ -36,6 +36,16 @@ export class Lease {
     return lease;
   }
 
+  /**
+   * Whether session `id` could be taken over now (the space's policy, the session's state):
+   * nothing is lent. Throws `Refused` with the space's reason — before a pre-copy, so that a
+   * refusal costs no transfer.
+   */
+  static async check(base, token, id) {
+    base = base.replace(/\/+$/, "");
+    await spaceRequest(base, token, "POST", `/v1/sessions/${encodeURIComponent(id)}/lend`, JSON.stringify({ client: "", dry_run: true }), `the lend of session ${id}`, () => `the space has no session \`${id}\``);
+  }
+
   constructor(base, token, id, lent) {
     this.base = base;
     this.token = token;

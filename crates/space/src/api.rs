@@ -312,6 +312,10 @@ pub struct LendRequest {
     /// checkpoints and empty appends renew it. Absent: lent until given back or reclaimed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ms: Option<u64>,
+    /// Only check that the session could be lent now (this space's policy, its state): nothing
+    /// is lent, and the answer's epoch and snapshot are the session's as they are.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// Shortest lease a client may take a session with (ms).

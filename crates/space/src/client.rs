@@ -632,6 +632,7 @@ impl SpaceClient {
         let req = crate::api::LendRequest {
             client: client.to_owned(),
             lease_ms: None,
+            dry_run: false,
         };
         self.post(&format!("/v1/sessions/{id}/lend"), &req)
     }

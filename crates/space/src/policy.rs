@@ -18,11 +18,15 @@
 //! # Run a snapshot made by another version of ferry's transform with its own instrumented
 //! # module even if this space did not derive it from the program (absent: false).
 //! trust_instrumented = false
+//! # Let clients outside the space (a browser tab, Node) take sessions over: the guest then
+//! # runs where this policy does not reach (absent: false).
+//! lend = false
 //! ```
 //!
 //! Without `--policy` a space grants every mount (writable, backed by fresh directories
 //! under its own data directory — never an existing host path), every variable, any memory
-//! size and both engines, and trusts the instrumented modules of other versions.
+//! size and both engines, trusts the instrumented modules of other versions, and lends
+//! sessions.
 
 use std::path::{Path, PathBuf};
 
@@ -42,6 +46,8 @@ struct PolicyFile {
     engines: Option<Vec<String>>,
     #[serde(default)]
     trust_instrumented: bool,
+    #[serde(default)]
+    lend: bool,
 }
 
 /// One `[[mount]]` rule.
@@ -65,6 +71,9 @@ pub struct Policy {
     /// Whether a snapshot of another transform version may run its own instrumented module
     /// when this space did not derive it ([`ferry_engine::OtherVersions`]).
     pub trust_instrumented: bool,
+    /// Whether a session may be lent to a client outside the space (`POST
+    /// /v1/sessions/{id}/lend`), where this policy does not reach.
+    pub lend: bool,
     /// Where backing directories go when a rule names no `host`.
     pub default_root: PathBuf,
     /// Where the policy came from, for messages.
@@ -91,6 +100,7 @@ impl Policy {
             max_memory: None,
             engines: None,
             trust_instrumented: true,
+            lend: true,
             default_root,
             source: "the default policy".into(),
         }
@@ -123,6 +133,7 @@ impl Policy {
             max_memory: f.max_memory_mib.map(|m| m << 20),
             engines: f.engines,
             trust_instrumented: f.trust_instrumented,
+            lend: f.lend,
             default_root,
             source: source.to_owned(),
         })
@@ -285,6 +296,14 @@ mod tests {
             Policy::permissive("/d".into()).other_versions(),
             OtherVersions::Trusted
         );
+    }
+
+    /// Sessions leave for a tab only where a policy file says so (or none restricts anything).
+    #[test]
+    fn sessions_are_lent_only_when_told() {
+        assert!(!policy("version = 1").expect("valid").lend);
+        assert!(policy("version = 1\nlend = true").expect("valid").lend);
+        assert!(Policy::permissive("/d".into()).lend);
     }
 
     #[test]

@@ -569,3 +569,32 @@ fn a_session_comes_back_when_its_lease_runs_out() {
     let (_, err, code) = here.output(&["--space", &space.url, "kill", "l"]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// A space whose policy file does not say `lend = true` keeps its sessions: taking one over
+/// is refused with the reason, and the session runs on.
+#[test]
+fn a_space_lends_only_where_its_policy_says_so() {
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let policy = here.path("policy.toml");
+    std::fs::write(&policy, "version = 1\n").unwrap();
+    let space = SpaceProc::start(&["--policy", policy.to_str().unwrap()]);
+    let sleepy = guest("wasm/sleepy.wasm");
+    run_on(
+        &here,
+        &space,
+        "n",
+        &[sleepy.to_str().unwrap(), "--", "100", "3"],
+    );
+    let out = take_over_in_v8(&space, "n").wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(65), "{err}");
+    assert!(
+        err.contains("does not let sessions be taken over") && err.contains("lend = true"),
+        "{err}"
+    );
+    // Refused before any pre-copy: no checkpoint was taken.
+    let s = space.session("n").unwrap();
+    assert_eq!(s["state"], "running", "{s}");
+    assert!(s.get("snapshot").is_none(), "{s}");
+    assert_eq!(here.output(&["--space", &space.url, "wait", "n"]).2, 3);
+}

@@ -67,6 +67,29 @@ fn client_name(s: &str) -> String {
     }
 }
 
+/// Whether the session can be lent now: suspended (or, with `running`, running), and not
+/// moving; else the refusal.
+fn lendable(info: &SessionInfo, running: bool) -> Result<(), ApiError> {
+    let id = &info.id;
+    match info.state {
+        State::Running if running && info.migrating_to.is_none() => Ok(()),
+        State::Suspended if info.migrating_to.is_none() => Ok(()),
+        State::Lent => Err(lent_refusal(info)),
+        State::Moved => Err(ApiError::conflict(format!(
+            "session `{id}` moved to {}; take it over there",
+            info.moved_to.as_deref().unwrap_or_default()
+        ))),
+        s => Err(ApiError::conflict(format!(
+            "session `{id}` is {}; only a running or suspended session can be taken over",
+            if info.migrating_to.is_some() {
+                "moving"
+            } else {
+                s.name()
+            }
+        ))),
+    }
+}
+
 impl Sessions {
     /// `POST /v1/sessions/{id}/lend`: a running session is suspended first; the record says
     /// `lent` (durably) before the client hears of it.
@@ -80,31 +103,29 @@ impl Sessions {
             )));
         }
         let live = self.get(id)?;
+        if !self.cfg.policy.lend {
+            return Err(ApiError::forbidden(format!(
+                "{} does not let sessions be taken over by clients outside the space (`lend = \
+                 true` would)",
+                self.cfg.policy.source
+            )));
+        }
+        if req.dry_run {
+            let info = live.info();
+            lendable(&info, true)?;
+            return Ok(Lent {
+                snapshot: info.snapshot.clone().unwrap_or_default(),
+                epoch: info.epoch,
+                log_len: 0,
+                session: info,
+            });
+        }
         if live.info().state == State::Running {
             self.stop(id, Request::Suspend, false)?;
         }
         let _turn = lock(&live.turn);
         let info = live.info();
-        match info.state {
-            State::Suspended if info.migrating_to.is_none() => {}
-            State::Lent => return Err(lent_refusal(&info)),
-            State::Moved => {
-                return Err(ApiError::conflict(format!(
-                    "session `{id}` moved to {}; take it over there",
-                    info.moved_to.unwrap_or_default()
-                )));
-            }
-            s => {
-                return Err(ApiError::conflict(format!(
-                    "session `{id}` is {}; only a running or suspended session can be taken over",
-                    if info.migrating_to.is_some() {
-                        "moving"
-                    } else {
-                        s.name()
-                    }
-                )));
-            }
-        }
+        lendable(&info, false)?;
         let k = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
         // The client continues the snapshot's log, byte for byte.
         let log = self.read_log(&info).map_err(ApiError::internal)?;
