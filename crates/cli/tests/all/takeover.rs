@@ -316,7 +316,9 @@ fn a_session_taken_over_by_a_browser_tab_goes_on_on_its_space() {
     let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
     let space = SpaceProc::start(&[]);
     let sleepy = guest("wasm/sleepy.wasm");
-    let args = [sleepy.to_str().unwrap(), "--", "80", "5"];
+    // Long enough (150 steps of 30 ms) that the guest is still running in the tab when the
+    // suspend comes, even when a loaded machine makes the pre-copy and the tab slow.
+    let args = [sleepy.to_str().unwrap(), "--", "150", "5"];
     let plain = here.plain(&args);
     run_on(&here, &space, "b", &args);
     std::thread::sleep(Duration::from_millis(200));
@@ -328,7 +330,7 @@ fn a_session_taken_over_by_a_browser_tab_goes_on_on_its_space() {
             "--session",
             "b",
             "--suspend-after",
-            "600",
+            "300",
         ])
         .env("FERRY_TOKEN", SPACE_TOKEN)
         .output()

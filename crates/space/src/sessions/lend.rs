@@ -326,6 +326,17 @@ impl Sessions {
                 "snapshot {k} does not go on from {before}, session `{id}`'s last snapshot"
             )));
         }
+        // The same program: a client holds the session's continuation, not a new one.
+        let prior: ferry_object::Snapshot = self
+            .store
+            .get(&before)
+            .map_err(ApiError::internal)
+            .and_then(|b| ferry_object::decode(&b).map_err(ApiError::internal))?;
+        if got.snapshot.module != prior.module || got.snapshot.instrumented != prior.instrumented {
+            return Err(ApiError::unprocessable(format!(
+                "snapshot {k} is of another module than session `{id}`"
+            )));
+        }
         let have = log.bytes();
         let carried = got.output.unwrap_or_default();
         if !carried.starts_with(&have) && (last || !have.starts_with(&carried)) {
