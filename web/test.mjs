@@ -11,7 +11,7 @@
 // exits 1 on the first failure.
 
 import { readFileSync } from "node:fs";
-import { blake3, hex } from "./blake3.js";
+import { HASHER, blake3, blake3Js, hex } from "./blake3.js";
 import { CborError, decode, encode } from "./cbor.js";
 import * as objects from "./objects.js";
 import { MapSource, Refused, SpaceSource, snapshot } from "./objects.js";
@@ -47,8 +47,14 @@ async function refusesAsync(what, f, text) {
 for (const { len, kappa } of JSON.parse(readFileSync(process.argv[2], "utf8"))) {
   const b = new Uint8Array(len);
   for (let i = 0; i < len; i++) b[i] = i % 251;
-  check(`BLAKE3 of ${len} bytes is ferry's κ`, hex(blake3(b)) === kappa);
+  check(`BLAKE3 of ${len} bytes is ferry's κ (${HASHER})`, hex(blake3(b)) === kappa);
+  check(`BLAKE3 of ${len} bytes in plain JavaScript is ferry's κ`, hex(blake3Js(b)) === kappa);
+  // Not at the start of its buffer, not 4-byte aligned.
+  const off = new Uint8Array(len + 3);
+  off.set(b, 3);
+  check(`BLAKE3 of ${len} unaligned bytes is ferry's κ`, hex(blake3(off.subarray(3))) === kappa && hex(blake3Js(off.subarray(3))) === kappa);
 }
+check("the hasher is the WebAssembly one", HASHER === "wasm-simd");
 
 const bytes = (...xs) => new Uint8Array(xs);
 // {"a": 1, "bb": [true, null, h'01']}

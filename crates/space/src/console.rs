@@ -24,6 +24,11 @@ const FILES: &[(&str, &str, &[u8])] = &[
     ("wasi.js", JS, include_bytes!("../../../web/wasi.js")),
     ("cbor.js", JS, include_bytes!("../../../web/cbor.js")),
     ("blake3.js", JS, include_bytes!("../../../web/blake3.js")),
+    (
+        "blake3-wasm.js",
+        JS,
+        include_bytes!("../../../web/blake3-wasm.js"),
+    ),
 ];
 const JS: &str = "text/javascript; charset=utf-8";
 

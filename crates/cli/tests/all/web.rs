@@ -363,6 +363,15 @@ fn v8_refuses_what_it_cannot_resume_with_the_reason() {
 
 #[test]
 fn the_javascript_hash_and_decoder_agree_with_ferry() {
+    // The WebAssembly hasher in web/blake3-wasm.js is built from web/hasher/blake3.c as it is
+    // (web/hasher/build.sh writes the source's κ next to the module).
+    let source = std::fs::read(repo().join("web/hasher/blake3.c")).unwrap();
+    let built = std::fs::read_to_string(repo().join("web/blake3-wasm.js")).unwrap();
+    let want = format!("SOURCE = \"{}\"", ferry_kappa::Kappa::of(&source));
+    assert!(
+        built.contains(&want),
+        "web/blake3-wasm.js is not built from web/hasher/blake3.c as it is: run web/hasher/build.sh"
+    );
     let env = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
     let vectors: Vec<serde_json::Value> = [
         0u32,
@@ -378,9 +387,18 @@ fn the_javascript_hash_and_decoder_agree_with_ferry() {
         3072,
         3073,
         4096,
+        4097,
+        5119,
+        5120,
+        5121,
+        9216,
+        31 * 1024,
+        65535,
         65536,
+        65537,
         100_000,
         1 << 20,
+        (1 << 20) + 4 * 1024 + 1,
     ]
     .iter()
     .map(|&len| {
@@ -431,10 +449,12 @@ fn the_javascript_hash_and_decoder_agree_with_ferry() {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        text.contains(&format!("ok {} BLAKE3 of 1048576 bytes", vectors.len())),
+    assert_eq!(
+        text.matches("bytes is ferry's κ (wasm-simd)").count(),
+        vectors.len(),
         "{text}"
     );
+    assert!(text.contains("the hasher is the WebAssembly one"), "{text}");
     assert!(text.contains("re-encode to ferry's very bytes"), "{text}");
     assert!(
         text.contains("mutated objects are read or refused"),
