@@ -120,6 +120,8 @@ function chunkBody(bytes, at, len, counter, cv) {
 
 /** The WebAssembly hasher, or null where it cannot be compiled (no SIMD, a page's policy). */
 const simd = (() => {
+  // `FERRY_HASHER=javascript` (Node): plain JavaScript, to measure one against the other.
+  if (globalThis.process?.env?.FERRY_HASHER === "javascript") return null;
   try {
     const bin = atob(WASM);
     const code = new Uint8Array(bin.length);
