@@ -750,6 +750,15 @@ impl Sessions {
         if let Some(max) = self.cfg.policy.max_memory {
             control.limit_memory(max);
         }
+        if live.info().checkpoint_every_ms.is_some() {
+            // As `ferry run --checkpoint-every`: each checkpoint (periodic, asked for, or a
+            // migration's pre-copy round) comes after a pass that copies the changed memory
+            // while the guest runs, so the guest pauses only for what it wrote meanwhile
+            // (`FERRY_PRE_WRITE_CHECKPOINTS=off`: for all of it).
+            control.pre_write_before_checkpoints(
+                std::env::var("FERRY_PRE_WRITE_CHECKPOINTS").map_or(true, |v| v != "off"),
+            );
+        }
         if hold {
             let (htx, hrx) = mpsc::channel::<HoldCmd>();
             *lock(&live.hold) = Some(htx);
@@ -1189,7 +1198,11 @@ impl Sessions {
         }
         let before = info.snapshot.clone();
         let failures = info.snapshot_failures;
-        control.request(r);
+        match r {
+            // After a pass of the pre-writer where the session has one.
+            Request::Checkpoint => control.request_checkpoint(),
+            _ => control.request(r),
+        }
         let waiting = |i: &SessionInfo| match r {
             Request::Suspend => i.state.is_live(),
             _ => i.snapshot == before && i.state.is_live(),
@@ -1770,7 +1783,7 @@ fn spawn_checkpointer(live: Arc<Live>, mine: u64, control: Arc<Control>, every: 
                     return;
                 }
                 if info.state == State::Running && info.migrating_to.is_none() {
-                    control.request(Request::Checkpoint);
+                    control.request_checkpoint();
                 }
             }
         });
