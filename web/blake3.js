@@ -141,7 +141,13 @@ export function blake3(bytes) {
   if (simd === null) return blake3Js(bytes);
   const { memory, at, hash } = simd;
   const need = at + bytes.length;
-  if (need > memory.buffer.byteLength) memory.grow(Math.ceil((need - memory.buffer.byteLength) / 65536));
+  if (need > memory.buffer.byteLength) {
+    try {
+      memory.grow(Math.ceil((need - memory.buffer.byteLength) / 65536));
+    } catch {
+      return blake3Js(bytes); // no room for a copy of this much: hash it where it is
+    }
+  }
   new Uint8Array(memory.buffer, at, bytes.length).set(bytes);
   return new Uint8Array(memory.buffer, hash(bytes.length), 32).slice();
 }
