@@ -392,9 +392,7 @@ impl Execution<'_> {
             // Each comes after a pass that copies the changed memory while the guest runs,
             // so it pauses only for what the guest wrote meanwhile
             // (`FERRY_PRE_WRITE_CHECKPOINTS=off`: for all of it).
-            self.control.pre_write_before_checkpoints(
-                std::env::var("FERRY_PRE_WRITE_CHECKPOINTS").map_or(true, |v| v != "off"),
-            );
+            self.control.pre_write_before_checkpoints_unless_off();
             let c = self.control.clone();
             std::thread::spawn(move || {
                 loop {

@@ -296,6 +296,15 @@ impl Control {
         self.pre_write_checkpoints.store(on, Ordering::SeqCst);
     }
 
+    /// [`Control::pre_write_before_checkpoints`] as this host is told to: on, unless
+    /// `FERRY_PRE_WRITE_CHECKPOINTS=off` (for all that changed, at once) — for runs with
+    /// periodic checkpoints, local (`ferry run --checkpoint-every`) or on a space.
+    pub fn pre_write_before_checkpoints_unless_off(&self) {
+        self.pre_write_before_checkpoints(
+            std::env::var("FERRY_PRE_WRITE_CHECKPOINTS").map_or(true, |v| v != "off"),
+        );
+    }
+
     /// Whether this run has a pre-writer (on the JIT): an interval, or passes before
     /// checkpoints only.
     pub(crate) fn pre_writes(&self) -> bool {

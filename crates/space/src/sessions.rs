@@ -750,14 +750,12 @@ impl Sessions {
         if let Some(max) = self.cfg.policy.max_memory {
             control.limit_memory(max);
         }
-        if live.info().checkpoint_every_ms.is_some() {
+        let info = live.info();
+        if info.checkpoint_every_ms.is_some() {
             // As `ferry run --checkpoint-every`: each checkpoint (periodic, asked for, or a
             // migration's pre-copy round) comes after a pass that copies the changed memory
-            // while the guest runs, so the guest pauses only for what it wrote meanwhile
-            // (`FERRY_PRE_WRITE_CHECKPOINTS=off`: for all of it).
-            control.pre_write_before_checkpoints(
-                std::env::var("FERRY_PRE_WRITE_CHECKPOINTS").map_or(true, |v| v != "off"),
-            );
+            // while the guest runs, so the guest pauses only for what it wrote meanwhile.
+            control.pre_write_before_checkpoints_unless_off();
         }
         if hold {
             let (htx, hrx) = mpsc::channel::<HoldCmd>();
@@ -800,7 +798,6 @@ impl Sessions {
             });
         }
         let (me, l) = (self.clone(), live.clone());
-        let info = live.info();
         std::thread::Builder::new()
             .name(format!("session-{}", info.id))
             .stack_size(GUEST_STACK)
