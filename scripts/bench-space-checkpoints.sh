@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How long a space session's periodic checkpoints stop its guest (docs/benchmarks.md,
 # "Checkpoints pre-written"): a `dirty` guest of MIB MiB (~1% of its pages rewritten per
-# 100 ms) run on a fresh space (durable disk store) with `--checkpoint-every 3s` for ~13 s,
+# 100 ms) run on a fresh space (durable disk store) with `--checkpoint-every 3s` for ~14 s,
 # alternately with the pass that copies the changed memory before each checkpoint (the
 # default) and without it (FERRY_PRE_WRITE_CHECKPOINTS=off); prints each checkpoint's pause
 # (`total_ms` of the space's "snapshot written" lines: from the safe point until the guest
