@@ -16,6 +16,9 @@ command -v make >/dev/null || need+=(make) # jemalloc, ferry's allocator, is bui
 command -v skopeo >/dev/null || need+=(skopeo)
 # The JavaScript space's tests run on Node 24, fetched with npm (scripts/fetch-node.sh).
 command -v npm >/dev/null || need+=(npm)
+# A peer that goes silent mid-migration (tests `migrate::a_destination_that_goes_silent_*`):
+# nftables drops every packet to and from one port, as a powered-off machine would.
+command -v nft >/dev/null || need+=(nftables)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive

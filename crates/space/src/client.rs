@@ -23,13 +23,18 @@ pub struct RemoteStore {
 }
 
 /// An HTTP agent for talking to a space: non-2xx answers are returned, not errors (their
-/// reason is read and reported), and connecting gives up after 5 s.
+/// reason is read and reported), connecting gives up after 5 s, and a connection whose peer
+/// goes silent is given up after [`crate::net::peer_silence`].
 fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
+    let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_connect(Some(std::time::Duration::from_secs(5)))
-        .build()
-        .new_agent()
+        .build();
+    ureq::Agent::with_parts(
+        config,
+        crate::net::PeerConnector,
+        ureq::unversioned::resolver::DefaultResolver::default(),
+    )
 }
 
 impl std::fmt::Debug for RemoteStore {

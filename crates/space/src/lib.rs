@@ -17,6 +17,7 @@ pub mod api;
 mod client;
 mod console;
 pub mod gc;
+pub mod net;
 pub mod policy;
 mod server;
 pub mod sessions;

@@ -691,7 +691,16 @@ pub fn router(space: Arc<Space>) -> Router {
 }
 
 /// Serves `space` on `listener` until Ctrl-C / SIGTERM.
+/// Every accepted connection watches its peer ([`crate::net::watch_peer`]): a client that
+/// goes silent in the middle of a request is given up instead of holding it for good.
 pub async fn serve(listener: tokio::net::TcpListener, space: Arc<Space>) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let silence = crate::net::peer_silence();
+    let listener = listener.tap_io(move |tcp| {
+        if let Err(e) = crate::net::watch_peer(socket2::SockRef::from(&*tcp), silence) {
+            warn!(error = %e, "could not set keep-alive on a connection");
+        }
+    });
     axum::serve(listener, router(space))
         .with_graceful_shutdown(async {
             let ctrl_c = tokio::signal::ctrl_c();

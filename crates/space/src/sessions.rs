@@ -1441,9 +1441,15 @@ impl Sessions {
         };
         // 3. Final delta.
         let t = Instant::now();
+        // The guest runs here again before the destination is told to drop its copy (which
+        // may take until the destination is given up, if it went silent).
         let s = match send_closure(self.store.as_ref(), dest_store, k, &mut |_, _| {}) {
             Ok(s) => s,
-            Err(e) => return Err(resume_here(self, unreachable("final delta", &e))),
+            Err(e) => {
+                let e = resume_here(self, unreachable("final delta", &e));
+                let _ = dest.abort(&id, Decision { epoch });
+                return Err(e);
+            }
         };
         report.final_objects = s.moved;
         report.final_bytes = s.bytes;
@@ -1456,8 +1462,9 @@ impl Sessions {
         let prepared = dest.prepare(&prepare_at(k));
         let t_prepare = t.elapsed();
         if let Err(e) = prepared {
+            let e = resume_here(self, refused(e));
             let _ = dest.abort(&id, Decision { epoch });
-            return Err(resume_here(self, refused(e)));
+            return Err(e);
         }
         fault("prepared");
         // 5. Commit point: the move is recorded here, durably. From now on the session

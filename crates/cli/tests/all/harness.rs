@@ -602,6 +602,10 @@ impl SpaceProc {
         Some(serde_json::from_slice(&r.body_mut().read_to_vec().unwrap()).unwrap())
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     pub fn state(&self, id: &str) -> Option<String> {
         self.session(id)
             .map(|s| s["state"].as_str().unwrap().to_owned())
@@ -611,5 +615,58 @@ impl SpaceProc {
 impl Drop for SpaceProc {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Every packet to and from a TCP port of this machine dropped (an nftables table of its own,
+/// deleted on drop): the server there has gone silent — its machine powered off, or cut off
+/// by the network — instead of closing its connections. Needs root; `None` where nftables
+/// cannot be used, except under CI (`CI` set), where that fails the test.
+pub struct Blackhole {
+    table: String,
+}
+
+impl Blackhole {
+    pub fn port(port: u16) -> Option<Self> {
+        let table = format!("ferry_test_{}_{port}", std::process::id());
+        let rules = format!(
+            "add table inet {table}\n\
+             add chain inet {table} out {{ type filter hook output priority 0; }}\n\
+             add rule inet {table} out tcp dport {port} drop\n\
+             add rule inet {table} out tcp sport {port} drop\n"
+        );
+        let added = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(rules.as_bytes())?;
+                c.wait_with_output()
+            });
+        match added {
+            Ok(o) if o.status.success() => Some(Self { table }),
+            r => {
+                let why = match r {
+                    Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
+                    Err(e) => e.to_string(),
+                };
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "nftables is needed to make a peer go silent: {why}"
+                );
+                eprintln!("skipped: nftables cannot be used here (needs root): {why}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", &self.table])
+            .status();
     }
 }

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{Env, SPACE_TOKEN, SpaceProc, dir_contents, guest};
+use crate::harness::{Blackhole, Env, SPACE_TOKEN, SpaceProc, dir_contents, guest};
 
 /// `cli`, which must succeed.
 fn ok(here: &Env, space: &str, args: &[&str]) {
@@ -695,6 +695,101 @@ fn a_connection_cut_during_pre_copy_leaves_the_source_running_and_a_retry_moves_
     let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(report["outcome"], "committed");
     assert_finished_like(&here, &a.url, "cut", &plain.stdout);
+}
+
+/// A move from A to B in which B goes silent at `step` — every packet to and from it dropped,
+/// as when its machine is powered off or cut off — while A holds there (`FERRY_FAULT_PAUSE`).
+/// A gives B up after its peer silence (3 s here) instead of the kernel's ~15 minutes.
+/// Returns the two spaces (B heard again), the guest's plain output, and what `migrate`
+/// printed: stdout, stderr, exit code. `None` where nftables cannot be used.
+#[allow(clippy::type_complexity)]
+fn move_to_a_destination_that_goes_silent(
+    step: &str,
+) -> Option<(SpaceProc, SpaceProc, Vec<u8>, (String, String, i32))> {
+    let here = client();
+    let a = SpaceProc::start_with_vars(
+        &[
+            ("FERRY_FAULT_PAUSE", &format!("{step}:1500")),
+            ("FERRY_PEER_SILENCE_MS", "3000"),
+        ],
+        &[],
+    );
+    let b = SpaceProc::start(&[]);
+    let g = guest("wasm/cpu.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", "400"]);
+    ok(
+        &here,
+        &a.url,
+        &["run", "--session", "bh", g.to_str().unwrap(), "--", "400"],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (from, to) = (a.url.clone(), b.url.clone());
+    std::thread::spawn(move || {
+        let _ = tx.send(cli(&client(), &from, &["migrate", "bh", "--to", &to]));
+    });
+    let held = if step == "committed" {
+        "moved"
+    } else {
+        "suspended"
+    };
+    eventually("the source holds at the step", || {
+        a.state("bh").as_deref() == Some(held)
+    });
+    let silent = Blackhole::port(b.port())?;
+    let t = Instant::now();
+    let done = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("migrate still waits on a silent destination after 60 s");
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "migrate took {:?} to give the destination up",
+        t.elapsed()
+    );
+    drop(silent);
+    Some((a, b, plain.stdout, done))
+}
+
+/// B goes silent once A has paused the guest (the final delta and prepare then get no
+/// answer): A gives B up, the guest runs on at A, and B, heard again, drops the copy it was
+/// holding from the pre-copy rounds. One copy finishes, as an uninterrupted run does.
+#[test]
+fn a_destination_that_goes_silent_after_the_pause_is_given_up_and_the_guest_runs_on() {
+    let Some((a, b, plain, (_, err, code))) = move_to_a_destination_that_goes_silent("suspended")
+    else {
+        return;
+    };
+    assert_ne!(code, 0);
+    assert!(err.contains("migration aborted"), "{err}");
+    assert!(err.contains("silent") || err.contains("timeout"), "{err}");
+    eprintln!("migrate: {err}");
+    // Resumed at A (it may have ended by now).
+    let at_a = a.state("bh");
+    assert!(
+        matches!(at_a.as_deref(), Some("running" | "exited")),
+        "{at_a:?}"
+    );
+    eventually("the destination drops its held copy", || {
+        b.state("bh").is_none()
+    });
+    assert_finished_like(&client(), &a.url, "bh", &plain);
+}
+
+/// B goes silent right after A recorded the move (A cannot deliver the commit): `migrate`
+/// still returns, the move committed; B learns the outcome by asking A and runs the guest —
+/// once, its output continuing A's.
+#[test]
+fn a_destination_that_goes_silent_after_the_commit_runs_the_guest_once() {
+    let Some((a, b, plain, (out, err, code))) = move_to_a_destination_that_goes_silent("committed")
+    else {
+        return;
+    };
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(report["outcome"], "committed");
+    assert_finished_like(&client(), &a.url, "bh", &plain);
+    assert_eq!(a.state("bh").as_deref(), Some("moved"));
+    assert_eq!(b.state("bh").as_deref(), Some("exited"));
 }
 
 #[test]

@@ -1,0 +1,206 @@
+//! Connections to peers that notice when the peer goes silent.
+//!
+//! A peer that dies without closing its connections (a machine powered off, a cable pulled,
+//! a network partition) sends no reset: a request to it would wait for the kernel's own
+//! retransmission timeout, about 15 minutes on Linux — a migration's paused guest with it.
+//! Every connection ferry opens to a space, and every connection a space accepts, therefore
+//! has TCP keep-alive probes and `TCP_USER_TIMEOUT` set so that a silent peer is given up
+//! after [`peer_silence`] (15 s; `FERRY_PEER_SILENCE_MS`). A live peer's kernel answers the
+//! probes while its process works, so a long request (a prepare restoring a big snapshot, a
+//! long poll) is never cut for being slow.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ureq::unversioned::transport::{
+    Buffers, ConnectionDetails, Connector, LazyBuffers, NextTimeout, ShutdownHandle, Transport,
+};
+
+/// The default of [`peer_silence`].
+const DEFAULT_SILENCE: Duration = Duration::from_secs(15);
+
+/// How long a connection may go without any sign of life from its peer (no answer to
+/// keep-alive probes, or sent data unacknowledged) before it is given up:
+/// `FERRY_PEER_SILENCE_MS`, else 15 s.
+pub fn peer_silence() -> Duration {
+    std::env::var("FERRY_PEER_SILENCE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&ms| ms >= 1000)
+        .map(Duration::from_millis)
+        .unwrap_or(DEFAULT_SILENCE)
+}
+
+/// Sets keep-alive probes and `TCP_USER_TIMEOUT` on `s` so that a peer silent for `silence`
+/// is given up: the first probe after a third of it idle, then four more, a sixth apart.
+pub fn watch_peer(s: socket2::SockRef<'_>, silence: Duration) -> io::Result<()> {
+    let second = Duration::from_secs(1);
+    let probes = socket2::TcpKeepalive::new()
+        .with_time((silence / 3).max(second))
+        .with_interval((silence / 6).max(second))
+        .with_retries(4);
+    s.set_tcp_keepalive(&probes)?;
+    s.set_tcp_user_timeout(Some(silence))
+}
+
+/// Connects plain TCP like ureq's own connector, then watches the peer ([`watch_peer`]).
+#[derive(Debug, Default)]
+pub(crate) struct PeerConnector;
+
+impl<In: Transport> Connector<In> for PeerConnector {
+    type Out = PeerTransport;
+
+    fn connect(
+        &self,
+        details: &ConnectionDetails,
+        _chained: Option<In>,
+    ) -> Result<Option<Self::Out>, ureq::Error> {
+        let silence = peer_silence();
+        let mut last = None;
+        for addr in details.addrs.iter() {
+            let r = match details.timeout.not_zero() {
+                Some(t) => TcpStream::connect_timeout(addr, *t),
+                None => TcpStream::connect(addr),
+            };
+            match r {
+                Ok(stream) => {
+                    if details.config.no_delay() {
+                        stream.set_nodelay(true)?;
+                    }
+                    watch_peer(socket2::SockRef::from(&stream), silence)?;
+                    let buffers = LazyBuffers::new(
+                        details.config.input_buffer_size(),
+                        details.config.output_buffer_size(),
+                    );
+                    let t = PeerTransport {
+                        stream: Arc::new(Stream(stream)),
+                        buffers,
+                    };
+                    let handle: Arc<dyn ShutdownHandle> = t.stream.clone();
+                    (details.register_shutdown)(Arc::downgrade(&handle))?;
+                    return Ok(Some(t));
+                }
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    last = Some(ureq::Error::Timeout(ureq::Timeout::Connect));
+                }
+                Err(e) => last = Some(e.into()),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::ConnectionRefused, "no address to connect to").into()
+        }))
+    }
+}
+
+/// The socket, shared with the agent's shutdown handle.
+struct Stream(TcpStream);
+
+impl ShutdownHandle for Stream {
+    fn shutdown(&self) {
+        let _ = self.0.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// A plain TCP connection made by [`PeerConnector`].
+pub(crate) struct PeerTransport {
+    stream: Arc<Stream>,
+    buffers: LazyBuffers,
+}
+
+impl fmt::Debug for PeerTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerTransport")
+            .field("peer", &self.stream.0.peer_addr().ok())
+            .finish()
+    }
+}
+
+/// An I/O error: a read or write past the request's own timeout (the socket's, `EAGAIN`)
+/// reported as that timeout; the kernel giving the connection up (`ETIMEDOUT`: probes
+/// unanswered, data unacknowledged) as a silent peer.
+fn io_error(e: io::Error, timeout: &NextTimeout) -> ureq::Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock => ureq::Error::Timeout(timeout.reason),
+        io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the peer went silent: no sign of life for {} s (FERRY_PEER_SILENCE_MS)",
+                peer_silence().as_secs()
+            ),
+        )
+        .into(),
+        _ => e.into(),
+    }
+}
+
+impl Transport for PeerTransport {
+    fn buffers(&mut self) -> &mut dyn Buffers {
+        &mut self.buffers
+    }
+
+    fn transmit_output(&mut self, amount: usize, timeout: NextTimeout) -> Result<(), ureq::Error> {
+        let timeout = timeout.for_write();
+        if timeout.after.is_zero() {
+            return Err(ureq::Error::Timeout(timeout.reason));
+        }
+        self.stream
+            .0
+            .set_write_timeout(timeout.not_zero().map(|t| *t))?;
+        let out = &self.buffers.output()[..amount];
+        (&self.stream.0)
+            .write_all(out)
+            .map_err(|e| io_error(e, &timeout))
+    }
+
+    fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, ureq::Error> {
+        let timeout = timeout.for_read();
+        if timeout.after.is_zero() {
+            return Err(ureq::Error::Timeout(timeout.reason));
+        }
+        self.stream
+            .0
+            .set_read_timeout(timeout.not_zero().map(|t| *t))?;
+        let input = self.buffers.input_append_buf();
+        let n = loop {
+            match (&self.stream.0).read(input) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => break r.map_err(|e| io_error(e, &timeout))?,
+            }
+        };
+        self.buffers.input_appended(n);
+        Ok(n > 0)
+    }
+
+    fn is_open(&mut self) -> bool {
+        // A pooled connection is reused only if nothing is waiting on it (the peer sent
+        // nothing unasked, and did not close it).
+        let s = &self.stream.0;
+        if s.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let mut one = [0u8];
+        let open = matches!((&*s).read(&mut one), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+        open && s.set_nonblocking(false).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_watches_its_peer() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        watch_peer(socket2::SockRef::from(&s), Duration::from_secs(6)).unwrap();
+        let r = socket2::SockRef::from(&s);
+        assert!(r.keepalive().unwrap());
+        assert_eq!(r.tcp_keepalive_time().unwrap(), Duration::from_secs(2));
+        assert_eq!(r.tcp_keepalive_interval().unwrap(), Duration::from_secs(1));
+        assert_eq!(r.tcp_keepalive_retries().unwrap(), 4);
+        assert_eq!(r.tcp_user_timeout().unwrap(), Some(Duration::from_secs(6)));
+    }
+}
