@@ -419,6 +419,38 @@ fn the_lending_protocol_checks_every_call() {
     .unwrap_err();
     assert_eq!(e.status, 422);
     assert!(e.msg.contains("does not go on from"), "{e}");
+    // One that goes on from it but is of another program (here: its module replaced by the
+    // instrumented one, a module the store has) is not the session's continuation.
+    use ferry_store::Store as _;
+    let store = ferry_space::RemoteStore::new(&space.url, SPACE_TOKEN);
+    let lent_k: ferry_kappa::Kappa = lent.snapshot.parse().unwrap();
+    let mut other: ferry_object::Snapshot =
+        ferry_object::decode(&store.get(&lent_k).unwrap()).unwrap();
+    other.parent = Some(lent_k);
+    other.module = other.instrumented;
+    let other = store.put(&ferry_object::encode(&other)).unwrap();
+    for snapshot in [Some(other.to_string()), None] {
+        let e = match snapshot {
+            Some(s) => give(ReturnRequest {
+                epoch: 2,
+                snapshot: Some(s),
+                ..Default::default()
+            }),
+            None => c.checkpointed(
+                "p",
+                &ferry_space::api::CheckpointedRequest {
+                    epoch: 2,
+                    snapshot: other.to_string(),
+                },
+            ),
+        }
+        .unwrap_err();
+        assert_eq!(e.status, 422);
+        assert!(
+            e.msg.contains("is of another module than session `p`"),
+            "{e}"
+        );
+    }
     // A checkpoint must go on from the session's last snapshot too, and name the epoch.
     let checkpoint = |epoch| {
         let req = ferry_space::api::CheckpointedRequest {
