@@ -19,6 +19,8 @@ command -v npm >/dev/null || need+=(npm)
 # A peer that goes silent mid-migration (tests `migrate::a_destination_that_goes_silent_*`):
 # nftables drops every packet to and from one port, as a powered-off machine would.
 command -v nft >/dev/null || need+=(nftables)
+# Spaces serving HTTPS (test `migrate::spaces_serving_https_*`): a test CA made with openssl.
+command -v openssl >/dev/null || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
     echo "setup: installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive

@@ -23,16 +23,19 @@ pub struct RemoteStore {
 }
 
 /// An HTTP agent for talking to a space: non-2xx answers are returned, not errors (their
-/// reason is read and reported), connecting gives up after 5 s, and a connection whose peer
-/// goes silent is given up after [`crate::net::peer_silence`].
+/// reason is read and reported), connecting gives up after 5 s, a connection whose peer
+/// goes silent is given up after [`crate::net::peer_silence`], and `https://` spaces are
+/// trusted as [`crate::tls::client_config`] says.
 fn agent() -> ureq::Agent {
+    use ureq::unversioned::transport::Connector;
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_connect(Some(std::time::Duration::from_secs(5)))
+        .tls_config(crate::tls::client_config())
         .build();
     ureq::Agent::with_parts(
         config,
-        crate::net::PeerConnector,
+        crate::net::PeerConnector.chain(ureq::unversioned::transport::RustlsConnector::default()),
         ureq::unversioned::resolver::DefaultResolver::default(),
     )
 }
@@ -46,7 +49,7 @@ impl std::fmt::Debug for RemoteStore {
 }
 
 fn remote(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Remote(e.to_string())
+    StoreError::Remote(crate::tls::explain(e.to_string()))
 }
 
 impl RemoteStore {
@@ -501,7 +504,7 @@ pub struct LogChunk {
 }
 
 fn unreachable_err(base: &str, e: impl std::fmt::Display) -> ApiError {
-    ApiError::new(0, format!("cannot reach {base}: {e}"))
+    ApiError::new(0, crate::tls::explain(format!("cannot reach {base}: {e}")))
 }
 
 impl SpaceClient {

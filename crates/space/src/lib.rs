@@ -21,6 +21,7 @@ pub mod net;
 pub mod policy;
 mod server;
 pub mod sessions;
+pub mod tls;
 
 pub use client::{
     LogChunk, RemoteStore, SpaceClient, SyncStats, pull, pull_tree, push, send_closure,

@@ -690,17 +690,35 @@ pub fn router(space: Arc<Space>) -> Router {
         .with_state(space)
 }
 
-/// Serves `space` on `listener` until Ctrl-C / SIGTERM.
-/// Every accepted connection watches its peer ([`crate::net::watch_peer`]): a client that
-/// goes silent in the middle of a request is given up instead of holding it for good.
-pub async fn serve(listener: tokio::net::TcpListener, space: Arc<Space>) -> std::io::Result<()> {
+/// Serves `space` on `listener` until Ctrl-C / SIGTERM: HTTPS with `tls` (a
+/// [`crate::tls::server_config`]), else plain HTTP. Every accepted connection watches its
+/// peer ([`crate::net::watch_peer`]): a client that goes silent in the middle of a request is
+/// given up instead of holding it for good.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    space: Arc<Space>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
-    let silence = crate::net::peer_silence();
-    let listener = listener.tap_io(move |tcp| {
-        if let Err(e) = crate::net::watch_peer(socket2::SockRef::from(&*tcp), silence) {
-            warn!(error = %e, "could not set keep-alive on a connection");
+    match tls {
+        Some(config) => serve_on(crate::tls::TlsListener::new(listener, config)?, space).await,
+        None => {
+            let silence = crate::net::peer_silence();
+            let listener = listener.tap_io(move |tcp| {
+                if let Err(e) = crate::net::watch_peer(socket2::SockRef::from(&*tcp), silence) {
+                    warn!(error = %e, "could not set keep-alive on a connection");
+                }
+            });
+            serve_on(listener, space).await
         }
-    });
+    }
+}
+
+async fn serve_on<L>(listener: L, space: Arc<Space>) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     axum::serve(listener, router(space))
         .with_graceful_shutdown(async {
             let ctrl_c = tokio::signal::ctrl_c();

@@ -22,7 +22,14 @@ pub struct ServeArgs {
     /// backed by fresh directories under the store; every variable; both engines].
     #[arg(long, value_name = "FILE")]
     policy: Option<PathBuf>,
-    /// This space's URL as peers reach it [default: http://<the listening address>].
+    /// Serve HTTPS with this certificate chain (PEM; with --tls-key). Clients trust it
+    /// through Mozilla's roots or the PEM file `FERRY_TLS_CA` names.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// This space's URL as peers reach it [default: http(s)://<the listening address>].
     #[arg(long, value_name = "URL")]
     advertise: Option<String>,
     /// File holding the token to present to other spaces [default: this space's own token].
@@ -115,6 +122,13 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
         Some(p) => Policy::load(p, space_dir.join("mounts")).map_err(anyhow::Error::msg)?,
         None => Policy::permissive(space_dir.join("mounts")),
     };
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(ferry_space::tls::server_config(cert, key).map_err(anyhow::Error::msg)?)
+        }
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(&a.listen)
@@ -124,7 +138,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
         let advertise = a
             .advertise
             .clone()
-            .unwrap_or_else(|| format!("http://{addr}"));
+            .unwrap_or_else(|| format!("{scheme}://{addr}"));
         let sessions = if a.objects_only {
             None
         } else {
@@ -142,9 +156,9 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
             Some(s)
         };
         // The first line on stdout names the address (scripts and tests read it).
-        println!("listening on http://{addr}");
+        println!("listening on {scheme}://{addr}");
         eprintln!(
-            "ferry: serving {} (Ctrl-C to stop); console: http://{addr}/console/",
+            "ferry: serving {} (Ctrl-C to stop); console: {scheme}://{addr}/console/",
             settings.store_dir.display()
         );
         ferry_space::serve(
@@ -155,6 +169,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
                 token,
                 sessions,
             }),
+            tls,
         )
         .await?;
         Ok::<(), anyhow::Error>(())

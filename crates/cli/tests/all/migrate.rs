@@ -792,6 +792,119 @@ fn a_destination_that_goes_silent_after_the_commit_runs_the_guest_once() {
     assert_eq!(b.state("bh").as_deref(), Some("exited"));
 }
 
+/// A private CA and a certificate it signed for 127.0.0.1, made with `openssl` in `dir`:
+/// (the CA's certificate, the space's certificate, its key).
+fn tls_files(dir: &std::path::Path) -> (String, String, String) {
+    let path = |f: &str| dir.join(f).to_str().unwrap().to_owned();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("openssl (scripts/setup.sh installs it)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let (ca, ca_key) = (path("ca.pem"), path("ca-key.pem"));
+    let (cert, key, csr) = (path("cert.pem"), path("key.pem"), path("cert.csr"));
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &["-days", "2", "-subj", "/CN=ferry test CA"],
+            &["-keyout", &ca_key, "-out", &ca],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &ec,
+            &[
+                "-subj",
+                "/CN=ferry test space",
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+            ],
+        ]
+        .concat(),
+    );
+    let ext = path("ext.cnf");
+    std::fs::write(
+        &ext,
+        "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        &ext,
+        "-out",
+        &cert,
+    ]);
+    (ca, cert, key)
+}
+
+/// Spaces serving HTTPS (`--tls-cert`, `--tls-key`): the CLI and the spaces trust a private
+/// CA through `FERRY_TLS_CA`, and a session moves between two of them with its output intact.
+/// A client that does not trust the CA is refused by its own TLS check, and a plain-HTTP
+/// request is told to use HTTPS.
+#[test]
+fn spaces_serving_https_move_a_session_between_them() {
+    let files = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = tls_files(files.path());
+    let tls = ["--tls-cert", cert.as_str(), "--tls-key", key.as_str()];
+    let a = SpaceProc::start_with_vars(&[("FERRY_TLS_CA", &ca)], &tls);
+    let b = SpaceProc::start_with_vars(&[("FERRY_TLS_CA", &ca)], &tls);
+    assert!(a.url.starts_with("https://127.0.0.1:"), "{}", a.url);
+    let here = client().with_var("FERRY_TLS_CA", &ca);
+    let g = guest("wasm/cpu.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", "300"]);
+    ok(
+        &here,
+        &a.url,
+        &["run", "--session", "tls", g.to_str().unwrap(), "--", "300"],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let (out, err, code) = cli(&here, &a.url, &["migrate", "tls", "--to", &b.url]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(report["outcome"], "committed");
+    assert_finished_like(&here, &a.url, "tls", &plain.stdout);
+
+    // Without the CA, Mozilla's roots do not vouch for this space.
+    let err = refused(&client(), &a.url, &["ps"]);
+    assert!(err.contains("UnknownIssuer"), "{err}");
+    // Plain HTTP to an HTTPS space.
+    let http = a.url.replace("https://", "http://");
+    let err = refused(&here, &http, &["ps"]);
+    assert!(
+        err.contains(&format!("this space speaks HTTPS: use {}", a.url)),
+        "{err}"
+    );
+}
+
 #[test]
 fn bad_input_to_a_space_is_refused_with_the_reason() {
     let here = client();
