@@ -5,8 +5,10 @@
 # store, `push` to it, `pull` from it into a third fresh store. The space's store was written
 # with direct I/O, so a pull reads it from the disk. Each figure is the command's whole run
 # (closure walk, `missing` query, transfer, the receiver's checks, naming); the rate is the
-# closure's bytes over that time. Both ends share this machine's cores.
-# usage: scripts/bench-sync.sh [MiB=1024] [ROUNDS=3]
+# closure's bytes over that time. Both ends share this machine's cores. With TLS=both, each
+# round runs twice, over HTTP and over HTTPS (a self-signed certificate made with openssl,
+# trusted through FERRY_TLS_CA), side by side.
+# usage: [TLS=both] scripts/bench-sync.sh [MiB=1024] [ROUNDS=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mib=${1:-1024}
@@ -18,20 +20,34 @@ trap '[ -n "$server" ] && kill "$server" 2>/dev/null; rm -rf "$work"' EXIT
 export FERRY_TOKEN=bench-sync-token
 FERRY_STORE=$work/a suspend_dirty "$mib" 0 "$work"
 
-echo "| round | push | pull |"
-echo "|---:|---:|---:|"
+if [ "${TLS:-}" = both ]; then
+    schemes="http https"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+        -subj /CN=bench -addext basicConstraints=critical,CA:FALSE \
+        -addext subjectAltName=IP:127.0.0.1 -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+    export FERRY_TLS_CA=$work/cert.pem
+else
+    schemes=http
+fi
+
+echo "| round | scheme | push | pull |"
+echo "|---:|---|---:|---:|"
 for r in $(seq "$rounds"); do
+  for scheme in $schemes; do
     rm -rf "$work/b" "$work/c"
     sync
-    "$ferry" serve --listen 127.0.0.1:0 --store "$work/b" >"$work/serve" 2>&1 &
+    tls=()
+    [ "$scheme" = https ] && tls=(--tls-cert "$work/cert.pem" --tls-key "$work/key.pem")
+    "$ferry" serve --listen 127.0.0.1:0 --store "$work/b" "${tls[@]}" >"$work/serve" 2>&1 &
     server=$!
     until grep -q 'listening on' "$work/serve" 2>/dev/null; do sleep 0.1; done
-    url=$(grep -o 'http://[0-9.:]*' "$work/serve" | head -1)
+    url=$(grep -o 'https\?://[0-9.:]*' "$work/serve" | head -1)
     push=$(timed "$ferry" push --store "$work/a" "$k" --to "$url")
     sync
     pull=$(timed "$ferry" pull --store "$work/c" "$k" --from "$url")
     kill "$server"
     wait "$server" 2>/dev/null || true
     server=
-    echo "| $r | $push | $pull |"
+    echo "| $r | $scheme | $push | $pull |"
+  done
 done
