@@ -628,13 +628,22 @@ pub struct Blackhole {
 
 impl Blackhole {
     pub fn port(port: u16) -> Option<Self> {
-        let table = format!("ferry_test_{}_{port}", std::process::id());
-        let rules = format!(
+        Self::ports(&[port])
+    }
+
+    /// Several ports at once: two spaces cut off from each other (and from everyone else).
+    pub fn ports(ports: &[u16]) -> Option<Self> {
+        let table = format!("ferry_test_{}_{}", std::process::id(), ports[0]);
+        let mut rules = format!(
             "add table inet {table}\n\
-             add chain inet {table} out {{ type filter hook output priority 0; }}\n\
-             add rule inet {table} out tcp dport {port} drop\n\
-             add rule inet {table} out tcp sport {port} drop\n"
+             add chain inet {table} out {{ type filter hook output priority 0; }}\n"
         );
+        for port in ports {
+            rules += &format!(
+                "add rule inet {table} out tcp dport {port} drop\n\
+                 add rule inet {table} out tcp sport {port} drop\n"
+            );
+        }
         let added = Command::new("nft")
             .args(["-f", "-"])
             .stdin(Stdio::piped())

@@ -792,6 +792,80 @@ fn a_destination_that_goes_silent_after_the_commit_runs_the_guest_once() {
     assert_eq!(b.state("bh").as_deref(), Some("exited"));
 }
 
+/// A partition: A and B cut off from each other (every packet to and from either dropped)
+/// while B prepares the final round — B has the request and is holding at its start
+/// (`FERRY_FAULT_PAUSE`), so its answer goes nowhere. A gives B up and runs the guest on; B
+/// ends up holding a prepared copy it cannot ask A about. Once the network heals, B asks A,
+/// hears that A kept the session, and drops its copy: the guest ran once, at A.
+#[test]
+fn a_partition_while_the_destination_prepares_leaves_one_copy_running() {
+    let here = client();
+    let silence = ("FERRY_PEER_SILENCE_MS", "3000");
+    let a = SpaceProc::start_with_vars(&[silence], &[]);
+    let b = SpaceProc::start_with_vars(&[silence, ("FERRY_FAULT_PAUSE", "dest-prepare:2000")], &[]);
+    let g = guest("wasm/cpu.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", "1200"]);
+    ok(
+        &here,
+        &a.url,
+        &[
+            "run",
+            "--session",
+            "part",
+            g.to_str().unwrap(),
+            "--",
+            "1200",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // The client asking for the move is cut off from A too; it gives up on its own.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (from, to) = (a.url.clone(), b.url.clone());
+    std::thread::spawn(move || {
+        let asker = client().with_var(silence.0, silence.1);
+        let _ = tx.send(cli(&asker, &from, &["migrate", "part", "--to", &to]));
+    });
+    // The pause, then the final delta and the prepare request (B holds it for 2 s).
+    eventually("the source pauses the guest", || {
+        a.state("part").as_deref() == Some("suspended")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let Some(partition) = Blackhole::ports(&[a.port(), b.port()]) else {
+        return;
+    };
+    let (_, err, code) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the client still waits after 60 s");
+    assert_ne!(code, 0, "{err}");
+    // A gives B up after 3 s and its abort after 3–5 s more; B, cut off, holds its copy
+    // meanwhile — and must not run it.
+    std::thread::sleep(Duration::from_secs(6));
+    drop(partition);
+    // B held its copy through the partition (or has just dropped it), never ran it.
+    let at_b = b.state("part");
+    assert!(
+        matches!(at_b.as_deref(), Some("prepared") | None),
+        "{at_b:?}"
+    );
+    let outcome = a.session("part").unwrap()["migration"]["outcome"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        outcome.starts_with("aborted") && outcome.contains("silent"),
+        "{outcome}"
+    );
+    eventually("the destination drops its held copy", || {
+        b.state("part").is_none()
+    });
+    assert_finished_like(&here, &a.url, "part", &plain.stdout);
+    assert_eq!(a.state("part").as_deref(), Some("exited"));
+    for s in [&a, &b] {
+        let (_, err, code) = s.env.output(&["store", "verify"]);
+        assert_eq!(code, 0, "{err}");
+    }
+}
+
 /// A private CA and a certificate it signed for 127.0.0.1, made with `openssl` in `dir`:
 /// (the CA's certificate, the space's certificate, its key).
 fn tls_files(dir: &std::path::Path) -> (String, String, String) {
