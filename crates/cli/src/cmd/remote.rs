@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use ferry_space::SpaceClient;
-use ferry_space::api::{MigrateRequest, MountRequest, ResumeRequest, RunRequest, State};
+use ferry_space::api::{ApiError, MigrateRequest, MountRequest, ResumeRequest, RunRequest, State};
 
 use crate::cmd::mib;
 use crate::cmd::space::token;
@@ -578,7 +578,23 @@ pub fn migrate(settings: &Settings, a: MigrateArgs) -> Result<ExitCode> {
     let r = c.migrate(&a.session, &req);
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     let shown = watcher.map_or(0, |w| w.join().unwrap_or(0));
-    let report = r.map_err(api)?;
+    let report = r.map_err(|e| {
+        if e.status == 0 {
+            // The answer was lost, not refused: the space may still be moving it.
+            api(ApiError::new(
+                0,
+                format!(
+                    "{}; the move may still be going on there, or have ended: \
+                     `ferry --space {} ps` says where session `{}` is",
+                    e.msg,
+                    c.base(),
+                    a.session
+                ),
+            ))
+        } else {
+            api(e)
+        }
+    })?;
     if a.progress {
         // Rounds that ended between two looks of the watcher (a short move ends before its
         // first look) are shown from the report.
