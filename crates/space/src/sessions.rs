@@ -1365,10 +1365,11 @@ impl Sessions {
             checkpoint_every_ms: info.checkpoint_every_ms,
         };
         let refused = |e: ApiError| {
-            ApiError::new(
-                if e.status == 0 { 503 } else { e.status },
-                format!("the destination refused: {}", e.msg),
-            )
+            if e.status == 0 {
+                ApiError::unavailable(format!("the destination did not answer: {}", e.msg))
+            } else {
+                ApiError::new(e.status, format!("the destination refused: {}", e.msg))
+            }
         };
         // 1. Pre-copy: checkpoints while the guest runs, each sending what the destination
         //    lacks, until a round is small or stops shrinking. After each round the

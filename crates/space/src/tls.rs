@@ -40,8 +40,14 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
     }
     let key_der = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| format!("cannot read a private key from {}: {e}", key.display()))?;
-    // The process's crypto provider: *ring*, the only one built in.
-    let config = rustls::ServerConfig::builder()
+    // *ring*, named rather than left to the process default, which panics if a dependency
+    // ever builds in a second provider. (rustls 0.23.48 deprecates *ring*'s provider for
+    // lacking post-quantum key exchange; aws-lc-rs would need cmake and a longer build.)
+    #[allow(deprecated)]
+    let provider = rustls::crypto::ring::default_provider();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
         .with_no_client_auth()
         .with_single_cert(chain, key_der)
         .map_err(|e| {
@@ -193,7 +199,17 @@ async fn refuse_plain_http(mut s: TcpStream, local: SocketAddr) {
             Ok(n) => head.extend_from_slice(&buf[..n]),
         }
     }
-    let why = format!("this space speaks HTTPS: use https://{local}\n");
+    // The address the client used (its Host header), else the one listened on.
+    let host = String::from_utf8_lossy(&head)
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("host")
+                .then(|| value.trim().to_owned())
+        })
+        .filter(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_graphic()))
+        .unwrap_or_else(|| local.to_string());
+    let why = format!("this space speaks HTTPS: use https://{host}\n");
     let answer = format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
          connection: close\r\n\r\n{why}",

@@ -513,7 +513,9 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
 
 /// Two spaces (`ferry serve` processes) on loopback, each with its own durable store: the `dirty`
 /// guest (random memory, ~1% of its pages rewritten per second) is started on one and
-/// migrated to the other while it runs.
+/// migrated to the other while it runs. With `FERRY_BENCH_TLS_CERT` and `FERRY_BENCH_TLS_KEY`
+/// set, the spaces serve HTTPS with them (`FERRY_TLS_CA` must make them trusted: the bench
+/// and the spaces read it; `scripts/bench-migrate-tls.sh`).
 fn migrate_section(
     settings: &Settings,
     dir: &std::path::Path,
@@ -530,6 +532,13 @@ fn migrate_section(
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let token = "bench-token".to_owned();
     let exe = std::env::current_exe()?;
+    let tls: Vec<String> = match (
+        std::env::var("FERRY_BENCH_TLS_CERT"),
+        std::env::var("FERRY_BENCH_TLS_KEY"),
+    ) {
+        (Ok(cert), Ok(key)) => vec!["--tls-cert".into(), cert, "--tls-key".into(), key],
+        _ => Vec::new(),
+    };
     for mib in sizes {
         // Two `ferry serve` processes with fresh stores for each size (nothing of the guest is
         // at the destination beforehand), as two machines would be.
@@ -540,6 +549,7 @@ fn migrate_section(
             let mut child = std::process::Command::new(&exe)
                 .args(["--store", &store_dir.display().to_string()])
                 .args(["serve", "--listen", "127.0.0.1:0"])
+                .args(&tls)
                 .env("FERRY_TOKEN", &token)
                 .env("FERRY_CACHE", settings.compiled_cache())
                 .stdout(std::process::Stdio::piped())
