@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{Blackhole, Env, SPACE_TOKEN, SpaceProc, dir_contents, guest};
+use crate::harness::{Blackhole, Env, SPACE_TOKEN, Seen, SpaceProc, dir_contents, guest};
 
 /// `cli`, which must succeed.
 fn ok(here: &Env, space: &str, args: &[&str]) {
@@ -59,6 +59,41 @@ fn assert_finished_like(here: &Env, first: &str, id: &str, expected: &[u8]) {
             "combined output (logs, follow: {follow}) differs from an uninterrupted run"
         );
     }
+}
+
+/// Runs `wasm/cpu.wasm ROUNDS` on `space` as session `id` and lets it run for 300 ms;
+/// returns what an uninterrupted run of it shows.
+fn run_cpu_guest(here: &Env, space: &str, id: &str, rounds: &str) -> Seen {
+    let g = guest("wasm/cpu.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", rounds]);
+    ok(
+        here,
+        space,
+        &["run", "--session", id, g.to_str().unwrap(), "--", rounds],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    plain
+}
+
+/// `ferry --space FROM migrate ID --to TO` on a thread of its own, by a client with `vars`
+/// set: its stdout, stderr and exit code arrive on the receiver.
+fn migrate_in_background(
+    vars: &[(&str, &str)],
+    from: &str,
+    id: &str,
+    to: &str,
+) -> std::sync::mpsc::Receiver<(String, String, i32)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let (from, id, to) = (from.to_owned(), id.to_owned(), to.to_owned());
+    std::thread::spawn(move || {
+        let asker = vars.iter().fold(client(), |e, (k, v)| e.with_var(k, v));
+        let _ = tx.send(cli(&asker, &from, &["migrate", &id, "--to", &to]));
+    });
+    rx
 }
 
 /// Moves session `id` from `spaces[0]` to `spaces[1]` and back, up to `times` moves, each
@@ -563,14 +598,7 @@ fn aborted_move_back(restart_a: bool) {
     let here = client();
     let mut a = SpaceProc::start(&[]);
     let mut b = SpaceProc::start(&[]);
-    let g = guest("wasm/cpu.wasm");
-    let plain = here.plain(&[g.to_str().unwrap(), "--", "400"]);
-    ok(
-        &here,
-        &a.url,
-        &["run", "--session", "f", g.to_str().unwrap(), "--", "400"],
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    let plain = run_cpu_guest(&here, &a.url, "f", "400");
     ok(&here, &a.url, &["migrate", "f", "--to", &b.url]);
     assert_eq!(a.state("f").as_deref(), Some("moved"));
     // B now dies right after A has prepared the move back.
@@ -674,14 +702,7 @@ fn a_connection_cut_during_pre_copy_leaves_the_source_running_and_a_retry_moves_
     let here = client();
     let a = SpaceProc::start(&[]);
     let b = SpaceProc::start(&[]);
-    let g = guest("wasm/cpu.wasm");
-    let plain = here.plain(&[g.to_str().unwrap(), "--", "400"]);
-    ok(
-        &here,
-        &a.url,
-        &["run", "--session", "cut", g.to_str().unwrap(), "--", "400"],
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    let plain = run_cpu_guest(&here, &a.url, "cut", "400");
     // The link to the destination dies after 16 KiB, in the middle of the first round.
     let flaky = cutting_proxy(&b.url, 16 << 10);
     let (_, err, code) = cli(&here, &a.url, &["migrate", "cut", "--to", &flaky]);
@@ -715,19 +736,8 @@ fn move_to_a_destination_that_goes_silent(
         &[],
     );
     let b = SpaceProc::start(&[]);
-    let g = guest("wasm/cpu.wasm");
-    let plain = here.plain(&[g.to_str().unwrap(), "--", "400"]);
-    ok(
-        &here,
-        &a.url,
-        &["run", "--session", "bh", g.to_str().unwrap(), "--", "400"],
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (from, to) = (a.url.clone(), b.url.clone());
-    std::thread::spawn(move || {
-        let _ = tx.send(cli(&client(), &from, &["migrate", "bh", "--to", &to]));
-    });
+    let plain = run_cpu_guest(&here, &a.url, "bh", "400");
+    let rx = migrate_in_background(&[], &a.url, "bh", &b.url);
     let held = if step == "committed" {
         "moved"
     } else {
@@ -819,12 +829,7 @@ fn a_partition_while_the_destination_prepares_leaves_one_copy_running() {
     );
     std::thread::sleep(Duration::from_millis(300));
     // The client asking for the move is cut off from A too; it gives up on its own.
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (from, to) = (a.url.clone(), b.url.clone());
-    std::thread::spawn(move || {
-        let asker = client().with_var(silence.0, silence.1);
-        let _ = tx.send(cli(&asker, &from, &["migrate", "part", "--to", &to]));
-    });
+    let rx = migrate_in_background(&[silence], &a.url, "part", &b.url);
     // The pause, then the final delta and the prepare request (B holds it for 2 s).
     eventually("the source pauses the guest", || {
         a.state("part").as_deref() == Some("suspended")
@@ -953,14 +958,7 @@ fn spaces_serving_https_move_a_session_between_them() {
     let b = SpaceProc::start_with_vars(&[("FERRY_TLS_CA", &ca)], &tls);
     assert!(a.url.starts_with("https://127.0.0.1:"), "{}", a.url);
     let here = client().with_var("FERRY_TLS_CA", &ca);
-    let g = guest("wasm/cpu.wasm");
-    let plain = here.plain(&[g.to_str().unwrap(), "--", "300"]);
-    ok(
-        &here,
-        &a.url,
-        &["run", "--session", "tls", g.to_str().unwrap(), "--", "300"],
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    let plain = run_cpu_guest(&here, &a.url, "tls", "300");
     let (out, err, code) = cli(&here, &a.url, &["migrate", "tls", "--to", &b.url]);
     assert_eq!(code, 0, "{err}");
     let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
