@@ -947,8 +947,9 @@ fn tls_files(dir: &std::path::Path) -> (String, String, String) {
 
 /// Spaces serving HTTPS (`--tls-cert`, `--tls-key`): the CLI and the spaces trust a private
 /// CA through `FERRY_TLS_CA`, and a session moves between two of them with its output intact.
-/// A client that does not trust the CA is refused by its own TLS check, and a plain-HTTP
-/// request is told to use HTTPS.
+/// A client that does not trust the CA is refused by its own TLS check, a plain-HTTP request
+/// is told to use HTTPS, and a client that never starts its handshake does not hold up the
+/// others.
 #[test]
 fn spaces_serving_https_move_a_session_between_them() {
     let files = tempfile::tempdir().unwrap();
@@ -958,6 +959,12 @@ fn spaces_serving_https_move_a_session_between_them() {
     let b = SpaceProc::start_with_vars(&[("FERRY_TLS_CA", &ca)], &tls);
     assert!(a.url.starts_with("https://127.0.0.1:"), "{}", a.url);
     let here = client().with_var("FERRY_TLS_CA", &ca);
+    // A client that connects and never starts its handshake holds up no one else.
+    let _mute = std::net::TcpStream::connect(a.url.trim_start_matches("https://")).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    ok(&here, &a.url, &["ps"]);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     let plain = run_cpu_guest(&here, &a.url, "tls", "300");
     let (out, err, code) = cli(&here, &a.url, &["migrate", "tls", "--to", &b.url]);
     assert_eq!(code, 0, "{err}");
