@@ -75,8 +75,9 @@ fn run_cpu_guest(here: &Env, space: &str, id: &str, rounds: &str) -> Seen {
     plain
 }
 
-/// `ferry --space FROM migrate ID --to TO` on a thread of its own, by a client with `vars`
-/// set: its stdout, stderr and exit code arrive on the receiver.
+/// `ferry --space FROM migrate ID --to TO --max-rounds 1` (the guest paused after one
+/// pre-copy round) on a thread of its own, by a client with `vars` set: its stdout, stderr
+/// and exit code arrive on the receiver.
 fn migrate_in_background(
     vars: &[(&str, &str)],
     from: &str,
@@ -91,7 +92,8 @@ fn migrate_in_background(
     let (from, id, to) = (from.to_owned(), id.to_owned(), to.to_owned());
     std::thread::spawn(move || {
         let asker = vars.iter().fold(client(), |e, (k, v)| e.with_var(k, v));
-        let _ = tx.send(cli(&asker, &from, &["migrate", &id, "--to", &to]));
+        let args = ["migrate", &id, "--to", &to, "--max-rounds", "1"];
+        let _ = tx.send(cli(&asker, &from, &args));
     });
     rx
 }
@@ -730,7 +732,7 @@ fn move_to_a_destination_that_goes_silent(
     let here = client();
     let a = SpaceProc::start_with_vars(
         &[
-            ("FERRY_FAULT_PAUSE", &format!("{step}:1500")),
+            ("FERRY_FAULT_PAUSE", &format!("{step}:3000")),
             ("FERRY_PEER_SILENCE_MS", "3000"),
         ],
         &[],
@@ -812,7 +814,7 @@ fn a_partition_while_the_destination_prepares_leaves_one_copy_running() {
     let here = client();
     let silence = ("FERRY_PEER_SILENCE_MS", "3000");
     let a = SpaceProc::start_with_vars(&[silence], &[]);
-    let b = SpaceProc::start_with_vars(&[silence, ("FERRY_FAULT_PAUSE", "dest-prepare:2000")], &[]);
+    let b = SpaceProc::start_with_vars(&[silence, ("FERRY_FAULT_PAUSE", "dest-prepare:4000")], &[]);
     let g = guest("wasm/cpu.wasm");
     let plain = here.plain(&[g.to_str().unwrap(), "--", "1200"]);
     ok(
@@ -830,7 +832,7 @@ fn a_partition_while_the_destination_prepares_leaves_one_copy_running() {
     std::thread::sleep(Duration::from_millis(300));
     // The client asking for the move is cut off from A too; it gives up on its own.
     let rx = migrate_in_background(&[silence], &a.url, "part", &b.url);
-    // The pause, then the final delta and the prepare request (B holds it for 2 s).
+    // The pause, then the final delta and the prepare request (B holds it for 4 s).
     eventually("the source pauses the guest", || {
         a.state("part").as_deref() == Some("suspended")
     });
