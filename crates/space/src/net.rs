@@ -24,14 +24,17 @@ const DEFAULT_SILENCE: Duration = Duration::from_secs(15);
 
 /// How long a connection may go without any sign of life from its peer (no answer to
 /// keep-alive probes, or sent data unacknowledged) before it is given up:
-/// `FERRY_PEER_SILENCE_MS`, else 15 s.
+/// `FERRY_PEER_SILENCE_MS`, else 15 s. Read once per process (every connection asks).
 pub fn peer_silence() -> Duration {
-    std::env::var("FERRY_PEER_SILENCE_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .filter(|&ms| ms >= 1000)
-        .map(Duration::from_millis)
-        .unwrap_or(DEFAULT_SILENCE)
+    static SILENCE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SILENCE.get_or_init(|| {
+        std::env::var("FERRY_PEER_SILENCE_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&ms| ms >= 1000)
+            .map(Duration::from_millis)
+            .unwrap_or(DEFAULT_SILENCE)
+    })
 }
 
 /// Sets keep-alive probes and `TCP_USER_TIMEOUT` on `s` so that a peer silent for `silence`
@@ -44,6 +47,14 @@ pub fn watch_peer(s: socket2::SockRef<'_>, silence: Duration) -> io::Result<()> 
         .with_retries(4);
     s.set_tcp_keepalive(&probes)?;
     s.set_tcp_user_timeout(Some(silence))
+}
+
+/// [`watch_peer`] with [`peer_silence`] on a connection a space accepted; one whose socket
+/// refuses the options is served anyway, with a warning.
+pub(crate) fn watch_accepted(s: socket2::SockRef<'_>) {
+    if let Err(e) = watch_peer(s, peer_silence()) {
+        tracing::warn!(error = %e, "could not set keep-alive on a connection");
+    }
 }
 
 /// Connects plain TCP like ureq's own connector, then watches the peer ([`watch_peer`]).
@@ -78,6 +89,8 @@ impl<In: Transport> Connector<In> for PeerConnector {
                     let t = PeerTransport {
                         stream: Arc::new(Stream(stream)),
                         buffers,
+                        read_timeout: None,
+                        write_timeout: None,
                     };
                     let handle: Arc<dyn ShutdownHandle> = t.stream.clone();
                     (details.register_shutdown)(Arc::downgrade(&handle))?;
@@ -108,6 +121,23 @@ impl ShutdownHandle for Stream {
 pub(crate) struct PeerTransport {
     stream: Arc<Stream>,
     buffers: LazyBuffers,
+    /// The socket's read and write timeouts as last set (`None`: never set), so that a
+    /// transfer's many reads and writes set them only when they change.
+    read_timeout: Option<Option<Duration>>,
+    write_timeout: Option<Option<Duration>>,
+}
+
+/// Sets a socket timeout through `set` unless it is already `want`.
+fn set_timeout(
+    last: &mut Option<Option<Duration>>,
+    want: Option<Duration>,
+    set: impl FnOnce(Option<Duration>) -> io::Result<()>,
+) -> io::Result<()> {
+    if *last != Some(want) {
+        set(want)?;
+        *last = Some(want);
+    }
+    Ok(())
 }
 
 impl fmt::Debug for PeerTransport {
@@ -146,9 +176,12 @@ impl Transport for PeerTransport {
         if timeout.after.is_zero() {
             return Err(ureq::Error::Timeout(timeout.reason));
         }
-        self.stream
-            .0
-            .set_write_timeout(timeout.not_zero().map(|t| *t))?;
+        let s = &self.stream.0;
+        set_timeout(
+            &mut self.write_timeout,
+            timeout.not_zero().map(|t| *t),
+            |t| s.set_write_timeout(t),
+        )?;
         let out = &self.buffers.output()[..amount];
         (&self.stream.0)
             .write_all(out)
@@ -160,9 +193,12 @@ impl Transport for PeerTransport {
         if timeout.after.is_zero() {
             return Err(ureq::Error::Timeout(timeout.reason));
         }
-        self.stream
-            .0
-            .set_read_timeout(timeout.not_zero().map(|t| *t))?;
+        let s = &self.stream.0;
+        set_timeout(
+            &mut self.read_timeout,
+            timeout.not_zero().map(|t| *t),
+            |t| s.set_read_timeout(t),
+        )?;
         let input = self.buffers.input_append_buf();
         let n = loop {
             match (&self.stream.0).read(input) {

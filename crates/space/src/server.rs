@@ -703,12 +703,8 @@ pub async fn serve(
     match tls {
         Some(config) => serve_on(crate::tls::TlsListener::new(listener, config)?, space).await,
         None => {
-            let silence = crate::net::peer_silence();
-            let listener = listener.tap_io(move |tcp| {
-                if let Err(e) = crate::net::watch_peer(socket2::SockRef::from(&*tcp), silence) {
-                    warn!(error = %e, "could not set keep-alive on a connection");
-                }
-            });
+            let listener =
+                listener.tap_io(|tcp| crate::net::watch_accepted(socket2::SockRef::from(&*tcp)));
             serve_on(listener, space).await
         }
     }

@@ -1432,25 +1432,22 @@ impl Sessions {
         report.final_snapshot = Some(k.to_string());
         report.memory_bytes = nonzero_memory(self.store.as_ref(), &k);
         fault("suspended");
-        // Until the commit, any failure resumes the guest here.
-        let resume_here = |me: &Arc<Self>, e: ApiError| -> ApiError {
+        // Until the commit, any failure resumes the guest here, and only then tells the
+        // destination to drop its copy (which may take until the destination is given up,
+        // if it went silent).
+        let abort_here = |me: &Arc<Self>, e: ApiError| -> ApiError {
             if was_running && let Err(e2) = me.start(live, Begin::Resume(k), engine_of(live), false)
             {
                 warn!(session = %id, error = %e2.msg, "could not resume here after the abort; it stays suspended");
             }
+            let _ = dest.abort(&id, Decision { epoch });
             e
         };
         // 3. Final delta.
         let t = Instant::now();
-        // The guest runs here again before the destination is told to drop its copy (which
-        // may take until the destination is given up, if it went silent).
         let s = match send_closure(self.store.as_ref(), dest_store, k, &mut |_, _| {}) {
             Ok(s) => s,
-            Err(e) => {
-                let e = resume_here(self, unreachable("final delta", &e));
-                let _ = dest.abort(&id, Decision { epoch });
-                return Err(e);
-            }
+            Err(e) => return Err(abort_here(self, unreachable("final delta", &e))),
         };
         report.final_objects = s.moved;
         report.final_bytes = s.bytes;
@@ -1463,9 +1460,7 @@ impl Sessions {
         let prepared = dest.prepare(&prepare_at(k));
         let t_prepare = t.elapsed();
         if let Err(e) = prepared {
-            let e = resume_here(self, refused(e));
-            let _ = dest.abort(&id, Decision { epoch });
-            return Err(e);
+            return Err(abort_here(self, refused(e)));
         }
         fault("prepared");
         // 5. Commit point: the move is recorded here, durably. From now on the session

@@ -138,7 +138,6 @@ impl TlsListener {
         let local = tcp.local_addr()?;
         let (tx, ready) = tokio::sync::mpsc::channel(64);
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let silence = crate::net::peer_silence();
         tokio::spawn(async move {
             loop {
                 let (s, peer) = match tcp.accept().await {
@@ -153,9 +152,7 @@ impl TlsListener {
                 if tx.is_closed() {
                     return;
                 }
-                if let Err(e) = crate::net::watch_peer(socket2::SockRef::from(&s), silence) {
-                    warn!(error = %e, "could not set keep-alive on a connection");
-                }
+                crate::net::watch_accepted(socket2::SockRef::from(&s));
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     let shake = async {
