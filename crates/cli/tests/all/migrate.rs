@@ -98,6 +98,14 @@ fn migrate_in_background(
     rx
 }
 
+/// `ferry store verify` succeeds on each space's store.
+fn stores_verify(spaces: &[&SpaceProc]) {
+    for s in spaces {
+        let (out, err, code) = s.env.output(&["store", "verify"]);
+        assert_eq!(code, 0, "store of {}: {out}{err}", s.url);
+    }
+}
+
 /// Moves session `id` from `spaces[0]` to `spaces[1]` and back, up to `times` moves, each
 /// after `before` has waited on the space that holds it; stops early once the guest no
 /// longer runs there, and requires at least two moves.
@@ -199,10 +207,7 @@ fn a_c_guest_moves_between_three_spaces_while_it_prints_and_its_output_is_unchan
     );
     assert_finished_like(&here, &spaces[0].url, "mover", &plain.stdout);
     // Every space's store verifies.
-    for s in &spaces {
-        let (_, err, code) = s.env.output(&["store", "verify"]);
-        assert_eq!(code, 0, "{err}");
-    }
+    stores_verify(&spaces.iter().collect::<Vec<_>>());
 }
 
 #[test]
@@ -551,10 +556,7 @@ fn survive_fault(step: &str, at_source: bool) {
         .map(|s| s.url.clone())
         .collect();
     assert_eq!(finished.len(), 1, "finished on {finished:?}");
-    for s in [&a, &b] {
-        let (_, err, code) = s.env.output(&["store", "verify"]);
-        assert_eq!(code, 0, "{err}");
-    }
+    stores_verify(&[&a, &b]);
 }
 
 #[test]
@@ -867,10 +869,7 @@ fn a_partition_while_the_destination_prepares_leaves_one_copy_running() {
     });
     assert_finished_like(&here, &a.url, "part", &plain.stdout);
     assert_eq!(a.state("part").as_deref(), Some("exited"));
-    for s in [&a, &b] {
-        let (_, err, code) = s.env.output(&["store", "verify"]);
-        assert_eq!(code, 0, "{err}");
-    }
+    stores_verify(&[&a, &b]);
 }
 
 /// A private CA and a certificate it signed for 127.0.0.1, made with `openssl` in `dir`:
@@ -1074,10 +1073,7 @@ fn spaces_collect_garbage_while_guests_checkpoint_and_move() {
     }
     a.stop();
     b.stop();
-    for s in [&a, &b] {
-        let (out, err, code) = s.env.output(&["store", "verify"]);
-        assert_eq!(code, 0, "{out}{err}");
-    }
+    stores_verify(&[&a, &b]);
 }
 
 /// `ferry --space URL rm` forgets a space's finished sessions (a suspended one only with
@@ -1127,8 +1123,7 @@ fn a_space_forgets_finished_sessions_and_then_reclaims_their_snapshots() {
     s.stop();
     s.spawn(None);
     assert_eq!(s.state("done"), None);
-    let (out, err, code) = s.env.output(&["store", "verify"]);
-    assert_eq!(code, 0, "{out}{err}");
+    stores_verify(&[&s]);
 }
 
 /// `ferry --space URL run --checkpoint-every D`: the space checkpoints the session while it
