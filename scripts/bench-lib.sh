@@ -31,3 +31,11 @@ timed() {
     mibs=$(grep -o '[0-9.]* MiB\( of data\|)\)' "$work/log" | grep -o '^[0-9.]*' | tail -1)
     echo "$t0 $t1 $mibs" | awk '{printf "%.2f s (%.0f MB/s)", $2 - $1, $3 * 1.048576 / ($2 - $1)}'
 }
+
+# self_signed_cert DIR: a self-signed ECDSA certificate for 127.0.0.1 (CA:FALSE, so that it
+# serves as its own CA) in DIR/cert.pem, its key in DIR/key.pem.
+self_signed_cert() {
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+        -subj /CN=bench -addext basicConstraints=critical,CA:FALSE \
+        -addext subjectAltName=IP:127.0.0.1 -keyout "$1/key.pem" -out "$1/cert.pem" 2>/dev/null
+}

@@ -8,13 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 sizes=${1:-256,1024}
 rounds=${2:-2}
-ferry=${FERRY:-${CARGO_TARGET_DIR:-target}/release/ferry}
-[ -x "$ferry" ] || { echo "build first: cargo build --release ($ferry missing)" >&2; exit 1; }
+. scripts/bench-lib.sh
 work=$(mktemp -d /var/tmp/ferry-migrate-tls.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-    -subj /CN=bench -addext basicConstraints=critical,CA:FALSE \
-    -addext subjectAltName=IP:127.0.0.1 -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+self_signed_cert "$work"
 for r in $(seq "$rounds"); do
     echo "### round $r, HTTP"
     "$ferry" bench --only migrate --sizes "$sizes" | grep '^| [0-9]'

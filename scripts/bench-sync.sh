@@ -22,9 +22,7 @@ FERRY_STORE=$work/a suspend_dirty "$mib" 0 "$work"
 
 if [ "${TLS:-}" = both ]; then
     schemes="http https"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-        -subj /CN=bench -addext basicConstraints=critical,CA:FALSE \
-        -addext subjectAltName=IP:127.0.0.1 -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+    self_signed_cert "$work"
     export FERRY_TLS_CA=$work/cert.pem
 else
     schemes=http
