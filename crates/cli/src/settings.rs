@@ -11,13 +11,18 @@ use ferry_store::FsStore;
 fn check_tuning() -> Result<()> {
     /// A variable's name, what it must hold, and whether a value does.
     type Check = (&'static str, &'static str, fn(&str) -> bool);
-    let checks: [Check; 2] = [
+    let checks: [Check; 3] = [
         ("FERRY_ZSTD", "a zstd level, 1 to 22", |v| {
             v.parse::<i32>().is_ok_and(|l| (1..=22).contains(&l))
         }),
         ("FERRY_CACHE_MAX_MB", "a size in MiB", |v| {
             v.parse::<u64>().is_ok()
         }),
+        (
+            "FERRY_PEER_SILENCE_MS",
+            "a time in milliseconds, at least 1000",
+            |v| v.parse::<u64>().is_ok_and(|ms| ms >= 1000),
+        ),
     ];
     for (name, what, ok) in checks {
         if let Some(v) = std::env::var_os(name) {

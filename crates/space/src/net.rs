@@ -24,7 +24,9 @@ const DEFAULT_SILENCE: Duration = Duration::from_secs(15);
 
 /// How long a connection may go without any sign of life from its peer (no answer to
 /// keep-alive probes, or sent data unacknowledged) before it is given up:
-/// `FERRY_PEER_SILENCE_MS`, else 15 s. Read once per process (every connection asks).
+/// `FERRY_PEER_SILENCE_MS`, else 15 s. Read once per process (every connection asks). The
+/// `ferry` command refuses a value that does not parse or is under 1000 before it gets here;
+/// a library user's bad value is ignored (the default holds).
 pub fn peer_silence() -> Duration {
     static SILENCE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *SILENCE.get_or_init(|| {

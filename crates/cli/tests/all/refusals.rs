@@ -892,6 +892,8 @@ fn tuning_variables_that_do_not_parse_are_refused() {
         ("FERRY_CACHE_MAX_MB", "8GiB"),
         ("FERRY_ZSTD", "max"),
         ("FERRY_ZSTD", "0"),
+        ("FERRY_PEER_SILENCE_MS", "15s"),
+        ("FERRY_PEER_SILENCE_MS", "500"),
     ] {
         let env = Env::new().with_var(name, value);
         let (_, err, code) = env.output(&["ps"]);
