@@ -45,6 +45,20 @@ if ! command -v docker-registry >/dev/null && [ ! -x "$tools/docker-registry" ];
         && install -D unpacked/usr/bin/docker-registry "$tools/docker-registry")
     rm -rf "$work"
 fi
+# A fleet of spaces sharing an etcd (tests `fleet::*`): Debian's etcd and etcdctl, unpacked
+# like the registry, so no etcd service starts on this machine.
+for pkg in etcd-server:etcd etcd-client:etcdctl; do
+    deb="${pkg%%:*}" bin="${pkg##*:}"
+    if ! command -v "$bin" >/dev/null && [ ! -x "$tools/$bin" ]; then
+        echo "setup: unpacking Debian's $deb into $tools"
+        work="$(mktemp -d)"
+        (cd "$work" && { apt-get download "$deb" >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get download "$deb" >/dev/null; }; } \
+            && dpkg-deb -x "${deb}"_*.deb unpacked \
+            && install -D "unpacked/usr/bin/$bin" "$tools/$bin")
+        rm -rf "$work"
+    fi
+done
 "$root/guests/build.sh"
 "$root/scripts/fetch-python.sh"
 "$root/scripts/fetch-python315.sh"

@@ -115,6 +115,16 @@ pub struct SessionInfo {
     /// for its snapshot watches it, and answers with the failure instead of waiting on.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub snapshot_failures: u64,
+    /// The migration attempt under way (source), held (destination), or that moved the
+    /// session last (a random id each `migrate`): a destination asking the source how its
+    /// move ended compares it, so a later move of the same session at the same epoch is
+    /// never taken for its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<String>,
+    /// The space that answers, as its peers reach it (`--advertise`): in the answer to a
+    /// prepare, where the source learns the name to record as the session's owner in etcd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -145,6 +155,8 @@ impl SessionInfo {
             final_files_error: None,
             snapshot_error: None,
             snapshot_failures: 0,
+            attempt: None,
+            space: None,
         }
     }
 }
@@ -438,9 +450,10 @@ impl From<GcReport> for Collected {
     }
 }
 
-/// `POST /v1/migrations`: from the source space to the destination, after the final delta.
+/// `POST /v1/migrations`: from the source space to the destination, after each pre-copy
+/// round and the final delta. Fields this version does not know are ignored: a newer source
+/// may send them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PrepareRequest {
     pub session: String,
     pub snapshot: String,
@@ -455,6 +468,9 @@ pub struct PrepareRequest {
     /// The session's periodic checkpoints, which go on here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every_ms: Option<u64>,
+    /// This move's attempt id ([`SessionInfo::attempt`]; 1 to 32 of `[0-9a-f]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<String>,
 }
 
 /// `POST /v1/migrations/{id}/commit` and `/abort`.

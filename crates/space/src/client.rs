@@ -26,7 +26,7 @@ pub struct RemoteStore {
 /// reason is read and reported), connecting gives up after 5 s, a connection whose peer
 /// goes silent is given up after [`crate::net::peer_silence`], and `https://` spaces are
 /// trusted as [`crate::tls::client_config`] says.
-fn agent() -> ureq::Agent {
+pub(crate) fn agent() -> ureq::Agent {
     use ureq::unversioned::transport::Connector;
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)

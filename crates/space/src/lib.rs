@@ -18,6 +18,7 @@ mod client;
 mod console;
 pub mod gc;
 pub mod net;
+pub mod owners;
 pub mod policy;
 mod server;
 pub mod sessions;
@@ -56,6 +57,7 @@ pub fn fuzz_inputs(data: &[u8]) {
     let _ = serde_json::from_slice::<api::ReturnRequest>(data);
     let _ = serde_json::from_slice::<api::CheckpointedRequest>(data);
     let _ = ferry_wasi::output::Records::check(data);
+    owners::fuzz_answers(data);
     // A lent session's output, appended at each offset of a log that holds some records.
     let log = ferry_wasi::OutputBuffer::from_bytes(vec![1, 2, 0, 0, 0, b'h', b'i']);
     for at in [0, 3, 7, 8] {

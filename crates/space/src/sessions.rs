@@ -5,7 +5,8 @@
 //! synced) and, while its guest runs, a thread of its own. All changes of a running session's
 //! state are made by that thread or under the session's `turn` lock, and every change is
 //! persisted before anyone is told about it — the record of a move (`moved`) is the commit
-//! point of a migration.
+//! point of a migration, or, in a fleet with etcd ([`crate::owners`]), the transaction there
+//! that moves the session's owner record.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ use crate::api::{
     valid_id,
 };
 use crate::client::{RemoteStore, SpaceClient, send_closure};
+use crate::owners::{Claim, Commit, Owned, Owner, Owners};
 use crate::policy::Policy;
 
 mod lend;
@@ -53,6 +55,11 @@ pub struct Config {
     pub advertise: String,
     /// Bearer token this space presents to other spaces.
     pub peer_token: String,
+    /// The fleet's owner records in etcd (`--etcd`), which then decide every move.
+    pub owners: Option<Arc<Owners>>,
+    /// With `owners`: how long a prepared copy is held while its source does not answer,
+    /// before the destination gives the move up (in etcd, so the source cannot commit it).
+    pub prepared_timeout: Duration,
 }
 
 /// Dies like `kill -9` at `step` when `FERRY_FAULT` names it: the fault-injection tests use
@@ -311,8 +318,12 @@ impl Sessions {
                 info.reason = Some("the space stopped before this session's first snapshot".into());
             }
         }
+        // In a fleet, a move the space stopped in the middle of is settled in etcd.
+        let mut settle = None;
         if info.migrating_to.is_some() && info.state != State::Moved {
-            // The space stopped in the middle of a migration that had not committed.
+            // The space stopped in the middle of a migration that had not committed (here).
+            settle = info.migrating_to.clone().zip(info.attempt.clone());
+            info.attempt = None;
             info.migrating_to = None;
             if let Some(m) = &mut info.migration {
                 m.outcome = "aborted: the source space stopped before the move committed".into();
@@ -357,6 +368,10 @@ impl Sessions {
             self.watch_lease(live);
         } else if state == State::Moved && pending {
             self.spawn_committer(live);
+        } else if let Some((to, attempt)) = settle
+            && self.cfg.owners.is_some()
+        {
+            self.spawn_settle(live, to, attempt);
         }
     }
 
@@ -980,6 +995,17 @@ impl Sessions {
             .clone()
             .unwrap_or_else(|| format!("{:08x}", rand::random::<u32>()));
         session_id(&id)?;
+        if let Some(m) = &req.main
+            && (m.is_empty() || m.len() > 256 || m.starts_with("ferry:"))
+        {
+            return Err(ApiError::bad_request(format!(
+                "`{m}` cannot be an entry export"
+            )));
+        }
+        let stdin = match &req.stdin {
+            Some(k) => Some(parse_kappa(k, "stdin")?),
+            None => None,
+        };
         let live = {
             let mut g = lock(&self.live);
             if g.contains_key(&id) {
@@ -997,17 +1023,24 @@ impl Sessions {
             g.insert(id.clone(), live.clone());
             live
         };
-        if let Some(m) = &req.main
-            && (m.is_empty() || m.len() > 256 || m.starts_with("ferry:"))
-        {
-            return Err(ApiError::bad_request(format!(
-                "`{m}` cannot be an entry export"
-            )));
+        // In a fleet, the session id becomes this space's in etcd first.
+        if let Some(o) = &self.cfg.owners {
+            let refusal = match o.claim(&id, 1) {
+                Ok(Claim::Mine(_)) => None,
+                Ok(Claim::Taken(t)) => Some(ApiError::conflict(format!(
+                    "session `{id}` belongs to {} (epoch {}, in etcd); choose another id",
+                    t.owner.space, t.owner.epoch
+                ))),
+                Err(e) => Some(ApiError::unavailable(format!(
+                    "cannot record session `{id}` as this space's in etcd: {e}"
+                ))),
+            };
+            if let Some(e) = refusal {
+                live.gone.store(true, Ordering::SeqCst);
+                lock(&self.live).remove(&id);
+                return Err(e);
+            }
         }
-        let stdin = match &req.stdin {
-            Some(k) => Some(parse_kappa(k, "stdin")?),
-            None => None,
-        };
         let begin = Begin::Fresh {
             module,
             args: req.args,
@@ -1020,6 +1053,11 @@ impl Sessions {
             live.gone.store(true, Ordering::SeqCst);
             lock(&self.live).remove(&id);
             self.drop_backing(&id);
+            if let Some(o) = &self.cfg.owners
+                && let Err(e) = o.release(&id)
+            {
+                warn!(session = %id, error = %e, "cannot remove the owner record of a session that did not start");
+            }
             return Err(e);
         }
         info!(session = %id, program = %req.program, "session started");
@@ -1050,8 +1088,59 @@ impl Sessions {
         }
         let k = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
         let engine = parse_engine(req.engine.as_deref(), engine_of(&live))?;
+        self.check_owner(&live)?;
         self.start(&live, Begin::Resume(k), engine, false)?;
         Ok(live.info())
+    }
+
+    /// In a fleet (`owners`): that etcd names this space as the session's owner at the epoch
+    /// it holds here — a session from before the space used etcd is claimed. A session etcd
+    /// says moved on (a move committed there whose record here was never written: this
+    /// space stopped in between) is marked moved here, and refused. Without owners: `None`.
+    fn check_owner(self: &Arc<Self>, live: &Arc<Live>) -> Result<Option<Owned>, ApiError> {
+        let Some(o) = &self.cfg.owners else {
+            return Ok(None);
+        };
+        let info = live.info();
+        let unreachable = |e: crate::owners::EtcdError| {
+            ApiError::unavailable(format!(
+                "cannot ask etcd who owns session `{}`: {e}",
+                info.id
+            ))
+        };
+        let found = match o.owner(&info.id).map_err(unreachable)? {
+            Some(r) if r.owner.space == o.me() && r.owner.epoch == info.epoch => {
+                return Ok(Some(r));
+            }
+            Some(r) => r,
+            None => match o.claim(&info.id, info.epoch).map_err(unreachable)? {
+                Claim::Mine(r) => return Ok(Some(r)),
+                Claim::Taken(r) => r,
+            },
+        };
+        let Owner { space, epoch } = found.owner;
+        if space != o.me() && epoch > info.epoch {
+            self.update(live, |i| {
+                i.state = State::Moved;
+                i.moved_to = Some(space.clone());
+                i.epoch = epoch;
+                i.migrating_to = None;
+                i.reason = Some(format!(
+                    "etcd records that it moved to {space} (epoch {epoch})"
+                ));
+            });
+            warn!(session = %info.id, to = %space, epoch, "etcd says this session moved on; fenced here");
+            return Err(ApiError::conflict(format!(
+                "session `{}` moved to {space} (epoch {epoch}, recorded in etcd); it is \
+                 resumed there, not here",
+                info.id
+            )));
+        }
+        Err(ApiError::conflict(format!(
+            "etcd names {space} (epoch {epoch}) as the owner of session `{}`, not this space \
+             at epoch {}",
+            info.id, info.epoch
+        )))
     }
 
     /// Forgets a finished session (exited, failed, killed, or moved away with the move
@@ -1085,6 +1174,15 @@ impl Sessions {
                 )));
             }
             _ => {}
+        }
+        if let Some(o) = &self.cfg.owners
+            && info.state != State::Moved
+        {
+            o.release(id).map_err(|e| {
+                ApiError::unavailable(format!(
+                    "cannot remove session `{id}`'s owner record from etcd: {e}"
+                ))
+            })?;
         }
         let files = format!("{}{id}", ferry_engine::gc::FILES_PREFIX);
         for name in [format!("session/{id}"), files] {
@@ -1284,6 +1382,10 @@ impl Sessions {
         let dest_store = dest.store();
         dest.health()
             .map_err(|e| ApiError::unavailable(format!("the destination is unreachable: {e}")))?;
+        // In a fleet, only the owner etcd names moves a session; the owner record's revision
+        // is what the commit compares.
+        let owned = self.check_owner(&live)?;
+        let attempt = format!("{:016x}", rand::random::<u64>());
         let started = Instant::now();
         let mut report = MigrationReport {
             to: to.clone(),
@@ -1300,6 +1402,7 @@ impl Sessions {
         };
         self.update(&live, |i| {
             i.migrating_to = Some(to.clone());
+            i.attempt = Some(attempt.clone());
             i.migration = Some(report.clone());
         });
         let r = self.migrate_steps(
@@ -1308,8 +1411,12 @@ impl Sessions {
             &req,
             engine,
             was_running,
-            &dest_store,
-            &dest,
+            Move {
+                attempt: &attempt,
+                owned: owned.as_ref(),
+                dest_store: &dest_store,
+                dest: &dest,
+            },
             &mut report,
             started,
         );
@@ -1325,6 +1432,7 @@ impl Sessions {
                 report.outcome = format!("aborted: {}", e.msg);
                 self.update(&live, |i| {
                     i.migrating_to = None;
+                    i.attempt = None;
                     i.migration = Some(report.clone());
                 });
                 warn!(session = %id, to = %to, error = %e.msg, "migration aborted; the session stays here");
@@ -1344,11 +1452,16 @@ impl Sessions {
         req: &MigrateRequest,
         engine: EngineKind,
         was_running: bool,
-        dest_store: &RemoteStore,
-        dest: &SpaceClient,
+        m: Move<'_>,
         report: &mut MigrationReport,
         started: Instant,
     ) -> Result<(), ApiError> {
+        let Move {
+            attempt,
+            owned,
+            dest_store,
+            dest,
+        } = m;
         let id = live.info().id;
         let unreachable =
             |what: &str, e: &dyn std::fmt::Display| ApiError::unavailable(format!("{what}: {e}"));
@@ -1363,7 +1476,19 @@ impl Sessions {
             program: info.program.clone(),
             engine: engine.name().into(),
             checkpoint_every_ms: info.checkpoint_every_ms,
+            attempt: Some(attempt.to_owned()),
         };
+        // In a fleet: the attempt is recorded aborted (best effort), so the destination
+        // drops its copy even if it never hears this space again.
+        let abort_in_etcd = || {
+            if let Some(o) = &self.cfg.owners
+                && let Err(e) = o.abort_move(&id, epoch, attempt)
+            {
+                warn!(session = %id, error = %e, "cannot record the aborted move in etcd");
+            }
+        };
+        // The destination's name as it gave it (its `--advertise` URL), for the owner record.
+        let mut dest_name = None;
         let refused = |e: ApiError| {
             if e.status == 0 {
                 ApiError::unavailable(format!("the destination did not answer: {}", e.msg))
@@ -1397,9 +1522,13 @@ impl Sessions {
                     ms: t.elapsed().as_millis() as u64,
                 });
                 report.total_bytes += s.bytes;
-                if let Err(e) = dest.prepare(&prepare_at(k)) {
-                    let _ = dest.abort(&id, Decision { epoch });
-                    return Err(refused(e));
+                match dest.prepare(&prepare_at(k)) {
+                    Ok(a) => dest_name = a.space,
+                    Err(e) => {
+                        abort_in_etcd();
+                        let _ = dest.abort(&id, Decision { epoch });
+                        return Err(refused(e));
+                    }
                 }
                 report.rounds.last_mut().expect("pushed above").ms = t.elapsed().as_millis() as u64;
                 self.update(live, |i| i.migration = Some(report.clone()));
@@ -1440,6 +1569,7 @@ impl Sessions {
             {
                 warn!(session = %id, error = %e2.msg, "could not resume here after the abort; it stays suspended");
             }
+            abort_in_etcd();
             let _ = dest.abort(&id, Decision { epoch });
             e
         };
@@ -1459,12 +1589,53 @@ impl Sessions {
         let t = Instant::now();
         let prepared = dest.prepare(&prepare_at(k));
         let t_prepare = t.elapsed();
-        if let Err(e) = prepared {
-            return Err(abort_here(self, refused(e)));
+        match prepared {
+            Ok(a) => dest_name = a.space.or(dest_name),
+            Err(e) => return Err(abort_here(self, refused(e))),
         }
         fault("prepared");
-        // 5. Commit point: the move is recorded here, durably. From now on the session
-        //    belongs to the destination; this copy is fenced.
+        // 5. Commit point: in a fleet, the transaction in etcd that moves the owner record
+        //    (if no one aborted the attempt first); else the record here. From then on the
+        //    session belongs to the destination; this copy is fenced.
+        if let (Some(o), Some(owned)) = (&self.cfg.owners, owned) {
+            let to_owner = Owner {
+                space: dest_name.unwrap_or_else(|| to.to_owned()),
+                epoch,
+            };
+            loop {
+                match o.commit_move(&id, attempt, owned.revision, &to_owner) {
+                    Ok(Commit::Decided(crate::owners::Outcome::Committed)) => break,
+                    Ok(Commit::Decided(crate::owners::Outcome::Aborted)) => {
+                        return Err(abort_here(
+                            self,
+                            ApiError::conflict(
+                                "the destination gave the move up before it committed (it \
+                                 could not hear this space; etcd records the attempt aborted)",
+                            ),
+                        ));
+                    }
+                    Ok(Commit::Superseded(now)) => {
+                        // Someone else changed the owner record: the session is not this
+                        // space's to run any more. It stays suspended here.
+                        abort_in_etcd();
+                        let _ = dest.abort(&id, Decision { epoch });
+                        let now = now.map_or("no one".to_owned(), |o| {
+                            format!("{} (epoch {})", o.space, o.epoch)
+                        });
+                        return Err(ApiError::conflict(format!(
+                            "the owner record in etcd changed during the move (it names \
+                             {now}); the session stays suspended here"
+                        )));
+                    }
+                    Err(e) => {
+                        // The outcome is unknown until etcd answers: the guest stays paused.
+                        warn!(session = %id, error = %e, "etcd did not answer the commit; asking again");
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                }
+            }
+            fault("owner-moved");
+        }
         report.total_ms = started.elapsed().as_millis() as u64;
         self.update(live, |i| {
             i.state = State::Moved;
@@ -1546,14 +1717,25 @@ impl Sessions {
         session_id(&req.session)?;
         let k = parse_kappa(&req.snapshot, "snapshot")?;
         let engine = parse_engine(Some(&req.engine), EngineKind::Jit)?;
+        if let Some(a) = &req.attempt
+            && (a.is_empty() || a.len() > 32 || !a.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(ApiError::bad_request("attempt: 1 to 32 hexadecimal digits"));
+        }
         fault("dest-prepare");
+        self.check_move_in_etcd(&req)?;
         let previous = lock(&self.live).get(&req.session).cloned();
         if let Some(p) = &previous {
             let _turn = lock(&p.turn);
             let pi = p.info();
             if pi.state == State::Prepared && pi.epoch == req.epoch {
-                // A later round of the same move: bring the held guest forward.
-                return self.bring_forward(p, k);
+                // A later round of the same move — or a new attempt at it: the source runs
+                // one move of a session at a time, so it gave the earlier one up. Bring the
+                // held guest forward, now for this attempt.
+                if pi.attempt != req.attempt {
+                    self.update(p, |i| i.attempt = req.attempt.clone());
+                }
+                return self.bring_forward(p, k).map(|i| self.answer(i));
             }
             if pi.epoch >= req.epoch {
                 return Err(ApiError::conflict(format!(
@@ -1576,6 +1758,7 @@ impl Sessions {
                 checkpoint_every_ms: req
                     .checkpoint_every_ms
                     .filter(|&ms| ms >= MIN_CHECKPOINT_MS),
+                attempt: req.attempt.clone(),
                 ..SessionInfo::starting(&req.session, &req.program, engine.name(), req.epoch)
             },
             OutputBuffer::default(),
@@ -1608,7 +1791,60 @@ impl Sessions {
         self.snapshotted(&live, k);
         info!(session = %req.session, source = %req.source, epoch = req.epoch, "prepared; waiting for the commit");
         self.spawn_resolver(live.clone());
-        Ok(live.info())
+        Ok(self.answer(live.info()))
+    }
+
+    /// A prepare's answer names this space as its peers reach it (for the owner record).
+    fn answer(&self, info: SessionInfo) -> SessionInfo {
+        SessionInfo {
+            space: Some(self.cfg.advertise.clone()),
+            ..info
+        }
+    }
+
+    /// In a fleet: a move is prepared here only if etcd names its source as the session's
+    /// owner at the epoch before the move's, and the attempt is not decided yet.
+    fn check_move_in_etcd(&self, req: &PrepareRequest) -> Result<(), ApiError> {
+        let Some(o) = &self.cfg.owners else {
+            return Ok(());
+        };
+        let id = &req.session;
+        let unreachable = |e: crate::owners::EtcdError| {
+            ApiError::unavailable(format!("cannot ask etcd who owns session `{id}`: {e}"))
+        };
+        let Some(attempt) = &req.attempt else {
+            return Err(ApiError::conflict(
+                "this space records session owners in etcd, and the source sent no move \
+                 attempt (a ferry that predates them): move it with a newer ferry",
+            ));
+        };
+        match o.owner(id).map_err(unreachable)? {
+            Some(r) if r.owner.space == req.source && r.owner.epoch + 1 == req.epoch => {}
+            Some(r) => {
+                return Err(ApiError::conflict(format!(
+                    "stale move: etcd names {} (epoch {}) as the owner of session `{id}`, and \
+                     this move comes from {} to epoch {}",
+                    r.owner.space, r.owner.epoch, req.source, req.epoch
+                )));
+            }
+            None => {
+                return Err(ApiError::conflict(format!(
+                    "etcd has no owner record for session `{id}`: is the source {} using the \
+                     same etcd (--etcd, --etcd-prefix) as this space?",
+                    req.source
+                )));
+            }
+        }
+        match o.decided(id, req.epoch, attempt).map_err(unreachable)? {
+            None => Ok(()),
+            Some(outcome) => Err(ApiError::conflict(format!(
+                "this move of session `{id}` is already decided in etcd ({})",
+                match outcome {
+                    crate::owners::Outcome::Committed => "committed",
+                    crate::owners::Outcome::Aborted => "aborted",
+                }
+            ))),
+        }
     }
 
     /// A held guest moves on to snapshot κ (only the chunks that differ are copied); its record
@@ -1725,43 +1961,154 @@ impl Sessions {
         Ok(())
     }
 
-    /// While a session is held prepared here, asks its source now and then how the move
-    /// ended, so the decision is reached even if the source's own message never arrives.
+    /// While a session is held prepared here, asks now and then how the move ended — etcd
+    /// (in a fleet), then the source — so the decision is reached even if the source's own
+    /// message never arrives.
     fn spawn_resolver(self: &Arc<Self>, live: Arc<Live>) {
         let me = self.clone();
         std::thread::spawn(move || {
+            // When the source last answered: in a fleet, a source silent for
+            // `prepared_timeout` is given up.
+            let mut heard = Instant::now();
             loop {
                 std::thread::sleep(RESOLVE_EVERY);
                 let info = live.info();
                 if info.state != State::Prepared || live.gone.load(Ordering::SeqCst) {
                     return;
                 }
-                let source = info.source.clone().unwrap_or_default();
+                let Some(outcome) = me.resolve_once(&info, &mut heard) else {
+                    continue;
+                };
+                let _turn = lock(&live.turn);
+                let now = live.info();
+                if now.state != State::Prepared
+                    || now.epoch != info.epoch
+                    || now.attempt != info.attempt
+                {
+                    // Decided meanwhile, or a new attempt of the source's took the copy over.
+                    continue;
+                }
                 let d = Decision { epoch: info.epoch };
-                match SpaceClient::new(&source, &me.cfg.peer_token).session(&info.id) {
-                    Ok(s) if s.state == State::Moved && s.epoch == info.epoch => {
-                        let _turn = lock(&live.turn);
+                match outcome {
+                    crate::owners::Outcome::Committed => {
                         if let Err(e) = me.commit_locked(&live, d) {
-                            warn!(session = %info.id, error = %e.msg, "commit after asking the source failed");
+                            warn!(session = %info.id, error = %e.msg, "commit after asking how the move ended failed");
                         }
-                        return;
                     }
-                    Ok(s) if s.migrating_to.is_some() => {} // still deciding
-                    Ok(_) => {
-                        let _turn = lock(&live.turn);
+                    crate::owners::Outcome::Aborted => {
                         let _ = me.abort_locked(&live, d);
-                        return;
                     }
-                    Err(e) if e.status == 404 => {
+                }
+                return;
+            }
+        });
+    }
+
+    /// One look at how the move that holds `info` here ended: `None` while undecided. In a
+    /// fleet etcd decides, and a source that says it is not moving the session, or stays
+    /// silent for `prepared_timeout`, gets the attempt aborted there (unless it committed
+    /// first); else the source's record is the outcome.
+    fn resolve_once(
+        &self,
+        info: &SessionInfo,
+        heard: &mut Instant,
+    ) -> Option<crate::owners::Outcome> {
+        use crate::owners::Outcome;
+        let fleet = self.cfg.owners.as_ref().zip(info.attempt.as_deref());
+        if let Some((o, attempt)) = fleet {
+            match o.decided(&info.id, info.epoch, attempt) {
+                Ok(Some(outcome)) => return Some(outcome),
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(session = %info.id, error = %e, "cannot ask etcd how the move ended")
+                }
+            }
+        }
+        // The source's answer concerns this move only if it names the same attempt (a
+        // source or record from before attempts named none).
+        let same = |a: &Option<String>| a.is_none() || info.attempt.is_none() || *a == info.attempt;
+        let source = info.source.clone().unwrap_or_default();
+        let not_moving = match SpaceClient::new(&source, &self.cfg.peer_token).session(&info.id) {
+            Ok(s) if s.state == State::Moved && s.epoch == info.epoch && same(&s.attempt) => {
+                return Some(Outcome::Committed);
+            }
+            Ok(s) if s.migrating_to.is_some() && same(&s.attempt) => {
+                *heard = Instant::now();
+                return None; // still deciding
+            }
+            Ok(_) => true,
+            Err(e) if e.status == 404 => true,
+            Err(_) => false, // no answer: keep holding
+        };
+        let Some((o, attempt)) = fleet else {
+            return not_moving.then_some(Outcome::Aborted);
+        };
+        if not_moving {
+            *heard = Instant::now();
+        } else if heard.elapsed() < self.cfg.prepared_timeout {
+            return None;
+        } else {
+            warn!(session = %info.id, source = %source, silent_s = heard.elapsed().as_secs(), "the source does not answer; giving the move up in etcd");
+        }
+        match o.abort_move(&info.id, info.epoch, attempt) {
+            Ok(outcome) => Some(outcome),
+            Err(e) => {
+                warn!(session = %info.id, error = %e, "cannot record the move aborted in etcd; holding on");
+                None
+            }
+        }
+    }
+
+    /// After a restart, a move that was under way when this space stopped (its record
+    /// names the attempt and the destination) is settled in etcd: aborted unless it had
+    /// committed — then the session is marked moved here and the commit delivered.
+    fn spawn_settle(self: &Arc<Self>, live: Arc<Live>, to: String, attempt: String) {
+        let me = self.clone();
+        std::thread::spawn(move || {
+            let Some(o) = me.cfg.owners.clone() else {
+                return;
+            };
+            let info = live.info();
+            let epoch = info.epoch + 1;
+            loop {
+                match o.abort_move(&info.id, epoch, &attempt) {
+                    Ok(crate::owners::Outcome::Aborted) => return,
+                    Ok(crate::owners::Outcome::Committed) => {
                         let _turn = lock(&live.turn);
-                        let _ = me.abort_locked(&live, d);
+                        let now = live.info();
+                        if now.epoch >= epoch || now.state.is_live() {
+                            return;
+                        }
+                        me.update(&live, |i| {
+                            i.state = State::Moved;
+                            i.moved_to = Some(to.clone());
+                            i.epoch = epoch;
+                            i.commit_pending = true;
+                            i.reason = Some(
+                                "its move committed in etcd just before this space stopped".into(),
+                            );
+                        });
+                        info!(session = %info.id, to = %to, epoch, "etcd says the move committed; fenced here");
+                        me.spawn_committer(live.clone());
                         return;
                     }
-                    Err(_) => {} // unreachable: keep holding
+                    Err(e) => {
+                        warn!(session = %info.id, error = %e, "cannot settle an interrupted move in etcd yet");
+                        std::thread::sleep(RESOLVE_EVERY);
+                    }
                 }
             }
         });
     }
+}
+
+/// What one migration attempt works with, besides the session.
+struct Move<'a> {
+    attempt: &'a str,
+    /// The owner record read before the move (in a fleet).
+    owned: Option<&'a Owned>,
+    dest_store: &'a RemoteStore,
+    dest: &'a SpaceClient,
 }
 
 /// Asks run `mine` of a session for a checkpoint every `every` while it runs (not while a

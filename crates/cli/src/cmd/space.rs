@@ -36,8 +36,26 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     peer_token_file: Option<PathBuf>,
     /// Serve objects only: run no sessions.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "etcd")]
     objects_only: bool,
+    /// Record which space owns each session in this etcd cluster (its client URLs,
+    /// comma-separated), shared by a fleet of spaces: every move is then decided there, so a
+    /// destination can finish or give up a move without its source (docs/migration.md).
+    #[arg(long, value_name = "URL,...", value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// With --etcd: the key prefix of this fleet's records.
+    #[arg(
+        long,
+        value_name = "PREFIX",
+        default_value = "/ferry",
+        requires = "etcd"
+    )]
+    etcd_prefix: String,
+    /// With --etcd: how long a destination holds a prepared copy while the move's source
+    /// does not answer, before it gives the move up (in etcd: the source cannot commit it
+    /// after that, and runs the guest on).
+    #[arg(long, value_name = "DURATION", default_value = "1m", requires = "etcd", value_parser = crate::cmd::run::parse_duration)]
+    prepared_timeout: Duration,
     /// Collect garbage this often while serving (as `ferry --space URL store gc` does on
     /// demand) [default: only on demand].
     #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
@@ -142,17 +160,30 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
         let sessions = if a.objects_only {
             None
         } else {
+            let owners = (!a.etcd.is_empty()).then(|| {
+                Arc::new(ferry_space::owners::Owners::new(
+                    &a.etcd,
+                    &a.etcd_prefix,
+                    &advertise,
+                ))
+            });
             let cfg = Config {
                 dir: space_dir,
                 policy,
                 compiled_cache: Some(settings.compiled_cache()),
                 advertise,
                 peer_token,
+                owners: owners.clone(),
+                prepared_timeout: a.prepared_timeout,
             };
             let st = store.clone();
-            let s = tokio::task::spawn_blocking(move || Sessions::open(st, cfg))
-                .await?
-                .map_err(anyhow::Error::msg)?;
+            let s = tokio::task::spawn_blocking(move || {
+                if let Some(o) = &owners {
+                    o.check().context("--etcd")?;
+                }
+                Sessions::open(st, cfg).map_err(anyhow::Error::msg)
+            })
+            .await??;
             Some(s)
         };
         // The first line on stdout names the address (scripts and tests read it).

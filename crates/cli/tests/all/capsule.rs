@@ -533,24 +533,9 @@ fn mounted_files_that_did_not_change_are_shared_layers() {
 /// resumes byte-identically. (`scripts/setup.sh` installs skopeo and unpacks the registry.)
 #[test]
 fn a_snapshot_moves_through_a_container_registry() {
-    // On the PATH, or where scripts/setup.sh unpacks it.
-    let tool = |name: &str| -> String {
-        let found = std::process::Command::new("sh")
-            .args(["-c", &format!("command -v {name}")])
-            .output()
-            .unwrap();
-        if found.status.success() {
-            return String::from_utf8_lossy(&found.stdout).trim().to_owned();
-        }
-        let tools = std::env::var_os("FERRY_TOOLS")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::PathBuf::from(std::env::var_os("HOME").unwrap())
-                    .join(".cache/ferry/tools")
-            });
-        let p = tools.join(name);
-        assert!(p.exists(), "{name} is missing: run scripts/setup.sh");
-        p.to_string_lossy().into_owned()
+    let tool = |name: &str| {
+        crate::harness::tool(name)
+            .unwrap_or_else(|| panic!("{name} is missing: run scripts/setup.sh"))
     };
     let (skopeo_bin, registry_bin) = (tool("skopeo"), tool("docker-registry"));
     let (here, plain, mut seen, k) = suspended_cpu_guest();

@@ -516,6 +516,8 @@ pub struct SpaceProc {
     pub url: String,
     port: u16,
     extra: Vec<String>,
+    /// The address it listens on (`127.0.0.1`, or `0.0.0.0`: also reachable at 127.0.0.2).
+    host: &'static str,
 }
 
 impl SpaceProc {
@@ -535,6 +537,34 @@ impl SpaceProc {
             url: String::new(),
             port: 0,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            host: "127.0.0.1",
+        };
+        s.spawn(None);
+        s
+    }
+
+    /// Like [`SpaceProc::start_with_vars`], listening on every address and telling its peers
+    /// to reach it at 127.0.0.2 (`--advertise`) while clients use 127.0.0.1: a
+    /// [`Blackhole::address`] of 127.0.0.2 then cuts it off from its peers only.
+    pub fn start_for_peers_at_127_0_0_2(vars: &[(&str, &str)], extra: &[&str]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut all = vec!["--advertise".to_owned(), format!("http://127.0.0.2:{port}")];
+        all.extend(extra.iter().map(|s| s.to_string()));
+        let env = vars.iter().fold(
+            Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN),
+            |e, (k, v)| e.with_var(k, v),
+        );
+        let mut s = Self {
+            env,
+            child: None,
+            url: String::new(),
+            port,
+            extra: all,
+            host: "0.0.0.0",
         };
         s.spawn(None);
         s
@@ -543,7 +573,7 @@ impl SpaceProc {
     /// Starts the server (again), dying at `fault` (`FERRY_FAULT`) if given.
     pub fn spawn(&mut self, fault: Option<&str>) {
         let mut c = self.env.ferry();
-        c.args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
+        c.args(["serve", "--listen", &format!("{}:{}", self.host, self.port)])
             .args(&self.extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
@@ -559,7 +589,7 @@ impl SpaceProc {
             .trim()
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("unexpected first line `{line}`"))
-            .to_owned();
+            .replace("0.0.0.0", "127.0.0.1");
         self.port = self.url.rsplit(':').next().unwrap().parse().unwrap();
         self.child = Some(child);
     }
@@ -633,17 +663,31 @@ impl Blackhole {
 
     /// Several ports at once: two spaces cut off from each other (and from everyone else).
     pub fn ports(ports: &[u16]) -> Option<Self> {
-        let table = format!("ferry_test_{}_{}", std::process::id(), ports[0]);
-        let mut rules = format!(
-            "add table inet {table}\n\
-             add chain inet {table} out {{ type filter hook output priority 0; }}\n"
+        let rules = ports
+            .iter()
+            .map(|port| format!("tcp dport {port} drop\ntcp sport {port} drop\n"))
+            .collect::<String>();
+        Self::rules(ports[0], &rules)
+    }
+
+    /// Only the packets to and from `ip:port` (a space reached at several addresses stays
+    /// reachable at the others).
+    pub fn address(ip: &str, port: u16) -> Option<Self> {
+        let rules =
+            format!("ip daddr {ip} tcp dport {port} drop\nip saddr {ip} tcp sport {port} drop\n");
+        Self::rules(port, &rules)
+    }
+
+    /// A table of its own holding `rules` (one per line, each a match and a verdict).
+    fn rules(tag: u16, rules: &str) -> Option<Self> {
+        let table = format!("ferry_test_{}_{tag}", std::process::id());
+        let rules = rules.lines().fold(
+            format!(
+                "add table inet {table}\n\
+                 add chain inet {table} out {{ type filter hook output priority 0; }}\n"
+            ),
+            |all, r| all + &format!("add rule inet {table} out {r}\n"),
         );
-        for port in ports {
-            rules += &format!(
-                "add rule inet {table} out tcp dport {port} drop\n\
-                 add rule inet {table} out tcp sport {port} drop\n"
-            );
-        }
         let added = Command::new("nft")
             .args(["-f", "-"])
             .stdin(Stdio::piped())
@@ -677,5 +721,135 @@ impl Drop for Blackhole {
         let _ = Command::new("nft")
             .args(["delete", "table", "inet", &self.table])
             .status();
+    }
+}
+
+/// A tool the tests run: on the PATH, or where scripts/setup.sh unpacks it (`FERRY_TOOLS`,
+/// else `~/.cache/ferry/tools`).
+pub fn tool(name: &str) -> Option<String> {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .ok()?;
+    if found.status.success() {
+        return Some(String::from_utf8_lossy(&found.stdout).trim().to_owned());
+    }
+    let tools = std::env::var_os("FERRY_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ferry/tools")
+        });
+    let p = tools.join(name);
+    p.exists().then(|| p.to_string_lossy().into_owned())
+}
+
+/// An etcd server of the test's own (Debian's `etcd`, on free ports, its data in a
+/// temporary directory), stopped on drop. `None` where there is no `etcd` binary, except
+/// under CI (`CI` set), where that fails the test.
+pub struct Etcd {
+    child: Child,
+    pub url: String,
+    etcdctl: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    pub fn start() -> Option<Self> {
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let (Some(etcd), Some(etcdctl)) = (tool("etcd"), tool("etcdctl")) else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "etcd and etcdctl are needed for the fleet tests: run scripts/setup.sh"
+            );
+            eprintln!("skipped: no etcd here (scripts/setup.sh unpacks it)");
+            return None;
+        };
+        let (client, peer) = (free(), free());
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("http://127.0.0.1:{client}");
+        let child = Command::new(etcd)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+            ])
+            .args([
+                "--initial-cluster",
+                &format!("default=http://127.0.0.1:{peer}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let e = Self {
+            child,
+            url,
+            etcdctl,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !e.answers() {
+            assert!(Instant::now() < deadline, "etcd did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(e)
+    }
+
+    fn answers(&self) -> bool {
+        Command::new(&self.etcdctl)
+            .args(["--endpoints", &self.url, "endpoint", "health"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// The values of every key that starts with `prefix`, in key order.
+    pub fn values(&self, prefix: &str) -> Vec<String> {
+        let out = Command::new(&self.etcdctl)
+            .args([
+                "--endpoints",
+                &self.url,
+                "get",
+                "--prefix",
+                "--print-value-only",
+                prefix,
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "etcdctl get {prefix}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// A session's owner record (`/ferry/sessions/<id>`), if it has one.
+    pub fn owner(&self, id: &str) -> Option<serde_json::Value> {
+        let key = format!("/ferry/sessions/{id}");
+        let v = self.values(&key);
+        v.first().map(|v| serde_json::from_str(v).unwrap())
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -7,6 +7,7 @@ mod capsule;
 mod churn;
 mod conformance;
 mod engines;
+mod fleet;
 mod harness;
 mod migrate;
 mod python;

@@ -9,31 +9,31 @@ use std::time::{Duration, Instant};
 use crate::harness::{Blackhole, Env, SPACE_TOKEN, Seen, SpaceProc, dir_contents, guest};
 
 /// `cli`, which must succeed.
-fn ok(here: &Env, space: &str, args: &[&str]) {
+pub(crate) fn ok(here: &Env, space: &str, args: &[&str]) {
     let (_, err, code) = cli(here, space, args);
     assert_eq!(code, 0, "ferry --space {space} {args:?}: {err}");
 }
 
 /// `cli`, which must fail: its stderr.
-fn refused(here: &Env, space: &str, args: &[&str]) -> String {
+pub(crate) fn refused(here: &Env, space: &str, args: &[&str]) -> String {
     let (_, err, code) = cli(here, space, args);
     assert_ne!(code, 0, "ferry --space {space} {args:?} was not refused");
     err
 }
 
 /// The CLI, driving sessions on `space`.
-fn cli(here: &Env, space: &str, args: &[&str]) -> (String, String, i32) {
+pub(crate) fn cli(here: &Env, space: &str, args: &[&str]) -> (String, String, i32) {
     let mut all = vec!["--space", space];
     all.extend_from_slice(args);
     here.output(&all)
 }
 
-fn client() -> Env {
+pub(crate) fn client() -> Env {
     Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN)
 }
 
 /// Waits until `f` holds (or panics after 60 s).
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+pub(crate) fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
@@ -43,7 +43,7 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 
 /// `ferry --space URL logs ID`, with and without `--follow` (both follow moves), must equal
 /// `expected`, and `wait` must report exit code 0.
-fn assert_finished_like(here: &Env, first: &str, id: &str, expected: &[u8]) {
+pub(crate) fn assert_finished_like(here: &Env, first: &str, id: &str, expected: &[u8]) {
     let (_, err, code) = cli(here, first, &["wait", id]);
     assert_eq!(code, 0, "wait: {err}");
     for follow in [true, false] {
@@ -63,7 +63,7 @@ fn assert_finished_like(here: &Env, first: &str, id: &str, expected: &[u8]) {
 
 /// Runs `wasm/cpu.wasm ROUNDS` on `space` as session `id` and lets it run for 300 ms;
 /// returns what an uninterrupted run of it shows.
-fn run_cpu_guest(here: &Env, space: &str, id: &str, rounds: &str) -> Seen {
+pub(crate) fn run_cpu_guest(here: &Env, space: &str, id: &str, rounds: &str) -> Seen {
     let g = guest("wasm/cpu.wasm");
     let plain = here.plain(&[g.to_str().unwrap(), "--", rounds]);
     ok(
@@ -78,7 +78,7 @@ fn run_cpu_guest(here: &Env, space: &str, id: &str, rounds: &str) -> Seen {
 /// `ferry --space FROM migrate ID --to TO --max-rounds 1` (the guest paused after one
 /// pre-copy round) on a thread of its own, by a client with `vars` set: its stdout, stderr
 /// and exit code arrive on the receiver.
-fn migrate_in_background(
+pub(crate) fn migrate_in_background(
     vars: &[(&str, &str)],
     from: &str,
     id: &str,
@@ -99,7 +99,7 @@ fn migrate_in_background(
 }
 
 /// `ferry store verify` succeeds on each space's store.
-fn stores_verify(spaces: &[&SpaceProc]) {
+pub(crate) fn stores_verify(spaces: &[&SpaceProc]) {
     for s in spaces {
         let (out, err, code) = s.env.output(&["store", "verify"]);
         assert_eq!(code, 0, "store of {}: {out}{err}", s.url);
@@ -870,6 +870,39 @@ fn a_partition_while_the_destination_prepares_leaves_one_copy_running() {
     assert_finished_like(&here, &a.url, "part", &plain.stdout);
     assert_eq!(a.state("part").as_deref(), Some("exited"));
     stores_verify(&[&a, &b]);
+}
+
+/// B holds a prepared copy from the pre-copy round while B and A are cut off from each other
+/// (B's port, and A's peer address 127.0.0.2; clients still reach A): A gives B up and runs
+/// on, and while B still cannot ask, the session moves from A to C — at the same epoch B's
+/// copy has. Once the network heals B asks A, which says `moved` at that epoch: but by
+/// another attempt, so B drops its copy instead of running a second one.
+#[test]
+fn a_copy_held_through_a_partition_is_dropped_when_the_session_moved_elsewhere() {
+    let here = client();
+    let silence = ("FERRY_PEER_SILENCE_MS", "2000");
+    let a = SpaceProc::start_for_peers_at_127_0_0_2(&[silence], &[]);
+    let b = SpaceProc::start(&[]);
+    let c = SpaceProc::start(&[]);
+    let plain = run_cpu_guest(&here, &a.url, "el", "1200");
+    let rx = migrate_in_background(&[], &a.url, "el", &b.url);
+    eventually("B holds a prepared copy", || {
+        b.state("el").as_deref() == Some("prepared")
+    });
+    let Some(cut_b) = Blackhole::port(b.port()) else {
+        return;
+    };
+    let cut_a = Blackhole::address("127.0.0.2", a.port()).unwrap();
+    let (_, err, code) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("migrate still waits after 60 s");
+    assert_ne!(code, 0, "{err}");
+    ok(&here, &a.url, &["migrate", "el", "--to", &c.url]);
+    drop((cut_a, cut_b));
+    eventually("B drops its held copy", || b.state("el").is_none());
+    assert_finished_like(&here, &a.url, "el", &plain.stdout);
+    assert_eq!(c.state("el").as_deref(), Some("exited"));
+    stores_verify(&[&a, &b, &c]);
 }
 
 /// A private CA and a certificate it signed for 127.0.0.1, made with `openssl` in `dir`:

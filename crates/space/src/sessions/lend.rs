@@ -124,8 +124,10 @@ impl Sessions {
             self.stop(id, Request::Suspend, false)?;
         }
         let _turn = lock(&live.turn);
+        lendable(&live.info(), false)?;
+        // In a fleet, only the session's owner lends it.
+        self.check_owner(&live)?;
         let info = live.info();
-        lendable(&info, false)?;
         let k = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
         // The client continues the snapshot's log, byte for byte.
         let log = self.read_log(&info).map_err(ApiError::internal)?;

@@ -1,0 +1,177 @@
+//! A fleet of spaces sharing an etcd (`ferry serve --etcd URL`; docs/migration.md, "Owners in
+//! etcd"): the owner record follows each move, a move is decided in etcd, so a destination
+//! finishes a committed move whose source died at once, gives up one whose source is gone or
+//! cut off before the commit (and the source, told by etcd, runs on), and a source that
+//! comes back after its move committed is fenced.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::harness::{Blackhole, Etcd, SpaceProc};
+use crate::migrate::{
+    assert_finished_like, cli, client, eventually, migrate_in_background, ok, refused,
+    run_cpu_guest, stores_verify,
+};
+
+fn fleet_space(etcd: &Etcd, extra: &[&str]) -> SpaceProc {
+    let mut args = vec!["--etcd", &etcd.url];
+    args.extend_from_slice(extra);
+    SpaceProc::start(&args)
+}
+
+/// The session ran once, on `on` of `spaces`.
+fn finished_once(spaces: &[&SpaceProc], id: &str, on: &SpaceProc) {
+    let finished: Vec<_> = spaces
+        .iter()
+        .filter(|s| s.state(id).as_deref() == Some("exited"))
+        .map(|s| s.url.clone())
+        .collect();
+    assert_eq!(finished, vec![on.url.clone()], "finished on {finished:?}");
+}
+
+#[test]
+fn in_a_fleet_the_owner_record_follows_each_move() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let a = fleet_space(&etcd, &[]);
+    let b = fleet_space(&etcd, &[]);
+    let plain = run_cpu_guest(&here, &a.url, "own", "800");
+    assert_eq!(etcd.owner("own"), Some(json!({"space": a.url, "epoch": 1})));
+    // The id is taken fleet-wide: another space refuses to start a session under it.
+    let g = crate::harness::guest("wasm/cpu.wasm");
+    let err = refused(
+        &here,
+        &b.url,
+        &["run", "--session", "own", g.to_str().unwrap(), "--", "1"],
+    );
+    assert!(err.contains("belongs to") && err.contains(&a.url), "{err}");
+    ok(&here, &a.url, &["migrate", "own", "--to", &b.url]);
+    assert_eq!(etcd.owner("own"), Some(json!({"space": b.url, "epoch": 2})));
+    let attempt = a.session("own").unwrap()["attempt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        etcd.values(&format!("/ferry/moves/own/2/{attempt}")),
+        vec!["committed"]
+    );
+    // The source no longer owns it: it cannot resume it.
+    let err = refused(&here, &a.url, &["resume", "own"]);
+    assert!(err.contains("moved to"), "{err}");
+    ok(&here, &b.url, &["migrate", "own", "--to", &a.url]);
+    assert_eq!(etcd.owner("own"), Some(json!({"space": a.url, "epoch": 3})));
+    assert_finished_like(&here, &a.url, "own", &plain.stdout);
+    finished_once(&[&a, &b], "own", &a);
+    // Forgetting the finished session at its owner removes its records from etcd.
+    ok(&here, &a.url, &["rm", "own"]);
+    assert_eq!(etcd.owner("own"), None);
+    assert!(etcd.values("/ferry/moves/own/").is_empty());
+    stores_verify(&[&a, &b]);
+}
+
+/// The source dies right after etcd recorded the move, before its own record says so
+/// (`FERRY_FAULT=owner-moved`), and stays down: the destination learns the outcome from etcd
+/// and runs the guest alone (without etcd it would wait for the source). When the source
+/// comes back, etcd tells it the move committed: its copy is fenced, never resumed.
+#[test]
+fn in_a_fleet_a_committed_move_runs_though_its_source_died_at_once() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let mut a = fleet_space(&etcd, &[]);
+    let b = fleet_space(&etcd, &[]);
+    a.stop();
+    a.spawn(Some("owner-moved"));
+    let plain = run_cpu_guest(&here, &a.url, "gone", "400");
+    let _ = cli(&here, &a.url, &["migrate", "gone", "--to", &b.url]);
+    a.wait_dead();
+    assert_finished_like(&here, &b.url, "gone", &plain.stdout);
+    a.spawn(None);
+    eventually("the source learns that the move committed", || {
+        a.state("gone").as_deref() == Some("moved")
+    });
+    let err = refused(&here, &a.url, &["resume", "gone"]);
+    assert!(err.contains("moved to"), "{err}");
+    finished_once(&[&a, &b], "gone", &b);
+    stores_verify(&[&a, &b]);
+}
+
+/// The source dies after the destination prepared the final round, before the commit, and
+/// stays down: the destination gives the move up after `--prepared-timeout` (in etcd) and
+/// drops its copy. The source, back, finds the move aborted and resumes the session itself.
+#[test]
+fn in_a_fleet_a_destination_gives_up_a_move_whose_source_is_gone() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let mut a = fleet_space(&etcd, &[]);
+    let b = fleet_space(&etcd, &["--prepared-timeout", "2s"]);
+    a.stop();
+    a.spawn(Some("prepared"));
+    let plain = run_cpu_guest(&here, &a.url, "left", "400");
+    let _ = cli(&here, &a.url, &["migrate", "left", "--to", &b.url]);
+    a.wait_dead();
+    eventually("the destination gives the move up", || {
+        b.state("left").is_none()
+    });
+    assert_eq!(etcd.values("/ferry/moves/left/2/"), vec!["aborted"]);
+    assert_eq!(
+        etcd.owner("left"),
+        Some(json!({"space": a.url, "epoch": 1}))
+    );
+    a.spawn(None);
+    assert_eq!(a.state("left").as_deref(), Some("suspended"));
+    ok(&here, &a.url, &["resume", "left"]);
+    assert_finished_like(&here, &a.url, "left", &plain.stdout);
+    finished_once(&[&a, &b], "left", &a);
+    stores_verify(&[&a, &b]);
+}
+
+/// The destination cannot reach the source (every packet between them on the source's peer
+/// address dropped; clients still reach it) while the source holds just before its commit
+/// (`FERRY_FAULT_PAUSE`): the destination gives the move up in etcd, so the source's commit
+/// finds it aborted and the guest runs on at the source — one copy, output unchanged.
+#[test]
+fn in_a_fleet_a_source_cut_off_before_its_commit_runs_the_guest_on() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let a = SpaceProc::start_for_peers_at_127_0_0_2(
+        &[("FERRY_FAULT_PAUSE", "prepared:12000")],
+        &["--etcd", &etcd.url],
+    );
+    let b = SpaceProc::start_with_vars(
+        &[("FERRY_PEER_SILENCE_MS", "2000")],
+        &["--etcd", &etcd.url, "--prepared-timeout", "1s"],
+    );
+    let plain = run_cpu_guest(&here, &a.url, "cut", "1200");
+    let rx = migrate_in_background(&[], &a.url, "cut", &b.url);
+    eventually("the destination holds a prepared copy", || {
+        b.state("cut").as_deref() == Some("prepared")
+    });
+    let Some(cut) = Blackhole::address("127.0.0.2", a.port()) else {
+        return;
+    };
+    eventually("the destination gives the move up", || {
+        b.state("cut").is_none()
+    });
+    let (_, err, code) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("migrate still waits after 60 s");
+    drop(cut);
+    assert_ne!(code, 0, "the move committed: {err}");
+    assert!(err.contains("gave the move up"), "{err}");
+    assert_eq!(
+        etcd.owner("cut"),
+        Some(json!({"space": "http://127.0.0.2:".to_owned() + &a.port().to_string(), "epoch": 1}))
+    );
+    assert_finished_like(&here, &a.url, "cut", &plain.stdout);
+    finished_once(&[&a, &b], "cut", &a);
+    stores_verify(&[&a, &b]);
+}

@@ -1,0 +1,503 @@
+//! Which space owns which session, recorded in etcd for a fleet of spaces (DESIGN §3: etcd,
+//! with revisions as fencing tokens, for "which space owns which session";
+//! docs/migration.md, "Owners in etcd").
+//!
+//! Without it the two spaces of a move hold the whole truth between them: the source's
+//! durable record of the move is the commit point, so a destination holding a prepared copy
+//! must hear the outcome from the source — and if the source is gone for good, the copy waits
+//! for ever. With `ferry serve --etcd URL` the outcome of every move is decided in etcd:
+//!
+//! * `<prefix>/sessions/<id>` holds the owner record `{"space": URL, "epoch": e}`: created by
+//!   the space that first runs the session, moved by each committed migration. Its mod
+//!   revision is the fencing token a move compares, and a space resumes or moves only a
+//!   session the record says is its own, at the epoch it holds.
+//! * `<prefix>/moves/<id>/<epoch>/<attempt>` holds the outcome of one attempt to move the
+//!   session to `epoch`: `committed` or `aborted`, written once, by a transaction that
+//!   succeeds only while the key does not exist. The source commits with one transaction that
+//!   also moves the owner record (only if its mod revision is still the one the source read
+//!   before the move); the destination, or the source, aborts by writing `aborted`. Whichever
+//!   lands first is the outcome, so a destination may give a prepared copy up on its own when
+//!   the source stays silent, and run it on its own when etcd says `committed`.
+//!
+//! The client speaks etcd's v3 JSON gateway (`POST /v3/kv/range`, `/v3/kv/txn`; keys and
+//! values in base64), over connections that notice a silent peer ([`crate::net`]). Every
+//! answer is bounded in size and checked before it is believed.
+
+use std::io::Read;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// Largest etcd answer read (a range of one key, a transaction of a few operations).
+const MAX_ANSWER: u64 = 1 << 20;
+
+/// Why etcd could not be asked, or what it answered that ferry cannot use.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    /// No endpoint answered (each one's failure is in the message).
+    #[error("etcd cannot be reached ({0})")]
+    Unreachable(String),
+    /// An endpoint answered with an error (no leader, a request it refuses).
+    #[error("etcd at {endpoint} answered {status}: {msg}")]
+    Refused {
+        endpoint: String,
+        status: u16,
+        msg: String,
+    },
+    /// The answer, or a record in it, is not what ferry writes there.
+    #[error("etcd at {endpoint}: unexpected answer: {msg}")]
+    Malformed { endpoint: String, msg: String },
+}
+
+/// Who owns a session: the space (its advertised URL) and the session's epoch there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Owner {
+    pub space: String,
+    pub epoch: u64,
+}
+
+/// An owner record and its mod revision (the fencing token a move compares).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owned {
+    pub owner: Owner,
+    pub revision: i64,
+}
+
+/// The outcome of one attempt to move a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Committed,
+    Aborted,
+}
+
+impl Outcome {
+    fn name(self) -> &'static str {
+        match self {
+            Outcome::Committed => "committed",
+            Outcome::Aborted => "aborted",
+        }
+    }
+}
+
+/// What a commit attempt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Commit {
+    /// The move is decided: this attempt committed (now or by an earlier try), or someone
+    /// aborted it first.
+    Decided(Outcome),
+    /// The owner record changed since the source read it: someone else owns the session now.
+    Superseded(Option<Owner>),
+}
+
+/// What [`Owners::claim`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The record names this space at the epoch asked for (now, or already).
+    Mine(Owned),
+    /// Another space owns the session, or this one at another epoch.
+    Taken(Owned),
+}
+
+/// The etcd owner records of one space (`ferry serve --etcd`).
+#[derive(Debug)]
+pub struct Owners {
+    endpoints: Vec<String>,
+    /// The endpoint that answered last: asked first next time.
+    current: AtomicUsize,
+    prefix: String,
+    me: String,
+    agent: ureq::Agent,
+}
+
+/// The first key after every key that starts with `prefix` (etcd's `range_end` of a prefix).
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// An int64 of etcd's JSON: a string of digits (or, from some gateways, a number).
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::String(s) => s.parse().ok(),
+        Value::Number(n) => n.as_i64(),
+        _ => None,
+    }
+}
+
+impl Owners {
+    /// The records under `prefix` (e.g. `/ferry`) of the etcd cluster at `endpoints`
+    /// (`http(s)://host:port`), for the space that peers reach at `me`. Asks nothing yet:
+    /// [`Owners::check`] does.
+    pub fn new(endpoints: &[String], prefix: &str, me: &str) -> Self {
+        Self {
+            endpoints: endpoints
+                .iter()
+                .map(|e| e.trim_end_matches('/').to_owned())
+                .collect(),
+            current: AtomicUsize::new(0),
+            prefix: prefix.trim_end_matches('/').to_owned(),
+            me: me.trim_end_matches('/').to_owned(),
+            agent: crate::client::agent(),
+        }
+    }
+
+    /// This space's URL, as the owner records name it.
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    fn owner_key(&self, id: &str) -> String {
+        format!("{}/sessions/{id}", self.prefix)
+    }
+
+    fn move_key(&self, id: &str, epoch: u64, attempt: &str) -> String {
+        format!("{}/moves/{id}/{epoch}/{attempt}", self.prefix)
+    }
+
+    /// `POST <endpoint>/v3/kv/<what>` on the first endpoint that answers.
+    fn call(&self, what: &str, body: &Value) -> Result<(String, Value), EtcdError> {
+        let n = self.endpoints.len();
+        let first = self.current.load(Ordering::Relaxed) % n.max(1);
+        let mut failures = Vec::new();
+        for i in 0..n {
+            let at = (first + i) % n;
+            let endpoint = &self.endpoints[at];
+            let r = self
+                .agent
+                .post(format!("{endpoint}/v3/kv/{what}"))
+                .header("Content-Type", "application/json")
+                .send(body.to_string());
+            let mut r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    failures.push(format!(
+                        "{endpoint}: {}",
+                        crate::tls::explain(e.to_string())
+                    ));
+                    continue;
+                }
+            };
+            let status = r.status().as_u16();
+            let mut bytes = Vec::new();
+            if let Err(e) = r
+                .body_mut()
+                .as_reader()
+                .take(MAX_ANSWER)
+                .read_to_end(&mut bytes)
+            {
+                failures.push(format!("{endpoint}: {e}"));
+                continue;
+            }
+            self.current.store(at, Ordering::Relaxed);
+            let v: Value = serde_json::from_slice(&bytes).map_err(|e| EtcdError::Malformed {
+                endpoint: endpoint.clone(),
+                msg: format!("{e} (status {status})"),
+            })?;
+            if status != 200 {
+                let msg = v
+                    .get("message")
+                    .or_else(|| v.get("error"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("no reason given")
+                    .to_owned();
+                // No leader, or the member is cut off from its cluster: another may answer.
+                if status == 503 {
+                    failures.push(format!("{endpoint}: {msg}"));
+                    continue;
+                }
+                return Err(EtcdError::Refused {
+                    endpoint: endpoint.clone(),
+                    status,
+                    msg,
+                });
+            }
+            return Ok((endpoint.clone(), v));
+        }
+        Err(EtcdError::Unreachable(failures.join("; ")))
+    }
+
+    /// A transaction: `compare`, then `success` or `failure`; whether it succeeded, and the
+    /// answers to its operations.
+    fn txn(
+        &self,
+        compare: Vec<Value>,
+        success: Vec<Value>,
+        failure: Vec<Value>,
+    ) -> Result<(String, bool, Value), EtcdError> {
+        let body = json!({ "compare": compare, "success": success, "failure": failure });
+        let (endpoint, v) = self.call("txn", &body)?;
+        let ok = v.get("succeeded").and_then(Value::as_bool).unwrap_or(false);
+        Ok((endpoint, ok, v))
+    }
+
+    /// Asks etcd for nothing in particular: whether it answers (at `ferry serve`'s start).
+    pub fn check(&self) -> Result<(), EtcdError> {
+        self.call("range", &json!({ "key": B64.encode(self.owner_key("")) }))
+            .map(|_| ())
+    }
+
+    /// The session's owner record, if it has one.
+    pub fn owner(&self, id: &str) -> Result<Option<Owned>, EtcdError> {
+        let (endpoint, v) =
+            self.call("range", &json!({ "key": B64.encode(self.owner_key(id)) }))?;
+        owned_in(&endpoint, &v)
+    }
+
+    /// The outcome of a move attempt, if it is decided.
+    pub fn decided(
+        &self,
+        id: &str,
+        epoch: u64,
+        attempt: &str,
+    ) -> Result<Option<Outcome>, EtcdError> {
+        let key = self.move_key(id, epoch, attempt);
+        let (endpoint, v) = self.call("range", &json!({ "key": B64.encode(key) }))?;
+        outcome_in(&endpoint, &v)
+    }
+
+    /// Makes this space the session's owner at `epoch` if it has no owner, or if this space
+    /// is its owner already (at any epoch: a session id this space reuses). Another space's
+    /// record is left alone and returned.
+    pub fn claim(&self, id: &str, epoch: u64) -> Result<Claim, EtcdError> {
+        let key = B64.encode(self.owner_key(id));
+        let mine = Owner {
+            space: self.me.clone(),
+            epoch,
+        };
+        let value = B64.encode(serde_json::to_vec(&mine).expect("a plain struct"));
+        let mut known: Option<Owned> = None;
+        // A few times at most: the record may change between the read and the write.
+        for _ in 0..3 {
+            let compare = match &known {
+                None => {
+                    json!({ "key": key, "target": "VERSION", "result": "EQUAL", "version": "0" })
+                }
+                Some(o) => {
+                    json!({ "key": key, "target": "MOD", "result": "EQUAL", "mod_revision": o.revision.to_string() })
+                }
+            };
+            let (endpoint, ok, v) = self.txn(
+                vec![compare],
+                vec![json!({ "request_put": { "key": key, "value": value } })],
+                vec![json!({ "request_range": { "key": key } })],
+            )?;
+            if ok {
+                let revision = v
+                    .pointer("/header/revision")
+                    .and_then(int)
+                    .ok_or_else(|| malformed(&endpoint, "a transaction without its revision"))?;
+                return Ok(Claim::Mine(Owned {
+                    owner: mine,
+                    revision,
+                }));
+            }
+            let now = v
+                .pointer("/responses/0/response_range")
+                .map(|r| owned_in(&endpoint, r))
+                .transpose()?
+                .flatten();
+            match now {
+                Some(o) if o.owner == mine => return Ok(Claim::Mine(o)),
+                Some(o) if o.owner.space != self.me => return Ok(Claim::Taken(o)),
+                other => known = other,
+            }
+        }
+        Err(EtcdError::Unreachable(format!(
+            "the owner record of `{id}` keeps changing"
+        )))
+    }
+
+    /// Commits attempt `attempt` of moving session `id` to `to`: in one transaction, only if
+    /// the owner record is still at `revision` and the attempt is undecided, the record names
+    /// `to` and the attempt is `committed`. Asking again after a lost answer is safe: an
+    /// attempt already committed answers `Committed`.
+    pub fn commit_move(
+        &self,
+        id: &str,
+        attempt: &str,
+        revision: i64,
+        to: &Owner,
+    ) -> Result<Commit, EtcdError> {
+        let owner = B64.encode(self.owner_key(id));
+        let decision = B64.encode(self.move_key(id, to.epoch, attempt));
+        let value = B64.encode(serde_json::to_vec(to).expect("a plain struct"));
+        let (endpoint, ok, v) = self.txn(
+            vec![
+                json!({ "key": owner, "target": "MOD", "result": "EQUAL", "mod_revision": revision.to_string() }),
+                json!({ "key": decision, "target": "VERSION", "result": "EQUAL", "version": "0" }),
+            ],
+            vec![
+                json!({ "request_put": { "key": owner, "value": value } }),
+                json!({ "request_put": { "key": decision, "value": B64.encode(Outcome::Committed.name()) } }),
+            ],
+            vec![
+                json!({ "request_range": { "key": decision } }),
+                json!({ "request_range": { "key": owner } }),
+            ],
+        )?;
+        if ok {
+            return Ok(Commit::Decided(Outcome::Committed));
+        }
+        let range = |i: usize| {
+            v.pointer(&format!("/responses/{i}/response_range"))
+                .ok_or_else(|| malformed(&endpoint, "a failed transaction without its reads"))
+        };
+        if let Some(o) = outcome_in(&endpoint, range(0)?)? {
+            return Ok(Commit::Decided(o));
+        }
+        Ok(Commit::Superseded(
+            owned_in(&endpoint, range(1)?)?.map(|o| o.owner),
+        ))
+    }
+
+    /// Aborts attempt `attempt` of moving session `id` to `epoch` unless it is decided;
+    /// returns the outcome (`Committed` if the source committed it first).
+    pub fn abort_move(&self, id: &str, epoch: u64, attempt: &str) -> Result<Outcome, EtcdError> {
+        let decision = B64.encode(self.move_key(id, epoch, attempt));
+        let (endpoint, ok, v) = self.txn(
+            vec![json!({ "key": decision, "target": "VERSION", "result": "EQUAL", "version": "0" })],
+            vec![json!({ "request_put": { "key": decision, "value": B64.encode(Outcome::Aborted.name()) } })],
+            vec![json!({ "request_range": { "key": decision } })],
+        )?;
+        if ok {
+            return Ok(Outcome::Aborted);
+        }
+        let r = v
+            .pointer("/responses/0/response_range")
+            .ok_or_else(|| malformed(&endpoint, "a failed transaction without its read"))?;
+        outcome_in(&endpoint, r)?
+            .ok_or_else(|| malformed(&endpoint, "the attempt is decided, but its record is gone"))
+    }
+
+    /// Removes the session's owner record, if this space owns it, and the outcomes of its
+    /// moves (the session is forgotten here).
+    pub fn release(&self, id: &str) -> Result<(), EtcdError> {
+        let Some(o) = self.owner(id)? else {
+            return Ok(());
+        };
+        if o.owner.space != self.me {
+            return Ok(());
+        }
+        let key = B64.encode(self.owner_key(id));
+        let moves = format!("{}/moves/{id}/", self.prefix);
+        self.txn(
+            vec![json!({ "key": key, "target": "MOD", "result": "EQUAL", "mod_revision": o.revision.to_string() })],
+            vec![
+                json!({ "request_delete_range": { "key": key } }),
+                json!({ "request_delete_range": { "key": B64.encode(&moves), "range_end": B64.encode(prefix_end(&moves)) } }),
+            ],
+            vec![],
+        )?;
+        Ok(())
+    }
+}
+
+fn malformed(endpoint: &str, msg: impl Into<String>) -> EtcdError {
+    EtcdError::Malformed {
+        endpoint: endpoint.to_owned(),
+        msg: msg.into(),
+    }
+}
+
+/// The value of the one key a range answer holds, if any.
+fn value_in(endpoint: &str, range: &Value) -> Result<Option<(Vec<u8>, i64)>, EtcdError> {
+    let Some(kv) = range
+        .get("kvs")
+        .and_then(Value::as_array)
+        .and_then(|k| k.first())
+    else {
+        return Ok(None);
+    };
+    let value = match kv.get("value").and_then(Value::as_str) {
+        Some(s) => B64
+            .decode(s)
+            .map_err(|e| malformed(endpoint, format!("a value that is not base64: {e}")))?,
+        None => Vec::new(),
+    };
+    let revision = kv
+        .get("mod_revision")
+        .and_then(int)
+        .ok_or_else(|| malformed(endpoint, "a key without its mod revision"))?;
+    Ok(Some((value, revision)))
+}
+
+/// The owner record a range answer holds, if any.
+fn owned_in(endpoint: &str, range: &Value) -> Result<Option<Owned>, EtcdError> {
+    let Some((value, revision)) = value_in(endpoint, range)? else {
+        return Ok(None);
+    };
+    let owner: Owner = serde_json::from_slice(&value).map_err(|e| {
+        malformed(
+            endpoint,
+            format!("an owner record that is not ferry's: {e}"),
+        )
+    })?;
+    Ok(Some(Owned { owner, revision }))
+}
+
+/// The outcome a range answer holds, if any.
+fn outcome_in(endpoint: &str, range: &Value) -> Result<Option<Outcome>, EtcdError> {
+    match value_in(endpoint, range)? {
+        None => Ok(None),
+        Some((v, _)) if v == b"committed" => Ok(Some(Outcome::Committed)),
+        Some((v, _)) if v == b"aborted" => Ok(Some(Outcome::Aborted)),
+        Some((v, _)) => Err(malformed(
+            endpoint,
+            format!("a move outcome `{}`", String::from_utf8_lossy(&v)),
+        )),
+    }
+}
+
+/// Feeds `data` to the decoders of etcd's answers (the fuzzing entry point's part).
+pub(crate) fn fuzz_answers(data: &[u8]) {
+    if let Ok(v) = serde_json::from_slice::<Value>(data) {
+        let _ = owned_in("fuzz", &v);
+        let _ = outcome_in("fuzz", &v);
+        let _ = v.pointer("/header/revision").and_then(int);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_ends_where_its_keys_do() {
+        assert_eq!(prefix_end("/ferry/moves/a/"), b"/ferry/moves/a0".to_vec());
+        assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
+        assert_eq!(prefix_end(""), vec![0]);
+    }
+
+    #[test]
+    fn answers_are_read_as_etcd_writes_them() {
+        let owner = B64.encode(br#"{"space":"http://a:1","epoch":3}"#);
+        let range = json!({ "kvs": [{ "key": "eA==", "mod_revision": "17", "value": owner }] });
+        assert_eq!(
+            owned_in("e", &range).unwrap(),
+            Some(Owned {
+                owner: Owner {
+                    space: "http://a:1".into(),
+                    epoch: 3
+                },
+                revision: 17
+            })
+        );
+        assert_eq!(owned_in("e", &json!({ "count": "0" })).unwrap(), None);
+        let decided = json!({ "kvs": [{ "mod_revision": "5", "value": B64.encode("aborted") }] });
+        assert_eq!(outcome_in("e", &decided).unwrap(), Some(Outcome::Aborted));
+        let odd = json!({ "kvs": [{ "mod_revision": "5", "value": B64.encode("maybe") }] });
+        assert!(outcome_in("e", &odd).is_err());
+        let foreign = json!({ "kvs": [{ "mod_revision": "5", "value": B64.encode("{}") }] });
+        assert!(owned_in("e", &foreign).is_err());
+    }
+}
