@@ -1596,7 +1596,9 @@ impl Sessions {
         fault("prepared");
         // 5. Commit point: in a fleet, the transaction in etcd that moves the owner record
         //    (if no one aborted the attempt first); else the record here. From then on the
-        //    session belongs to the destination; this copy is fenced.
+        //    session belongs to the destination; this copy is fenced. (The report's commit
+        //    step runs from here to the destination's answer.)
+        let t = Instant::now();
         if let (Some(o), Some(owned)) = (&self.cfg.owners, owned) {
             let to_owner = Owner {
                 space: dest_name.unwrap_or_else(|| to.to_owned()),
@@ -1648,7 +1650,6 @@ impl Sessions {
         fault("committed");
         // 6. Tell the destination; if it cannot hear it now, keep telling it.
         let deadline = Instant::now() + Duration::from_secs(5);
-        let t = Instant::now();
         loop {
             match dest.commit(&id, Decision { epoch }) {
                 Ok(_) => {

@@ -515,7 +515,9 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
 /// guest (random memory, ~1% of its pages rewritten per second) is started on one and
 /// migrated to the other while it runs. With `FERRY_BENCH_TLS_CERT` and `FERRY_BENCH_TLS_KEY`
 /// set, the spaces serve HTTPS with them (`FERRY_TLS_CA` must make them trusted: the bench
-/// and the spaces read it; `scripts/bench-migrate-tls.sh`).
+/// and the spaces read it; `scripts/bench-migrate-tls.sh`). With `FERRY_BENCH_ETCD=URL` both
+/// record owners in that etcd (`--etcd`, a prefix of their own per size), so the commit is an
+/// etcd transaction (`scripts/bench-migrate-etcd.sh`).
 fn migrate_section(
     settings: &Settings,
     dir: &std::path::Path,
@@ -539,9 +541,19 @@ fn migrate_section(
         (Ok(cert), Ok(key)) => vec!["--tls-cert".into(), cert, "--tls-key".into(), key],
         _ => Vec::new(),
     };
+    let etcd = std::env::var("FERRY_BENCH_ETCD").ok();
     for mib in sizes {
         // Two `ferry serve` processes with fresh stores for each size (nothing of the guest is
         // at the destination beforehand), as two machines would be.
+        let fleet: Vec<String> = match &etcd {
+            Some(url) => vec![
+                "--etcd".into(),
+                url.clone(),
+                "--etcd-prefix".into(),
+                format!("/ferry-bench/{}/{mib}", std::process::id()),
+            ],
+            None => Vec::new(),
+        };
         let mut urls = Vec::new();
         let mut servers = Vec::new();
         for name in ["a", "b"] {
@@ -550,6 +562,7 @@ fn migrate_section(
                 .args(["--store", &store_dir.display().to_string()])
                 .args(["serve", "--listen", "127.0.0.1:0"])
                 .args(&tls)
+                .args(&fleet)
                 .env("FERRY_TOKEN", &token)
                 .env("FERRY_CACHE", settings.compiled_cache())
                 .stdout(std::process::Stdio::piped())
