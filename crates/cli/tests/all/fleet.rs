@@ -72,24 +72,38 @@ fn in_a_fleet_the_owner_record_follows_each_move() {
     stores_verify(&[&a, &b]);
 }
 
+/// Two spaces of a fleet (B started with `b_extra`); a guest run on A as session `id` and
+/// moved to B, A dying at `step` of the move (`FERRY_FAULT`) and left down. Returns etcd, A,
+/// B and the guest's plain output (`None` without etcd).
+fn move_and_kill_the_source(
+    step: &str,
+    id: &str,
+    b_extra: &[&str],
+) -> Option<(Etcd, SpaceProc, SpaceProc, Vec<u8>)> {
+    let etcd = Etcd::start()?;
+    let here = client();
+    let mut a = fleet_space(&etcd, &[]);
+    let b = fleet_space(&etcd, b_extra);
+    a.stop();
+    a.spawn(Some(step));
+    let plain = run_cpu_guest(&here, &a.url, id, "400");
+    let _ = cli(&here, &a.url, &["migrate", id, "--to", &b.url]);
+    a.wait_dead();
+    Some((etcd, a, b, plain.stdout))
+}
+
 /// The source dies right after etcd recorded the move, before its own record says so
 /// (`FERRY_FAULT=owner-moved`), and stays down: the destination learns the outcome from etcd
 /// and runs the guest alone (without etcd it would wait for the source). When the source
 /// comes back, etcd tells it the move committed: its copy is fenced, never resumed.
 #[test]
 fn in_a_fleet_a_committed_move_runs_though_its_source_died_at_once() {
-    let Some(etcd) = Etcd::start() else {
+    let Some((_etcd, mut a, b, plain)) = move_and_kill_the_source("owner-moved", "gone", &[])
+    else {
         return;
     };
     let here = client();
-    let mut a = fleet_space(&etcd, &[]);
-    let b = fleet_space(&etcd, &[]);
-    a.stop();
-    a.spawn(Some("owner-moved"));
-    let plain = run_cpu_guest(&here, &a.url, "gone", "400");
-    let _ = cli(&here, &a.url, &["migrate", "gone", "--to", &b.url]);
-    a.wait_dead();
-    assert_finished_like(&here, &b.url, "gone", &plain.stdout);
+    assert_finished_like(&here, &b.url, "gone", &plain);
     a.spawn(None);
     eventually("the source learns that the move committed", || {
         a.state("gone").as_deref() == Some("moved")
@@ -105,17 +119,12 @@ fn in_a_fleet_a_committed_move_runs_though_its_source_died_at_once() {
 /// drops its copy. The source, back, finds the move aborted and resumes the session itself.
 #[test]
 fn in_a_fleet_a_destination_gives_up_a_move_whose_source_is_gone() {
-    let Some(etcd) = Etcd::start() else {
+    let Some((etcd, mut a, b, plain)) =
+        move_and_kill_the_source("prepared", "left", &["--prepared-timeout", "2s"])
+    else {
         return;
     };
     let here = client();
-    let mut a = fleet_space(&etcd, &[]);
-    let b = fleet_space(&etcd, &["--prepared-timeout", "2s"]);
-    a.stop();
-    a.spawn(Some("prepared"));
-    let plain = run_cpu_guest(&here, &a.url, "left", "400");
-    let _ = cli(&here, &a.url, &["migrate", "left", "--to", &b.url]);
-    a.wait_dead();
     eventually("the destination gives the move up", || {
         b.state("left").is_none()
     });
@@ -127,7 +136,7 @@ fn in_a_fleet_a_destination_gives_up_a_move_whose_source_is_gone() {
     a.spawn(None);
     assert_eq!(a.state("left").as_deref(), Some("suspended"));
     ok(&here, &a.url, &["resume", "left"]);
-    assert_finished_like(&here, &a.url, "left", &plain.stdout);
+    assert_finished_like(&here, &a.url, "left", &plain);
     finished_once(&[&a, &b], "left", &a);
     stores_verify(&[&a, &b]);
 }

@@ -527,20 +527,12 @@ impl SpaceProc {
 
     /// Like [`SpaceProc::start`], with environment variables for the server.
     pub fn start_with_vars(vars: &[(&str, &str)], extra: &[&str]) -> Self {
-        let env = vars.iter().fold(
-            Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN),
-            |e, (k, v)| e.with_var(k, v),
-        );
-        let mut s = Self {
-            env,
-            child: None,
-            url: String::new(),
-            port: 0,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            host: "127.0.0.1",
-        };
-        s.spawn(None);
-        s
+        Self::start_on(
+            "127.0.0.1",
+            0,
+            vars,
+            extra.iter().map(|s| s.to_string()).collect(),
+        )
     }
 
     /// Like [`SpaceProc::start_with_vars`], listening on every address and telling its peers
@@ -554,6 +546,10 @@ impl SpaceProc {
             .port();
         let mut all = vec!["--advertise".to_owned(), format!("http://127.0.0.2:{port}")];
         all.extend(extra.iter().map(|s| s.to_string()));
+        Self::start_on("0.0.0.0", port, vars, all)
+    }
+
+    fn start_on(host: &'static str, port: u16, vars: &[(&str, &str)], extra: Vec<String>) -> Self {
         let env = vars.iter().fold(
             Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN),
             |e, (k, v)| e.with_var(k, v),
@@ -563,8 +559,8 @@ impl SpaceProc {
             child: None,
             url: String::new(),
             port,
-            extra: all,
-            host: "0.0.0.0",
+            extra,
+            host,
         };
         s.spawn(None);
         s
