@@ -152,7 +152,7 @@ fn in_a_fleet_a_source_cut_off_before_its_commit_runs_the_guest_on() {
     };
     let here = client();
     let a = SpaceProc::start_for_peers_at_127_0_0_2(
-        &[("FERRY_FAULT_PAUSE", "prepared:12000")],
+        &[("FERRY_FAULT_PAUSE", "prepared:15000")],
         &["--etcd", &etcd.url],
     );
     let b = SpaceProc::start_with_vars(
@@ -183,4 +183,21 @@ fn in_a_fleet_a_source_cut_off_before_its_commit_runs_the_guest_on() {
     assert_finished_like(&here, &a.url, "cut", &plain.stdout);
     finished_once(&[&a, &b], "cut", &a);
     stores_verify(&[&a, &b]);
+}
+
+/// A space told to use an etcd it cannot reach refuses to start, saying why; the other etcd
+/// options need `--etcd`.
+#[test]
+fn a_space_does_not_start_without_its_etcd() {
+    let env = client();
+    let listen = ["serve", "--listen", "127.0.0.1:0"];
+    let (_, err, code) = env.output(&[&listen[..], &["--etcd", "http://127.0.0.1:1"]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--etcd") && err.contains("etcd cannot be reached"),
+        "{err}"
+    );
+    let (_, err, code) = env.output(&[&listen[..], &["--prepared-timeout", "5s"]].concat());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--etcd"), "{err}");
 }

@@ -873,7 +873,8 @@ fn a_partition_while_the_destination_prepares_leaves_one_copy_running() {
 }
 
 /// B holds a prepared copy from the pre-copy round while B and A are cut off from each other
-/// (B's port, and A's peer address 127.0.0.2; clients still reach A): A gives B up and runs
+/// (B's port, and A's peer address 127.0.0.2; clients still reach A) — A holds right after
+/// the pause (`FERRY_FAULT_PAUSE`) until the cut is in place: A gives B up and runs
 /// on, and while B still cannot ask, the session moves from A to C — at the same epoch B's
 /// copy has. Once the network heals B asks A, which says `moved` at that epoch: but by
 /// another attempt, so B drops its copy instead of running a second one.
@@ -881,14 +882,21 @@ fn a_partition_while_the_destination_prepares_leaves_one_copy_running() {
 fn a_copy_held_through_a_partition_is_dropped_when_the_session_moved_elsewhere() {
     let here = client();
     let silence = ("FERRY_PEER_SILENCE_MS", "2000");
-    let a = SpaceProc::start_for_peers_at_127_0_0_2(&[silence], &[]);
+    let a = SpaceProc::start_for_peers_at_127_0_0_2(
+        &[silence, ("FERRY_FAULT_PAUSE", "suspended:3000")],
+        &[],
+    );
     let b = SpaceProc::start(&[]);
     let c = SpaceProc::start(&[]);
     let plain = run_cpu_guest(&here, &a.url, "el", "1200");
     let rx = migrate_in_background(&[], &a.url, "el", &b.url);
-    eventually("B holds a prepared copy", || {
-        b.state("el").as_deref() == Some("prepared")
-    });
+    eventually(
+        "B holds a prepared copy and A holds after the pause",
+        || {
+            b.state("el").as_deref() == Some("prepared")
+                && a.state("el").as_deref() == Some("suspended")
+        },
+    );
     let Some(cut_b) = Blackhole::port(b.port()) else {
         return;
     };
