@@ -75,7 +75,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    fn name(self) -> &'static str {
+    /// As etcd holds it: `committed` or `aborted`.
+    pub fn name(self) -> &'static str {
         match self {
             Outcome::Committed => "committed",
             Outcome::Aborted => "aborted",
@@ -263,6 +264,32 @@ impl Owners {
         let key = self.move_key(id, epoch, attempt);
         let (endpoint, v) = self.call("range", &json!({ "key": B64.encode(key) }))?;
         outcome_in(&endpoint, &v)
+    }
+
+    /// The session's owner record and the outcome of a move attempt, read together (one
+    /// request: a destination asks both before it prepares a move).
+    pub fn move_state(
+        &self,
+        id: &str,
+        epoch: u64,
+        attempt: &str,
+    ) -> Result<(Option<Owned>, Option<Outcome>), EtcdError> {
+        let (endpoint, _, v) = self.txn(
+            vec![],
+            vec![
+                json!({ "request_range": { "key": B64.encode(self.owner_key(id)) } }),
+                json!({ "request_range": { "key": B64.encode(self.move_key(id, epoch, attempt)) } }),
+            ],
+            vec![],
+        )?;
+        let range = |i: usize| {
+            v.pointer(&format!("/responses/{i}/response_range"))
+                .ok_or_else(|| malformed(&endpoint, "a transaction without its reads"))
+        };
+        Ok((
+            owned_in(&endpoint, range(0)?)?,
+            outcome_in(&endpoint, range(1)?)?,
+        ))
     }
 
     /// Makes this space the session's owner at `epoch` if it has no owner, or if this space

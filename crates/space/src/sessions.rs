@@ -1102,12 +1102,7 @@ impl Sessions {
             return Ok(None);
         };
         let info = live.info();
-        let unreachable = |e: crate::owners::EtcdError| {
-            ApiError::unavailable(format!(
-                "cannot ask etcd who owns session `{}`: {e}",
-                info.id
-            ))
-        };
+        let unreachable = |e| etcd_unreachable(&info.id, e);
         let found = match o.owner(&info.id).map_err(unreachable)? {
             Some(r) if r.owner.space == o.me() && r.owner.epoch == info.epoch => {
                 return Ok(Some(r));
@@ -1523,7 +1518,7 @@ impl Sessions {
                 });
                 report.total_bytes += s.bytes;
                 match dest.prepare(&prepare_at(k)) {
-                    Ok(a) => dest_name = a.space,
+                    Ok(a) => dest_name = a.space.or(dest_name),
                     Err(e) => {
                         abort_in_etcd();
                         let _ = dest.abort(&id, Decision { epoch });
@@ -1810,16 +1805,16 @@ impl Sessions {
             return Ok(());
         };
         let id = &req.session;
-        let unreachable = |e: crate::owners::EtcdError| {
-            ApiError::unavailable(format!("cannot ask etcd who owns session `{id}`: {e}"))
-        };
         let Some(attempt) = &req.attempt else {
             return Err(ApiError::conflict(
                 "this space records session owners in etcd, and the source sent no move \
                  attempt (a ferry that predates them): move it with a newer ferry",
             ));
         };
-        match o.owner(id).map_err(unreachable)? {
+        let (owner, outcome) = o
+            .move_state(id, req.epoch, attempt)
+            .map_err(|e| etcd_unreachable(id, e))?;
+        match owner {
             Some(r) if r.owner.space == req.source && r.owner.epoch + 1 == req.epoch => {}
             Some(r) => {
                 return Err(ApiError::conflict(format!(
@@ -1836,14 +1831,11 @@ impl Sessions {
                 )));
             }
         }
-        match o.decided(id, req.epoch, attempt).map_err(unreachable)? {
+        match outcome {
             None => Ok(()),
             Some(outcome) => Err(ApiError::conflict(format!(
                 "this move of session `{id}` is already decided in etcd ({})",
-                match outcome {
-                    crate::owners::Outcome::Committed => "committed",
-                    crate::owners::Outcome::Aborted => "aborted",
-                }
+                outcome.name()
             ))),
         }
     }
@@ -2101,6 +2093,11 @@ impl Sessions {
             }
         });
     }
+}
+
+/// A request that needed etcd's answer about session `id`, which etcd did not give.
+fn etcd_unreachable(id: &str, e: crate::owners::EtcdError) -> ApiError {
+    ApiError::unavailable(format!("cannot ask etcd who owns session `{id}`: {e}"))
 }
 
 /// What one migration attempt works with, besides the session.
