@@ -29,6 +29,10 @@ pub enum State {
     /// runs nor moves it until the client gives it back, or it is reclaimed (which raises the
     /// epoch, fencing the client).
     Lent,
+    /// A copy of another space's session (`source`), kept here at its checkpoints: this
+    /// space takes it over — resumes it from its latest checkpoint — if the owner's etcd
+    /// lease runs out (docs/migration.md, "Standby").
+    Standby,
 }
 
 impl State {
@@ -51,6 +55,7 @@ impl State {
             State::Prepared => "prepared",
             State::Moved => "moved",
             State::Lent => "lent",
+            State::Standby => "standby",
         }
     }
 }
@@ -125,6 +130,22 @@ pub struct SessionInfo {
     /// prepare, where the source learns the name to record as the session's owner in etcd.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub space: Option<String>,
+    /// The space that holds a standby copy of this session (`run --standby`), at its owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<String>,
+    /// Why the standby could not be brought up to date last time (until it is): output is
+    /// held back meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_error: Option<String>,
+    /// With a standby: how much of the output log (bytes) is shown — what a checkpoint the
+    /// standby holds covers, or all of it once the session ended here. The rest is held
+    /// back, so that nothing shown is ever shown differently by a standby that takes over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<u64>,
+    /// On a standby copy: the owner's guest was running at that checkpoint, so a take-over
+    /// resumes it (else it is taken over suspended).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resume_on_takeover: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -157,6 +178,10 @@ impl SessionInfo {
             snapshot_failures: 0,
             attempt: None,
             space: None,
+            standby: None,
+            standby_error: None,
+            released: None,
+            resume_on_takeover: false,
         }
     }
 }
@@ -217,6 +242,28 @@ pub struct RunRequest {
     /// once). Snapshots carry it, so the guest reads on wherever it moves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
+    /// A space of the same etcd fleet to keep a standby copy of the session at each
+    /// checkpoint (needs `checkpoint_every_ms` and `--etcd`): it takes the session over if
+    /// this space's lease runs out. Output is shown once the standby holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<String>,
+}
+
+/// `PUT /v1/sessions/{id}/standby` (space to space): keep this checkpoint of a session the
+/// sending space owns, as its standby. The snapshot's closure is sent first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StandbyRequest {
+    /// The owner (its advertised URL), as etcd's owner record names it.
+    pub owner: String,
+    pub epoch: u64,
+    pub snapshot: String,
+    pub program: String,
+    pub engine: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_ms: Option<u64>,
+    /// Whether the guest runs at the owner (a take-over then resumes it).
+    pub running: bool,
 }
 
 /// A directory requested at `guest`, with the content of tree `tree`.

@@ -740,6 +740,17 @@ impl SpaceClient {
         })
     }
 
+    /// `POST /v1/sessions/{id}/standby` (space to space): keep this checkpoint as the
+    /// session's standby copy.
+    pub fn standby(
+        &self,
+        id: &str,
+        req: &crate::api::StandbyRequest,
+    ) -> Result<SessionInfo, ApiError> {
+        let id = session_id(id)?;
+        self.post(&format!("/v1/sessions/{id}/standby"), req)
+    }
+
     pub fn prepare(&self, req: &PrepareRequest) -> Result<SessionInfo, ApiError> {
         self.post("/v1/migrations", req)
     }

@@ -18,18 +18,30 @@
 //!   before the move); the destination, or the source, aborts by writing `aborted`. Whichever
 //!   lands first is the outcome, so a destination may give a prepared copy up on its own when
 //!   the source stays silent, and run it on its own when etcd says `committed`.
+//! * `<prefix>/spaces/<URL>` says a space is alive: put under a lease the space renews
+//!   (`--lease-ttl`), so it goes when the space has not been heard from for that long.
+//! * `<prefix>/standby/<id>` names a session's standby `{"space": URL, "epoch": e}`: the
+//!   space that holds a copy of it at each checkpoint (`run --standby`). When the owner's
+//!   `spaces` key is gone, the standby takes the session over with one transaction (owner
+//!   record and standby record unchanged since it read them, the owner's key still absent →
+//!   the owner record names the standby at epoch e + 1, the standby record goes). An owner
+//!   whose session ends removes the standby record first, by a transaction that holds only
+//!   while it still owns the session — so of the two, exactly one decides.
 //!
 //! The client speaks etcd's v3 JSON gateway (`POST /v3/kv/range`, `/v3/kv/txn`; keys and
 //! values in base64), over connections that notice a silent peer ([`crate::net`]). Every
 //! answer is bounded in size and checked before it is believed.
 
 use std::io::Read;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use tracing::warn;
 
 /// Largest etcd answer read (a range of one key, a transaction of a few operations).
 const MAX_ANSWER: u64 = 1 << 20;
@@ -103,6 +115,34 @@ pub enum Claim {
     Taken(Owned),
 }
 
+/// A session's standby (`<prefix>/standby/<id>`): the space that holds a copy of it at its
+/// checkpoints and takes it over if its owner's lease runs out, for the owner's epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Standby {
+    pub space: String,
+    pub epoch: u64,
+}
+
+/// What a standby space reads of a session each round: its owner record, its standby
+/// record (with their mod revisions), and whether the owner's lease is alive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandbyView {
+    pub owner: Option<Owned>,
+    pub standby: Option<(Standby, i64)>,
+    pub owner_alive: bool,
+}
+
+/// What [`Owners::end_standby`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndStandby {
+    /// No standby can take the session over any more.
+    Ended,
+    /// The owner record no longer names this space at that epoch: the session was taken
+    /// over (or moved) — this copy is fenced.
+    Superseded(Option<Owner>),
+}
+
 /// The etcd owner records of one space (`ferry serve --etcd`).
 #[derive(Debug)]
 pub struct Owners {
@@ -165,7 +205,7 @@ impl Owners {
         format!("{}/moves/{id}/{epoch}/{attempt}", self.prefix)
     }
 
-    /// `POST <endpoint>/v3/kv/<what>` on the first endpoint that answers.
+    /// `POST <endpoint>/v3/<what>` on the first endpoint that answers.
     fn call(&self, what: &str, body: &Value) -> Result<(String, Value), EtcdError> {
         let n = self.endpoints.len();
         let first = self.current.load(Ordering::Relaxed) % n.max(1);
@@ -175,7 +215,7 @@ impl Owners {
             let endpoint = &self.endpoints[at];
             let r = self
                 .agent
-                .post(format!("{endpoint}/v3/kv/{what}"))
+                .post(format!("{endpoint}/v3/{what}"))
                 .header("Content-Type", "application/json")
                 .send(body.to_string());
             let mut r = match r {
@@ -236,21 +276,208 @@ impl Owners {
         failure: Vec<Value>,
     ) -> Result<(String, bool, Value), EtcdError> {
         let body = json!({ "compare": compare, "success": success, "failure": failure });
-        let (endpoint, v) = self.call("txn", &body)?;
+        let (endpoint, v) = self.call("kv/txn", &body)?;
         let ok = v.get("succeeded").and_then(Value::as_bool).unwrap_or(false);
         Ok((endpoint, ok, v))
     }
 
+    fn standby_key(&self, id: &str) -> String {
+        format!("{}/standby/{id}", self.prefix)
+    }
+
+    /// Where a space announces that it is alive, under its lease.
+    fn space_key(&self, space: &str) -> String {
+        format!("{}/spaces/{space}", self.prefix)
+    }
+
+    fn owner_value(&self, epoch: u64) -> String {
+        let mine = Owner {
+            space: self.me.clone(),
+            epoch,
+        };
+        B64.encode(serde_json::to_vec(&mine).expect("a plain struct"))
+    }
+
+    /// Grants a lease of `ttl` and announces this space under it; returns the lease's id.
+    pub fn announce(&self, ttl: Duration) -> Result<i64, EtcdError> {
+        let secs = ttl.as_secs().max(1);
+        let (endpoint, v) = self.call("lease/grant", &json!({ "TTL": secs.to_string() }))?;
+        let id = v
+            .get("ID")
+            .and_then(int)
+            .ok_or_else(|| malformed(&endpoint, "a lease without its id"))?;
+        self.call(
+            "kv/put",
+            &json!({
+                "key": B64.encode(self.space_key(&self.me)),
+                "value": B64.encode(&self.me),
+                "lease": id.to_string(),
+            }),
+        )?;
+        Ok(id)
+    }
+
+    /// Renews lease `id`: whether it was still alive (an expired lease answers a TTL of 0, or
+    /// none).
+    pub fn keep_alive(&self, id: i64) -> Result<bool, EtcdError> {
+        let (_, v) = self.call("lease/keepalive", &json!({ "ID": id.to_string() }))?;
+        let ttl = v.pointer("/result/TTL").and_then(int).unwrap_or(0);
+        Ok(ttl > 0)
+    }
+
+    /// Keeps this space announced while the process lives (a thread): the lease of `ttl` is
+    /// renewed every third of it, and granted anew if it ran out (etcd was unreachable for
+    /// that long — a standby may have taken this space's sessions over meanwhile, which the
+    /// owner records then say).
+    pub fn keep_announced(self: &Arc<Self>, ttl: Duration) {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("etcd-lease".into())
+            .spawn(move || {
+                loop {
+                    let id = match me.announce(ttl) {
+                        Ok(id) => id,
+                        Err(e) => {
+                            warn!(error = %e, "cannot announce this space in etcd; trying again");
+                            std::thread::sleep(Duration::from_secs(1));
+                            continue;
+                        }
+                    };
+                    loop {
+                        std::thread::sleep(ttl / 3);
+                        match me.keep_alive(id) {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                warn!("this space's etcd lease ran out; announcing it again");
+                                break;
+                            }
+                            Err(e) => warn!(error = %e, "cannot renew this space's etcd lease"),
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start the etcd lease thread");
+        }
+    }
+
+    /// Names `to` as the standby of session `id`, which this space owns at `epoch` (only
+    /// then: `false` otherwise).
+    pub fn set_standby(&self, id: &str, epoch: u64, to: &str) -> Result<bool, EtcdError> {
+        let owner = B64.encode(self.owner_key(id));
+        let standby = Standby {
+            space: to.trim_end_matches('/').to_owned(),
+            epoch,
+        };
+        let (_, ok, _) = self.txn(
+            vec![json!({ "key": owner, "target": "VALUE", "result": "EQUAL", "value": self.owner_value(epoch) })],
+            vec![json!({ "request_put": {
+                "key": B64.encode(self.standby_key(id)),
+                "value": B64.encode(serde_json::to_vec(&standby).expect("a plain struct")),
+            } })],
+            vec![],
+        )?;
+        Ok(ok)
+    }
+
+    /// Removes session `id`'s standby while this space owns it at `epoch`, so that nothing
+    /// takes the session over any more (it ended here); or finds that it no longer owns it.
+    pub fn end_standby(&self, id: &str, epoch: u64) -> Result<EndStandby, EtcdError> {
+        let owner = B64.encode(self.owner_key(id));
+        let (endpoint, ok, v) = self.txn(
+            vec![json!({ "key": owner, "target": "VALUE", "result": "EQUAL", "value": self.owner_value(epoch) })],
+            vec![json!({ "request_delete_range": { "key": B64.encode(self.standby_key(id)) } })],
+            vec![json!({ "request_range": { "key": owner } })],
+        )?;
+        if ok {
+            return Ok(EndStandby::Ended);
+        }
+        let r = v
+            .pointer("/responses/0/response_range")
+            .ok_or_else(|| malformed(&endpoint, "a failed transaction without its read"))?;
+        Ok(EndStandby::Superseded(
+            owned_in(&endpoint, r)?.map(|o| o.owner),
+        ))
+    }
+
+    /// Session `id`'s owner record, standby record, and whether `owner`'s lease is alive,
+    /// read together.
+    pub fn standby_view(&self, id: &str, owner: &str) -> Result<StandbyView, EtcdError> {
+        let (endpoint, _, v) = self.txn(
+            vec![],
+            vec![
+                json!({ "request_range": { "key": B64.encode(self.owner_key(id)) } }),
+                json!({ "request_range": { "key": B64.encode(self.standby_key(id)) } }),
+                json!({ "request_range": { "key": B64.encode(self.space_key(owner)) } }),
+            ],
+            vec![],
+        )?;
+        let range = |i: usize| {
+            v.pointer(&format!("/responses/{i}/response_range"))
+                .ok_or_else(|| malformed(&endpoint, "a transaction without its reads"))
+        };
+        Ok(StandbyView {
+            owner: owned_in(&endpoint, range(0)?)?,
+            standby: standby_in(&endpoint, range(1)?)?,
+            owner_alive: value_in(&endpoint, range(2)?)?.is_some(),
+        })
+    }
+
+    /// Takes session `id` over as its standby: only while the owner record and the standby
+    /// record are as `view` read them and the owner's lease is gone, the owner record names
+    /// this space at the next epoch and the standby record goes. Returns the new record, or
+    /// `None` when something changed (read again and decide again).
+    pub fn take_over(&self, id: &str, view: &StandbyView) -> Result<Option<Owned>, EtcdError> {
+        let (Some(owned), Some((_, standby_rev))) = (&view.owner, &view.standby) else {
+            return Ok(None);
+        };
+        let owner = B64.encode(self.owner_key(id));
+        let standby = B64.encode(self.standby_key(id));
+        let alive = B64.encode(self.space_key(&owned.owner.space));
+        let epoch = owned.owner.epoch + 1;
+        let (endpoint, ok, v) = self.txn(
+            vec![
+                json!({ "key": owner, "target": "MOD", "result": "EQUAL", "mod_revision": owned.revision.to_string() }),
+                json!({ "key": standby, "target": "MOD", "result": "EQUAL", "mod_revision": standby_rev.to_string() }),
+                json!({ "key": alive, "target": "VERSION", "result": "EQUAL", "version": "0" }),
+            ],
+            vec![
+                json!({ "request_put": { "key": owner, "value": self.owner_value(epoch) } }),
+                json!({ "request_delete_range": { "key": standby } }),
+            ],
+            vec![],
+        )?;
+        if !ok {
+            return Ok(None);
+        }
+        let revision = v
+            .pointer("/header/revision")
+            .and_then(int)
+            .ok_or_else(|| malformed(&endpoint, "a transaction without its revision"))?;
+        Ok(Some(Owned {
+            owner: Owner {
+                space: self.me.clone(),
+                epoch,
+            },
+            revision,
+        }))
+    }
+
     /// Asks etcd for nothing in particular: whether it answers (at `ferry serve`'s start).
     pub fn check(&self) -> Result<(), EtcdError> {
-        self.call("range", &json!({ "key": B64.encode(self.owner_key("")) }))
-            .map(|_| ())
+        self.call(
+            "kv/range",
+            &json!({ "key": B64.encode(self.owner_key("")) }),
+        )
+        .map(|_| ())
     }
 
     /// The session's owner record, if it has one.
     pub fn owner(&self, id: &str) -> Result<Option<Owned>, EtcdError> {
-        let (endpoint, v) =
-            self.call("range", &json!({ "key": B64.encode(self.owner_key(id)) }))?;
+        let (endpoint, v) = self.call(
+            "kv/range",
+            &json!({ "key": B64.encode(self.owner_key(id)) }),
+        )?;
         owned_in(&endpoint, &v)
     }
 
@@ -262,7 +489,7 @@ impl Owners {
         attempt: &str,
     ) -> Result<Option<Outcome>, EtcdError> {
         let key = self.move_key(id, epoch, attempt);
-        let (endpoint, v) = self.call("range", &json!({ "key": B64.encode(key) }))?;
+        let (endpoint, v) = self.call("kv/range", &json!({ "key": B64.encode(key) }))?;
         outcome_in(&endpoint, &v)
     }
 
@@ -406,8 +633,8 @@ impl Owners {
             .ok_or_else(|| malformed(&endpoint, "the attempt is decided, but its record is gone"))
     }
 
-    /// Removes the session's owner record, if this space owns it, and the outcomes of its
-    /// moves (the session is forgotten here).
+    /// Removes the session's owner record, if this space owns it, its standby record and the
+    /// outcomes of its moves (the session is forgotten here).
     pub fn release(&self, id: &str) -> Result<(), EtcdError> {
         let Some(o) = self.owner(id)? else {
             return Ok(());
@@ -421,6 +648,7 @@ impl Owners {
             vec![json!({ "key": key, "target": "MOD", "result": "EQUAL", "mod_revision": o.revision.to_string() })],
             vec![
                 json!({ "request_delete_range": { "key": key } }),
+                json!({ "request_delete_range": { "key": B64.encode(self.standby_key(id)) } }),
                 json!({ "request_delete_range": { "key": B64.encode(&moves), "range_end": B64.encode(prefix_end(&moves)) } }),
             ],
             vec![],
@@ -472,6 +700,20 @@ fn owned_in(endpoint: &str, range: &Value) -> Result<Option<Owned>, EtcdError> {
     Ok(Some(Owned { owner, revision }))
 }
 
+/// The standby record a range answer holds, if any, with its mod revision.
+fn standby_in(endpoint: &str, range: &Value) -> Result<Option<(Standby, i64)>, EtcdError> {
+    let Some((value, revision)) = value_in(endpoint, range)? else {
+        return Ok(None);
+    };
+    let s: Standby = serde_json::from_slice(&value).map_err(|e| {
+        malformed(
+            endpoint,
+            format!("a standby record that is not ferry's: {e}"),
+        )
+    })?;
+    Ok(Some((s, revision)))
+}
+
 /// The outcome a range answer holds, if any.
 fn outcome_in(endpoint: &str, range: &Value) -> Result<Option<Outcome>, EtcdError> {
     match value_in(endpoint, range)? {
@@ -490,6 +732,7 @@ pub(crate) fn fuzz_answers(data: &[u8]) {
     if let Ok(v) = serde_json::from_slice::<Value>(data) {
         let _ = owned_in("fuzz", &v);
         let _ = outcome_in("fuzz", &v);
+        let _ = standby_in("fuzz", &v);
         let _ = v.pointer("/header/revision").and_then(int);
     }
 }

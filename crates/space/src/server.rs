@@ -561,6 +561,16 @@ async fn session_logs(
     }
 }
 
+/// `POST /v1/sessions/{id}/standby`: keep a checkpoint of another space's session as its
+/// standby copy.
+async fn standby_session(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<crate::api::StandbyRequest>,
+) -> Response {
+    session_call(s, move |ss| ss.standby(&id, req)).await
+}
+
 /// `POST /v1/sessions/{id}/lend`: a client outside the space takes the session over.
 async fn lend_session(
     State(s): State<Shared>,
@@ -677,6 +687,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/sessions/{id}/checkpointed", post(lent_checkpoint))
         .route("/v1/sessions/{id}/return", post(return_session))
         .route("/v1/sessions/{id}/reclaim", post(reclaim_session))
+        .route("/v1/sessions/{id}/standby", post(standby_session))
         .route("/v1/migrations", post(prepare_migration))
         .route("/v1/migrations/{id}/commit", post(commit_migration))
         .route("/v1/migrations/{id}/abort", post(abort_migration))

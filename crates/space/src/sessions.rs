@@ -33,6 +33,7 @@ use crate::owners::{Claim, Commit, Owned, Owner, Owners};
 use crate::policy::Policy;
 
 mod lend;
+mod standby;
 pub use lend::OutputRefusal;
 
 /// Stack of a guest thread: Wasm frames live on it.
@@ -60,6 +61,9 @@ pub struct Config {
     /// With `owners`: how long a prepared copy is held while its source does not answer,
     /// before the destination gives the move up (in etcd, so the source cannot commit it).
     pub prepared_timeout: Duration,
+    /// With `owners`: the TTL of this space's etcd lease (`--lease-ttl`): a standby takes
+    /// this space's sessions over once it has not renewed it for that long.
+    pub lease_ttl: Duration,
 }
 
 /// Dies like `kill -9` at `step` when `FERRY_FAULT` names it: the fault-injection tests use
@@ -90,6 +94,41 @@ fn set_final_files(i: &mut SessionInfo, files: Option<Result<Vec<MountTree>, Str
         Some(Ok(m)) => i.final_files = Some(m),
         Some(Err(e)) => i.final_files_error = Some(e),
         None => {}
+    }
+}
+
+/// How a guest stopped, into its session's record.
+fn record_stop(
+    i: &mut SessionInfo,
+    outcome: &Result<Outcome, EngineError>,
+    killed: bool,
+    files: Option<Result<Vec<MountTree>, String>>,
+) {
+    match outcome {
+        Ok(Outcome::Exited(code)) => {
+            i.state = State::Exited;
+            i.exit_code = Some(*code);
+            set_final_files(i, files);
+        }
+        Ok(Outcome::Suspended(k)) => {
+            i.state = if killed {
+                State::Killed
+            } else {
+                State::Suspended
+            };
+            i.snapshot = Some(k.to_string());
+        }
+        Err(e) => {
+            i.state = match e {
+                EngineError::Unsaved(_) if killed => State::Killed,
+                _ => State::Failed,
+            };
+            if matches!(e, EngineError::Trap(_)) {
+                i.exit_code = Some(ferry_engine::EXIT_TRAPPED);
+            }
+            i.reason = Some(e.to_string());
+            set_final_files(i, files);
+        }
     }
 }
 
@@ -168,6 +207,8 @@ struct Live {
     /// While the session is lent with a lease: when it runs out, unless the client is heard
     /// from before.
     lease_deadline: Mutex<Option<Instant>>,
+    /// The thread sending checkpoints to the session's standby, once started.
+    standby_tx: Mutex<Option<mpsc::Sender<standby::ToStandby>>>,
 }
 
 impl Live {
@@ -185,6 +226,7 @@ impl Live {
             defer_teardown: Mutex::new(None),
             replaced: Mutex::new(None),
             lease_deadline: Mutex::new(None),
+            standby_tx: Mutex::new(None),
         })
     }
 
@@ -296,6 +338,10 @@ impl Sessions {
             }
             me.recover(info);
         }
+        if let Some(o) = &me.cfg.owners {
+            o.keep_announced(me.cfg.lease_ttl);
+            me.watch_standbys();
+        }
         Ok(me)
     }
 
@@ -372,6 +418,11 @@ impl Sessions {
             && self.cfg.owners.is_some()
         {
             self.spawn_settle(live, to, attempt);
+        } else if state == State::Suspended
+            && let Some(k) = live.info().snapshot.and_then(|k| k.parse().ok())
+        {
+            // The standby may hold an older checkpoint, taken while the guest ran.
+            self.to_standby(&live, k, false);
         }
     }
 
@@ -843,6 +894,7 @@ impl Sessions {
                 let mut on_snapshot = |r: Result<Kappa, EngineError>, why: Request| match r {
                     Ok(k) => {
                         me.snapshotted(&l, k);
+                        me.to_standby(&l, k, why != Request::Suspend);
                         if why == Request::Suspend {
                             // The guest will not run again: say so now, before the engine
                             // tears the instance down (unmapping a large memory takes a while).
@@ -906,6 +958,11 @@ impl Sessions {
             return;
         }
         let killed = live.kill.load(Ordering::SeqCst);
+        let ends = !matches!(outcome, Ok(Outcome::Suspended(_))) || killed;
+        // A session with a standby: nothing may take it over once its end is recorded.
+        if ends && !self.end_standby(live) {
+            return;
+        }
         fault("final-files");
         // Before the record says the guest stopped: until then nothing can resume it (into
         // fresh directories at the same paths).
@@ -917,31 +974,13 @@ impl Sessions {
                 None
             }
         };
-        let info = self.update(live, |i| match &outcome {
-            Ok(Outcome::Exited(code)) => {
-                i.state = State::Exited;
-                i.exit_code = Some(*code);
-                set_final_files(i, files);
+        let shown = log.len();
+        let info = self.update(live, |i| {
+            if ends && i.standby.is_some() {
+                // All of its output is shown now.
+                i.released = Some(shown);
             }
-            Ok(Outcome::Suspended(k)) => {
-                i.state = if killed {
-                    State::Killed
-                } else {
-                    State::Suspended
-                };
-                i.snapshot = Some(k.to_string());
-            }
-            Err(e) => {
-                i.state = match e {
-                    EngineError::Unsaved(_) if killed => State::Killed,
-                    _ => State::Failed,
-                };
-                if matches!(e, EngineError::Trap(_)) {
-                    i.exit_code = Some(ferry_engine::EXIT_TRAPPED);
-                }
-                i.reason = Some(e.to_string());
-                set_final_files(i, files);
-            }
+            record_stop(i, &outcome, killed, files);
         });
         if matches!(info.state, State::Exited | State::Failed | State::Killed)
             && let Err(e) = write_durably(&self.log_path(&info.id), &log.bytes())
@@ -1006,6 +1045,10 @@ impl Sessions {
             Some(k) => Some(parse_kappa(k, "stdin")?),
             None => None,
         };
+        let standby = match &req.standby {
+            Some(to) => Some(self.check_standby(to, req.checkpoint_every_ms)?),
+            None => None,
+        };
         let live = {
             let mut g = lock(&self.live);
             if g.contains_key(&id) {
@@ -1016,6 +1059,8 @@ impl Sessions {
             let live = Live::new(
                 SessionInfo {
                     checkpoint_every_ms: req.checkpoint_every_ms,
+                    released: standby.as_ref().map(|_| 0),
+                    standby: standby.clone(),
                     ..SessionInfo::starting(&id, &req.program, engine.name(), 1)
                 },
                 OutputBuffer::default(),
@@ -1026,7 +1071,18 @@ impl Sessions {
         // In a fleet, the session id becomes this space's in etcd first.
         if let Some(o) = &self.cfg.owners {
             let refusal = match o.claim(&id, 1) {
-                Ok(Claim::Mine(_)) => None,
+                Ok(Claim::Mine(_)) => match &standby {
+                    None => None,
+                    Some(to) => match o.set_standby(&id, 1, to) {
+                        Ok(true) => None,
+                        Ok(false) => Some(ApiError::conflict(format!(
+                            "session `{id}` changed owner in etcd while it was started"
+                        ))),
+                        Err(e) => Some(ApiError::unavailable(format!(
+                            "cannot record the standby of session `{id}` in etcd: {e}"
+                        ))),
+                    },
+                },
                 Ok(Claim::Taken(t)) => Some(ApiError::conflict(format!(
                     "session `{id}` belongs to {} (epoch {}, in etcd); choose another id",
                     t.owner.space, t.owner.epoch
@@ -1155,6 +1211,13 @@ impl Sessions {
                     info.state.name()
                 )));
             }
+            State::Standby => {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` is a standby copy of {}'s session; it goes when the \
+                     session ends or is forgotten there",
+                    info.source.as_deref().unwrap_or("another space")
+                )));
+            }
             // A move under way, or committed but not yet heard of by the destination.
             _ if info.migrating_to.is_some() || info.commit_pending => {
                 return Err(ApiError::conflict(format!(
@@ -1257,7 +1320,17 @@ impl Sessions {
         let live = self.get(id)?;
         let info = live.info();
         if kill && info.state == State::Suspended {
-            return Ok(self.update(&live, |i| i.state = State::Killed));
+            if !self.end_standby(&live) {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` was taken over by its standby; it is killed there, not here"
+                )));
+            }
+            return Ok(self.update(&live, |i| {
+                i.state = State::Killed;
+                if i.standby.is_some() {
+                    i.released = Some(live.log().len());
+                }
+            }));
         }
         if info.state == State::Lent {
             return Err(lend::lent_refusal(&info));
@@ -1328,7 +1401,23 @@ impl Sessions {
     ) -> Result<(Vec<u8>, SessionInfo), ApiError> {
         let live = self.get(id)?;
         let log = live.log();
-        if !wait.is_zero() && log.len() <= from && live.info().state.is_live() {
+        let info = live.info();
+        if let Some(shown) = info.released {
+            // With a standby: only what a checkpoint it holds covers.
+            let info = if wait.is_zero() || shown > from || !info.state.is_live() {
+                info
+            } else {
+                live.wait_while(wait, |i| {
+                    i.released.unwrap_or(0) <= from && i.state.is_live()
+                })
+            };
+            let shown = info.released.unwrap_or(0);
+            let (mut bytes, _) = log.read_from(from, 1 << 20);
+            // `shown` is a record boundary (a snapshot's log length), as `from` is.
+            bytes.truncate(usize::try_from(shown.saturating_sub(from)).unwrap_or(usize::MAX));
+            return Ok((bytes, info));
+        }
+        if !wait.is_zero() && log.len() <= from && info.state.is_live() {
             log.wait_beyond(from, wait);
         }
         let log = live.log();
@@ -1336,11 +1425,15 @@ impl Sessions {
         Ok((bytes, live.info()))
     }
 
-    /// Waits (at most `timeout`) until the session is no longer live here.
+    /// Waits (at most `timeout`) until the session is no longer live here (nor a standby
+    /// copy).
     pub fn wait(&self, id: &str, timeout: Duration) -> Result<SessionInfo, ApiError> {
         let live = self.get(id)?;
         Ok(live.wait_while(timeout, |i| {
-            i.state.is_live() || (i.migrating_to.is_some() && i.state != State::Moved)
+            // A standby copy: until it is taken over (and then ends here) or dropped.
+            i.state.is_live()
+                || i.state == State::Standby
+                || (i.migrating_to.is_some() && i.state != State::Moved)
         }))
     }
 

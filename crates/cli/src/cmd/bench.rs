@@ -605,6 +605,7 @@ fn migrate_section(
             main: None,
             checkpoint_every_ms: None,
             stdin: None,
+            standby: None,
         })
         .map_err(|e| anyhow::anyhow!(e.msg))?;
         // Ready once it has filled its memory, then let it dirty pages for a second.

@@ -47,6 +47,10 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
         a.guest.pre_write.is_none(),
         "--pre-write is for local runs: a space writes a guest's memory when it snapshots it"
     );
+    anyhow::ensure!(
+        a.standby.is_none() || a.guest.checkpoint_every.is_some(),
+        "--standby keeps the session's checkpoints: give --checkpoint-every too"
+    );
     let checkpoint_every_ms = match a.guest.checkpoint_every {
         Some(d) => {
             let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
@@ -138,6 +142,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
         main: t.main,
         checkpoint_every_ms,
         stdin,
+        standby: a.standby,
     };
     // The space writes the mounted directories out, and prepares a module it has not run
     // before (a big one takes a while), before the guest starts.
@@ -315,7 +320,7 @@ pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
                 eprintln!("ferry: session {} moved to {to}; waiting there", a.session);
                 c = c.elsewhere(&to);
             }
-            st if st.is_live() || s.migrating_to.is_some() => {}
+            st if st.is_live() || s.migrating_to.is_some() || st == State::Standby => {}
             State::Exited => {
                 if s.final_files.as_ref().is_some_and(|f| !f.is_empty()) {
                     eprintln!(

@@ -31,6 +31,11 @@ pub struct Args {
     /// it moves. Locally, redirect stdin instead (`< FILE`).
     #[arg(long, value_name = "FILE")]
     pub stdin: Option<PathBuf>,
+    /// On a space of an etcd fleet (`--space`, with --checkpoint-every): another space of the
+    /// fleet keeps each checkpoint and takes the session over if this space's etcd lease runs
+    /// out (it stopped, or was cut off). Output is shown once the standby holds it.
+    #[arg(long, value_name = "URL")]
+    pub standby: Option<String>,
     /// Python: the runtime version to use (see `ferry python list`) [default: the default one].
     #[arg(long, value_name = "X.Y")]
     python: Option<String>,
@@ -222,6 +227,10 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         a.stdin.is_none(),
         "--stdin is for runs on a space (--space URL); locally, redirect stdin (`< FILE`)"
     );
+    anyhow::ensure!(
+        a.standby.is_none(),
+        "--standby is for runs on a space of an etcd fleet (--space URL)"
+    );
     let control = Arc::new(Control::new());
     control.pre_write_every(a.guest.pre_write);
     // A testing aid (docs/conformance.md): suspend at the guest's first safe point, so that
@@ -346,6 +355,7 @@ pub fn python_module(
         session: None,
         binds: Vec::new(),
         stdin: None,
+        standby: None,
         python,
         code: None,
         module: Some(module.to_owned()),

@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// after that, and runs the guest on).
     #[arg(long, value_name = "DURATION", default_value = "1m", requires = "etcd", value_parser = crate::cmd::run::parse_duration)]
     prepared_timeout: Duration,
+    /// With --etcd: the TTL of this space's lease in etcd, renewed every third of it. A
+    /// session run here with `--standby` is taken over by its standby once the lease has
+    /// not been renewed for that long (this space stopped, or was cut off from etcd).
+    #[arg(long, value_name = "DURATION", default_value = "10s", requires = "etcd", value_parser = crate::cmd::run::parse_duration)]
+    lease_ttl: Duration,
     /// Collect garbage this often while serving (as `ferry --space URL store gc` does on
     /// demand) [default: only on demand].
     #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
@@ -103,6 +108,10 @@ pub fn token(file: Option<&PathBuf>) -> Result<String> {
 }
 
 pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
+    anyhow::ensure!(
+        a.lease_ttl >= Duration::from_secs(2),
+        "--lease-ttl: at least 2s (etcd makes shorter leases 2 s long anyway)"
+    );
     let token = token(settings.token_file.as_ref())?;
     let peer_token = match &a.peer_token_file {
         Some(f) => self::token(Some(f))?,
@@ -175,6 +184,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
                 peer_token,
                 owners: owners.clone(),
                 prepared_timeout: a.prepared_timeout,
+                lease_ttl: a.lease_ttl,
             };
             let st = store.clone();
             let s = tokio::task::spawn_blocking(move || {

@@ -1,0 +1,486 @@
+//! Standby copies: a session run with `--standby URL` is kept at each of its checkpoints by
+//! another space of the same etcd fleet, which takes it over when its owner's lease runs out
+//! (docs/migration.md, "Standby").
+//!
+//! The owner sends each checkpoint's closure to the standby and then names the checkpoint
+//! (`POST /v1/sessions/{id}/standby`); the standby records it durably before it answers. The
+//! owner shows the session's output only up to what an answered checkpoint covers (its
+//! `released` length) — the output-commit rule: whatever a reader saw is in the copy a
+//! standby would resume, so a take-over never shows anything differently. The guest itself
+//! runs on meanwhile.
+//!
+//! Who goes on is decided in etcd ([`crate::owners`]): the standby takes the session over only
+//! by a transaction that holds while the owner's lease key is gone and neither the owner nor
+//! the standby record changed; an owner whose session ends (exits, fails, is killed) removes
+//! the standby record first, by a transaction that holds only while it still owns the
+//! session. An owner that finds it no longer owns the session (the standby took it over while
+//! this space was cut off or stopped) is fenced: its guest stops, and nothing more of its
+//! output is shown.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use ferry_engine::Request;
+use ferry_kappa::Kappa;
+use tracing::{info, warn};
+
+use super::{Begin, Live, Sessions, lock, parse_engine, parse_kappa};
+use crate::api::{ApiError, SessionInfo, StandbyRequest, State, session_id};
+use crate::client::{SpaceClient, send_closure};
+use crate::owners::{EndStandby, Owner, StandbyView};
+
+/// How often a standby space reads etcd for each copy it holds.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// How long the owner waits before it tries an unanswered checkpoint again.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// A checkpoint for the standby: its κ, and whether the guest runs on after it.
+pub(super) struct ToStandby {
+    pub(super) snapshot: Kappa,
+    pub(super) running: bool,
+}
+
+/// Length of the output log a snapshot carries (0 without one).
+fn output_len(store: &dyn ferry_store::Store, k: &Kappa) -> Result<u64, String> {
+    let snap: ferry_object::Snapshot =
+        ferry_object::decode(&store.get(k).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    let Some(o) = snap.output else {
+        return Ok(0);
+    };
+    let log: ferry_object::OutputLog =
+        ferry_object::decode(&store.get(&o).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    Ok(log.len)
+}
+
+/// Why a checkpoint did not reach the standby.
+enum Unsent {
+    /// Etcd names another owner now: this copy is fenced.
+    Superseded(Owner),
+    Failed(String),
+}
+
+impl Sessions {
+    /// Checks a `run --standby` request (before anything is started): the space is in a fleet,
+    /// the session is checkpointed, the standby is another space that answers.
+    pub(super) fn check_standby(
+        &self,
+        to: &str,
+        checkpoint_every_ms: Option<u64>,
+    ) -> Result<String, ApiError> {
+        let Some(o) = &self.cfg.owners else {
+            return Err(ApiError::bad_request(
+                "a standby needs a fleet: this space was started without --etcd",
+            ));
+        };
+        if checkpoint_every_ms.is_none() {
+            return Err(ApiError::bad_request(
+                "a standby keeps the session's checkpoints: give checkpoint_every_ms \
+                 (`--checkpoint-every`)",
+            ));
+        }
+        let to = to.trim_end_matches('/').to_owned();
+        if !(to.starts_with("http://") || to.starts_with("https://")) {
+            return Err(ApiError::bad_request(format!(
+                "standby `{to}`: a space's URL (http:// or https://)"
+            )));
+        }
+        if to == o.me() {
+            return Err(ApiError::bad_request(format!(
+                "standby `{to}` is this space; name another space of the fleet"
+            )));
+        }
+        SpaceClient::new(&to, &self.cfg.peer_token)
+            .health()
+            .map_err(|e| {
+                ApiError::unavailable(format!("the standby {to} cannot be reached: {}", e.msg))
+            })?;
+        Ok(to)
+    }
+
+    /// Hands a new snapshot of a session that has a standby to its sender thread (started
+    /// on first use); the newest one wins.
+    pub(super) fn to_standby(self: &Arc<Self>, live: &Arc<Live>, k: Kappa, running: bool) {
+        if live.info().standby.is_none() {
+            return;
+        }
+        let mut g = lock(&live.standby_tx);
+        let next = ToStandby {
+            snapshot: k,
+            running,
+        };
+        let next = match g.as_ref().map(|tx| tx.send(next)) {
+            Some(Ok(())) => return,
+            Some(Err(mpsc::SendError(n))) => n,
+            None => ToStandby {
+                snapshot: k,
+                running,
+            },
+        };
+        let (tx, rx) = mpsc::channel();
+        let _ = tx.send(next);
+        *g = Some(tx);
+        let (me, l) = (self.clone(), live.clone());
+        let spawned = std::thread::Builder::new()
+            .name("standby-sender".into())
+            .spawn(move || me.send_to_standby(&l, &rx));
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start the standby sender");
+            *g = None;
+        }
+    }
+
+    /// The sender thread: each newest checkpoint to the standby, again every second until
+    /// it is taken (or a newer one comes); the output it covers is then shown.
+    fn send_to_standby(self: &Arc<Self>, live: &Arc<Live>, rx: &mpsc::Receiver<ToStandby>) {
+        let Ok(mut next) = rx.recv() else {
+            return;
+        };
+        loop {
+            while let Ok(n) = rx.try_recv() {
+                next = n;
+            }
+            let info = live.info();
+            if live.gone.load(Ordering::SeqCst)
+                || info.standby.is_none()
+                || matches!(
+                    info.state,
+                    State::Moved | State::Standby | State::Exited | State::Failed | State::Killed
+                )
+            {
+                return;
+            }
+            match self.send_one(&info, &next) {
+                Ok(len) => {
+                    self.update(live, |i| {
+                        i.released = Some(i.released.unwrap_or(0).max(len));
+                        i.standby_error = None;
+                    });
+                }
+                Err(Unsent::Superseded(owner)) => {
+                    self.fence_taken_over(live, &owner);
+                    return;
+                }
+                Err(Unsent::Failed(e)) => {
+                    if info.standby_error.as_deref() != Some(&e) {
+                        warn!(session = %info.id, error = %e, "the standby did not take the checkpoint; output is held back");
+                        self.update(live, |i| i.standby_error = Some(e));
+                    }
+                    match rx.recv_timeout(RETRY_EVERY) {
+                        Ok(n) => next = n,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                    continue;
+                }
+            }
+            match rx.recv() {
+                Ok(n) => next = n,
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Sends one checkpoint's closure to the standby and names it there; returns the length
+    /// of the output log it covers.
+    fn send_one(&self, info: &SessionInfo, next: &ToStandby) -> Result<u64, Unsent> {
+        let to = info.standby.as_deref().unwrap_or_default();
+        let o = self.cfg.owners.as_ref().expect("a standby needs owners");
+        let k = next.snapshot;
+        let len = output_len(self.store.as_ref(), &k).map_err(Unsent::Failed)?;
+        let peer = SpaceClient::new(to, &self.cfg.peer_token);
+        send_closure(self.store.as_ref(), &peer.store(), k, &mut |_, _| {})
+            .map_err(|e| Unsent::Failed(format!("sending {k} to {to}: {e}")))?;
+        let req = StandbyRequest {
+            owner: o.me().to_owned(),
+            epoch: info.epoch,
+            snapshot: k.to_string(),
+            program: info.program.clone(),
+            engine: info.engine.clone(),
+            checkpoint_every_ms: info.checkpoint_every_ms,
+            running: next.running,
+        };
+        match peer.standby(&info.id, &req) {
+            Ok(_) => Ok(len),
+            Err(e) => {
+                // Refused: perhaps because the standby took the session over.
+                if e.status == 409
+                    && let Ok(Some(now)) = o.owner(&info.id)
+                    && (now.owner.space != o.me() || now.owner.epoch != info.epoch)
+                {
+                    return Err(Unsent::Superseded(now.owner));
+                }
+                Err(Unsent::Failed(format!("{to} refused {k}: {}", e.msg)))
+            }
+        }
+    }
+
+    /// Etcd names `owner` as the session's owner now, not this space at the session's epoch:
+    /// the standby took it over. The guest stops here, nothing more of its output is shown.
+    pub(super) fn fence_taken_over(&self, live: &Live, owner: &Owner) {
+        let info = self.update(live, |i| {
+            i.state = State::Moved;
+            i.moved_to = Some(owner.space.clone());
+            i.epoch = i.epoch.max(owner.epoch);
+            i.reason = Some(format!(
+                "taken over by its standby {} (epoch {}): this space's etcd lease ran out",
+                owner.space, owner.epoch
+            ));
+        });
+        live.log().close();
+        if let Some(c) = lock(&live.control).clone() {
+            c.end_without_snapshot(true);
+            c.request(Request::Suspend);
+        }
+        warn!(session = %info.id, to = %owner.space, "taken over by the standby; fenced here");
+    }
+
+    /// Before a session with a standby is recorded as ended here: the standby record goes
+    /// from etcd, so it can no longer be taken over (asked until etcd answers). `false` when
+    /// the standby took it over first: this copy is fenced and its end not recorded.
+    pub(super) fn end_standby(&self, live: &Live) -> bool {
+        let info = live.info();
+        let (Some(o), Some(_)) = (&self.cfg.owners, &info.standby) else {
+            return true;
+        };
+        loop {
+            match o.end_standby(&info.id, info.epoch) {
+                Ok(EndStandby::Ended) => return true,
+                Ok(EndStandby::Superseded(Some(owner)))
+                    if owner.space != o.me() || owner.epoch != info.epoch =>
+                {
+                    self.fence_taken_over(live, &owner);
+                    return false;
+                }
+                // The record is gone (forgotten) or odd: nothing can take it over.
+                Ok(EndStandby::Superseded(_)) => return true,
+                Err(e) => {
+                    warn!(session = %info.id, error = %e, "cannot remove the standby record from etcd; the session's end waits");
+                    std::thread::sleep(RETRY_EVERY);
+                }
+            }
+        }
+    }
+
+    /// `POST /v1/sessions/{id}/standby`: keeps checkpoint `req.snapshot` of a session another
+    /// space of the fleet owns, as its standby, once etcd says so and its closure is here.
+    pub fn standby(
+        self: &Arc<Self>,
+        id: &str,
+        req: StandbyRequest,
+    ) -> Result<SessionInfo, ApiError> {
+        session_id(id)?;
+        let Some(o) = &self.cfg.owners else {
+            return Err(ApiError::bad_request(
+                "this space keeps no standby copies: it was started without --etcd",
+            ));
+        };
+        let k = parse_kappa(&req.snapshot, "snapshot")?;
+        let engine = parse_engine(Some(&req.engine), ferry_engine::EngineKind::Jit)?;
+        let mut closure = BTreeSet::new();
+        ferry_engine::closure::snapshot_closure(self.store.as_ref(), &k, false, &mut closure)
+            .map_err(|e| ApiError::unprocessable(format!("snapshot {k}: {e}")))?;
+        for c in &closure {
+            if !self.store.has(c).map_err(ApiError::internal)? {
+                return Err(ApiError::unprocessable(format!(
+                    "snapshot {k}: object {c} of its closure is not here; send it first"
+                )));
+            }
+        }
+        let view = o
+            .standby_view(id, &req.owner)
+            .map_err(|e| super::etcd_unreachable(id, e))?;
+        let named = |v: &StandbyView| {
+            v.owner.as_ref().map(|r| &r.owner)
+                == Some(&Owner {
+                    space: req.owner.clone(),
+                    epoch: req.epoch,
+                })
+                && v.standby
+                    .as_ref()
+                    .is_some_and(|(s, _)| s.space == o.me() && s.epoch == req.epoch)
+        };
+        if !named(&view) {
+            return Err(ApiError::conflict(format!(
+                "etcd does not name this space the standby of session `{id}` owned by {} at \
+                 epoch {}",
+                req.owner, req.epoch
+            )));
+        }
+        let record = |i: &mut SessionInfo| {
+            i.state = State::Standby;
+            i.snapshot = Some(k.to_string());
+            i.epoch = req.epoch;
+            i.source = Some(req.owner.clone());
+            i.program = req.program.clone();
+            i.engine = engine.name().into();
+            i.checkpoint_every_ms = req.checkpoint_every_ms;
+            i.resume_on_takeover = req.running;
+        };
+        let existing = lock(&self.live).get(id).cloned();
+        let live = match existing {
+            Some(live) => {
+                let turn = lock(&live.turn);
+                let info = live.info();
+                if info.state != State::Standby
+                    || info.source.as_deref() != Some(&req.owner)
+                    || info.epoch > req.epoch
+                {
+                    return Err(ApiError::conflict(format!(
+                        "session `{id}` is {} here (epoch {}), not a standby copy of {}'s",
+                        info.state.name(),
+                        info.epoch,
+                        req.owner
+                    )));
+                }
+                self.update(&live, record);
+                drop(turn);
+                live
+            }
+            None => {
+                let mut info = SessionInfo::starting(id, &req.program, engine.name(), req.epoch);
+                record(&mut info);
+                let live = Live::new(info.clone(), ferry_wasi::OutputBuffer::default());
+                live.log().close();
+                let mut g = lock(&self.live);
+                if g.contains_key(id) {
+                    return Err(ApiError::conflict(format!(
+                        "session `{id}` appeared here meanwhile; send the checkpoint again"
+                    )));
+                }
+                self.save(&info).map_err(ApiError::internal)?;
+                g.insert(id.to_owned(), live.clone());
+                info!(session = %id, owner = %req.owner, "standby copy kept");
+                live
+            }
+        };
+        let info = live.info();
+        self.point_ref(&info, k);
+        Ok(info)
+    }
+
+    /// The standby space's watch (a thread): each second, for every copy it holds, whether
+    /// the owner's lease is gone (take the session over), or the copy is no longer wanted
+    /// (the session ended, moved or was forgotten at its owner: drop it).
+    pub(super) fn watch_standbys(self: &Arc<Self>) {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("standby-watch".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(WATCH_EVERY);
+                    let copies: Vec<_> = lock(&me.live)
+                        .values()
+                        .filter(|l| l.info().state == State::Standby)
+                        .cloned()
+                        .collect();
+                    for live in copies {
+                        me.watch_one(&live);
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start the standby watch");
+        }
+    }
+
+    fn watch_one(self: &Arc<Self>, live: &Arc<Live>) {
+        let o = self
+            .cfg
+            .owners
+            .as_ref()
+            .expect("standby copies need owners");
+        let info = live.info();
+        let owner = info.source.clone().unwrap_or_default();
+        let view = match o.standby_view(&info.id, &owner) {
+            Ok(v) => v,
+            Err(e) => {
+                warn!(session = %info.id, error = %e, "cannot read the standby's records in etcd");
+                return;
+            }
+        };
+        let owned_by_source = view.owner.as_ref().is_some_and(|r| {
+            r.owner
+                == Owner {
+                    space: owner.clone(),
+                    epoch: info.epoch,
+                }
+        });
+        let standby_is_me = view
+            .standby
+            .as_ref()
+            .is_some_and(|(s, _)| s.space == o.me() && s.epoch == info.epoch);
+        if !(owned_by_source && standby_is_me) {
+            self.drop_standby(
+                live,
+                "the session ended, moved or was forgotten at its owner",
+            );
+            return;
+        }
+        if view.owner_alive {
+            return;
+        }
+        let taken = match o.take_over(&info.id, &view) {
+            Ok(Some(t)) => t,
+            Ok(None) => return,
+            Err(e) => {
+                warn!(session = %info.id, error = %e, "cannot take the session over in etcd");
+                return;
+            }
+        };
+        let _turn = lock(&live.turn);
+        let k = match parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot") {
+            Ok(k) => k,
+            Err(e) => {
+                warn!(session = %info.id, error = %e.msg, "a standby copy without its snapshot");
+                return;
+            }
+        };
+        let info = self.update(live, |i| {
+            i.state = State::Suspended;
+            i.epoch = taken.owner.epoch;
+            i.reason = Some(format!(
+                "taken over from {owner} (its etcd lease ran out) at its checkpoint {k}"
+            ));
+        });
+        self.point_ref(&info, k);
+        warn!(session = %info.id, from = %owner, epoch = info.epoch, "owner gone: session taken over");
+        if info.resume_on_takeover {
+            let engine = super::engine_of(live);
+            if let Err(e) = self.start(live, Begin::Resume(k), engine, false) {
+                warn!(session = %info.id, error = %e.msg, "the session taken over cannot be resumed");
+                self.update(live, |i| {
+                    i.reason = Some(format!(
+                        "taken over from {owner}, but it cannot be resumed here: {}",
+                        e.msg
+                    ));
+                });
+            }
+        }
+    }
+
+    /// Forgets a standby copy that is no longer wanted.
+    fn drop_standby(&self, live: &Arc<Live>, why: &str) {
+        let _turn = lock(&live.turn);
+        let info = live.info();
+        if info.state != State::Standby {
+            return;
+        }
+        if let Ok(Some(current)) = self.store.get_ref(&format!("session/{}", info.id)) {
+            let _ = self
+                .store
+                .cas_ref(&format!("session/{}", info.id), Some(current), None);
+        }
+        live.gone.store(true, Ordering::SeqCst);
+        lock(&self.live).remove(&info.id);
+        if let Err(e) = std::fs::remove_file(self.record_path(&info.id))
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            warn!(session = %info.id, error = %e, "cannot remove the standby copy's record");
+        }
+        info!(session = %info.id, why, "standby copy dropped");
+    }
+}
