@@ -1163,6 +1163,13 @@ impl Sessions {
             Some(r) if r.owner.space == o.me() && r.owner.epoch == info.epoch => {
                 return Ok(Some(r));
             }
+            // A lend and its return or reclaim raised the epoch here, where the session is.
+            Some(r) if r.owner.space == o.me() && r.owner.epoch < info.epoch => {
+                match o.claim(&info.id, info.epoch).map_err(unreachable)? {
+                    Claim::Mine(r) => return Ok(Some(r)),
+                    Claim::Taken(r) => r,
+                }
+            }
             Some(r) => r,
             None => match o.claim(&info.id, info.epoch).map_err(unreachable)? {
                 Claim::Mine(r) => return Ok(Some(r)),

@@ -201,3 +201,153 @@ fn a_space_does_not_start_without_its_etcd() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--etcd"), "{err}");
 }
+
+/// `sleepy STEPS 0` run on `space` as session `id`, checkpointed every 200 ms with `standby`
+/// as its standby; returns what an uninterrupted run shows.
+fn run_with_standby(
+    here: &crate::harness::Env,
+    space: &SpaceProc,
+    standby: &SpaceProc,
+    id: &str,
+    steps: &str,
+) -> Vec<u8> {
+    let g = crate::harness::guest("wasm/sleepy.wasm");
+    let plain = here.plain(&[g.to_str().unwrap(), "--", steps, "0"]);
+    ok(
+        here,
+        &space.url,
+        &[
+            "run",
+            "--session",
+            id,
+            "--checkpoint-every",
+            "200ms",
+            "--standby",
+            &standby.url,
+            g.to_str().unwrap(),
+            "--",
+            steps,
+            "0",
+        ],
+    );
+    plain.stdout
+}
+
+/// How much of the session's output its space shows (`released`).
+fn released(space: &SpaceProc, id: &str) -> u64 {
+    space.session(id).unwrap()["released"].as_u64().unwrap()
+}
+
+/// A session run with `--standby` on a space that then dies for good: once the space's etcd
+/// lease runs out, the standby takes the session over from the last checkpoint it holds and
+/// runs it to the end — the output is that of an uninterrupted run, and what the dead space
+/// had shown of it is a prefix of that. The space, back, finds its copy fenced.
+#[test]
+fn in_a_fleet_a_standby_takes_over_a_session_whose_space_died() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let mut a = fleet_space(&etcd, &["--lease-ttl", "2s"]);
+    let b = fleet_space(&etcd, &[]);
+    let plain = run_with_standby(&here, &a, &b, "spare", "150");
+    eventually("the standby holds a checkpoint", || {
+        released(&a, "spare") > 0 && b.state("spare").as_deref() == Some("standby")
+    });
+    let (shown, _, code) = cli(&here, &a.url, &["logs", "spare"]);
+    assert_eq!(code, 0);
+    assert!(
+        !shown.is_empty() && plain.starts_with(shown.as_bytes()),
+        "shown before the failure: {shown:?}"
+    );
+    a.stop();
+    eventually("the standby takes the session over", || {
+        b.state("spare").as_deref() != Some("standby")
+    });
+    assert_eq!(
+        etcd.owner("spare"),
+        Some(json!({"space": b.url, "epoch": 2}))
+    );
+    assert!(etcd.values("/ferry/standby/spare").is_empty());
+    assert_finished_like(&here, &b.url, "spare", &plain);
+    let taken = b.session("spare").unwrap();
+    assert_eq!((&taken["source"], &taken["epoch"]), (&json!(a.url), &json!(2)));
+    // The space comes back: its copy is fenced, never resumed.
+    a.spawn(None);
+    eventually("the old owner learns its session was taken over", || {
+        a.state("spare").as_deref() == Some("moved")
+    });
+    let err = refused(&here, &a.url, &["resume", "spare"]);
+    assert!(err.contains("moved to"), "{err}");
+    finished_once(&[&a, &b], "spare", &b);
+    stores_verify(&[&a, &b]);
+}
+
+/// While the standby cannot take checkpoints (it is down), the owner shows no more output —
+/// the guest runs on — and catches up once the standby is back. A session that ends removes
+/// its standby: its owner dying afterwards runs nothing a second time.
+#[test]
+fn in_a_fleet_output_waits_for_the_standby_and_an_ended_session_takes_it_along() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let mut a = fleet_space(&etcd, &["--lease-ttl", "2s"]);
+    let mut b = fleet_space(&etcd, &[]);
+    let plain = run_with_standby(&here, &a, &b, "held", "150");
+    eventually("the standby holds a checkpoint", || released(&a, "held") > 0);
+    b.stop();
+    eventually("the owner notices that the standby is gone", || {
+        a.session("held").unwrap().get("standby_error").is_some()
+    });
+    let before = released(&a, "held");
+    let (shown, _, _) = cli(&here, &a.url, &["logs", "held"]);
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    assert_eq!(released(&a, "held"), before, "output shown without the standby");
+    let (again, _, _) = cli(&here, &a.url, &["logs", "held"]);
+    assert_eq!(again, shown);
+    assert_eq!(a.state("held").as_deref(), Some("running"));
+    b.spawn(None);
+    assert_finished_like(&here, &a.url, "held", &plain);
+    eventually("the standby drops its copy", || b.state("held").is_none());
+    assert!(etcd.values("/ferry/standby/held").is_empty());
+    // The owner dies after the end: nothing takes the session over.
+    a.stop();
+    std::thread::sleep(std::time::Duration::from_millis(4000));
+    assert!(b.state("held").is_none());
+    assert_eq!(
+        etcd.owner("held"),
+        Some(json!({"space": a.url, "epoch": 1}))
+    );
+    stores_verify(&[&b]);
+}
+
+/// What `run --standby` refuses, before anything runs.
+#[test]
+fn a_standby_is_refused_where_it_cannot_work() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let a = fleet_space(&etcd, &[]);
+    let lone = SpaceProc::start(&[]);
+    let g = crate::harness::guest("wasm/sleepy.wasm");
+    let g = g.to_str().unwrap();
+    let run = |space: &str, extra: &[&str]| {
+        let mut args = vec!["run", "--session", "no"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[g, "--", "5", "0"]);
+        refused(&here, space, &args)
+    };
+    let err = run(&a.url, &["--standby", &lone.url]);
+    assert!(err.contains("--checkpoint-every"), "{err}");
+    let every = ["--checkpoint-every", "200ms", "--standby"];
+    let err = run(&lone.url, &[&every[..], &[a.url.as_str()]].concat());
+    assert!(err.contains("without --etcd"), "{err}");
+    let err = run(&a.url, &[&every[..], &[a.url.as_str()]].concat());
+    assert!(err.contains("is this space"), "{err}");
+    let err = run(&a.url, &[&every[..], &["http://127.0.0.1:9"]].concat());
+    assert!(err.contains("cannot be reached"), "{err}");
+    assert_eq!(a.state("no"), None);
+    assert_eq!(etcd.owner("no"), None);
+}

@@ -71,6 +71,12 @@ fn client_name(s: &str) -> String {
 /// moving; else the refusal.
 fn lendable(info: &SessionInfo, running: bool) -> Result<(), ApiError> {
     let id = &info.id;
+    if let Some(standby) = &info.standby {
+        // A client outside the fleet holds no etcd lease a standby could watch.
+        return Err(ApiError::conflict(format!(
+            "session `{id}` has a standby ({standby}); a session with a standby is not lent"
+        )));
+    }
     match info.state {
         State::Running if running && info.migrating_to.is_none() => Ok(()),
         State::Suspended if info.migrating_to.is_none() => Ok(()),

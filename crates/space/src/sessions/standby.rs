@@ -209,7 +209,8 @@ impl Sessions {
                 // Refused: perhaps because the standby took the session over.
                 if e.status == 409
                     && let Ok(Some(now)) = o.owner(&info.id)
-                    && (now.owner.space != o.me() || now.owner.epoch != info.epoch)
+                    && now.owner.space != o.me()
+                    && now.owner.epoch > info.epoch
                 {
                     return Err(Unsent::Superseded(now.owner));
                 }
@@ -250,7 +251,7 @@ impl Sessions {
             match o.end_standby(&info.id, info.epoch) {
                 Ok(EndStandby::Ended) => return true,
                 Ok(EndStandby::Superseded(Some(owner)))
-                    if owner.space != o.me() || owner.epoch != info.epoch =>
+                    if owner.space != o.me() && owner.epoch > info.epoch =>
                 {
                     self.fence_taken_over(live, &owner);
                     return false;
@@ -432,6 +433,12 @@ impl Sessions {
             }
         };
         let _turn = lock(&live.turn);
+        // The checkpoint recorded last: one the owner heard taken before the transaction,
+        // whose output it may show already, must be the one resumed.
+        let info = live.info();
+        if info.state != State::Standby {
+            return;
+        }
         let k = match parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot") {
             Ok(k) => k,
             Err(e) => {
