@@ -271,7 +271,10 @@ fn in_a_fleet_a_standby_takes_over_a_session_whose_space_died() {
     assert!(etcd.values("/ferry/standby/spare").is_empty());
     assert_finished_like(&here, &b.url, "spare", &plain);
     let taken = b.session("spare").unwrap();
-    assert_eq!((&taken["source"], &taken["epoch"]), (&json!(a.url), &json!(2)));
+    assert_eq!(
+        (&taken["source"], &taken["epoch"]),
+        (&json!(a.url), &json!(2))
+    );
     // The space comes back: its copy is fenced, never resumed.
     a.spawn(None);
     eventually("the old owner learns its session was taken over", || {
@@ -295,7 +298,9 @@ fn in_a_fleet_output_waits_for_the_standby_and_an_ended_session_takes_it_along()
     let mut a = fleet_space(&etcd, &["--lease-ttl", "2s"]);
     let mut b = fleet_space(&etcd, &[]);
     let plain = run_with_standby(&here, &a, &b, "held", "150");
-    eventually("the standby holds a checkpoint", || released(&a, "held") > 0);
+    eventually("the standby holds a checkpoint", || {
+        released(&a, "held") > 0
+    });
     b.stop();
     eventually("the owner notices that the standby is gone", || {
         a.session("held").unwrap().get("standby_error").is_some()
@@ -303,7 +308,11 @@ fn in_a_fleet_output_waits_for_the_standby_and_an_ended_session_takes_it_along()
     let before = released(&a, "held");
     let (shown, _, _) = cli(&here, &a.url, &["logs", "held"]);
     std::thread::sleep(std::time::Duration::from_millis(1000));
-    assert_eq!(released(&a, "held"), before, "output shown without the standby");
+    assert_eq!(
+        released(&a, "held"),
+        before,
+        "output shown without the standby"
+    );
     let (again, _, _) = cli(&here, &a.url, &["logs", "held"]);
     assert_eq!(again, shown);
     assert_eq!(a.state("held").as_deref(), Some("running"));
