@@ -360,3 +360,32 @@ fn a_standby_is_refused_where_it_cannot_work() {
     assert_eq!(a.state("no"), None);
     assert_eq!(etcd.owner("no"), None);
 }
+
+/// A session lent to a client and reclaimed raises its epoch here; in a fleet its owner
+/// record follows, so the space resumes it as before. A session with a standby is not lent.
+#[test]
+fn in_a_fleet_a_reclaimed_session_resumes_and_a_standby_one_is_not_lent() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let a = fleet_space(&etcd, &[]);
+    let b = fleet_space(&etcd, &[]);
+    let plain = run_cpu_guest(&here, &a.url, "lent", "400");
+    let c = ferry_space::SpaceClient::new(&a.url, crate::harness::SPACE_TOKEN);
+    assert_eq!(c.lend("lent", "a test").unwrap().epoch, 2);
+    assert_eq!(c.reclaim("lent").unwrap().epoch, 3);
+    ok(&here, &a.url, &["resume", "lent"]);
+    assert_eq!(
+        etcd.owner("lent"),
+        Some(json!({"space": a.url, "epoch": 3}))
+    );
+    assert_finished_like(&here, &a.url, "lent", &plain.stdout);
+
+    run_with_standby(&here, &a, &b, "kept", "100");
+    let e = c.lend("kept", "a test").unwrap_err();
+    assert_eq!(e.status, 409);
+    assert!(e.msg.contains("has a standby"), "{e}");
+    let (_, err, code) = cli(&here, &a.url, &["wait", "kept"]);
+    assert_eq!(code, 0, "{err}");
+}

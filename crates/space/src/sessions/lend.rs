@@ -126,6 +126,8 @@ impl Sessions {
                 session: info,
             });
         }
+        // Refused before anything is suspended.
+        lendable(&live.info(), true)?;
         if live.info().state == State::Running {
             self.stop(id, Request::Suspend, false)?;
         }
