@@ -740,10 +740,11 @@ pub fn tool(name: &str) -> Option<String> {
 }
 
 /// An etcd server of the test's own (Debian's `etcd`, on free ports, its data in a
-/// temporary directory), stopped on drop. `None` where there is no `etcd` binary, except
+/// temporary directory; clients reach it at 127.0.0.1 and 127.0.0.3), stopped on drop. `None` where there is no `etcd` binary, except
 /// under CI (`CI` set), where that fails the test.
 pub struct Etcd {
     child: Child,
+    /// Its client URL at 127.0.0.1 (it listens at 127.0.0.3 too: [`Etcd::url_at`]).
     pub url: String,
     etcdctl: String,
     _dir: tempfile::TempDir,
@@ -774,7 +775,7 @@ impl Etcd {
             .arg(dir.path())
             .args([
                 "--listen-client-urls",
-                &url,
+                &format!("{url},http://127.0.0.3:{client}"),
                 "--advertise-client-urls",
                 &url,
             ])
@@ -803,6 +804,16 @@ impl Etcd {
             std::thread::sleep(Duration::from_millis(100));
         }
         Some(e)
+    }
+
+    /// Its client URL at `ip` (`127.0.0.1` or `127.0.0.3`): a space given the second can be
+    /// cut off from etcd alone ([`Blackhole::address`]).
+    pub fn url_at(&self, ip: &str) -> String {
+        self.url.replace("127.0.0.1", ip)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.url.rsplit(':').next().unwrap().parse().unwrap()
     }
 
     fn answers(&self) -> bool {

@@ -446,8 +446,14 @@ impl Sessions {
                 return;
             }
         };
+        let resume = info.resume_on_takeover;
         let info = self.update(live, |i| {
-            i.state = State::Suspended;
+            // Starting, not suspended, while it is resumed: a `wait` here waits on.
+            i.state = if resume {
+                State::Starting
+            } else {
+                State::Suspended
+            };
             i.epoch = taken.owner.epoch;
             i.reason = Some(format!(
                 "taken over from {owner} (its etcd lease ran out) at its checkpoint {k}"
@@ -455,11 +461,12 @@ impl Sessions {
         });
         self.point_ref(&info, k);
         warn!(session = %info.id, from = %owner, epoch = info.epoch, "owner gone: session taken over");
-        if info.resume_on_takeover {
+        if resume {
             let engine = super::engine_of(live);
             if let Err(e) = self.start(live, Begin::Resume(k), engine, false) {
                 warn!(session = %info.id, error = %e.msg, "the session taken over cannot be resumed");
                 self.update(live, |i| {
+                    i.state = State::Suspended;
                     i.reason = Some(format!(
                         "taken over from {owner}, but it cannot be resumed here: {}",
                         e.msg
