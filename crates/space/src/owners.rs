@@ -769,5 +769,19 @@ mod tests {
         assert!(outcome_in("e", &odd).is_err());
         let foreign = json!({ "kvs": [{ "mod_revision": "5", "value": B64.encode("{}") }] });
         assert!(owned_in("e", &foreign).is_err());
+        let standby = B64.encode(br#"{"space":"http://b:2","epoch":4}"#);
+        let range = json!({ "kvs": [{ "mod_revision": "9", "value": standby }] });
+        assert_eq!(
+            standby_in("e", &range).unwrap(),
+            Some((
+                Standby {
+                    space: "http://b:2".into(),
+                    epoch: 4
+                },
+                9
+            ))
+        );
+        assert!(standby_in("e", &foreign).is_err());
+        assert_eq!(standby_in("e", &json!({})).unwrap(), None);
     }
 }
