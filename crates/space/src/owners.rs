@@ -317,6 +317,13 @@ impl Owners {
         Ok(id)
     }
 
+    /// Whether `space` is announced (its lease alive): a space of this fleet that runs.
+    pub fn alive(&self, space: &str) -> Result<bool, EtcdError> {
+        let key = B64.encode(self.space_key(space.trim_end_matches('/')));
+        let (endpoint, v) = self.call("kv/range", &json!({ "key": key }))?;
+        Ok(value_in(&endpoint, &v)?.is_some())
+    }
+
     /// Renews lease `id`: whether it was still alive (an expired lease answers a TTL of 0, or
     /// none).
     pub fn keep_alive(&self, id: i64) -> Result<bool, EtcdError> {

@@ -211,6 +211,15 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
         {
             failing.push(crate::cmd::ps::snapshot_failed(&s.id, e));
         }
+        if s.state.is_live()
+            && let Some(e) = &s.standby_error
+        {
+            failing.push(format!(
+                "ferry: {}: its standby does not take its checkpoints, so its output is held \
+                 back (the guest runs on): {e}",
+                s.id
+            ));
+        }
         let state = match (s.state, s.exit_code) {
             (State::Exited, Some(c)) => format!("exited({c})"),
             (st, _) if s.migrating_to.is_some() => format!("{}*", st.name()),
@@ -227,6 +236,17 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
                 }
             }
             (_, Some(to), _) => format!("moving to {to}"),
+            (_, _, _) if s.state == State::Standby => format!(
+                "standby of {}",
+                s.source.as_deref().unwrap_or("another space")
+            ),
+            (_, _, Some(k)) if s.state.is_live() && s.standby.is_some() => {
+                let k: String = k.chars().take(19).collect();
+                match &s.standby_error {
+                    Some(_) => format!("{k} (output held back)"),
+                    None => format!("{k} (standby {})", s.standby.as_deref().unwrap_or("")),
+                }
+            }
             (_, _, Some(k)) => k.chars().take(19).collect(),
             _ => "-".into(),
         };

@@ -254,6 +254,8 @@ fn in_a_fleet_a_standby_takes_over_a_session_whose_space_died() {
     eventually("the standby holds a checkpoint", || {
         released(&a, "spare") > 0 && b.state("spare").as_deref() == Some("standby")
     });
+    let (ps, _, _) = cli(&here, &b.url, &["ps"]);
+    assert!(ps.contains(&format!("standby of {}", a.url)), "{ps}");
     let (shown, _, code) = cli(&here, &a.url, &["logs", "spare"]);
     assert_eq!(code, 0);
     assert!(
@@ -305,6 +307,9 @@ fn in_a_fleet_output_waits_for_the_standby_and_an_ended_session_takes_it_along()
     eventually("the owner notices that the standby is gone", || {
         a.session("held").unwrap().get("standby_error").is_some()
     });
+    let (ps, ps_err, _) = cli(&here, &a.url, &["ps"]);
+    assert!(ps.contains("(output held back)"), "{ps}");
+    assert!(ps_err.contains("its output is held back"), "{ps_err}");
     let before = released(&a, "held");
     // Both streams (the guest's stdout is buffered; it writes to stderr every 120 ms).
     let (out, err, _) = cli(&here, &a.url, &["logs", "held"]);
@@ -354,6 +359,8 @@ fn a_standby_is_refused_where_it_cannot_work() {
     let every = ["--checkpoint-every", "200ms", "--standby"];
     let err = run(&lone.url, &[&every[..], &[a.url.as_str()]].concat());
     assert!(err.contains("without --etcd"), "{err}");
+    let err = run(&a.url, &[&every[..], &[lone.url.as_str()]].concat());
+    assert!(err.contains("not a space of this fleet"), "{err}");
     let err = run(&a.url, &[&every[..], &[a.url.as_str()]].concat());
     assert!(err.contains("is this space"), "{err}");
     let err = run(&a.url, &[&every[..], &["http://127.0.0.1:9"]].concat());

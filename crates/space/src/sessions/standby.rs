@@ -98,6 +98,16 @@ impl Sessions {
             .map_err(|e| {
                 ApiError::unavailable(format!("the standby {to} cannot be reached: {}", e.msg))
             })?;
+        // It must be a space of this fleet: announced in the same etcd, under the same prefix.
+        if !o.alive(&to).map_err(|e| {
+            ApiError::unavailable(format!("cannot ask etcd whether {to} is in the fleet: {e}"))
+        })? {
+            return Err(ApiError::bad_request(format!(
+                "standby {to} is not a space of this fleet: etcd has no live announcement of \
+                 it (start it with --etcd naming the same cluster and --etcd-prefix, and \
+                 --advertise {to} if peers reach it at another address)"
+            )));
+        }
         Ok(to)
     }
 

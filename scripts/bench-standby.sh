@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Take-over by a standby (docs/migration.md, "Standby"): two `ferry serve` of one etcd fleet
+# (an etcd of this script's own, data in a temporary directory), the `dirty` guest run on A
+# with `--checkpoint-every 1s --standby B`; once B holds a checkpoint A is killed (SIGKILL)
+# and the script measures how long until B runs the guest (its lease TTL, up to a second until
+# B's next read of etcd, and B's resume of the copy).
+# usage: scripts/bench-standby.sh [SIZES_MIB=64,256] [TTLS=2s,10s] [ROUNDS=2]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+sizes=${1:-64,256}
+ttls=${2:-2s,10s}
+rounds=${3:-2}
+. scripts/bench-lib.sh
+etcd=$(command -v etcd || echo "${FERRY_TOOLS:-$HOME/.cache/ferry/tools}/etcd")
+[ -x "$etcd" ] || { echo "no etcd: run scripts/setup.sh" >&2; exit 1; }
+work=$(mktemp -d /var/tmp/ferry-standby.XXXXXX)
+free() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free)
+peer=$(free)
+"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$port" \
+    --advertise-client-urls "http://127.0.0.1:$port" --listen-peer-urls "http://127.0.0.1:$peer" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "default=http://127.0.0.1:$peer" >"$work/etcd.log" 2>&1 &
+etcd_pid=$!
+pids=()
+trap 'kill "${pids[@]}" $etcd_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+until curl -sf -X POST "http://127.0.0.1:$port/v3/kv/range" -d '{"key":"AA=="}' >/dev/null; do sleep 0.2; done
+export FERRY_TOKEN=bench-standby
+serve() { # serve NAME TTL: starts a space, sets `url`
+    local out="$work/$1.out"
+    FERRY_STORE="$work/$1" "$ferry" serve --listen 127.0.0.1:0 --etcd "http://127.0.0.1:$port" \
+        --etcd-prefix "/bench/$n" --lease-ttl "$2" >"$out" 2>"$work/$1.log" &
+    pids+=($!)
+    last=$!
+    until grep -q '^listening on' "$out" 2>/dev/null; do sleep 0.1; done
+    url=$(sed -n 's/^listening on //p' "$out")
+}
+field() { # field URL ID NAME
+    curl -sf -H "Authorization: Bearer $FERRY_TOKEN" "$1/v1/sessions/$2" |
+        python3 -c "import json,sys; print(json.load(sys.stdin).get('$3', ''))"
+}
+echo "| memory (MiB) | lease TTL | run | kill → running on the standby (s) |"
+echo "|---:|---:|---:|---:|"
+n=0
+for mib in ${sizes//,/ }; do
+    for ttl in ${ttls//,/ }; do
+        for r in $(seq "$rounds"); do
+            n=$((n + 1))
+            serve "a$n" "$ttl"
+            a=$url
+            a_pid=$last
+            serve "b$n" "$ttl"
+            b=$url
+            "$ferry" --space "$a" run --session s --checkpoint-every 1s --standby "$b" \
+                guests/wasm/dirty.wasm -- "$mib" 100000 10 >/dev/null 2>&1
+            until [ "$(field "$b" s state)" = standby ] && [ "$(field "$a" s released)" -gt 0 ]; do
+                sleep 0.2
+            done
+            sleep 2
+            kill -9 "$a_pid"
+            t0=$(date +%s.%N)
+            until [ "$(field "$b" s state)" = running ]; do sleep 0.02; done
+            t1=$(date +%s.%N)
+            echo "| $mib | $ttl | $r | $(python3 -c "print(f'{$t1 - $t0:.2f}')") |"
+            kill "${pids[@]}" 2>/dev/null || true
+            wait 2>/dev/null || true
+            pids=()
+        done
+    done
+done
