@@ -32,12 +32,15 @@ serve() { # serve NAME TTL: starts a space, sets `url`
         --etcd-prefix "/bench/$n" --lease-ttl "$2" >"$out" 2>"$work/$1.log" &
     pids+=($!)
     last=$!
-    until grep -q '^listening on' "$out" 2>/dev/null; do sleep 0.1; done
+    until grep -q '^listening on' "$out" 2>/dev/null; do
+        kill -0 "$last" 2>/dev/null || { echo "ferry serve failed:" >&2; cat "$work/$1.log" >&2; exit 1; }
+        sleep 0.1
+    done
     url=$(sed -n 's/^listening on //p' "$out")
 }
 field() { # field URL ID NAME
     curl -sf -H "Authorization: Bearer $FERRY_TOKEN" "$1/v1/sessions/$2" |
-        python3 -c "import json,sys; print(json.load(sys.stdin).get('$3', ''))"
+        python3 -c "import json,sys; print(json.load(sys.stdin).get('$3', ''))" 2>/dev/null || true
 }
 echo "| memory (MiB) | lease TTL | run | kill → running on the standby (s) |"
 echo "|---:|---:|---:|---:|"
@@ -53,11 +56,11 @@ for mib in ${sizes//,/ }; do
             b=$url
             "$ferry" --space "$a" run --session s --checkpoint-every 1s --standby "$b" \
                 guests/wasm/dirty.wasm -- "$mib" 100000 10 >/dev/null 2>&1
-            until [ "$(field "$b" s state)" = standby ] && [ "$(field "$a" s released)" -gt 0 ]; do
-                sleep 0.2
-            done
-            sleep 2
+            # B holds a checkpoint; a few more land before the kill.
+            until [ "$(field "$b" s state)" = standby ]; do sleep 0.2; done
+            sleep 3
             kill -9 "$a_pid"
+            wait "$a_pid" 2>/dev/null || true
             t0=$(date +%s.%N)
             until [ "$(field "$b" s state)" = running ]; do sleep 0.02; done
             t1=$(date +%s.%N)
