@@ -695,30 +695,28 @@ fn value_in(endpoint: &str, range: &Value) -> Result<Option<(Vec<u8>, i64)>, Etc
 
 /// The owner record a range answer holds, if any.
 fn owned_in(endpoint: &str, range: &Value) -> Result<Option<Owned>, EtcdError> {
-    let Some((value, revision)) = value_in(endpoint, range)? else {
-        return Ok(None);
-    };
-    let owner: Owner = serde_json::from_slice(&value).map_err(|e| {
-        malformed(
-            endpoint,
-            format!("an owner record that is not ferry's: {e}"),
-        )
-    })?;
-    Ok(Some(Owned { owner, revision }))
+    Ok(record_in(endpoint, range, "an owner record")?
+        .map(|(owner, revision)| Owned { owner, revision }))
 }
 
 /// The standby record a range answer holds, if any, with its mod revision.
 fn standby_in(endpoint: &str, range: &Value) -> Result<Option<(Standby, i64)>, EtcdError> {
+    record_in(endpoint, range, "a standby record")
+}
+
+/// The JSON record of ferry's (`what`, for the error) a range answer holds, if any, with
+/// its mod revision.
+fn record_in<T: serde::de::DeserializeOwned>(
+    endpoint: &str,
+    range: &Value,
+    what: &str,
+) -> Result<Option<(T, i64)>, EtcdError> {
     let Some((value, revision)) = value_in(endpoint, range)? else {
         return Ok(None);
     };
-    let s: Standby = serde_json::from_slice(&value).map_err(|e| {
-        malformed(
-            endpoint,
-            format!("a standby record that is not ferry's: {e}"),
-        )
-    })?;
-    Ok(Some((s, revision)))
+    let record = serde_json::from_slice(&value)
+        .map_err(|e| malformed(endpoint, format!("{what} that is not ferry's: {e}")))?;
+    Ok(Some((record, revision)))
 }
 
 /// The outcome a range answer holds, if any.

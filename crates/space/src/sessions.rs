@@ -1249,6 +1249,15 @@ impl Sessions {
                 ))
             })?;
         }
+        self.remove_traces(&live, id)?;
+        info!(session = %id, "session forgotten");
+        Ok(())
+    }
+
+    /// Removes what this space keeps of session `id` — its refs first (if the space stops
+    /// halfway, the session is still listed and this can be asked again), then its live
+    /// entry, backing directories, record and output log.
+    fn remove_traces(&self, live: &Live, id: &str) -> Result<(), ApiError> {
         let files = format!("{}{id}", ferry_engine::gc::FILES_PREFIX);
         for name in [format!("session/{id}"), files] {
             if let Some(current) = self.store.get_ref(&name).map_err(ApiError::internal)? {
@@ -1268,7 +1277,6 @@ impl Sessions {
                 _ => {}
             }
         }
-        info!(session = %id, "session forgotten");
         Ok(())
     }
 

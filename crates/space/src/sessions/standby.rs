@@ -122,13 +122,13 @@ impl Sessions {
             snapshot: k,
             running,
         };
-        let next = match g.as_ref().map(|tx| tx.send(next)) {
-            Some(Ok(())) => return,
-            Some(Err(mpsc::SendError(n))) => n,
-            None => ToStandby {
-                snapshot: k,
-                running,
+        // A sender that is gone hands the value back, to be given to a new one.
+        let next = match g.as_ref() {
+            Some(tx) => match tx.send(next) {
+                Ok(()) => return,
+                Err(mpsc::SendError(n)) => n,
             },
+            None => next,
         };
         let (tx, rx) = mpsc::channel();
         let _ = tx.send(next);
@@ -493,17 +493,8 @@ impl Sessions {
         if info.state != State::Standby {
             return;
         }
-        if let Ok(Some(current)) = self.store.get_ref(&format!("session/{}", info.id)) {
-            let _ = self
-                .store
-                .cas_ref(&format!("session/{}", info.id), Some(current), None);
-        }
-        live.gone.store(true, Ordering::SeqCst);
-        lock(&self.live).remove(&info.id);
-        if let Err(e) = std::fs::remove_file(self.record_path(&info.id))
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            warn!(session = %info.id, error = %e, "cannot remove the standby copy's record");
+        if let Err(e) = self.remove_traces(live, &info.id) {
+            warn!(session = %info.id, error = %e, "cannot remove all of the standby copy's traces");
         }
         info!(session = %info.id, why, "standby copy dropped");
     }
