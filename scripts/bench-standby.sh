@@ -66,7 +66,8 @@ for mib in ${sizes//,/ }; do
             t1=$(date +%s.%N)
             echo "| $mib | $ttl | $r | $(python3 -c "print(f'{$t1 - $t0:.2f}')") |"
             kill "${pids[@]}" 2>/dev/null || true
-            wait 2>/dev/null || true
+            # Only the spaces: a bare `wait` would wait for etcd too.
+            wait "${pids[@]}" 2>/dev/null || true
             pids=()
         done
     done

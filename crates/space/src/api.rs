@@ -356,6 +356,10 @@ pub struct MigrationReport {
     pub total_ms: u64,
     /// `in progress`, `committed`, or `aborted: <reason>`.
     pub outcome: String,
+    /// The session's standby, which follows it to the destination (absent when it had none,
+    /// or when the destination was its standby: the session runs there without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<String>,
 }
 
 /// `POST /v1/sessions/{id}/lend`: a client outside the space (a browser tab, Node) takes a
@@ -518,6 +522,14 @@ pub struct PrepareRequest {
     /// This move's attempt id ([`SessionInfo::attempt`]; 1 to 32 of `[0-9a-f]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<String>,
+    /// The session's standby ([`SessionInfo::standby`]), which follows it here — unless it is
+    /// this space: the session then runs here without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<String>,
+    /// With a standby: how much of the output log the source shows ([`SessionInfo::released`]);
+    /// this space shows no less, and no more until the standby holds a newer checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<u64>,
 }
 
 /// `POST /v1/migrations/{id}/commit` and `/abort`.

@@ -580,18 +580,34 @@ impl Owners {
 
     /// Commits attempt `attempt` of moving session `id` to `to`: in one transaction, only if
     /// the owner record is still at `revision` and the attempt is undecided, the record names
-    /// `to` and the attempt is `committed`. Asking again after a lost answer is safe: an
-    /// attempt already committed answers `Committed`.
+    /// `to`, the attempt is `committed`, and the standby record names `standby` at the new
+    /// epoch (the standby follows the session) or goes (`None`). Asking again after a lost
+    /// answer is safe: an attempt already committed answers `Committed`.
     pub fn commit_move(
         &self,
         id: &str,
         attempt: &str,
         revision: i64,
         to: &Owner,
+        standby: Option<&str>,
     ) -> Result<Commit, EtcdError> {
         let owner = B64.encode(self.owner_key(id));
         let decision = B64.encode(self.move_key(id, to.epoch, attempt));
         let value = B64.encode(serde_json::to_vec(to).expect("a plain struct"));
+        let standby_key = B64.encode(self.standby_key(id));
+        let standby = match standby {
+            Some(space) => {
+                let record = Standby {
+                    space: space.trim_end_matches('/').to_owned(),
+                    epoch: to.epoch,
+                };
+                json!({ "request_put": {
+                    "key": standby_key,
+                    "value": B64.encode(serde_json::to_vec(&record).expect("a plain struct")),
+                } })
+            }
+            None => json!({ "request_delete_range": { "key": standby_key } }),
+        };
         let (endpoint, ok, v) = self.txn(
             vec![
                 json!({ "key": owner, "target": "MOD", "result": "EQUAL", "mod_revision": revision.to_string() }),
@@ -600,6 +616,7 @@ impl Owners {
             vec![
                 json!({ "request_put": { "key": owner, "value": value } }),
                 json!({ "request_put": { "key": decision, "value": B64.encode(Outcome::Committed.name()) } }),
+                standby,
             ],
             vec![
                 json!({ "request_range": { "key": decision } }),

@@ -1502,6 +1502,7 @@ impl Sessions {
             steps: String::new(),
             total_ms: 0,
             outcome: "in progress".into(),
+            standby: None,
         };
         self.update(&live, |i| {
             i.migrating_to = Some(to.clone());
@@ -1580,6 +1581,9 @@ impl Sessions {
             engine: engine.name().into(),
             checkpoint_every_ms: info.checkpoint_every_ms,
             attempt: Some(attempt.to_owned()),
+            standby: info.standby.clone(),
+            // Read at each round: the standby may take checkpoints until the pre-copy.
+            released: live.info().released,
         };
         // In a fleet: the attempt is recorded aborted (best effort), so the destination
         // drops its copy even if it never hears this space again.
@@ -1692,10 +1696,14 @@ impl Sessions {
         let t = Instant::now();
         let prepared = dest.prepare(&prepare_at(k));
         let t_prepare = t.elapsed();
-        match prepared {
-            Ok(a) => dest_name = a.space.or(dest_name),
+        // The standby the session keeps there (none if the destination was its standby).
+        let standby_after = match prepared {
+            Ok(a) => {
+                dest_name = a.space.or(dest_name);
+                a.standby
+            }
             Err(e) => return Err(abort_here(self, refused(e))),
-        }
+        };
         fault("prepared");
         // 5. Commit point: in a fleet, the transaction in etcd that moves the owner record
         //    (if no one aborted the attempt first); else the record here. From then on the
@@ -1708,7 +1716,13 @@ impl Sessions {
                 epoch,
             };
             loop {
-                match o.commit_move(&id, attempt, owned.revision, &to_owner) {
+                match o.commit_move(
+                    &id,
+                    attempt,
+                    owned.revision,
+                    &to_owner,
+                    standby_after.as_deref(),
+                ) {
                     Ok(Commit::Decided(crate::owners::Outcome::Committed)) => break,
                     Ok(Commit::Decided(crate::owners::Outcome::Aborted)) => {
                         return Err(abort_here(
@@ -1741,6 +1755,7 @@ impl Sessions {
             }
             fault("owner-moved");
         }
+        report.standby = standby_after;
         report.total_ms = started.elapsed().as_millis() as u64;
         self.update(live, |i| {
             i.state = State::Moved;
@@ -1828,6 +1843,7 @@ impl Sessions {
         }
         fault("dest-prepare");
         self.check_move_in_etcd(&req)?;
+        let standby = self.standby_after_move(&req)?;
         let previous = lock(&self.live).get(&req.session).cloned();
         if let Some(p) = &previous {
             let _turn = lock(&p.turn);
@@ -1836,9 +1852,12 @@ impl Sessions {
                 // A later round of the same move — or a new attempt at it: the source runs
                 // one move of a session at a time, so it gave the earlier one up. Bring the
                 // held guest forward, now for this attempt.
-                if pi.attempt != req.attempt {
-                    self.update(p, |i| i.attempt = req.attempt.clone());
-                }
+                self.update(p, |i| {
+                    i.attempt.clone_from(&req.attempt);
+                    if i.standby.is_some() {
+                        i.released = i.released.max(req.released);
+                    }
+                });
                 return self.bring_forward(p, k).map(|i| self.answer(i));
             }
             if pi.epoch >= req.epoch {
@@ -1863,6 +1882,8 @@ impl Sessions {
                     .checkpoint_every_ms
                     .filter(|&ms| ms >= MIN_CHECKPOINT_MS),
                 attempt: req.attempt.clone(),
+                released: standby.as_ref().map(|_| req.released.unwrap_or(0)),
+                standby,
                 ..SessionInfo::starting(&req.session, &req.program, engine.name(), req.epoch)
             },
             OutputBuffer::default(),
@@ -1896,6 +1917,25 @@ impl Sessions {
         info!(session = %req.session, source = %req.source, epoch = req.epoch, "prepared; waiting for the commit");
         self.spawn_resolver(live.clone());
         Ok(self.answer(live.info()))
+    }
+
+    /// The standby a moving session keeps here: the one it had, unless that is this space
+    /// (the session then runs here without one). Refused where no standby can be kept.
+    fn standby_after_move(&self, req: &PrepareRequest) -> Result<Option<String>, ApiError> {
+        let Some(to) = &req.standby else {
+            return Ok(None);
+        };
+        let to = to.trim_end_matches('/');
+        let Some(o) = &self.cfg.owners else {
+            return Err(ApiError::conflict(format!(
+                "session `{}` has a standby ({to}), which only a space of its etcd fleet can                  keep: this space was started without --etcd",
+                req.session
+            )));
+        };
+        if to == o.me() || to == self.cfg.advertise.trim_end_matches('/') {
+            return Ok(None);
+        }
+        Ok(Some(to.to_owned()))
     }
 
     /// A prepare's answer names this space as its peers reach it (for the owner record).

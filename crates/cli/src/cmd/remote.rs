@@ -639,6 +639,9 @@ pub fn migrate(settings: &Settings, a: MigrateArgs) -> Result<ExitCode> {
         report.downtime_ms,
         report.total_ms
     );
+    if let Some(to) = &report.standby {
+        eprintln!("ferry: its standby {to} follows it");
+    }
     println!("{}", serde_json::to_string(&report)?);
     Ok(ExitCode::SUCCESS)
 }

@@ -337,6 +337,82 @@ fn in_a_fleet_output_waits_for_the_standby_and_an_ended_session_takes_it_along()
     stores_verify(&[&b]);
 }
 
+/// A session with a standby moves on (`migrate`): etcd names the standby again at the new
+/// epoch in the commit's transaction, the destination sends it its checkpoints and holds its
+/// output back until the standby has them, and the standby's copy follows — so when the
+/// destination then dies, the standby takes the session over from it. A session moved to its
+/// own standby runs there without one.
+#[test]
+fn in_a_fleet_a_standby_follows_its_session_when_it_moves() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let a = fleet_space(&etcd, &[]);
+    let b = fleet_space(&etcd, &[]);
+    let mut c = fleet_space(&etcd, &["--lease-ttl", "2s"]);
+    let plain = run_with_standby(&here, &a, &b, "roam", "600");
+    eventually("the standby holds a checkpoint", || {
+        released(&a, "roam") > 0 && b.state("roam").as_deref() == Some("standby")
+    });
+    let (report, err, code) = cli(&here, &a.url, &["migrate", "roam", "--to", &c.url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("its standby {} follows it", b.url)),
+        "{err}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(report["standby"], json!(b.url));
+    assert_eq!(
+        etcd.owner("roam"),
+        Some(json!({"space": c.url, "epoch": 2}))
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&etcd.values("/ferry/standby/roam")[0]).unwrap();
+    assert_eq!(record, json!({"space": b.url, "epoch": 2}));
+    let moved = c.session("roam").unwrap();
+    assert_eq!(moved["standby"], json!(b.url));
+    let at_move = moved["released"].as_u64().unwrap();
+    eventually("the standby's copy follows the move", || {
+        let copy = b.session("roam").unwrap();
+        copy["source"] == json!(c.url) && copy["epoch"] == json!(2)
+    });
+    eventually("the destination's checkpoints reach the standby", || {
+        released(&c, "roam") > at_move
+    });
+    let (shown, _, _) = cli(&here, &c.url, &["logs", "roam"]);
+    assert!(plain.starts_with(shown.as_bytes()), "{shown:?}");
+    c.stop();
+    eventually("the standby takes the session over", || {
+        b.state("roam").as_deref() != Some("standby")
+    });
+    assert_eq!(
+        etcd.owner("roam"),
+        Some(json!({"space": b.url, "epoch": 3}))
+    );
+    assert_finished_like(&here, &b.url, "roam", &plain);
+    assert_eq!(a.state("roam").as_deref(), Some("moved"));
+    finished_once(&[&a, &b], "roam", &b);
+
+    // Moved to its own standby: the copy there gives way to the session, which runs without
+    // a standby (its output shown as it comes); etcd keeps no standby record.
+    let plain = run_with_standby(&here, &a, &b, "home", "300");
+    eventually("the standby holds a checkpoint", || {
+        b.state("home").as_deref() == Some("standby")
+    });
+    let (report, err, code) = cli(&here, &a.url, &["migrate", "home", "--to", &b.url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("follows it"), "{err}");
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(report.get("standby"), None);
+    assert!(etcd.values("/ferry/standby/home").is_empty());
+    let home = b.session("home").unwrap();
+    assert_eq!((home.get("standby"), home.get("released")), (None, None));
+    assert_finished_like(&here, &b.url, "home", &plain);
+    finished_once(&[&a, &b], "home", &b);
+    stores_verify(&[&a, &b]);
+}
+
 /// What `run --standby` refuses, before anything runs.
 #[test]
 fn a_standby_is_refused_where_it_cannot_work() {

@@ -114,7 +114,10 @@ impl Sessions {
     /// Hands a new snapshot of a session that has a standby to its sender thread (started
     /// on first use); the newest one wins.
     pub(super) fn to_standby(self: &Arc<Self>, live: &Arc<Live>, k: Kappa, running: bool) {
-        if live.info().standby.is_none() {
+        let info = live.info();
+        // A moving session's checkpoints go to its destination; the standby gets the next
+        // one from wherever the session runs after the move.
+        if info.standby.is_none() || info.migrating_to.is_some() {
             return;
         }
         let mut g = lock(&live.standby_tx);
@@ -336,9 +339,11 @@ impl Sessions {
             Some(live) => {
                 let turn = lock(&live.turn);
                 let info = live.info();
+                // The same owner, or a later one the session moved to (etcd named this space
+                // its standby at that epoch, checked above).
                 if info.state != State::Standby
-                    || info.source.as_deref() != Some(&req.owner)
                     || info.epoch > req.epoch
+                    || (info.epoch == req.epoch && info.source.as_deref() != Some(&req.owner))
                 {
                     return Err(ApiError::conflict(format!(
                         "session `{id}` is {} here (epoch {}), not a standby copy of {}'s",
@@ -425,6 +430,17 @@ impl Sessions {
             .as_ref()
             .is_some_and(|(s, _)| s.space == o.me() && s.epoch == info.epoch);
         if !(owned_by_source && standby_is_me) {
+            // The session moved on (a migration carried its standby along): the copy now
+            // watches the new owner, until that one sends a checkpoint of its own.
+            if let (Some(r), Some((s, _))) = (&view.owner, &view.standby)
+                && r.owner.epoch > info.epoch
+                && r.owner.space != o.me()
+                && s.space == o.me()
+                && s.epoch == r.owner.epoch
+            {
+                self.follow_move(live, &r.owner);
+                return;
+            }
             self.drop_standby(
                 live,
                 "the session ended, moved or was forgotten at its owner",
@@ -484,6 +500,23 @@ impl Sessions {
                 });
             }
         }
+    }
+
+    /// The session this copy stands by for moved to `owner`, and its standby with it.
+    fn follow_move(&self, live: &Arc<Live>, owner: &Owner) {
+        let _turn = lock(&live.turn);
+        let info = live.info();
+        if info.state != State::Standby || info.epoch >= owner.epoch {
+            return;
+        }
+        let info = self.update(live, |i| {
+            i.source = Some(owner.space.clone());
+            i.epoch = owner.epoch;
+        });
+        if let Ok(k) = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot") {
+            self.point_ref(&info, k);
+        }
+        info!(session = %info.id, owner = %owner.space, epoch = owner.epoch, "standby copy follows the session's move");
     }
 
     /// Forgets a standby copy that is no longer wanted.
