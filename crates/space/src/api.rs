@@ -249,7 +249,33 @@ pub struct RunRequest {
     pub standby: Option<String>,
 }
 
-/// `PUT /v1/sessions/{id}/standby` (space to space): keep this checkpoint of a session the
+/// `POST /v1/admission`: whether this space's policy would admit a guest with these needs;
+/// nothing is started. A space asks a session's standby before it runs the session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionCheck {
+    /// `jit` or `interp` (absent: not asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    /// The names of the guest's environment variables (their values are not sent).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// The guest paths of its mounts.
+    #[serde(default)]
+    pub mounts: Vec<String>,
+    /// Its memory (absent: not asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+}
+
+/// The answer to an [`AdmissionCheck`] this space's policy passes (a refusal is `403` with
+/// the policy's reason).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admitted {
+    pub admitted: bool,
+}
+
+/// `POST /v1/sessions/{id}/standby` (space to space): keep this checkpoint of a session the
 /// sending space owns, as its standby. The snapshot's closure is sent first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -751,6 +751,14 @@ impl SpaceClient {
         self.post(&format!("/v1/sessions/{id}/standby"), req)
     }
 
+    /// Whether the space's policy would admit a guest with these needs.
+    pub fn admission(
+        &self,
+        req: &crate::api::AdmissionCheck,
+    ) -> Result<crate::api::Admitted, ApiError> {
+        self.post("/v1/admission", req)
+    }
+
     pub fn prepare(&self, req: &PrepareRequest) -> Result<SessionInfo, ApiError> {
         self.post("/v1/migrations", req)
     }

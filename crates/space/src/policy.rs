@@ -216,6 +216,29 @@ impl Policy {
         }
     }
 
+    /// A guest with these needs is admitted: the engine, its environment variables (by
+    /// name), its mounts (by guest path) and its memory — each only if given.
+    pub fn admits(
+        &self,
+        engine: Option<ferry_engine::EngineKind>,
+        env: &[String],
+        mounts: &[String],
+        memory: Option<u64>,
+    ) -> Result<(), String> {
+        if let Some(e) = engine {
+            self.engine(e)?;
+        }
+        let env: Vec<(String, String)> = env.iter().map(|k| (k.clone(), String::new())).collect();
+        self.env(&env)?;
+        for guest in mounts {
+            self.mount(guest, false)?;
+        }
+        if let Some(bytes) = memory {
+            self.memory(bytes)?;
+        }
+        Ok(())
+    }
+
     /// The engine may run guests here.
     pub fn engine(&self, engine: ferry_engine::EngineKind) -> Result<(), String> {
         match &self.engines {

@@ -571,6 +571,14 @@ async fn standby_session(
     session_call(s, move |ss| ss.standby(&id, req)).await
 }
 
+/// `POST /v1/admission`: whether this space's policy would admit a guest.
+async fn admission(
+    State(s): State<Shared>,
+    Json(req): Json<crate::api::AdmissionCheck>,
+) -> Response {
+    session_call(s, move |ss| ss.admission(&req)).await
+}
+
 /// `POST /v1/sessions/{id}/lend`: a client outside the space takes the session over.
 async fn lend_session(
     State(s): State<Shared>,
@@ -688,6 +696,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/sessions/{id}/return", post(return_session))
         .route("/v1/sessions/{id}/reclaim", post(reclaim_session))
         .route("/v1/sessions/{id}/standby", post(standby_session))
+        .route("/v1/admission", post(admission))
         .route("/v1/migrations", post(prepare_migration))
         .route("/v1/migrations/{id}/commit", post(commit_migration))
         .route("/v1/migrations/{id}/abort", post(abort_migration))

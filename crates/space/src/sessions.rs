@@ -1046,7 +1046,7 @@ impl Sessions {
             None => None,
         };
         let standby = match &req.standby {
-            Some(to) => Some(self.check_standby(to, req.checkpoint_every_ms)?),
+            Some(to) => Some(self.check_standby(to, &req)?),
             None => None,
         };
         let live = {

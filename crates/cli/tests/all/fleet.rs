@@ -441,8 +441,49 @@ fn a_standby_is_refused_where_it_cannot_work() {
     assert!(err.contains("is this space"), "{err}");
     let err = run(&a.url, &[&every[..], &["http://127.0.0.1:9"]].concat());
     assert!(err.contains("cannot be reached"), "{err}");
+    // A standby whose policy would not admit the guest: refused before it runs.
+    let policy = here.path("strict.toml");
+    std::fs::write(&policy, "version = 1\nenv = []\nmax_memory_mib = 8\n").unwrap();
+    let strict = fleet_space(&etcd, &["--policy", policy.to_str().unwrap()]);
+    let err = run(
+        &a.url,
+        &[&every[..], &[strict.url.as_str(), "--env", "SECRET=1"]].concat(),
+    );
+    assert!(
+        err.contains("would not take the session over") && err.contains("`SECRET`"),
+        "{err}"
+    );
     assert_eq!(a.state("no"), None);
     assert_eq!(etcd.owner("no"), None);
+    // A guest that grows past the standby's memory limit: the standby refuses its
+    // checkpoints, and the owner holds the output back, saying why.
+    let dirty = crate::harness::guest("wasm/dirty.wasm");
+    ok(
+        &here,
+        &a.url,
+        &[
+            "run",
+            "--session",
+            "big",
+            "--checkpoint-every",
+            "200ms",
+            "--standby",
+            &strict.url,
+            dirty.to_str().unwrap(),
+            "--",
+            "16",
+            "100",
+            "10",
+        ],
+    );
+    eventually("the standby refuses the checkpoint", || {
+        a.session("big").unwrap()["standby_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("policy would not resume it") && e.contains("MiB"))
+    });
+    assert_eq!(released(&a, "big"), 0);
+    assert_eq!(strict.state("big"), None);
+    ok(&here, &a.url, &["kill", "big"]);
 }
 
 /// A session lent to a client and reclaimed raises its epoch here; in a fleet its owner

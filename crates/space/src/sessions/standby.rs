@@ -27,7 +27,9 @@ use ferry_kappa::Kappa;
 use tracing::{info, warn};
 
 use super::{Begin, Live, Sessions, lock, parse_engine, parse_kappa};
-use crate::api::{ApiError, SessionInfo, StandbyRequest, State, session_id};
+use crate::api::{
+    AdmissionCheck, Admitted, ApiError, RunRequest, SessionInfo, StandbyRequest, State, session_id,
+};
 use crate::client::{SpaceClient, send_closure};
 use crate::owners::{EndStandby, Owner, StandbyView};
 
@@ -66,11 +68,8 @@ enum Unsent {
 impl Sessions {
     /// Checks a `run --standby` request (before anything is started): the space is in a fleet,
     /// the session is checkpointed, the standby is another space that answers.
-    pub(super) fn check_standby(
-        &self,
-        to: &str,
-        checkpoint_every_ms: Option<u64>,
-    ) -> Result<String, ApiError> {
+    pub(super) fn check_standby(&self, to: &str, req: &RunRequest) -> Result<String, ApiError> {
+        let checkpoint_every_ms = req.checkpoint_every_ms;
         let Some(o) = &self.cfg.owners else {
             return Err(ApiError::bad_request(
                 "a standby needs a fleet: this space was started without --etcd",
@@ -93,11 +92,28 @@ impl Sessions {
                 "standby `{to}` is this space; name another space of the fleet"
             )));
         }
-        SpaceClient::new(&to, &self.cfg.peer_token)
-            .health()
-            .map_err(|e| {
-                ApiError::unavailable(format!("the standby {to} cannot be reached: {}", e.msg))
-            })?;
+        let peer = SpaceClient::new(&to, &self.cfg.peer_token);
+        peer.health().map_err(|e| {
+            ApiError::unavailable(format!("the standby {to} cannot be reached: {}", e.msg))
+        })?;
+        // The standby's policy must admit the guest it would take over.
+        let check = AdmissionCheck {
+            engine: Some(req.engine.clone().unwrap_or_else(|| "jit".into())),
+            env: req.env.iter().map(|(k, _)| k.clone()).collect(),
+            mounts: req.mounts.iter().map(|m| m.guest.clone()).collect(),
+            memory_bytes: None,
+        };
+        peer.admission(&check).map_err(|e| {
+            let why = format!(
+                "the standby {to} would not take the session over: {}",
+                e.msg
+            );
+            match e.status {
+                403 => ApiError::forbidden(why),
+                0 | 502..=504 => ApiError::unavailable(why),
+                _ => ApiError::bad_request(why),
+            }
+        })?;
         // It must be a space of this fleet: announced in the same etcd, under the same prefix.
         if !o.alive(&to).map_err(|e| {
             ApiError::unavailable(format!("cannot ask etcd whether {to} is in the fleet: {e}"))
@@ -304,6 +320,8 @@ impl Sessions {
                 )));
             }
         }
+        // A copy this space's policy would not resume is refused now, not at the take-over.
+        self.admits_copy(k, engine)?;
         let view = o
             .standby_view(id, &req.owner)
             .map_err(|e| super::etcd_unreachable(id, e))?;
@@ -376,6 +394,61 @@ impl Sessions {
         let info = live.info();
         self.point_ref(&info, k);
         Ok(info)
+    }
+
+    /// `POST /v1/admission`: whether this space's policy admits a guest with these needs.
+    pub fn admission(&self, req: &AdmissionCheck) -> Result<Admitted, ApiError> {
+        const MAX_NAMES: usize = 4096;
+        if req.env.len() > MAX_NAMES || req.mounts.len() > MAX_NAMES {
+            return Err(ApiError::bad_request(format!(
+                "at most {MAX_NAMES} environment variables and {MAX_NAMES} mounts"
+            )));
+        }
+        let engine = match &req.engine {
+            Some(e) => Some(parse_engine(Some(e), ferry_engine::EngineKind::Jit)?),
+            None => None,
+        };
+        self.cfg
+            .policy
+            .admits(engine, &req.env, &req.mounts, req.memory_bytes)
+            .map_err(ApiError::forbidden)?;
+        Ok(Admitted { admitted: true })
+    }
+
+    /// This space's policy would resume checkpoint `k` on `engine` (a standby copy's; its
+    /// closure is here).
+    fn admits_copy(&self, k: Kappa, engine: ferry_engine::EngineKind) -> Result<(), ApiError> {
+        use ferry_object::{MemoryImage, Snapshot, WasiState};
+        let store = self.store.as_ref();
+        let get = |k: &Kappa| {
+            store
+                .get(k)
+                .map_err(|e| ApiError::unprocessable(format!("snapshot {k}: {e}")))
+        };
+        let bad =
+            |e: ferry_object::ObjectError| ApiError::unprocessable(format!("snapshot {k}: {e}"));
+        let snap: Snapshot = ferry_object::decode(&get(&k)?).map_err(bad)?;
+        let wasi: WasiState = ferry_object::decode(&get(&snap.wasi)?).map_err(bad)?;
+        let mut memory = 0u64;
+        for m in &snap.memories {
+            let image: MemoryImage = ferry_object::decode(&get(m)?).map_err(bad)?;
+            memory = memory.saturating_add(image.len);
+        }
+        if let Some(m) = wasi.mounts.iter().find(|m| m.host_bound) {
+            return Err(ApiError::unprocessable(format!(
+                "the checkpoint is host-bound (`{}` is a host directory passed through), so \
+                 no standby can resume it",
+                m.guest_path
+            )));
+        }
+        let env: Vec<String> = wasi.env.iter().map(|(k, _)| k.clone()).collect();
+        let mounts: Vec<String> = wasi.mounts.iter().map(|m| m.guest_path.clone()).collect();
+        self.cfg
+            .policy
+            .admits(Some(engine), &env, &mounts, Some(memory))
+            .map_err(|e| {
+                ApiError::forbidden(format!("this space's policy would not resume it: {e}"))
+            })
     }
 
     /// The standby space's watch (a thread): each second, for every copy it holds, whether
