@@ -63,6 +63,9 @@ enum Command {
     Kill(cmd::remote::SessionArgs),
     /// Move a running session to another space: pre-copy, pause, final delta, commit.
     Migrate(cmd::remote::MigrateArgs),
+    /// Give a space's session another standby (--to URL, a space of the same etcd fleet), or
+    /// none (--none).
+    Standby(cmd::remote::StandbyArgs),
     /// Take a space's session back from the browser tab or Node process it was lent to: it is
     /// suspended at its last snapshot, and that client is fenced.
     Reclaim(cmd::remote::SessionArgs),
@@ -176,6 +179,7 @@ fn main() -> ExitCode {
         Command::Kill(a) => cmd::remote::stop(&settings, &a.session, "kill"),
         Command::Migrate(a) => cmd::remote::migrate(&settings, a),
         Command::Reclaim(a) => cmd::remote::reclaim(&settings, a),
+        Command::Standby(a) => cmd::remote::standby(&settings, a),
         Command::Inspect(a) => cmd::inspect::run(&settings, a),
         Command::Store(c) => cmd::store::run(&settings, c),
         Command::Bench(a) => cmd::bench::run(&settings, a),

@@ -249,6 +249,15 @@ pub struct RunRequest {
     pub standby: Option<String>,
 }
 
+/// `POST /v1/sessions/{id}/set-standby`: the owner gives the session another standby (a
+/// space of the same etcd fleet), or none (`to` absent: its whole output is then shown).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetStandby {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+}
+
 /// `POST /v1/admission`: whether this space's policy would admit a guest with these needs;
 /// nothing is started. A space asks a session's standby before it runs the session.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -751,6 +751,16 @@ impl SpaceClient {
         self.post(&format!("/v1/sessions/{id}/standby"), req)
     }
 
+    /// Gives session `id` another standby, or none.
+    pub fn set_standby(
+        &self,
+        id: &str,
+        req: &crate::api::SetStandby,
+    ) -> Result<SessionInfo, ApiError> {
+        let id = session_id(id)?;
+        self.post(&format!("/v1/sessions/{id}/set-standby"), req)
+    }
+
     /// Whether the space's policy would admit a guest with these needs.
     pub fn admission(
         &self,

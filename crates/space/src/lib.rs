@@ -58,6 +58,7 @@ pub fn fuzz_inputs(data: &[u8]) {
     let _ = serde_json::from_slice::<api::CheckpointedRequest>(data);
     let _ = serde_json::from_slice::<api::StandbyRequest>(data);
     let _ = serde_json::from_slice::<api::AdmissionCheck>(data);
+    let _ = serde_json::from_slice::<api::SetStandby>(data);
     let _ = ferry_wasi::output::Records::check(data);
     owners::fuzz_answers(data);
     // A lent session's output, appended at each offset of a log that holds some records.

@@ -571,6 +571,15 @@ async fn standby_session(
     session_call(s, move |ss| ss.standby(&id, req)).await
 }
 
+/// `POST /v1/sessions/{id}/set-standby`: another standby for the session, or none.
+async fn set_standby(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Json(req): Json<crate::api::SetStandby>,
+) -> Response {
+    session_call(s, move |ss| ss.set_standby(&id, req)).await
+}
+
 /// `POST /v1/admission`: whether this space's policy would admit a guest.
 async fn admission(
     State(s): State<Shared>,
@@ -696,6 +705,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/sessions/{id}/return", post(return_session))
         .route("/v1/sessions/{id}/reclaim", post(reclaim_session))
         .route("/v1/sessions/{id}/standby", post(standby_session))
+        .route("/v1/sessions/{id}/set-standby", post(set_standby))
         .route("/v1/admission", post(admission))
         .route("/v1/migrations", post(prepare_migration))
         .route("/v1/migrations/{id}/commit", post(commit_migration))

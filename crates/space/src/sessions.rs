@@ -1046,7 +1046,15 @@ impl Sessions {
             None => None,
         };
         let standby = match &req.standby {
-            Some(to) => Some(self.check_standby(to, &req)?),
+            Some(to) => {
+                let need = crate::api::AdmissionCheck {
+                    engine: Some(engine.name().into()),
+                    env: req.env.iter().map(|(k, _)| k.clone()).collect(),
+                    mounts: req.mounts.iter().map(|m| m.guest.clone()).collect(),
+                    memory_bytes: None,
+                };
+                Some(self.check_standby(to, req.checkpoint_every_ms, &need)?)
+            }
             None => None,
         };
         let live = {

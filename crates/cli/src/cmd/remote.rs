@@ -547,6 +547,39 @@ pub fn reclaim(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["to", "none"])))]
+pub struct StandbyArgs {
+    /// Session id (see `ferry --space URL ps`).
+    session: String,
+    /// The new standby: another space of the same etcd fleet.
+    #[arg(long, value_name = "URL")]
+    to: Option<String>,
+    /// No standby any more: the session's whole output is shown, and nothing takes it over.
+    #[arg(long)]
+    none: bool,
+}
+
+/// `ferry --space URL standby SESSION --to URL2 | --none`: another standby for a session run
+/// with `--standby`, or none.
+pub fn standby(settings: &Settings, a: StandbyArgs) -> Result<ExitCode> {
+    let c = client(settings)?;
+    let req = ferry_space::api::SetStandby { to: a.to };
+    let s = c.set_standby(&a.session, &req).map_err(api)?;
+    match &s.standby {
+        Some(to) => eprintln!(
+            "ferry: session {}'s standby is {to}; its output is shown once {to} holds a \
+             checkpoint",
+            s.id
+        ),
+        None => eprintln!(
+            "ferry: session {} has no standby now; all its output is shown",
+            s.id
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, clap::Args)]
 pub struct MigrateArgs {
     /// Session id (see `ferry --space URL ps`).
     session: String,

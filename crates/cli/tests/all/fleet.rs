@@ -413,6 +413,74 @@ fn in_a_fleet_a_standby_follows_its_session_when_it_moves() {
     stores_verify(&[&a, &b]);
 }
 
+/// `ferry --space A standby ID --to C` while the session runs: etcd names C, B drops its
+/// copy, C gets the latest checkpoint and then takes the session over when A dies. `--none`
+/// while the standby is down: the output held back is shown at once, and nothing can take
+/// the session over any more.
+#[test]
+fn in_a_fleet_a_running_session_changes_or_gives_up_its_standby() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let mut a = fleet_space(&etcd, &["--lease-ttl", "2s"]);
+    let b = fleet_space(&etcd, &[]);
+    let mut c = fleet_space(&etcd, &[]);
+    let plain = run_with_standby(&here, &a, &b, "swap", "600");
+    eventually("the standby holds a checkpoint", || {
+        b.state("swap").as_deref() == Some("standby")
+    });
+    let (_, err, code) = cli(&here, &a.url, &["standby", "swap"]);
+    assert_eq!(code, 2, "{err}");
+    let err = refused(&here, &a.url, &["standby", "swap", "--to", &a.url]);
+    assert!(err.contains("is this space"), "{err}");
+    let err = refused(&here, &a.url, &["standby", "nosuch", "--none"]);
+    assert!(err.contains("nosuch"), "{err}");
+    let (_, err, code) = cli(&here, &a.url, &["standby", "swap", "--to", &c.url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&format!("standby is {}", c.url)), "{err}");
+    let record: serde_json::Value =
+        serde_json::from_str(&etcd.values("/ferry/standby/swap")[0]).unwrap();
+    assert_eq!(record, json!({"space": c.url, "epoch": 1}));
+    eventually(
+        "the old standby drops its copy, the new one holds one",
+        || b.state("swap").is_none() && c.state("swap").as_deref() == Some("standby"),
+    );
+    let before = released(&a, "swap");
+    eventually("the new standby takes checkpoints", || {
+        released(&a, "swap") > before
+    });
+    a.stop();
+    eventually("the new standby takes the session over", || {
+        c.state("swap").as_deref() != Some("standby")
+    });
+    assert_eq!(
+        etcd.owner("swap"),
+        Some(json!({"space": c.url, "epoch": 2}))
+    );
+    assert_finished_like(&here, &c.url, "swap", &plain);
+
+    // The standby is down: the owner holds the output back until told to go without one.
+    let plain = run_with_standby(&here, &b, &c, "free", "300");
+    eventually("the standby holds a checkpoint", || {
+        released(&b, "free") > 0
+    });
+    c.stop();
+    eventually("the owner notices that the standby is gone", || {
+        b.session("free").unwrap().get("standby_error").is_some()
+    });
+    let (_, err, code) = cli(&here, &b.url, &["standby", "free", "--none"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("no standby now"), "{err}");
+    let now = b.session("free").unwrap();
+    assert_eq!((now.get("standby"), now.get("released")), (None, None));
+    assert!(etcd.values("/ferry/standby/free").is_empty());
+    let err = refused(&here, &b.url, &["standby", "free", "--to", &a.url]);
+    assert!(err.contains("has no standby"), "{err}");
+    assert_finished_like(&here, &b.url, "free", &plain);
+    stores_verify(&[&b]);
+}
+
 /// What `run --standby` refuses, before anything runs.
 #[test]
 fn a_standby_is_refused_where_it_cannot_work() {

@@ -28,7 +28,7 @@ use tracing::{info, warn};
 
 use super::{Begin, Live, Sessions, lock, parse_engine, parse_kappa};
 use crate::api::{
-    AdmissionCheck, Admitted, ApiError, RunRequest, SessionInfo, StandbyRequest, State, session_id,
+    AdmissionCheck, Admitted, ApiError, SessionInfo, SetStandby, StandbyRequest, State, session_id,
 };
 use crate::client::{SpaceClient, send_closure};
 use crate::owners::{EndStandby, Owner, StandbyView};
@@ -68,8 +68,12 @@ enum Unsent {
 impl Sessions {
     /// Checks a `run --standby` request (before anything is started): the space is in a fleet,
     /// the session is checkpointed, the standby is another space that answers.
-    pub(super) fn check_standby(&self, to: &str, req: &RunRequest) -> Result<String, ApiError> {
-        let checkpoint_every_ms = req.checkpoint_every_ms;
+    pub(super) fn check_standby(
+        &self,
+        to: &str,
+        checkpoint_every_ms: Option<u64>,
+        need: &AdmissionCheck,
+    ) -> Result<String, ApiError> {
         let Some(o) = &self.cfg.owners else {
             return Err(ApiError::bad_request(
                 "a standby needs a fleet: this space was started without --etcd",
@@ -97,13 +101,7 @@ impl Sessions {
             ApiError::unavailable(format!("the standby {to} cannot be reached: {}", e.msg))
         })?;
         // The standby's policy must admit the guest it would take over.
-        let check = AdmissionCheck {
-            engine: Some(req.engine.clone().unwrap_or_else(|| "jit".into())),
-            env: req.env.iter().map(|(k, _)| k.clone()).collect(),
-            mounts: req.mounts.iter().map(|m| m.guest.clone()).collect(),
-            memory_bytes: None,
-        };
-        peer.admission(&check).map_err(|e| {
+        peer.admission(need).map_err(|e| {
             let why = format!(
                 "the standby {to} would not take the session over: {}",
                 e.msg
@@ -415,9 +413,13 @@ impl Sessions {
         Ok(Admitted { admitted: true })
     }
 
-    /// This space's policy would resume checkpoint `k` on `engine` (a standby copy's; its
-    /// closure is here).
-    fn admits_copy(&self, k: Kappa, engine: ferry_engine::EngineKind) -> Result<(), ApiError> {
+    /// What checkpoint `k` needs of a space's policy to be resumed on `engine` (its closure
+    /// is here): refused at once if it is host-bound.
+    fn admission_of(
+        &self,
+        k: Kappa,
+        engine: ferry_engine::EngineKind,
+    ) -> Result<AdmissionCheck, ApiError> {
         use ferry_object::{MemoryImage, Snapshot, WasiState};
         let store = self.store.as_ref();
         let get = |k: &Kappa| {
@@ -441,14 +443,124 @@ impl Sessions {
                 m.guest_path
             )));
         }
-        let env: Vec<String> = wasi.env.iter().map(|(k, _)| k.clone()).collect();
-        let mounts: Vec<String> = wasi.mounts.iter().map(|m| m.guest_path.clone()).collect();
+        Ok(AdmissionCheck {
+            engine: Some(engine.name().into()),
+            env: wasi.env.iter().map(|(k, _)| k.clone()).collect(),
+            mounts: wasi.mounts.iter().map(|m| m.guest_path.clone()).collect(),
+            memory_bytes: Some(memory),
+        })
+    }
+
+    /// This space's policy would resume checkpoint `k` on `engine` (a standby copy's).
+    fn admits_copy(&self, k: Kappa, engine: ferry_engine::EngineKind) -> Result<(), ApiError> {
+        let need = self.admission_of(k, engine)?;
         self.cfg
             .policy
-            .admits(Some(engine), &env, &mounts, Some(memory))
+            .admits(Some(engine), &need.env, &need.mounts, need.memory_bytes)
             .map_err(|e| {
                 ApiError::forbidden(format!("this space's policy would not resume it: {e}"))
             })
+    }
+
+    /// `POST /v1/sessions/{id}/set-standby`: the owner gives a running or suspended session
+    /// another standby (`to`), or none. A new standby is checked as at `run --standby` and
+    /// sent the latest snapshot; the old one drops its copy once etcd no longer names it.
+    /// Without a standby, the whole output is shown.
+    pub fn set_standby(
+        self: &Arc<Self>,
+        id: &str,
+        req: SetStandby,
+    ) -> Result<SessionInfo, ApiError> {
+        let live = self.get(id)?;
+        let _turn = lock(&live.turn);
+        let info = live.info();
+        let Some(o) = &self.cfg.owners else {
+            return Err(ApiError::bad_request(
+                "a standby needs a fleet: this space was started without --etcd",
+            ));
+        };
+        match info.state {
+            State::Running | State::Suspended if info.migrating_to.is_none() => {}
+            State::Lent => return Err(super::lend::lent_refusal(&info)),
+            s => {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` is {}; only the standby of a running or suspended session \
+                     changes",
+                    if info.migrating_to.is_some() {
+                        "moving"
+                    } else {
+                        s.name()
+                    }
+                )));
+            }
+        }
+        let Some(old) = info.standby.clone() else {
+            return Err(ApiError::conflict(format!(
+                "session `{id}` has no standby: a standby is given when a session starts (`run \
+                 --checkpoint-every D --standby URL`), so that whatever it shows is in a \
+                 standby's copy"
+            )));
+        };
+        // Etcd names the new standby (or none) while this space still owns the session;
+        // otherwise the standby took it over: fenced.
+        let superseded = |now: Option<Owner>| -> ApiError {
+            match now {
+                Some(owner) if owner.space != o.me() && owner.epoch > info.epoch => {
+                    self.fence_taken_over(&live, &owner);
+                    ApiError::conflict(format!(
+                        "session `{id}` was taken over by {} (epoch {}); it is not this \
+                         space's any more",
+                        owner.space, owner.epoch
+                    ))
+                }
+                _ => ApiError::conflict(format!(
+                    "etcd does not name this space the owner of session `{id}` at epoch {}",
+                    info.epoch
+                )),
+            }
+        };
+        let Some(to) = req.to else {
+            match o.end_standby(id, info.epoch) {
+                Ok(EndStandby::Ended) => {}
+                Ok(EndStandby::Superseded(now)) => return Err(superseded(now)),
+                Err(e) => return Err(super::etcd_unreachable(id, e)),
+            }
+            let info = self.update(&live, |i| {
+                i.standby = None;
+                i.standby_error = None;
+                i.released = None;
+            });
+            info!(session = %id, standby = %old, "standby given up; all output shown");
+            return Ok(info);
+        };
+        let latest =
+            parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot").map_err(|_| {
+                ApiError::conflict(format!(
+                    "session `{id}` has no checkpoint yet to give a new standby; try again \
+                     after its first"
+                ))
+            })?;
+        let engine = super::engine_of(&live);
+        let need = self.admission_of(latest, engine)?;
+        let to = self.check_standby(&to, info.checkpoint_every_ms, &need)?;
+        if to == old {
+            return Ok(info);
+        }
+        match o.set_standby(id, info.epoch, &to) {
+            Ok(true) => {}
+            Ok(false) => {
+                let now = o.owner(id).ok().flatten().map(|r| r.owner);
+                return Err(superseded(now));
+            }
+            Err(e) => return Err(super::etcd_unreachable(id, e)),
+        }
+        let info = self.update(&live, |i| {
+            i.standby = Some(to.clone());
+            i.standby_error = None;
+        });
+        self.to_standby(&live, latest, info.state == State::Running);
+        info!(session = %id, from = %old, to = %to, "standby changed");
+        Ok(info)
     }
 
     /// The standby space's watch (a thread): each second, for every copy it holds, whether
