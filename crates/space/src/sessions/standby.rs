@@ -180,11 +180,16 @@ impl Sessions {
             {
                 return;
             }
+            // What the answer says holds only while the session still has that standby
+            // (`standby --to` or `--none` may have changed it meanwhile).
+            let same = |i: &SessionInfo| i.standby == info.standby;
             match self.send_one(&info, &next) {
                 Ok(len) => {
                     self.update(live, |i| {
-                        i.released = Some(i.released.unwrap_or(0).max(len));
-                        i.standby_error = None;
+                        if same(i) {
+                            i.released = Some(i.released.unwrap_or(0).max(len));
+                            i.standby_error = None;
+                        }
                     });
                 }
                 Err(Unsent::Superseded(owner)) => {
@@ -194,7 +199,11 @@ impl Sessions {
                 Err(Unsent::Failed(e)) => {
                     if info.standby_error.as_deref() != Some(&e) {
                         warn!(session = %info.id, error = %e, "the standby did not take the checkpoint; output is held back");
-                        self.update(live, |i| i.standby_error = Some(e));
+                        self.update(live, |i| {
+                            if same(i) {
+                                i.standby_error = Some(e);
+                            }
+                        });
                     }
                     match rx.recv_timeout(RETRY_EVERY) {
                         Ok(n) => next = n,
