@@ -1590,7 +1590,8 @@ impl Sessions {
             checkpoint_every_ms: info.checkpoint_every_ms,
             attempt: Some(attempt.to_owned()),
             standby: info.standby.clone(),
-            // Read at each round: the standby may take checkpoints until the pre-copy.
+            // Read at each round: an answer from the standby on its way when the move began
+            // may still raise it.
             released: live.info().released,
         };
         // In a fleet: the attempt is recorded aborted (best effort), so the destination
@@ -1936,7 +1937,8 @@ impl Sessions {
         let to = to.trim_end_matches('/');
         let Some(o) = &self.cfg.owners else {
             return Err(ApiError::conflict(format!(
-                "session `{}` has a standby ({to}), which only a space of its etcd fleet can                  keep: this space was started without --etcd",
+                "session `{}` has a standby ({to}), which only a space of its etcd fleet can \
+                 keep: this space was started without --etcd",
                 req.session
             )));
         };
