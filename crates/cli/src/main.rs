@@ -63,8 +63,8 @@ enum Command {
     Kill(cmd::remote::SessionArgs),
     /// Move a running session to another space: pre-copy, pause, final delta, commit.
     Migrate(cmd::remote::MigrateArgs),
-    /// Give a space's session another standby (--to URL, a space of the same etcd fleet), or
-    /// none (--none).
+    /// Give a space's session another standby, or a first one (--to URL, a space of the same
+    /// etcd fleet), or none (--none).
     Standby(cmd::remote::StandbyArgs),
     /// Take a space's session back from the browser tab or Node process it was lent to: it is
     /// suspended at its last snapshot, and that client is fenced.

@@ -249,8 +249,9 @@ pub struct RunRequest {
     pub standby: Option<String>,
 }
 
-/// `POST /v1/sessions/{id}/set-standby`: the owner gives the session another standby (a
-/// space of the same etcd fleet), or none (`to` absent: its whole output is then shown).
+/// `POST /v1/sessions/{id}/set-standby`: the owner gives the session another standby or a
+/// first one (a space of the same etcd fleet), or none (`to` absent: its whole output is then
+/// shown).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SetStandby {

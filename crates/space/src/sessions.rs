@@ -364,6 +364,12 @@ impl Sessions {
                 info.reason = Some("the space stopped before this session's first snapshot".into());
             }
         }
+        // Output is held only for a standby; the space stopped while it gave the session a
+        // first one (`set-standby`), before it had it: nothing holds it back now.
+        if info.released.is_some() && info.standby.is_none() {
+            info.released = None;
+            changed = true;
+        }
         // In a fleet, a move the space stopped in the middle of is settled in etcd.
         let mut settle = None;
         if info.migrating_to.is_some() && info.state != State::Moved {
@@ -960,6 +966,7 @@ impl Sessions {
         let killed = live.kill.load(Ordering::SeqCst);
         let ends = !matches!(outcome, Ok(Outcome::Suspended(_))) || killed;
         // A session with a standby: nothing may take it over once its end is recorded.
+        let had_standby = live.info().standby.is_some();
         if ends && !self.end_standby(live) {
             return;
         }
@@ -976,12 +983,16 @@ impl Sessions {
         };
         let shown = log.len();
         let info = self.update(live, |i| {
-            if ends && i.standby.is_some() {
+            if ends && i.released.is_some() {
                 // All of its output is shown now.
                 i.released = Some(shown);
             }
             record_stop(i, &outcome, killed, files);
         });
+        if ends && !had_standby && info.standby.is_some() {
+            // A standby given while the guest ended (`set-standby`): its record goes too.
+            self.end_standby(live);
+        }
         if matches!(info.state, State::Exited | State::Failed | State::Killed)
             && let Err(e) = write_durably(&self.log_path(&info.id), &log.bytes())
         {
@@ -1350,7 +1361,7 @@ impl Sessions {
             }
             return Ok(self.update(&live, |i| {
                 i.state = State::Killed;
-                if i.standby.is_some() {
+                if i.released.is_some() {
                     i.released = Some(live.log().len());
                 }
             }));
@@ -1424,6 +1435,9 @@ impl Sessions {
     ) -> Result<(Vec<u8>, SessionInfo), ApiError> {
         let live = self.get(id)?;
         let log = live.log();
+        // Read before the hold is: a hold set meanwhile (`set-standby` giving a session its
+        // first standby) then covers all that this call shows.
+        let len = log.len();
         let info = live.info();
         if let Some(shown) = info.released {
             // With a standby: only what a checkpoint it holds covers.
@@ -1440,12 +1454,13 @@ impl Sessions {
             bytes.truncate(usize::try_from(shown.saturating_sub(from)).unwrap_or(usize::MAX));
             return Ok((bytes, info));
         }
-        if !wait.is_zero() && log.len() <= from && info.state.is_live() {
+        if !wait.is_zero() && len <= from && info.state.is_live() {
             log.wait_beyond(from, wait);
+            return self.logs(id, from, Duration::ZERO);
         }
-        let log = live.log();
-        let (bytes, _) = log.read_from(from, 1 << 20);
-        Ok((bytes, live.info()))
+        let (mut bytes, _) = log.read_from(from, 1 << 20);
+        bytes.truncate(usize::try_from(len.saturating_sub(from)).unwrap_or(usize::MAX));
+        Ok((bytes, info))
     }
 
     /// Waits (at most `timeout`) until the session is no longer live here (nor a standby

@@ -559,8 +559,8 @@ pub struct StandbyArgs {
     none: bool,
 }
 
-/// `ferry --space URL standby SESSION --to URL2 | --none`: another standby for a session run
-/// with `--standby`, or none.
+/// `ferry --space URL standby SESSION --to URL2 | --none`: another standby (or a first one for
+/// a session run with `--checkpoint-every`), or none.
 pub fn standby(settings: &Settings, a: StandbyArgs) -> Result<ExitCode> {
     let c = client(settings)?;
     let req = ferry_space::api::SetStandby { to: a.to };

@@ -475,10 +475,88 @@ fn in_a_fleet_a_running_session_changes_or_gives_up_its_standby() {
     let now = b.session("free").unwrap();
     assert_eq!((now.get("standby"), now.get("released")), (None, None));
     assert!(etcd.values("/ferry/standby/free").is_empty());
-    let err = refused(&here, &b.url, &["standby", "free", "--to", &a.url]);
+    let err = refused(&here, &b.url, &["standby", "free", "--none"]);
     assert!(err.contains("has no standby"), "{err}");
+    // A first standby again, but A is down: refused, and the output stays unheld.
+    let err = refused(&here, &b.url, &["standby", "free", "--to", &a.url]);
+    assert!(err.contains("cannot be reached"), "{err}");
+    assert_eq!(b.session("free").unwrap().get("released"), None);
     assert_finished_like(&here, &b.url, "free", &plain);
     stores_verify(&[&b]);
+}
+
+/// A session run without `--standby` is given one while it runs: A holds its output, takes a
+/// checkpoint covering all it showed, and sends it to B, which then takes the session over
+/// when A dies — with an uninterrupted run's output, what A showed before and after being a
+/// prefix of it. A session run without `--checkpoint-every` is refused a standby, and a
+/// refused standby leaves the output unheld.
+#[test]
+fn in_a_fleet_a_session_run_without_a_standby_is_given_one_while_it_runs() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let mut a = fleet_space(&etcd, &["--lease-ttl", "2s"]);
+    let b = fleet_space(&etcd, &[]);
+    let g = crate::harness::guest("wasm/sleepy.wasm");
+    let g = g.to_str().unwrap();
+    let plain = here.plain(&[g, "--", "400", "0"]).stdout;
+    ok(
+        &here,
+        &a.url,
+        &["run", "--session", "bare", g, "--", "400", "0"],
+    );
+    let err = refused(&here, &a.url, &["standby", "bare", "--to", &b.url]);
+    assert!(err.contains("without --checkpoint-every"), "{err}");
+    ok(&here, &a.url, &["kill", "bare"]);
+    let run = ["run", "--session", "late", "--checkpoint-every", "200ms"];
+    ok(&here, &a.url, &[&run[..], &[g, "--", "400", "0"]].concat());
+    let err = refused(&here, &a.url, &["standby", "late", "--none"]);
+    assert!(err.contains("has no standby"), "{err}");
+    eventually("the guest shows output", || {
+        !cli(&here, &a.url, &["logs", "late"]).0.is_empty()
+    });
+    let err = refused(
+        &here,
+        &a.url,
+        &["standby", "late", "--to", "http://127.0.0.1:9"],
+    );
+    assert!(err.contains("cannot be reached"), "{err}");
+    assert_eq!(a.session("late").unwrap().get("released"), None);
+    let (before, _, _) = cli(&here, &a.url, &["logs", "late"]);
+    let (_, err, code) = cli(&here, &a.url, &["standby", "late", "--to", &b.url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&format!("standby is {}", b.url)), "{err}");
+    let record: serde_json::Value =
+        serde_json::from_str(&etcd.values("/ferry/standby/late")[0]).unwrap();
+    assert_eq!(record, json!({"space": b.url, "epoch": 1}));
+    eventually("the standby holds a checkpoint", || {
+        b.state("late").as_deref() == Some("standby")
+    });
+    let (after, _, _) = cli(&here, &a.url, &["logs", "late"]);
+    assert!(
+        after.starts_with(&before) && plain.starts_with(after.as_bytes()),
+        "shown before the standby: {before:?}, after: {after:?}"
+    );
+    let held = released(&a, "late");
+    eventually("the standby takes further checkpoints", || {
+        released(&a, "late") > held
+    });
+    a.stop();
+    eventually("the standby takes the session over", || {
+        b.state("late").as_deref() != Some("standby")
+    });
+    assert_eq!(
+        etcd.owner("late"),
+        Some(json!({"space": b.url, "epoch": 2}))
+    );
+    assert_finished_like(&here, &b.url, "late", &plain);
+    a.spawn(None);
+    eventually("the old owner learns its session was taken over", || {
+        a.state("late").as_deref() == Some("moved")
+    });
+    finished_once(&[&a, &b], "late", &b);
+    stores_verify(&[&a, &b]);
 }
 
 /// What `run --standby` refuses, before anything runs.

@@ -472,9 +472,10 @@ impl Sessions {
     }
 
     /// `POST /v1/sessions/{id}/set-standby`: the owner gives a running or suspended session
-    /// another standby (`to`), or none. A new standby is checked as at `run --standby` and
-    /// sent the latest snapshot; the old one drops its copy once etcd no longer names it.
-    /// Without a standby, the whole output is shown.
+    /// a standby (`to`: another one, or a first one for a session run without), or none. A
+    /// new standby is checked as at `run --standby` and sent a checkpoint that covers all the
+    /// output shown so far; the old one drops its copy once etcd no longer names it. Without
+    /// a standby, the whole output is shown.
     pub fn set_standby(
         self: &Arc<Self>,
         id: &str,
@@ -503,13 +504,6 @@ impl Sessions {
                 )));
             }
         }
-        let Some(old) = info.standby.clone() else {
-            return Err(ApiError::conflict(format!(
-                "session `{id}` has no standby: a standby is given when a session starts (`run \
-                 --checkpoint-every D --standby URL`), so that whatever it shows is in a \
-                 standby's copy"
-            )));
-        };
         // Etcd names the new standby (or none) while this space still owns the session;
         // otherwise the standby took it over: fenced.
         let superseded = |now: Option<Owner>| -> ApiError {
@@ -529,6 +523,11 @@ impl Sessions {
             }
         };
         let Some(to) = req.to else {
+            let Some(old) = &info.standby else {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` has no standby to give up"
+                )));
+            };
             match o.end_standby(id, info.epoch) {
                 Ok(EndStandby::Ended) => {}
                 Ok(EndStandby::Superseded(now)) => return Err(superseded(now)),
@@ -542,19 +541,59 @@ impl Sessions {
             info!(session = %id, standby = %old, "standby given up; all output shown");
             return Ok(info);
         };
-        let latest =
-            parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot").map_err(|_| {
-                ApiError::conflict(format!(
-                    "session `{id}` has no checkpoint yet to give a new standby; try again \
-                     after its first"
-                ))
-            })?;
-        let engine = super::engine_of(&live);
-        let need = self.admission_of(latest, engine)?;
-        let to = self.check_standby(&to, info.checkpoint_every_ms, &need)?;
-        if to == old {
-            return Ok(info);
+        let first = info.standby.is_none();
+        let need = if first {
+            if info.checkpoint_every_ms.is_none() {
+                return Err(ApiError::conflict(format!(
+                    "session `{id}` was started without --checkpoint-every: a standby keeps a \
+                     session's checkpoints, and this one takes none"
+                )));
+            }
+            // From now on its output waits for the standby (the output-commit rule), and the
+            // standby's first copy must hold all that was shown before: a reader that found
+            // no hold read no further than the log's length now ([`Sessions::logs`]).
+            let held = live.log().len();
+            self.update(&live, |i| i.released = Some(held));
+            live.log().len()
+        } else {
+            0
+        };
+        let given = self.give_standby(&live, &info, &to, need, &superseded);
+        if first && given.is_err() {
+            self.update(&live, |i| {
+                if i.standby.is_none() {
+                    i.released = None;
+                }
+            });
         }
+        let info = given?;
+        // The session ended meanwhile, perhaps before it had the standby to remove: the
+        // record must not outlive it.
+        if !matches!(info.state, State::Running | State::Suspended) {
+            self.end_standby(&live);
+        }
+        Ok(info)
+    }
+
+    /// The second half of `set-standby --to`: a checkpoint covering the first `need` bytes of
+    /// the output, the new standby checked against it, named in etcd, and sent it.
+    fn give_standby(
+        self: &Arc<Self>,
+        live: &Arc<Live>,
+        info: &SessionInfo,
+        to: &str,
+        need: u64,
+        superseded: &dyn Fn(Option<Owner>) -> ApiError,
+    ) -> Result<SessionInfo, ApiError> {
+        let id = &info.id;
+        let o = self.cfg.owners.as_ref().expect("checked by set_standby");
+        if info.standby.as_deref() == Some(to.trim_end_matches('/')) {
+            return Ok(live.info());
+        }
+        let (latest, running) = self.checkpoint_covering(live, need)?;
+        let engine = super::engine_of(live);
+        let check = self.admission_of(latest, engine)?;
+        let to = self.check_standby(to, info.checkpoint_every_ms, &check)?;
         match o.set_standby(id, info.epoch, &to) {
             Ok(true) => {}
             Ok(false) => {
@@ -563,13 +602,60 @@ impl Sessions {
             }
             Err(e) => return Err(super::etcd_unreachable(id, e)),
         }
-        let info = self.update(&live, |i| {
+        let now = self.update(live, |i| {
             i.standby = Some(to.clone());
             i.standby_error = None;
         });
-        self.to_standby(&live, latest, info.state == State::Running);
-        info!(session = %id, from = %old, to = %to, "standby changed");
-        Ok(info)
+        self.to_standby(live, latest, running);
+        match &info.standby {
+            Some(old) => info!(session = %id, from = %old, to = %to, "standby changed"),
+            None => info!(session = %id, to = %to, "standby given"),
+        }
+        Ok(now)
+    }
+
+    /// A snapshot of the session whose output log holds at least `need` bytes: its latest
+    /// one while it is suspended, else a checkpoint taken now (again, if one already under
+    /// way when asked covers less). Also whether the guest runs on after it.
+    fn checkpoint_covering(&self, live: &Arc<Live>, need: u64) -> Result<(Kappa, bool), ApiError> {
+        let id = live.info().id;
+        for _ in 0..3 {
+            let info = live.info();
+            let (k, running) = if info.state == State::Running {
+                let after = self.stop(&id, Request::Checkpoint, false)?;
+                (after.snapshot, after.state == State::Running)
+            } else {
+                (info.snapshot, false)
+            };
+            let k = parse_kappa(k.as_deref().unwrap_or(""), "snapshot").map_err(|_| {
+                ApiError::conflict(format!(
+                    "session `{id}` has no checkpoint yet to give a standby; try again after \
+                     its first"
+                ))
+            })?;
+            let len = output_len(self.store.as_ref(), &k).map_err(ApiError::internal)?;
+            if len >= need {
+                return Ok((k, running));
+            }
+            match live.info().state {
+                State::Running => {}
+                State::Suspended => {
+                    return Err(ApiError::internal(format!(
+                        "session `{id}`'s snapshot {k} holds {len} bytes of output, fewer \
+                         than the {need} it has shown"
+                    )));
+                }
+                s => {
+                    return Err(ApiError::conflict(format!(
+                        "session `{id}` is {} now",
+                        s.name()
+                    )));
+                }
+            }
+        }
+        Err(ApiError::unavailable(format!(
+            "no checkpoint of session `{id}` covering its output was taken; try again"
+        )))
     }
 
     /// The standby space's watch (a thread): each second, for every copy it holds, whether
