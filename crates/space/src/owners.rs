@@ -30,11 +30,13 @@
 //!
 //! The client speaks etcd's v3 JSON gateway (`POST /v3/kv/range`, `/v3/kv/txn`; keys and
 //! values in base64), over connections that notice a silent peer ([`crate::net`]). Every
-//! answer is bounded in size and checked before it is believed.
+//! answer is bounded in size and checked before it is believed. Against an etcd with user
+//! authentication ([`Owners::with_user`]) it signs in (`/v3/auth/authenticate`), sends the
+//! token it is given with every request, and signs in again when etcd no longer knows it.
 
 use std::io::Read;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -152,6 +154,23 @@ pub struct Owners {
     prefix: String,
     me: String,
     agent: ureq::Agent,
+    /// With etcd's user authentication: who this space signs in as.
+    user: Option<User>,
+}
+
+/// An etcd user, and the token etcd gave it last.
+struct User {
+    name: String,
+    password: String,
+    token: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for User {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("User")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The first key after every key that starts with `prefix` (etcd's `range_end` of a prefix).
@@ -189,7 +208,19 @@ impl Owners {
             prefix: prefix.trim_end_matches('/').to_owned(),
             me: me.trim_end_matches('/').to_owned(),
             agent: crate::client::agent(),
+            user: None,
         }
+    }
+
+    /// Signs in to etcd as `name` (etcd's user authentication, `etcdctl auth enable`): the
+    /// user needs read and write on the fleet's prefix.
+    pub fn with_user(mut self, name: &str, password: &str) -> Self {
+        self.user = Some(User {
+            name: name.to_owned(),
+            password: password.to_owned(),
+            token: Mutex::new(None),
+        });
+        self
     }
 
     /// This space's URL, as the owner records name it.
@@ -205,19 +236,91 @@ impl Owners {
         format!("{}/moves/{id}/{epoch}/{attempt}", self.prefix)
     }
 
-    /// `POST <endpoint>/v3/<what>` on the first endpoint that answers.
+    /// `POST <endpoint>/v3/<what>` on the first endpoint that answers, signed in when etcd
+    /// authenticates its users.
     fn call(&self, what: &str, body: &Value) -> Result<(String, Value), EtcdError> {
+        let Some(user) = &self.user else {
+            return self.call_as(what, body, None).map_err(|e| match e {
+                EtcdError::Refused {
+                    endpoint,
+                    status,
+                    msg,
+                } if msg.contains("user name is empty") => EtcdError::Refused {
+                    endpoint,
+                    status,
+                    msg: format!("{msg} (this etcd authenticates its users: give --etcd-user)"),
+                },
+                e => e,
+            });
+        };
+        let token = self.token(user)?;
+        match self.call_as(what, body, Some(&token)) {
+            // The token is no longer good (etcd forgets them after a while unused, and when
+            // its authentication is turned off and on): a new one, once.
+            Err(EtcdError::Refused { status: 401, .. }) => {
+                let mut held = user.token.lock().unwrap_or_else(|p| p.into_inner());
+                if held.as_deref() == Some(token.as_str()) {
+                    *held = None;
+                }
+                drop(held);
+                let token = self.token(user)?;
+                self.call_as(what, body, Some(&token))
+            }
+            r => r,
+        }
+    }
+
+    /// The token etcd gave `user`, signing in first if there is none.
+    fn token(&self, user: &User) -> Result<String, EtcdError> {
+        if let Some(t) = user.token.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Ok(t);
+        }
+        let body = json!({ "name": user.name, "password": user.password });
+        let (endpoint, v) =
+            self.call_as("auth/authenticate", &body, None)
+                .map_err(|e| match e {
+                    EtcdError::Refused {
+                        endpoint,
+                        status,
+                        msg,
+                    } => EtcdError::Refused {
+                        endpoint,
+                        status,
+                        msg: format!("signing in as `{}`: {msg}", user.name),
+                    },
+                    e => e,
+                })?;
+        let token = v
+            .get("token")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty() && t.len() <= 4096)
+            .ok_or_else(|| malformed(&endpoint, "a sign-in answer without a token"))?
+            .to_owned();
+        *user.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.clone());
+        Ok(token)
+    }
+
+    /// `POST <endpoint>/v3/<what>` on the first endpoint that answers, with `token`.
+    fn call_as(
+        &self,
+        what: &str,
+        body: &Value,
+        token: Option<&str>,
+    ) -> Result<(String, Value), EtcdError> {
         let n = self.endpoints.len();
         let first = self.current.load(Ordering::Relaxed) % n.max(1);
         let mut failures = Vec::new();
         for i in 0..n {
             let at = (first + i) % n;
             let endpoint = &self.endpoints[at];
-            let r = self
+            let mut req = self
                 .agent
                 .post(format!("{endpoint}/v3/{what}"))
-                .header("Content-Type", "application/json")
-                .send(body.to_string());
+                .header("Content-Type", "application/json");
+            if let Some(t) = token {
+                req = req.header("Authorization", t);
+            }
+            let r = req.send(body.to_string());
             let mut r = match r {
                 Ok(r) => r,
                 Err(e) => {

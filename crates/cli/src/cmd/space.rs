@@ -51,6 +51,14 @@ pub struct ServeArgs {
         requires = "etcd"
     )]
     etcd_prefix: String,
+    /// With --etcd: sign in to etcd as this user (etcd's user authentication); the password
+    /// comes from --etcd-password-file, else $FERRY_ETCD_PASSWORD. The user needs read and
+    /// write on the prefix's keys.
+    #[arg(long, value_name = "NAME", requires = "etcd")]
+    etcd_user: Option<String>,
+    /// With --etcd-user: the file holding its password.
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    etcd_password_file: Option<PathBuf>,
     /// With --etcd: how long a destination holds a prepared copy while the move's source
     /// does not answer, before it gives the move up (in etcd: the source cannot commit it
     /// after that, and runs the guest on).
@@ -107,12 +115,32 @@ pub fn token(file: Option<&PathBuf>) -> Result<String> {
     Ok(t)
 }
 
+/// The etcd user's password: from the file, else `$FERRY_ETCD_PASSWORD`; never empty.
+fn etcd_password(file: Option<&PathBuf>) -> Result<String> {
+    let p = match file {
+        Some(f) => std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read the etcd password file {}", f.display()))?,
+        None => std::env::var("FERRY_ETCD_PASSWORD").unwrap_or_default(),
+    };
+    let p = p.trim_end_matches(['\r', '\n']).to_owned();
+    if p.is_empty() {
+        bail!(
+            "--etcd-user needs its password: pass --etcd-password-file FILE or set FERRY_ETCD_PASSWORD"
+        );
+    }
+    Ok(p)
+}
+
 pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
     anyhow::ensure!(
         a.lease_ttl >= Duration::from_secs(2),
         "--lease-ttl: at least 2s (etcd makes shorter leases 2 s long anyway)"
     );
     let token = token(settings.token_file.as_ref())?;
+    let etcd_user = match &a.etcd_user {
+        None => None,
+        Some(name) => Some((name.clone(), etcd_password(a.etcd_password_file.as_ref())?)),
+    };
     let peer_token = match &a.peer_token_file {
         Some(f) => self::token(Some(f))?,
         None => token.clone(),
@@ -170,11 +198,11 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
             None
         } else {
             let owners = (!a.etcd.is_empty()).then(|| {
-                Arc::new(ferry_space::owners::Owners::new(
-                    &a.etcd,
-                    &a.etcd_prefix,
-                    &advertise,
-                ))
+                let o = ferry_space::owners::Owners::new(&a.etcd, &a.etcd_prefix, &advertise);
+                Arc::new(match &etcd_user {
+                    Some((name, password)) => o.with_user(name, password),
+                    None => o,
+                })
             });
             let cfg = Config {
                 dir: space_dir,

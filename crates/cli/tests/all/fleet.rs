@@ -202,6 +202,57 @@ fn a_space_does_not_start_without_its_etcd() {
     assert!(err.contains("--etcd"), "{err}");
 }
 
+/// An etcd that authenticates its users: a space started without a user, or with a wrong
+/// password, refuses to start with etcd's reason; one signed in as a user allowed the fleet's
+/// prefix records its sessions and moves there, and signs in again when etcd has forgotten its
+/// token (authentication turned off and on).
+#[test]
+fn a_fleet_signs_in_to_an_etcd_that_authenticates_its_users() {
+    let Some(mut etcd) = Etcd::start() else {
+        return;
+    };
+    etcd.enable_auth();
+    let env = client();
+    let serve = ["serve", "--listen", "127.0.0.1:0", "--etcd", &etcd.url];
+    let (_, err, code) = env.output(&serve);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("give --etcd-user"), "{err}");
+    let bad = env.path("bad-password");
+    std::fs::write(&bad, "nope\n").unwrap();
+    let user = ["--etcd-user", "ferry", "--etcd-password-file"];
+    let (_, err, code) = env.output(&[&serve[..], &user[..], &[bad.to_str().unwrap()]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("signing in as `ferry`") && err.contains("invalid user ID or password"),
+        "{err}"
+    );
+    let (_, err, code) = env.output(&[&serve[..], &user[..2]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("FERRY_ETCD_PASSWORD"), "{err}");
+    let good = env.path("password");
+    std::fs::write(&good, "ferrypw\n").unwrap();
+    let good = good.to_str().unwrap();
+    let a = fleet_space(&etcd, &[&user[..], &[good]].concat());
+    let b = SpaceProc::start_with_vars(
+        &[("FERRY_ETCD_PASSWORD", "ferrypw")],
+        &["--etcd", &etcd.url, "--etcd-user", "ferry"],
+    );
+    let plain = run_cpu_guest(&env, &a.url, "signed", "800");
+    assert_eq!(
+        etcd.owner("signed"),
+        Some(json!({"space": a.url, "epoch": 1}))
+    );
+    // Etcd forgets every token when its authentication is turned off and on.
+    assert!(etcd.ctl(&["auth", "disable"]) && etcd.ctl(&["auth", "enable"]));
+    ok(&env, &a.url, &["migrate", "signed", "--to", &b.url]);
+    assert_eq!(
+        etcd.owner("signed"),
+        Some(json!({"space": b.url, "epoch": 2}))
+    );
+    assert_finished_like(&env, &b.url, "signed", &plain.stdout);
+    stores_verify(&[&a, &b]);
+}
+
 /// `sleepy STEPS 0` run on `space` as session `id`, checkpointed every 200 ms with `standby`
 /// as its standby; returns what an uninterrupted run shows.
 fn run_with_standby(

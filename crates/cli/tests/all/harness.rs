@@ -747,6 +747,8 @@ pub struct Etcd {
     /// Its client URL at 127.0.0.1 (it listens at 127.0.0.3 too: [`Etcd::url_at`]).
     pub url: String,
     etcdctl: String,
+    /// `user:password` for etcdctl once [`Etcd::enable_auth`] turned authentication on.
+    root: Option<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -796,6 +798,7 @@ impl Etcd {
             child,
             url,
             etcdctl,
+            root: None,
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -825,9 +828,51 @@ impl Etcd {
             .is_ok_and(|s| s.success())
     }
 
+    /// etcdctl against this etcd (as root once authentication is on): whether it succeeded.
+    pub fn ctl(&self, args: &[&str]) -> bool {
+        let mut c = Command::new(&self.etcdctl);
+        c.args(["--endpoints", &self.url]);
+        if let Some(root) = &self.root {
+            c.args(["--user", root]);
+        }
+        c.args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Turns etcd's user authentication on, with user `ferry` (password `ferrypw`) allowed to
+    /// read and write under `/ferry/`.
+    pub fn enable_auth(&mut self) {
+        for args in [
+            &["user", "add", "root:rootpw"][..],
+            &["user", "grant-role", "root", "root"],
+            &["role", "add", "ferry"],
+            &[
+                "role",
+                "grant-permission",
+                "ferry",
+                "--prefix=true",
+                "readwrite",
+                "/ferry/",
+            ],
+            &["user", "add", "ferry:ferrypw"],
+            &["user", "grant-role", "ferry", "ferry"],
+            &["auth", "enable"],
+        ] {
+            assert!(self.ctl(args), "etcdctl {args:?}");
+        }
+        self.root = Some("root:rootpw".into());
+    }
+
     /// The values of every key that starts with `prefix`, in key order.
     pub fn values(&self, prefix: &str) -> Vec<String> {
-        let out = Command::new(&self.etcdctl)
+        let mut c = Command::new(&self.etcdctl);
+        if let Some(root) = &self.root {
+            c.args(["--user", root]);
+        }
+        let out = c
             .args([
                 "--endpoints",
                 &self.url,
