@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::harness::{Blackhole, Etcd, SpaceProc};
+use crate::harness::{Blackhole, Etcd, EtcdCluster, SpaceProc};
 use crate::migrate::{
     assert_finished_like, cli, client, eventually, migrate_in_background, ok, refused,
     run_cpu_guest, stores_verify,
@@ -18,6 +18,11 @@ fn fleet_space(etcd: &Etcd, extra: &[&str]) -> SpaceProc {
     let mut args = vec!["--etcd", &etcd.url];
     args.extend_from_slice(extra);
     SpaceProc::start(&args)
+}
+
+/// A space of the fleet whose etcd client URLs are `endpoints` (comma-separated).
+fn fleet_space_at(endpoints: &str) -> SpaceProc {
+    SpaceProc::start(&["--etcd", endpoints])
 }
 
 /// The session ran once, on `on` of `spaces`.
@@ -250,6 +255,59 @@ fn a_fleet_signs_in_to_an_etcd_that_authenticates_its_users() {
         Some(json!({"space": b.url, "epoch": 2}))
     );
     assert_finished_like(&env, &b.url, "signed", &plain.stdout);
+    stores_verify(&[&a, &b]);
+}
+
+/// A fleet given every member of a three-member etcd cluster: with the member it asks first
+/// gone, the other two decide its moves; with two gone (no quorum) a move is refused before
+/// its guest pauses, and the guest runs on; once a member is back the session moves, and it
+/// ends exactly once, with an uninterrupted run's output.
+#[test]
+fn a_fleet_goes_on_while_its_etcd_cluster_keeps_a_quorum() {
+    let Some(mut etcd) = EtcdCluster::start() else {
+        return;
+    };
+    let here = client();
+    let endpoints = etcd.endpoints();
+    let a = fleet_space_at(&endpoints);
+    let b = fleet_space_at(&endpoints);
+    let g = crate::harness::guest("wasm/sleepy.wasm");
+    let g = g.to_str().unwrap();
+    let plain = here.plain(&[g, "--", "1200", "0"]).stdout;
+    ok(
+        &here,
+        &a.url,
+        &["run", "--session", "quorum", g, "--", "1200", "0"],
+    );
+    assert_eq!(
+        etcd.owner("quorum"),
+        Some(json!({"space": a.url, "epoch": 1}))
+    );
+    etcd.stop_member(0);
+    ok(&here, &a.url, &["migrate", "quorum", "--to", &b.url]);
+    assert_eq!(
+        etcd.owner("quorum"),
+        Some(json!({"space": b.url, "epoch": 2}))
+    );
+    // Without a quorum nothing can be decided: the move is refused before the guest
+    // pauses, saying why, and the guest runs on where it is.
+    etcd.stop_member(1);
+    let err = refused(&here, &b.url, &["migrate", "quorum", "--to", &a.url]);
+    assert!(
+        err.contains("cannot ask etcd who owns session `quorum`")
+            && err.contains("request timed out"),
+        "{err}"
+    );
+    assert_eq!(b.state("quorum").as_deref(), Some("running"));
+    etcd.start_member(0);
+    eventually("the cluster has a quorum again", || etcd.healthy());
+    ok(&here, &b.url, &["migrate", "quorum", "--to", &a.url]);
+    assert_eq!(
+        etcd.owner("quorum"),
+        Some(json!({"space": a.url, "epoch": 3}))
+    );
+    assert_finished_like(&here, &a.url, "quorum", &plain);
+    finished_once(&[&a, &b], "quorum", &a);
     stores_verify(&[&a, &b]);
 }
 

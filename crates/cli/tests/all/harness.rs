@@ -899,6 +899,135 @@ impl Etcd {
     }
 }
 
+/// An etcd cluster of three members on 127.0.0.1, each of which can be stopped and started
+/// again (its data directory kept): a fleet given all three client URLs goes on while two
+/// answer.
+pub struct EtcdCluster {
+    members: Vec<Option<Child>>,
+    /// Each member's client URL.
+    pub urls: Vec<String>,
+    peers: Vec<String>,
+    etcd: String,
+    etcdctl: String,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    pub fn start() -> Option<Self> {
+        let (Some(etcd), Some(etcdctl)) = (tool("etcd"), tool("etcdctl")) else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "etcd and etcdctl are needed for the fleet tests: run scripts/setup.sh"
+            );
+            eprintln!("skipped: no etcd here (scripts/setup.sh unpacks it)");
+            return None;
+        };
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let urls: Vec<_> = (0..3)
+            .map(|_| format!("http://127.0.0.1:{}", free()))
+            .collect();
+        let peers: Vec<_> = (0..3)
+            .map(|_| format!("http://127.0.0.1:{}", free()))
+            .collect();
+        let mut c = Self {
+            members: vec![None, None, None],
+            urls,
+            peers,
+            etcd,
+            etcdctl,
+            dir: tempfile::tempdir().unwrap(),
+        };
+        for i in 0..3 {
+            c.start_member(i);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !c.healthy() {
+            assert!(Instant::now() < deadline, "the etcd cluster did not start");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Some(c)
+    }
+
+    /// Starts member `i` (again).
+    pub fn start_member(&mut self, i: usize) {
+        let cluster: Vec<_> = self
+            .peers
+            .iter()
+            .enumerate()
+            .map(|(j, p)| format!("m{j}={p}"))
+            .collect();
+        let child = Command::new(&self.etcd)
+            .args(["--name", &format!("m{i}")])
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("m{i}")))
+            .args(["--listen-client-urls", &self.urls[i]])
+            .args(["--advertise-client-urls", &self.urls[i]])
+            .args(["--listen-peer-urls", &self.peers[i]])
+            .args(["--initial-advertise-peer-urls", &self.peers[i]])
+            .args(["--initial-cluster", &cluster.join(",")])
+            .args(["--initial-cluster-state", "new"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.members[i] = Some(child);
+    }
+
+    /// Stops member `i` (killed, as a machine that fails).
+    pub fn stop_member(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Every client URL, comma-separated (`ferry serve --etcd`).
+    pub fn endpoints(&self) -> String {
+        self.urls.join(",")
+    }
+
+    /// Whether the cluster has a leader that answers (a quorum).
+    pub fn healthy(&self) -> bool {
+        Command::new(&self.etcdctl)
+            .args(["--endpoints", &self.endpoints(), "--command-timeout", "3s"])
+            .args(["get", "health-probe"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// A session's owner record (`/ferry/sessions/<id>`), if it has one.
+    pub fn owner(&self, id: &str) -> Option<serde_json::Value> {
+        let out = Command::new(&self.etcdctl)
+            .args(["--endpoints", &self.endpoints()])
+            .args([
+                "get",
+                "--print-value-only",
+                &format!("/ferry/sessions/{id}"),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "etcdctl get");
+        let v = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        (!v.is_empty()).then(|| serde_json::from_str(&v).unwrap())
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..3 {
+            self.stop_member(i);
+        }
+    }
+}
+
 impl Drop for Etcd {
     fn drop(&mut self) {
         let _ = self.child.kill();
