@@ -1439,6 +1439,15 @@ impl Sessions {
         // first standby) then covers all that this call shows.
         let len = log.len();
         let info = live.info();
+        if info.state == State::Standby {
+            // A standby copy: the output its latest checkpoint holds (read when asked; the
+            // copy runs nothing, so there is nothing to wait for).
+            let log = self.read_log(&info).map_err(|e| {
+                ApiError::internal(format!("the output of standby copy `{id}`: {e}"))
+            })?;
+            let (bytes, _) = log.read_from(from, 1 << 20);
+            return Ok((bytes, info));
+        }
         if let Some(shown) = info.released {
             // With a standby: only what a checkpoint it holds covers.
             let info = if wait.is_zero() || shown > from || !info.state.is_live() {

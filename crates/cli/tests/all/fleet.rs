@@ -371,6 +371,13 @@ fn in_a_fleet_a_standby_takes_over_a_session_whose_space_died() {
         !shown.is_empty() && plain.starts_with(shown.as_bytes()),
         "shown before the failure: {shown:?}"
     );
+    // The standby shows what its copy holds: at least what the owner showed.
+    let (copy, _, code) = cli(&here, &b.url, &["logs", "spare"]);
+    assert_eq!(code, 0);
+    assert!(
+        copy.starts_with(&shown) && plain.starts_with(copy.as_bytes()),
+        "the standby's copy: {copy:?}"
+    );
     a.stop();
     eventually("the standby takes the session over", || {
         b.state("spare").as_deref() != Some("standby")
