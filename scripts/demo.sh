@@ -3,8 +3,9 @@
 # in a new process, and compare with an uninterrupted run.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-ferry="${FERRY:-$root/target/release/ferry}"
-[ -x "$ferry" ] || ferry="${CARGO_TARGET_DIR:-$root/target}/release/ferry"
+# The build `cargo build --release` just made: under $CARGO_TARGET_DIR when that is set.
+ferry="${FERRY:-${CARGO_TARGET_DIR:-$root/target}/release/ferry}"
+[ -x "$ferry" ] || ferry="$root/target/release/ferry"
 python="${FERRY_GUEST_CACHE:-$HOME/.cache/ferry/guests}/python-3.12.0.wasm"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
