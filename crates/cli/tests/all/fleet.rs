@@ -342,6 +342,31 @@ fn run_with_standby(
     plain.stdout
 }
 
+/// Once `standby` has taken a further checkpoint of session `id`, `owner` dies: the standby
+/// takes the session over (etcd names it at epoch 2) and runs it to the end, showing `plain`.
+fn owner_dies_standby_goes_on(
+    here: &crate::harness::Env,
+    etcd: &Etcd,
+    owner: &mut SpaceProc,
+    standby: &SpaceProc,
+    id: &str,
+    plain: &[u8],
+) {
+    let before = released(owner, id);
+    eventually("the standby takes further checkpoints", || {
+        released(owner, id) > before
+    });
+    owner.stop();
+    eventually("the standby takes the session over", || {
+        standby.state(id).as_deref() != Some("standby")
+    });
+    assert_eq!(
+        etcd.owner(id),
+        Some(json!({"space": standby.url, "epoch": 2}))
+    );
+    assert_finished_like(here, &standby.url, id, plain);
+}
+
 /// How much of the session's output its space shows (`released`).
 fn released(space: &SpaceProc, id: &str) -> u64 {
     space.session(id).unwrap()["released"].as_u64().unwrap()
@@ -562,19 +587,7 @@ fn in_a_fleet_a_running_session_changes_or_gives_up_its_standby() {
         "the old standby drops its copy, the new one holds one",
         || b.state("swap").is_none() && c.state("swap").as_deref() == Some("standby"),
     );
-    let before = released(&a, "swap");
-    eventually("the new standby takes checkpoints", || {
-        released(&a, "swap") > before
-    });
-    a.stop();
-    eventually("the new standby takes the session over", || {
-        c.state("swap").as_deref() != Some("standby")
-    });
-    assert_eq!(
-        etcd.owner("swap"),
-        Some(json!({"space": c.url, "epoch": 2}))
-    );
-    assert_finished_like(&here, &c.url, "swap", &plain);
+    owner_dies_standby_goes_on(&here, &etcd, &mut a, &c, "swap", &plain);
 
     // The standby is down: the owner holds the output back until told to go without one.
     let plain = run_with_standby(&here, &b, &c, "free", "300");
@@ -654,19 +667,7 @@ fn in_a_fleet_a_session_run_without_a_standby_is_given_one_while_it_runs() {
         after.starts_with(&before) && plain.starts_with(after.as_bytes()),
         "shown before the standby: {before:?}, after: {after:?}"
     );
-    let held = released(&a, "late");
-    eventually("the standby takes further checkpoints", || {
-        released(&a, "late") > held
-    });
-    a.stop();
-    eventually("the standby takes the session over", || {
-        b.state("late").as_deref() != Some("standby")
-    });
-    assert_eq!(
-        etcd.owner("late"),
-        Some(json!({"space": b.url, "epoch": 2}))
-    );
-    assert_finished_like(&here, &b.url, "late", &plain);
+    owner_dies_standby_goes_on(&here, &etcd, &mut a, &b, "late", &plain);
     a.spawn(None);
     eventually("the old owner learns its session was taken over", || {
         a.state("late").as_deref() == Some("moved")

@@ -742,6 +742,28 @@ pub fn tool(name: &str) -> Option<String> {
 /// An etcd server of the test's own (Debian's `etcd`, on free ports, its data in a
 /// temporary directory; clients reach it at 127.0.0.1 and 127.0.0.3), stopped on drop. `None` where there is no `etcd` binary, except
 /// under CI (`CI` set), where that fails the test.
+/// A port on 127.0.0.1 free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// etcd and etcdctl (unpacked by scripts/setup.sh); `None` (the test skipped) outside CI.
+fn etcd_tools() -> Option<(String, String)> {
+    let (Some(etcd), Some(etcdctl)) = (tool("etcd"), tool("etcdctl")) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "etcd and etcdctl are needed for the fleet tests: run scripts/setup.sh"
+        );
+        eprintln!("skipped: no etcd here (scripts/setup.sh unpacks it)");
+        return None;
+    };
+    Some((etcd, etcdctl))
+}
+
 pub struct Etcd {
     child: Child,
     /// Its client URL at 127.0.0.1 (it listens at 127.0.0.3 too: [`Etcd::url_at`]).
@@ -754,22 +776,8 @@ pub struct Etcd {
 
 impl Etcd {
     pub fn start() -> Option<Self> {
-        let free = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        };
-        let (Some(etcd), Some(etcdctl)) = (tool("etcd"), tool("etcdctl")) else {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "etcd and etcdctl are needed for the fleet tests: run scripts/setup.sh"
-            );
-            eprintln!("skipped: no etcd here (scripts/setup.sh unpacks it)");
-            return None;
-        };
-        let (client, peer) = (free(), free());
+        let (etcd, etcdctl) = etcd_tools()?;
+        let (client, peer) = (free_port(), free_port());
         let dir = tempfile::tempdir().unwrap();
         let url = format!("http://127.0.0.1:{client}");
         let child = Command::new(etcd)
@@ -914,26 +922,12 @@ pub struct EtcdCluster {
 
 impl EtcdCluster {
     pub fn start() -> Option<Self> {
-        let (Some(etcd), Some(etcdctl)) = (tool("etcd"), tool("etcdctl")) else {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "etcd and etcdctl are needed for the fleet tests: run scripts/setup.sh"
-            );
-            eprintln!("skipped: no etcd here (scripts/setup.sh unpacks it)");
-            return None;
-        };
-        let free = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        };
+        let (etcd, etcdctl) = etcd_tools()?;
         let urls: Vec<_> = (0..3)
-            .map(|_| format!("http://127.0.0.1:{}", free()))
+            .map(|_| format!("http://127.0.0.1:{}", free_port()))
             .collect();
         let peers: Vec<_> = (0..3)
-            .map(|_| format!("http://127.0.0.1:{}", free()))
+            .map(|_| format!("http://127.0.0.1:{}", free_port()))
             .collect();
         let mut c = Self {
             members: vec![None, None, None],
