@@ -300,6 +300,11 @@ pub struct StandbyRequest {
     pub checkpoint_every_ms: Option<u64>,
     /// Whether the guest runs at the owner (a take-over then resumes it).
     pub running: bool,
+    /// Sent before etcd names the receiver the standby (`set-standby` gives it a copy
+    /// first, so that some standby holding one is named at every moment): kept while etcd
+    /// names `owner` the owner at `epoch`, dropped if it is not named soon.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 /// A directory requested at `guest`, with the content of tree `tree`.

@@ -209,6 +209,9 @@ struct Live {
     lease_deadline: Mutex<Option<Instant>>,
     /// The thread sending checkpoints to the session's standby, once started.
     standby_tx: Mutex<Option<mpsc::Sender<standby::ToStandby>>>,
+    /// A standby copy sent before etcd names this space its standby (`set-standby`): kept
+    /// until then, while etcd still names its owner, at most until this instant.
+    pending_until: Mutex<Option<Instant>>,
 }
 
 impl Live {
@@ -227,6 +230,7 @@ impl Live {
             replaced: Mutex::new(None),
             lease_deadline: Mutex::new(None),
             standby_tx: Mutex::new(None),
+            pending_until: Mutex::new(None),
         })
     }
 

@@ -676,6 +676,44 @@ fn in_a_fleet_a_session_run_without_a_standby_is_given_one_while_it_runs() {
     stores_verify(&[&a, &b]);
 }
 
+/// A space that dies while it gives its session another standby — after the new standby
+/// holds the checkpoint, before etcd names it (`FERRY_FAULT=standby-sent-ahead`): etcd still
+/// names the old standby, which takes the session over; the new one drops the copy it was
+/// sent ahead.
+#[test]
+fn in_a_fleet_an_owner_dying_while_it_changes_its_standby_is_taken_over_by_the_old_one() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let a = SpaceProc::start_with_vars(
+        &[("FERRY_FAULT", "standby-sent-ahead")],
+        &["--etcd", &etcd.url, "--lease-ttl", "2s"],
+    );
+    let b = fleet_space(&etcd, &[]);
+    let c = fleet_space(&etcd, &[]);
+    let plain = run_with_standby(&here, &a, &b, "ahead", "300");
+    eventually("the standby holds a checkpoint", || {
+        b.state("ahead").as_deref() == Some("standby")
+    });
+    let (_, err, code) = cli(&here, &a.url, &["standby", "ahead", "--to", &c.url]);
+    assert_ne!(code, 0, "{err}");
+    assert_eq!(c.state("ahead").as_deref(), Some("standby"));
+    eventually("the old standby takes the session over", || {
+        b.state("ahead").as_deref() != Some("standby")
+    });
+    assert_eq!(
+        etcd.owner("ahead"),
+        Some(json!({"space": b.url, "epoch": 2}))
+    );
+    assert_finished_like(&here, &b.url, "ahead", &plain);
+    eventually("the new standby drops the copy sent ahead", || {
+        c.state("ahead").is_none()
+    });
+    assert!(etcd.values("/ferry/standby/ahead").is_empty());
+    stores_verify(&[&b, &c]);
+}
+
 /// What `run --standby` refuses, before anything runs.
 #[test]
 fn a_standby_is_refused_where_it_cannot_work() {

@@ -20,7 +20,7 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_engine::Request;
 use ferry_kappa::Kappa;
@@ -37,6 +37,8 @@ use crate::owners::{EndStandby, Owner, StandbyView};
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// How long the owner waits before it tries an unanswered checkpoint again.
 const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// How long a copy sent ahead of etcd naming this space the standby waits to be named.
+const PENDING_FOR: Duration = Duration::from_secs(60);
 
 /// A checkpoint for the standby: its κ, and whether the guest runs on after it.
 pub(super) struct ToStandby {
@@ -183,7 +185,8 @@ impl Sessions {
             // What the answer says holds only while the session still has that standby
             // (`standby --to` or `--none` may have changed it meanwhile).
             let same = |i: &SessionInfo| i.standby == info.standby;
-            match self.send_one(&info, &next) {
+            let to = info.standby.as_deref().unwrap_or_default();
+            match self.send_one(&info, to, &next, false) {
                 Ok(len) => {
                     self.update(live, |i| {
                         if same(i) {
@@ -220,10 +223,15 @@ impl Sessions {
         }
     }
 
-    /// Sends one checkpoint's closure to the standby and names it there; returns the length
-    /// of the output log it covers.
-    fn send_one(&self, info: &SessionInfo, next: &ToStandby) -> Result<u64, Unsent> {
-        let to = info.standby.as_deref().unwrap_or_default();
+    /// Sends one checkpoint's closure to standby `to` and names it there (`pending`: ahead
+    /// of etcd naming `to`); returns the length of the output log it covers.
+    fn send_one(
+        &self,
+        info: &SessionInfo,
+        to: &str,
+        next: &ToStandby,
+        pending: bool,
+    ) -> Result<u64, Unsent> {
         let o = self.cfg.owners.as_ref().expect("a standby needs owners");
         let k = next.snapshot;
         let len = output_len(self.store.as_ref(), &k).map_err(Unsent::Failed)?;
@@ -238,6 +246,7 @@ impl Sessions {
             engine: info.engine.clone(),
             checkpoint_every_ms: info.checkpoint_every_ms,
             running: next.running,
+            pending,
         };
         match peer.standby(&info.id, &req) {
             Ok(_) => Ok(len),
@@ -342,7 +351,12 @@ impl Sessions {
                     .as_ref()
                     .is_some_and(|(s, _)| s.space == o.me() && s.epoch == req.epoch)
         };
-        if !named(&view) {
+        let owned = view.owner.as_ref().map(|r| &r.owner)
+            == Some(&Owner {
+                space: req.owner.clone(),
+                epoch: req.epoch,
+            });
+        if !(named(&view) || (req.pending && owned)) {
             return Err(ApiError::conflict(format!(
                 "etcd does not name this space the standby of session `{id}` owned by {} at \
                  epoch {}",
@@ -398,6 +412,7 @@ impl Sessions {
                 live
             }
         };
+        *lock(&live.pending_until) = (!named(&view)).then(|| Instant::now() + PENDING_FOR);
         let info = live.info();
         self.point_ref(&info, k);
         Ok(info)
@@ -594,6 +609,21 @@ impl Sessions {
         let engine = super::engine_of(live);
         let check = self.admission_of(latest, engine)?;
         let to = self.check_standby(to, info.checkpoint_every_ms, &check)?;
+        // The new standby holds the checkpoint before etcd names it: a failure of this space
+        // at any moment leaves a named standby with a copy (the old one until the switch),
+        // or, for a first standby, none named.
+        let ahead = ToStandby {
+            snapshot: latest,
+            running,
+        };
+        self.send_one(info, &to, &ahead, true)
+            .map_err(|e| match e {
+                Unsent::Superseded(now) => superseded(Some(now)),
+                Unsent::Failed(e) => ApiError::unavailable(format!(
+                    "the standby {to} did not take the checkpoint: {e}"
+                )),
+            })?;
+        super::fault("standby-sent-ahead");
         match o.set_standby(id, info.epoch, &to) {
             Ok(true) => {}
             Ok(false) => {
@@ -709,6 +739,17 @@ impl Sessions {
             .standby
             .as_ref()
             .is_some_and(|(s, _)| s.space == o.me() && s.epoch == info.epoch);
+        if owned_by_source
+            && !standby_is_me
+            && lock(&live.pending_until).is_some_and(|t| Instant::now() < t)
+        {
+            // Sent ahead of etcd naming this space (`set-standby`): not yet, or not any more
+            // once the time is up.
+            return;
+        }
+        if standby_is_me {
+            *lock(&live.pending_until) = None;
+        }
         if !(owned_by_source && standby_is_me) {
             // The session moved on (a migration carried its standby along): the copy now
             // watches the new owner, until that one sends a checkpoint of its own.
