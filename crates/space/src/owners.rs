@@ -45,6 +45,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tracing::warn;
 
+use crate::sessions::lock;
+
 /// Largest etcd answer read (a range of one key, a transaction of a few operations).
 const MAX_ANSWER: u64 = 1 << 20;
 
@@ -64,6 +66,24 @@ pub enum EtcdError {
     /// The answer, or a record in it, is not what ferry writes there.
     #[error("etcd at {endpoint}: unexpected answer: {msg}")]
     Malformed { endpoint: String, msg: String },
+}
+
+impl EtcdError {
+    /// The same error, with the message of etcd's refusal rewritten by `f` (context, a hint).
+    fn reworded(self, f: impl FnOnce(&str) -> String) -> Self {
+        match self {
+            Self::Refused {
+                endpoint,
+                status,
+                msg,
+            } => Self::Refused {
+                endpoint,
+                status,
+                msg: f(&msg),
+            },
+            e => e,
+        }
+    }
 }
 
 /// Who owns a session: the space (its advertised URL) and the session's epoch there.
@@ -133,6 +153,22 @@ pub struct StandbyView {
     pub owner: Option<Owned>,
     pub standby: Option<(Standby, i64)>,
     pub owner_alive: bool,
+}
+
+impl StandbyView {
+    /// Whether the owner record names `space` at `epoch`.
+    pub fn owned_by(&self, space: &str, epoch: u64) -> bool {
+        self.owner
+            .as_ref()
+            .is_some_and(|r| r.owner.space == space && r.owner.epoch == epoch)
+    }
+
+    /// Whether the standby record names `space` at `epoch`.
+    pub fn standby_is(&self, space: &str, epoch: u64) -> bool {
+        self.standby
+            .as_ref()
+            .is_some_and(|(s, _)| s.space == space && s.epoch == epoch)
+    }
 }
 
 /// What [`Owners::end_standby`] found.
@@ -240,17 +276,14 @@ impl Owners {
     /// authenticates its users.
     fn call(&self, what: &str, body: &Value) -> Result<(String, Value), EtcdError> {
         let Some(user) = &self.user else {
-            return self.call_as(what, body, None).map_err(|e| match e {
-                EtcdError::Refused {
-                    endpoint,
-                    status,
-                    msg,
-                } if msg.contains("user name is empty") => EtcdError::Refused {
-                    endpoint,
-                    status,
-                    msg: format!("{msg} (this etcd authenticates its users: give --etcd-user)"),
-                },
-                e => e,
+            return self.call_as(what, body, None).map_err(|e| {
+                e.reworded(|msg| {
+                    if msg.contains("user name is empty") {
+                        format!("{msg} (this etcd authenticates its users: give --etcd-user)")
+                    } else {
+                        msg.to_owned()
+                    }
+                })
             });
         };
         let token = self.token(user)?;
@@ -258,7 +291,7 @@ impl Owners {
             // The token is no longer good (etcd forgets them after a while unused, and when
             // its authentication is turned off and on): a new one, once.
             Err(EtcdError::Refused { status: 401, .. }) => {
-                let mut held = user.token.lock().unwrap_or_else(|p| p.into_inner());
+                let mut held = lock(&user.token);
                 if held.as_deref() == Some(token.as_str()) {
                     *held = None;
                 }
@@ -272,31 +305,20 @@ impl Owners {
 
     /// The token etcd gave `user`, signing in first if there is none.
     fn token(&self, user: &User) -> Result<String, EtcdError> {
-        if let Some(t) = user.token.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        if let Some(t) = lock(&user.token).clone() {
             return Ok(t);
         }
         let body = json!({ "name": user.name, "password": user.password });
-        let (endpoint, v) =
-            self.call_as("auth/authenticate", &body, None)
-                .map_err(|e| match e {
-                    EtcdError::Refused {
-                        endpoint,
-                        status,
-                        msg,
-                    } => EtcdError::Refused {
-                        endpoint,
-                        status,
-                        msg: format!("signing in as `{}`: {msg}", user.name),
-                    },
-                    e => e,
-                })?;
+        let (endpoint, v) = self
+            .call_as("auth/authenticate", &body, None)
+            .map_err(|e| e.reworded(|msg| format!("signing in as `{}`: {msg}", user.name)))?;
         let token = v
             .get("token")
             .and_then(Value::as_str)
             .filter(|t| !t.is_empty() && t.len() <= 4096)
             .ok_or_else(|| malformed(&endpoint, "a sign-in answer without a token"))?
             .to_owned();
-        *user.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.clone());
+        *lock(&user.token) = Some(token.clone());
         Ok(token)
     }
 

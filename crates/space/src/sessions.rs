@@ -146,7 +146,8 @@ fn read_record(p: &Path) -> Result<SessionInfo, String> {
     serde_json::from_slice(&b).map_err(|e| e.to_string())
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// A mutex's guard, also after a thread panicked holding it (the data stays usable).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

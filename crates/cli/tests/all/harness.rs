@@ -828,22 +828,23 @@ impl Etcd {
     }
 
     fn answers(&self) -> bool {
-        Command::new(&self.etcdctl)
-            .args(["--endpoints", &self.url, "endpoint", "health"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+        self.ctl(&["endpoint", "health"])
     }
 
-    /// etcdctl against this etcd (as root once authentication is on): whether it succeeded.
-    pub fn ctl(&self, args: &[&str]) -> bool {
+    /// etcdctl against this etcd, as root once authentication is on.
+    fn etcdctl(&self) -> Command {
         let mut c = Command::new(&self.etcdctl);
         c.args(["--endpoints", &self.url]);
         if let Some(root) = &self.root {
             c.args(["--user", root]);
         }
-        c.args(args)
+        c
+    }
+
+    /// etcdctl against this etcd (as root once authentication is on): whether it succeeded.
+    pub fn ctl(&self, args: &[&str]) -> bool {
+        self.etcdctl()
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -876,19 +877,9 @@ impl Etcd {
 
     /// The values of every key that starts with `prefix`, in key order.
     pub fn values(&self, prefix: &str) -> Vec<String> {
-        let mut c = Command::new(&self.etcdctl);
-        if let Some(root) = &self.root {
-            c.args(["--user", root]);
-        }
-        let out = c
-            .args([
-                "--endpoints",
-                &self.url,
-                "get",
-                "--prefix",
-                "--print-value-only",
-                prefix,
-            ])
+        let out = self
+            .etcdctl()
+            .args(["get", "--prefix", "--print-value-only", prefix])
             .output()
             .unwrap();
         assert!(out.status.success(), "etcdctl get {prefix}");

@@ -31,7 +31,7 @@ use crate::api::{
     AdmissionCheck, Admitted, ApiError, SessionInfo, SetStandby, StandbyRequest, State, session_id,
 };
 use crate::client::{SpaceClient, send_closure};
-use crate::owners::{EndStandby, Owner, StandbyView};
+use crate::owners::{EndStandby, Owner};
 
 /// How often a standby space reads etcd for each copy it holds.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
@@ -341,22 +341,9 @@ impl Sessions {
         let view = o
             .standby_view(id, &req.owner)
             .map_err(|e| super::etcd_unreachable(id, e))?;
-        let named = |v: &StandbyView| {
-            v.owner.as_ref().map(|r| &r.owner)
-                == Some(&Owner {
-                    space: req.owner.clone(),
-                    epoch: req.epoch,
-                })
-                && v.standby
-                    .as_ref()
-                    .is_some_and(|(s, _)| s.space == o.me() && s.epoch == req.epoch)
-        };
-        let owned = view.owner.as_ref().map(|r| &r.owner)
-            == Some(&Owner {
-                space: req.owner.clone(),
-                epoch: req.epoch,
-            });
-        if !(named(&view) || (req.pending && owned)) {
+        let owned = view.owned_by(&req.owner, req.epoch);
+        let named = owned && view.standby_is(o.me(), req.epoch);
+        if !(named || (req.pending && owned)) {
             return Err(ApiError::conflict(format!(
                 "etcd does not name this space the standby of session `{id}` owned by {} at \
                  epoch {}",
@@ -412,7 +399,7 @@ impl Sessions {
                 live
             }
         };
-        *lock(&live.pending_until) = (!named(&view)).then(|| Instant::now() + PENDING_FOR);
+        *lock(&live.pending_until) = (!named).then(|| Instant::now() + PENDING_FOR);
         let info = live.info();
         self.point_ref(&info, k);
         Ok(info)
@@ -728,17 +715,8 @@ impl Sessions {
                 return;
             }
         };
-        let owned_by_source = view.owner.as_ref().is_some_and(|r| {
-            r.owner
-                == Owner {
-                    space: owner.clone(),
-                    epoch: info.epoch,
-                }
-        });
-        let standby_is_me = view
-            .standby
-            .as_ref()
-            .is_some_and(|(s, _)| s.space == o.me() && s.epoch == info.epoch);
+        let owned_by_source = view.owned_by(&owner, info.epoch);
+        let standby_is_me = view.standby_is(o.me(), info.epoch);
         if owned_by_source
             && !standby_is_me
             && lock(&live.pending_until).is_some_and(|t| Instant::now() < t)
