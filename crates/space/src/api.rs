@@ -137,6 +137,11 @@ pub struct SessionInfo {
     /// held back meanwhile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby_error: Option<String>,
+    /// The standby is chosen by the space (`--standby auto`) among the live spaces of the
+    /// fleet, and chosen again when it is gone, refuses checkpoints for long, or took the
+    /// session over (on a standby copy: the owner chose so).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standby_auto: bool,
     /// With a standby: how much of the output log (bytes) is shown — what a checkpoint the
     /// standby holds covers, or all of it once the session ended here. The rest is held
     /// back, so that nothing shown is ever shown differently by a standby that takes over.
@@ -180,6 +185,7 @@ impl SessionInfo {
             space: None,
             standby: None,
             standby_error: None,
+            standby_auto: false,
             released: None,
             resume_on_takeover: false,
         }
@@ -244,14 +250,16 @@ pub struct RunRequest {
     pub stdin: Option<String>,
     /// A space of the same etcd fleet to keep a standby copy of the session at each
     /// checkpoint (needs `checkpoint_every_ms` and `--etcd`): it takes the session over if
-    /// this space's lease runs out. Output is shown once the standby holds it.
+    /// this space's lease runs out. Output is shown once the standby holds it. `auto`: the
+    /// space chooses one among the live spaces of the fleet that would admit the guest, and
+    /// another whenever it is gone ([`SessionInfo::standby_auto`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<String>,
 }
 
 /// `POST /v1/sessions/{id}/set-standby`: the owner gives the session another standby or a
 /// first one (a space of the same etcd fleet), or none (`to` absent: its whole output is then
-/// shown).
+/// shown). `to: "auto"`: the space chooses (another) one, as [`RunRequest::standby`] does.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SetStandby {
@@ -305,6 +313,10 @@ pub struct StandbyRequest {
     /// names `owner` the owner at `epoch`, dropped if it is not named soon.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pending: bool,
+    /// The owner chooses the session's standby itself ([`SessionInfo::standby_auto`]): after
+    /// a take-over, the receiver chooses the next one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto: bool,
 }
 
 /// A directory requested at `guest`, with the content of tree `tree`.
@@ -571,6 +583,10 @@ pub struct PrepareRequest {
     /// this space shows no less, and no more until the standby holds a newer checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<u64>,
+    /// The source chose the standby itself ([`SessionInfo::standby_auto`]): this space goes
+    /// on choosing it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standby_auto: bool,
 }
 
 /// `POST /v1/migrations/{id}/commit` and `/abort`.

@@ -449,6 +449,20 @@ impl Owners {
         Ok(value_in(&endpoint, &v)?.is_some())
     }
 
+    /// The spaces announced now (their leases alive), sorted; at most [`MAX_SPACES`] of them.
+    pub fn live_spaces(&self) -> Result<Vec<String>, EtcdError> {
+        let prefix = self.space_key("");
+        let (endpoint, v) = self.call(
+            "kv/range",
+            &json!({
+                "key": B64.encode(&prefix),
+                "range_end": B64.encode(prefix_end(&prefix)),
+                "limit": MAX_SPACES.to_string(),
+            }),
+        )?;
+        spaces_in(&endpoint, &prefix, &v)
+    }
+
     /// Renews lease `id`: whether it was still alive (an expired lease answers a TTL of 0, or
     /// none).
     pub fn keep_alive(&self, id: i64) -> Result<bool, EtcdError> {
@@ -835,6 +849,31 @@ fn value_in(endpoint: &str, range: &Value) -> Result<Option<(Vec<u8>, i64)>, Etc
     Ok(Some((value, revision)))
 }
 
+/// How many announced spaces [`Owners::live_spaces`] reads at most.
+pub const MAX_SPACES: usize = 1024;
+
+/// The spaces a range answer over the announcements (keys `prefix` + URL) names, sorted.
+fn spaces_in(endpoint: &str, prefix: &str, range: &Value) -> Result<Vec<String>, EtcdError> {
+    let kvs = range.get("kvs").and_then(Value::as_array);
+    let mut spaces = Vec::new();
+    for kv in kvs.into_iter().flatten().take(MAX_SPACES) {
+        let key = kv
+            .get("key")
+            .and_then(Value::as_str)
+            .and_then(|k| B64.decode(k).ok())
+            .ok_or_else(|| malformed(endpoint, "an announcement without its key"))?;
+        let space = key
+            .strip_prefix(prefix.as_bytes())
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| malformed(endpoint, "an announcement outside its prefix"))?;
+        spaces.push(space.to_owned());
+    }
+    spaces.sort();
+    spaces.dedup();
+    Ok(spaces)
+}
+
 /// The owner record a range answer holds, if any.
 fn owned_in(endpoint: &str, range: &Value) -> Result<Option<Owned>, EtcdError> {
     Ok(record_in(endpoint, range, "an owner record")?
@@ -880,6 +919,7 @@ pub(crate) fn fuzz_answers(data: &[u8]) {
         let _ = owned_in("fuzz", &v);
         let _ = outcome_in("fuzz", &v);
         let _ = standby_in("fuzz", &v);
+        let _ = spaces_in("fuzz", "/ferry/spaces/", &v);
         let _ = v.pointer("/header/revision").and_then(int);
     }
 }
@@ -930,5 +970,22 @@ mod tests {
         );
         assert!(standby_in("e", &foreign).is_err());
         assert_eq!(standby_in("e", &json!({})).unwrap(), None);
+    }
+
+    #[test]
+    fn announced_spaces_are_read_from_their_keys() {
+        let kv = |k: &str| json!({ "key": B64.encode(k), "mod_revision": "3", "value": "" });
+        let range = json!({ "kvs": [kv("/f/spaces/http://b:2"), kv("/f/spaces/http://a:1")] });
+        assert_eq!(
+            spaces_in("e", "/f/spaces/", &range).unwrap(),
+            vec!["http://a:1".to_owned(), "http://b:2".to_owned()]
+        );
+        assert_eq!(
+            spaces_in("e", "/f/spaces/", &json!({})).unwrap(),
+            Vec::<String>::new()
+        );
+        let outside = json!({ "kvs": [kv("/g/spaces/http://a:1")] });
+        assert!(spaces_in("e", "/f/spaces/", &outside).is_err());
+        assert!(spaces_in("e", "/f/spaces/", &json!({ "kvs": [{ "value": "" }] })).is_err());
     }
 }

@@ -213,6 +213,11 @@ struct Live {
     /// A standby copy sent before etcd names this space its standby (`set-standby`): kept
     /// until then, while etcd still names its owner, at most until this instant.
     pending_until: Mutex<Option<Instant>>,
+    /// Since when the standby has taken none of the checkpoints sent it (none failed since
+    /// the last it took: `None`).
+    standby_failing_since: Mutex<Option<Instant>>,
+    /// What the standby keeper logged last for this session (said once, not every round).
+    keeper_said: Mutex<Option<String>>,
 }
 
 impl Live {
@@ -232,6 +237,8 @@ impl Live {
             lease_deadline: Mutex::new(None),
             standby_tx: Mutex::new(None),
             pending_until: Mutex::new(None),
+            standby_failing_since: Mutex::new(None),
+            keeper_said: Mutex::new(None),
         })
     }
 
@@ -346,6 +353,7 @@ impl Sessions {
         if let Some(o) = &me.cfg.owners {
             o.keep_announced(me.cfg.lease_ttl);
             me.watch_standbys();
+            me.keep_standbys();
         }
         Ok(me)
     }
@@ -1061,6 +1069,7 @@ impl Sessions {
             Some(k) => Some(parse_kappa(k, "stdin")?),
             None => None,
         };
+        let standby_auto = req.standby.as_deref() == Some(standby::AUTO);
         let standby = match &req.standby {
             Some(to) => {
                 let need = crate::api::AdmissionCheck {
@@ -1069,7 +1078,11 @@ impl Sessions {
                     mounts: req.mounts.iter().map(|m| m.guest.clone()).collect(),
                     memory_bytes: None,
                 };
-                Some(self.check_standby(to, req.checkpoint_every_ms, &need)?)
+                Some(if standby_auto {
+                    self.choose_standby(&id, req.checkpoint_every_ms, &need, None)?
+                } else {
+                    self.check_standby(to, req.checkpoint_every_ms, &need)?
+                })
             }
             None => None,
         };
@@ -1085,6 +1098,7 @@ impl Sessions {
                     checkpoint_every_ms: req.checkpoint_every_ms,
                     released: standby.as_ref().map(|_| 0),
                     standby: standby.clone(),
+                    standby_auto,
                     ..SessionInfo::starting(&id, &req.program, engine.name(), 1)
                 },
                 OutputBuffer::default(),
@@ -1619,6 +1633,7 @@ impl Sessions {
             checkpoint_every_ms: info.checkpoint_every_ms,
             attempt: Some(attempt.to_owned()),
             standby: info.standby.clone(),
+            standby_auto: info.standby_auto,
             // Read at each round: an answer from the standby on its way when the move began
             // may still raise it.
             released: live.info().released,
@@ -1922,6 +1937,8 @@ impl Sessions {
                 attempt: req.attempt.clone(),
                 released: standby.as_ref().map(|_| req.released.unwrap_or(0)),
                 standby,
+                // Chosen again here (`keep_standbys`) where this space is in a fleet.
+                standby_auto: req.standby_auto && self.cfg.owners.is_some(),
                 ..SessionInfo::starting(&req.session, &req.program, engine.name(), req.epoch)
             },
             OutputBuffer::default(),

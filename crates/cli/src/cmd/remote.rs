@@ -214,11 +214,18 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
         if s.state.is_live()
             && let Some(e) = &s.standby_error
         {
-            failing.push(format!(
-                "ferry: {}: its standby does not take its checkpoints, so its output is held \
-                 back (the guest runs on): {e}",
-                s.id
-            ));
+            failing.push(match &s.standby {
+                Some(_) => format!(
+                    "ferry: {}: its standby does not take its checkpoints, so its output is \
+                     held back (the guest runs on): {e}",
+                    s.id
+                ),
+                None => format!(
+                    "ferry: {}: no standby (the space gives it one as soon as a space of the \
+                     fleet can stand by): {e}",
+                    s.id
+                ),
+            });
         }
         let state = match (s.state, s.exit_code) {
             (State::Exited, Some(c)) => format!("exited({c})"),
@@ -244,7 +251,11 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
                 let k: String = k.chars().take(19).collect();
                 match &s.standby_error {
                     Some(_) => format!("{k} (output held back)"),
-                    None => format!("{k} (standby {})", s.standby.as_deref().unwrap_or("")),
+                    None => format!(
+                        "{k} (standby {}{})",
+                        s.standby.as_deref().unwrap_or(""),
+                        if s.standby_auto { ", chosen" } else { "" }
+                    ),
                 }
             }
             (_, _, Some(k)) => k.chars().take(19).collect(),
@@ -551,8 +562,10 @@ pub fn reclaim(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
 pub struct StandbyArgs {
     /// Session id (see `ferry --space URL ps`).
     session: String,
-    /// The new standby: another space of the same etcd fleet.
-    #[arg(long, value_name = "URL")]
+    /// The new standby: another space of the same etcd fleet, or `auto`: the space chooses
+    /// one that would admit the guest (another than the current one), and chooses again
+    /// whenever it is gone.
+    #[arg(long, value_name = "URL|auto")]
     to: Option<String>,
     /// No standby any more: the session's whole output is shown, and nothing takes it over.
     #[arg(long)]

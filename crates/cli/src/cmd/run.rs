@@ -33,8 +33,10 @@ pub struct Args {
     pub stdin: Option<PathBuf>,
     /// On a space of an etcd fleet (`--space`, with --checkpoint-every): another space of the
     /// fleet keeps each checkpoint and takes the session over if this space's etcd lease runs
-    /// out (it stopped, or was cut off). Output is shown once the standby holds it.
-    #[arg(long, value_name = "URL")]
+    /// out (it stopped, or was cut off). Output is shown once the standby holds it. `auto`:
+    /// the space chooses a standby among the fleet's live spaces that would admit the guest,
+    /// and chooses another whenever it is gone, stops taking checkpoints, or took over.
+    #[arg(long, value_name = "URL|auto")]
     pub standby: Option<String>,
     /// Python: the runtime version to use (see `ferry python list`) [default: the default one].
     #[arg(long, value_name = "X.Y")]

@@ -554,8 +554,9 @@ fn in_a_fleet_a_standby_follows_its_session_when_it_moves() {
     stores_verify(&[&a, &b]);
 }
 
-/// `ferry --space A standby ID --to C` while the session runs: etcd names C, B drops its
-/// copy, C gets the latest checkpoint and then takes the session over when A dies. `--none`
+/// `ferry --space A standby ID --to auto` while the session runs: A chooses C (the only space
+/// but A and B), etcd names C, B drops its copy, C gets the latest checkpoint and then takes
+/// the session over when A dies. `--none`
 /// while the standby is down: the output held back is shown at once, and nothing can take
 /// the session over any more.
 #[test]
@@ -577,9 +578,11 @@ fn in_a_fleet_a_running_session_changes_or_gives_up_its_standby() {
     assert!(err.contains("is this space"), "{err}");
     let err = refused(&here, &a.url, &["standby", "nosuch", "--none"]);
     assert!(err.contains("nosuch"), "{err}");
-    let (_, err, code) = cli(&here, &a.url, &["standby", "swap", "--to", &c.url]);
+    // `auto`: the space chooses another than B — C, the only other space.
+    let (_, err, code) = cli(&here, &a.url, &["standby", "swap", "--to", "auto"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains(&format!("standby is {}", c.url)), "{err}");
+    assert_eq!(a.session("swap").unwrap()["standby_auto"], json!(true));
     let record: serde_json::Value =
         serde_json::from_str(&etcd.values("/ferry/standby/swap")[0]).unwrap();
     assert_eq!(record, json!({"space": c.url, "epoch": 1}));
@@ -676,6 +679,133 @@ fn in_a_fleet_a_session_run_without_a_standby_is_given_one_while_it_runs() {
     stores_verify(&[&a, &b]);
 }
 
+/// The standby the space holds a session's copy at, as its owner names it.
+fn standby_of(owner: &SpaceProc, id: &str) -> Option<String> {
+    owner.session(id).unwrap()["standby"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// A session run with `--standby auto`: its space chooses the standby among the fleet's live
+/// spaces, and chooses another when that one dies (its output catching up once the new one
+/// holds a checkpoint); the space that takes the session over when the owner dies chooses
+/// one in turn — none while no other space is alive (the output then is not held), the
+/// first one to come back after. The session ends once, with an uninterrupted run's output.
+/// With no other space alive, `run --standby auto` is refused.
+#[test]
+fn in_a_fleet_a_session_whose_space_chooses_its_standby_keeps_one_through_failures() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let mut a = fleet_space(&etcd, &["--lease-ttl", "2s"]);
+    let g = crate::harness::guest("wasm/sleepy.wasm");
+    let g = g.to_str().unwrap();
+    let run = |space: &SpaceProc, id: &str, steps: &str| {
+        cli(
+            &here,
+            &space.url,
+            &[
+                "run",
+                "--session",
+                id,
+                "--checkpoint-every",
+                "200ms",
+                "--standby",
+                "auto",
+                g,
+                "--",
+                steps,
+                "0",
+            ],
+        )
+    };
+    let (_, err, code) = run(&a, "alone", "10");
+    assert_ne!(code, 0);
+    assert!(err.contains("etcd announces no other live space"), "{err}");
+    assert_eq!(a.state("alone"), None);
+
+    let mut spaces = [
+        fleet_space(&etcd, &["--lease-ttl", "2s"]),
+        fleet_space(&etcd, &["--lease-ttl", "2s"]),
+    ];
+    let steps = "1000";
+    // The uninterrupted run (30 s) runs meanwhile.
+    let plain = {
+        let g = g.to_owned();
+        std::thread::spawn(move || client().plain(&[&g, "--", steps, "0"]).stdout)
+    };
+    let (_, err, code) = run(&a, "kept", steps);
+    assert_eq!(code, 0, "{err}");
+    let info = a.session("kept").unwrap();
+    assert_eq!(info["standby_auto"], json!(true));
+    let first = standby_of(&a, "kept").unwrap();
+    let at = |url: &str| spaces.iter().position(|s| s.url == url).unwrap();
+    let (s1, s2) = (at(&first), 1 - at(&first));
+    eventually("the chosen standby holds a checkpoint", || {
+        spaces[s1].state("kept").as_deref() == Some("standby") && released(&a, "kept") > 0
+    });
+    let (ps, _, _) = cli(&here, &a.url, &["ps"]);
+    assert!(ps.contains(&format!("(standby {first}, chosen)")), "{ps}");
+
+    // The standby dies: the owner chooses the other space.
+    spaces[s1].stop();
+    eventually("the owner chooses another standby", || {
+        standby_of(&a, "kept").as_deref() == Some(spaces[s2].url.as_str())
+    });
+    let held = released(&a, "kept");
+    eventually(
+        "the new standby holds a checkpoint and the output catches up",
+        || spaces[s2].state("kept").as_deref() == Some("standby") && released(&a, "kept") > held,
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&etcd.values("/ferry/standby/kept")[0]).unwrap();
+    assert_eq!(record, json!({"space": spaces[s2].url, "epoch": 1}));
+
+    // The owner dies: the standby takes the session over; no other space is alive to stand
+    // by for it there, so it runs without one, its output not held, and says why.
+    a.stop();
+    let b = &spaces[s2];
+    eventually("the standby takes the session over", || {
+        b.state("kept").as_deref() == Some("running")
+    });
+    eventually("the new owner finds no space to stand by", || {
+        b.session("kept").unwrap()["standby_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("etcd announces no other live space"))
+    });
+    let now = b.session("kept").unwrap();
+    assert_eq!((now.get("standby"), now.get("released")), (None, None));
+    assert_eq!(
+        etcd.owner("kept"),
+        Some(json!({"space": b.url, "epoch": 2}))
+    );
+
+    // The first standby's space comes back: the new owner chooses it.
+    spaces[s1].spawn(None);
+    let (b, c) = (&spaces[s2], &spaces[s1]);
+    eventually("the new owner chooses the space that came back", || {
+        standby_of(b, "kept").as_deref() == Some(c.url.as_str())
+    });
+    eventually("it holds a checkpoint of the new owner's", || {
+        c.session("kept")
+            .is_some_and(|s| s["state"] == "standby" && s["source"] == json!(b.url))
+    });
+    let record: serde_json::Value =
+        serde_json::from_str(&etcd.values("/ferry/standby/kept")[0]).unwrap();
+    assert_eq!(record, json!({"space": c.url, "epoch": 2}));
+    assert_finished_like(&here, &b.url, "kept", &plain.join().unwrap());
+    eventually("the standby drops its copy once the session ended", || {
+        c.state("kept").is_none()
+    });
+    a.spawn(None);
+    eventually("the first owner, back, is fenced", || {
+        a.state("kept").as_deref() == Some("moved")
+    });
+    finished_once(&[&a, b, c], "kept", b);
+    stores_verify(&[b, c]);
+}
+
 /// A space that dies while it gives its session another standby — after the new standby
 /// holds the checkpoint, before etcd names it (`FERRY_FAULT=standby-sent-ahead`): etcd still
 /// names the old standby, which takes the session over; the new one drops the copy it was
@@ -712,6 +842,54 @@ fn in_a_fleet_an_owner_dying_while_it_changes_its_standby_is_taken_over_by_the_o
     });
     assert!(etcd.values("/ferry/standby/ahead").is_empty());
     stores_verify(&[&b, &c]);
+}
+
+/// The owner dies right after etcd names the new standby C (`FERRY_FAULT=standby-named`),
+/// before its own record does, and comes back before its lease runs out: its record still
+/// names B. Its next checkpoint, refused by B (etcd names C), goes to C instead, and the
+/// output held back since catches up; the session ends once.
+#[test]
+fn in_a_fleet_an_owner_back_from_a_crash_sends_its_checkpoints_to_the_standby_etcd_names() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let mut a = SpaceProc::start_with_vars(
+        &[("FERRY_FAULT", "standby-named")],
+        &["--etcd", &etcd.url, "--lease-ttl", "30s"],
+    );
+    let b = fleet_space(&etcd, &[]);
+    let c = fleet_space(&etcd, &[]);
+    let plain = run_with_standby(&here, &a, &b, "named", "300");
+    eventually("the standby holds a checkpoint", || {
+        b.state("named").as_deref() == Some("standby")
+    });
+    let (_, err, code) = cli(&here, &a.url, &["standby", "named", "--to", &c.url]);
+    assert_ne!(code, 0, "{err}");
+    a.wait_dead();
+    let record: serde_json::Value =
+        serde_json::from_str(&etcd.values("/ferry/standby/named")[0]).unwrap();
+    assert_eq!(record, json!({"space": c.url, "epoch": 1}));
+    a.spawn(None);
+    assert_eq!(
+        a.session("named").unwrap()["standby"],
+        json!(b.url),
+        "the record from before the crash"
+    );
+    ok(&here, &a.url, &["resume", "named"]);
+    eventually(
+        "the owner sends its checkpoints to the standby etcd names",
+        || a.session("named").unwrap()["standby"] == json!(c.url),
+    );
+    let held = released(&a, "named");
+    eventually("the output catches up", || released(&a, "named") > held);
+    assert_eq!(c.state("named").as_deref(), Some("standby"));
+    eventually("the old standby drops its copy", || {
+        b.state("named").is_none()
+    });
+    assert_finished_like(&here, &a.url, "named", &plain);
+    finished_once(&[&a, &b, &c], "named", &a);
+    stores_verify(&[&a, &c]);
 }
 
 /// What `run --standby` refuses, before anything runs.

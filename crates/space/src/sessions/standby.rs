@@ -39,6 +39,24 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// How long a copy sent ahead of etcd naming this space the standby waits to be named.
 const PENDING_FOR: Duration = Duration::from_secs(60);
+/// `--standby auto`: the space chooses the session's standby among the live spaces of the
+/// fleet, and chooses another whenever it is gone.
+pub(crate) const AUTO: &str = "auto";
+/// How often the keeper looks at the sessions whose standby this space chooses.
+const KEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// How long a chosen standby that etcd still announces may go on taking none of the
+/// checkpoints sent it (refusing them, or unreachable from here) before another is chosen:
+/// `FERRY_STANDBY_STUCK_MS`, else 15 s.
+fn stuck_for() -> Duration {
+    static AFTER: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *AFTER.get_or_init(|| {
+        std::env::var("FERRY_STANDBY_STUCK_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(Duration::from_secs(15), Duration::from_millis)
+    })
+}
 
 /// A checkpoint for the standby: its κ, and whether the guest runs on after it.
 pub(super) struct ToStandby {
@@ -64,6 +82,9 @@ fn output_len(store: &dyn ferry_store::Store, k: &Kappa) -> Result<u64, String> 
 enum Unsent {
     /// Etcd names another owner now: this copy is fenced.
     Superseded(Owner),
+    /// Etcd names another standby of this space's session than the one asked (the space
+    /// stopped between naming it in etcd and recording it here): that one is the standby.
+    Renamed(String),
     Failed(String),
 }
 
@@ -127,6 +148,57 @@ impl Sessions {
         Ok(to)
     }
 
+    /// Chooses a standby for session `id` (`--standby auto`): the first live space of the
+    /// fleet, other than this one and `avoid`, that passes [`Sessions::check_standby`] —
+    /// starting at a place the session id picks, so that a space's sessions spread over
+    /// the fleet. Refused with each candidate's reason when none does.
+    pub(super) fn choose_standby(
+        &self,
+        id: &str,
+        checkpoint_every_ms: Option<u64>,
+        need: &AdmissionCheck,
+        avoid: Option<&str>,
+    ) -> Result<String, ApiError> {
+        use std::hash::{Hash, Hasher};
+        let Some(o) = &self.cfg.owners else {
+            return Err(ApiError::bad_request(
+                "a standby needs a fleet: this space was started without --etcd",
+            ));
+        };
+        let mut candidates: Vec<String> = o
+            .live_spaces()
+            .map_err(|e| {
+                ApiError::unavailable(format!(
+                    "cannot ask etcd which spaces are in the fleet: {e}"
+                ))
+            })?
+            .into_iter()
+            .filter(|s| s != o.me() && Some(s.as_str()) != avoid)
+            .collect();
+        if candidates.is_empty() {
+            return Err(ApiError::unavailable(format!(
+                "no space of the fleet can stand by for session `{id}`: etcd announces no \
+                 other live space{}",
+                avoid.map_or(String::new(), |a| format!(" than {a}"))
+            )));
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        id.hash(&mut h);
+        let start = (h.finish() % candidates.len() as u64) as usize;
+        candidates.rotate_left(start);
+        let mut refusals = Vec::new();
+        for c in &candidates {
+            match self.check_standby(c, checkpoint_every_ms, need) {
+                Ok(to) => return Ok(to),
+                Err(e) => refusals.push(e.msg),
+            }
+        }
+        Err(ApiError::unavailable(format!(
+            "no space of the fleet can stand by for session `{id}`: {}",
+            refusals.join("; ")
+        )))
+    }
+
     /// Hands a new snapshot of a session that has a standby to its sender thread (started
     /// on first use); the newest one wins.
     pub(super) fn to_standby(self: &Arc<Self>, live: &Arc<Live>, k: Kappa, running: bool) {
@@ -188,6 +260,7 @@ impl Sessions {
             let to = info.standby.as_deref().unwrap_or_default();
             match self.send_one(&info, to, &next, false) {
                 Ok(len) => {
+                    *lock(&live.standby_failing_since) = None;
                     self.update(live, |i| {
                         if same(i) {
                             i.released = Some(i.released.unwrap_or(0).max(len));
@@ -199,7 +272,17 @@ impl Sessions {
                     self.fence_taken_over(live, &owner);
                     return;
                 }
+                Err(Unsent::Renamed(now)) => {
+                    warn!(session = %info.id, was = %to, now = %now, "etcd names another standby; sending it the checkpoints");
+                    self.update(live, |i| {
+                        if same(i) {
+                            i.standby = Some(now.clone());
+                        }
+                    });
+                    continue;
+                }
                 Err(Unsent::Failed(e)) => {
+                    lock(&live.standby_failing_since).get_or_insert_with(Instant::now);
                     if info.standby_error.as_deref() != Some(&e) {
                         warn!(session = %info.id, error = %e, "the standby did not take the checkpoint; output is held back");
                         self.update(live, |i| {
@@ -247,17 +330,30 @@ impl Sessions {
             checkpoint_every_ms: info.checkpoint_every_ms,
             running: next.running,
             pending,
+            auto: info.standby_auto,
         };
         match peer.standby(&info.id, &req) {
             Ok(_) => Ok(len),
             Err(e) => {
-                // Refused: perhaps because the standby took the session over.
+                // Refused: perhaps because the standby took the session over, or because
+                // etcd names another standby.
                 if e.status == 409
-                    && let Ok(Some(now)) = o.owner(&info.id)
-                    && now.owner.space != o.me()
-                    && now.owner.epoch > info.epoch
+                    && let Ok(view) = o.standby_view(&info.id, o.me())
                 {
-                    return Err(Unsent::Superseded(now.owner));
+                    if let Some(now) = &view.owner
+                        && now.owner.space != o.me()
+                        && now.owner.epoch > info.epoch
+                    {
+                        return Err(Unsent::Superseded(now.owner.clone()));
+                    }
+                    if !pending
+                        && view.owned_by(o.me(), info.epoch)
+                        && let Some((named, _)) = &view.standby
+                        && named.epoch == info.epoch
+                        && named.space != to
+                    {
+                        return Err(Unsent::Renamed(named.space.clone()));
+                    }
                 }
                 Err(Unsent::Failed(format!("{to} refused {k}: {}", e.msg)))
             }
@@ -359,6 +455,7 @@ impl Sessions {
             i.engine = engine.name().into();
             i.checkpoint_every_ms = req.checkpoint_every_ms;
             i.resume_on_takeover = req.running;
+            i.standby_auto = req.auto;
         };
         let existing = lock(&self.live).get(id).cloned();
         let live = match existing {
@@ -538,10 +635,32 @@ impl Sessions {
             let info = self.update(&live, |i| {
                 i.standby = None;
                 i.standby_error = None;
+                i.standby_auto = false;
                 i.released = None;
             });
             info!(session = %id, standby = %old, "standby given up; all output shown");
             return Ok(info);
+        };
+        // `auto`: a space chosen now, checked against the session's latest snapshot (and
+        // again, below, against the checkpoint it is sent), before anything is held back.
+        let auto = to == AUTO;
+        let to = if auto {
+            let k =
+                parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot").map_err(|_| {
+                    ApiError::conflict(format!(
+                        "session `{id}` has no checkpoint yet to give a standby; try again \
+                         after its first"
+                    ))
+                })?;
+            let check = self.admission_of(k, super::engine_of(&live))?;
+            self.choose_standby(
+                id,
+                info.checkpoint_every_ms,
+                &check,
+                info.standby.as_deref(),
+            )?
+        } else {
+            to
         };
         let first = info.standby.is_none();
         let need = if first {
@@ -569,6 +688,11 @@ impl Sessions {
             });
         }
         let info = given?;
+        let info = if info.standby_auto == auto {
+            info
+        } else {
+            self.update(&live, |i| i.standby_auto = auto)
+        };
         // The session ended meanwhile, perhaps before it had the standby to remove: the
         // record must not outlive it.
         if !matches!(info.state, State::Running | State::Suspended) {
@@ -606,13 +730,14 @@ impl Sessions {
         self.send_one(info, &to, &ahead, true)
             .map_err(|e| match e {
                 Unsent::Superseded(now) => superseded(Some(now)),
-                Unsent::Failed(e) => ApiError::unavailable(format!(
+                // Not asked of a copy sent ahead.
+                Unsent::Renamed(e) | Unsent::Failed(e) => ApiError::unavailable(format!(
                     "the standby {to} did not take the checkpoint: {e}"
                 )),
             })?;
         super::fault("standby-sent-ahead");
         match o.set_standby(id, info.epoch, &to) {
-            Ok(true) => {}
+            Ok(true) => super::fault("standby-named"),
             Ok(false) => {
                 let now = o.owner(id).ok().flatten().map(|r| r.owner);
                 return Err(superseded(now));
@@ -623,6 +748,7 @@ impl Sessions {
             i.standby = Some(to.clone());
             i.standby_error = None;
         });
+        *lock(&live.standby_failing_since) = None;
         self.to_standby(live, latest, running);
         match &info.standby {
             Some(old) => info!(session = %id, from = %old, to = %to, "standby changed"),
@@ -673,6 +799,92 @@ impl Sessions {
         Err(ApiError::unavailable(format!(
             "no checkpoint of session `{id}` covering its output was taken; try again"
         )))
+    }
+
+    /// The keeper (a thread): every [`KEEP_EVERY`], each running or suspended session owned
+    /// here whose standby this space chooses (`--standby auto`) and that has none — it was
+    /// taken over or moved to its standby, or no space could stand by last time — or whose
+    /// standby is gone from the fleet (its etcd lease ran out) or has taken no checkpoint
+    /// for [`stuck_for`], is given another (`set-standby --to auto`).
+    pub(super) fn keep_standbys(self: &Arc<Self>) {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("standby-keeper".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(KEEP_EVERY);
+                    let chosen: Vec<_> = lock(&me.live)
+                        .values()
+                        .filter(|l| {
+                            let i = l.info();
+                            i.standby_auto
+                                && matches!(i.state, State::Running | State::Suspended)
+                                && i.migrating_to.is_none()
+                                && i.lent_to.is_none()
+                                && !l.gone.load(Ordering::SeqCst)
+                        })
+                        .cloned()
+                        .collect();
+                    if chosen.is_empty() {
+                        continue;
+                    }
+                    let o = me.cfg.owners.as_ref().expect("the keeper runs in a fleet");
+                    let spaces = match o.live_spaces() {
+                        Ok(s) => s,
+                        Err(e) => {
+                            warn!(error = %e, "cannot read the fleet's spaces in etcd");
+                            continue;
+                        }
+                    };
+                    for live in chosen {
+                        me.keep_one(&live, &spaces);
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start the standby keeper");
+        }
+    }
+
+    /// One session of [`Sessions::keep_standbys`]; `spaces`: the live spaces of the fleet.
+    fn keep_one(self: &Arc<Self>, live: &Arc<Live>, spaces: &[String]) {
+        let info = live.info();
+        let why = match &info.standby {
+            None => "it has none".to_owned(),
+            Some(s) if !spaces.contains(s) => format!("{s} is gone from the fleet"),
+            Some(s) => match *lock(&live.standby_failing_since) {
+                Some(t) if t.elapsed() >= stuck_for() => format!(
+                    "{s} has taken none of its checkpoints for {} s",
+                    t.elapsed().as_secs()
+                ),
+                _ => return,
+            },
+        };
+        let req = SetStandby {
+            to: Some(AUTO.into()),
+        };
+        match self.set_standby(&info.id, req) {
+            Ok(now) => {
+                *lock(&live.keeper_said) = None;
+                info!(session = %info.id, standby = now.standby.as_deref().unwrap_or("none"), why, "another standby chosen");
+            }
+            Err(e) => {
+                let msg = format!("{why}, and no other could be given: {}", e.msg);
+                if lock(&live.keeper_said).as_ref() != Some(&msg) {
+                    warn!(session = %info.id, error = %msg, "no standby chosen");
+                    *lock(&live.keeper_said) = Some(msg.clone());
+                }
+                // With a standby, its sender says why the output is held; without one, this
+                // says why there is none.
+                if info.standby.is_none() {
+                    self.update(live, |i| {
+                        if i.standby.is_none() {
+                            i.standby_error = Some(msg);
+                        }
+                    });
+                }
+            }
+        }
     }
 
     /// The standby space's watch (a thread): each second, for every copy it holds, whether
