@@ -78,6 +78,17 @@ fn output_len(store: &dyn ferry_store::Store, k: &Kappa) -> Result<u64, String> 
     Ok(log.len)
 }
 
+/// A standby lives on a session's checkpoints: refused for one that takes none.
+fn needs_checkpoints(checkpoint_every_ms: Option<u64>) -> Result<(), ApiError> {
+    match checkpoint_every_ms {
+        Some(_) => Ok(()),
+        None => Err(ApiError::bad_request(
+            "a standby keeps the session's checkpoints: give checkpoint_every_ms \
+             (`--checkpoint-every`)",
+        )),
+    }
+}
+
 /// Why a checkpoint did not reach the standby.
 enum Unsent {
     /// Etcd names another owner now: this copy is fenced.
@@ -102,12 +113,7 @@ impl Sessions {
                 "a standby needs a fleet: this space was started without --etcd",
             ));
         };
-        if checkpoint_every_ms.is_none() {
-            return Err(ApiError::bad_request(
-                "a standby keeps the session's checkpoints: give checkpoint_every_ms \
-                 (`--checkpoint-every`)",
-            ));
-        }
+        needs_checkpoints(checkpoint_every_ms)?;
         let to = to.trim_end_matches('/').to_owned();
         if !(to.starts_with("http://") || to.starts_with("https://")) {
             return Err(ApiError::bad_request(format!(
@@ -165,6 +171,7 @@ impl Sessions {
                 "a standby needs a fleet: this space was started without --etcd",
             ));
         };
+        needs_checkpoints(checkpoint_every_ms)?;
         let mut candidates: Vec<String> = o
             .live_spaces()
             .map_err(|e| {
@@ -641,6 +648,12 @@ impl Sessions {
             info!(session = %id, standby = %old, "standby given up; all output shown");
             return Ok(info);
         };
+        if info.checkpoint_every_ms.is_none() {
+            return Err(ApiError::conflict(format!(
+                "session `{id}` was started without --checkpoint-every: a standby keeps a \
+                 session's checkpoints, and this one takes none"
+            )));
+        }
         // `auto`: a space chosen now, checked against the session's latest snapshot (and
         // again, below, against the checkpoint it is sent), before anything is held back.
         let auto = to == AUTO;
@@ -664,12 +677,6 @@ impl Sessions {
         };
         let first = info.standby.is_none();
         let need = if first {
-            if info.checkpoint_every_ms.is_none() {
-                return Err(ApiError::conflict(format!(
-                    "session `{id}` was started without --checkpoint-every: a standby keeps a \
-                     session's checkpoints, and this one takes none"
-                )));
-            }
             // From now on its output waits for the standby (the output-commit rule), and the
             // standby's first copy must hold all that was shown before: a reader that found
             // no hold read no further than the log's length now ([`Sessions::logs`]).
