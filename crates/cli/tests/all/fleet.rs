@@ -551,6 +551,45 @@ fn in_a_fleet_a_standby_follows_its_session_when_it_moves() {
     assert_eq!((home.get("standby"), home.get("released")), (None, None));
     assert_finished_like(&here, &b.url, "home", &plain);
     finished_once(&[&a, &b], "home", &b);
+
+    // The same for a session whose space chooses its standby (B, the only other space
+    // alive): the destination chooses one in turn — A, where the copy takes the place of
+    // A's record of the session that moved away.
+    let g = crate::harness::guest("wasm/sleepy.wasm");
+    let g = g.to_str().unwrap();
+    let plain = here.plain(&[g, "--", "300", "0"]).stdout;
+    let run = [
+        "run",
+        "--session",
+        "back",
+        "--checkpoint-every",
+        "200ms",
+        "--standby",
+        "auto",
+        g,
+        "--",
+        "300",
+        "0",
+    ];
+    ok(&here, &a.url, &run);
+    assert_eq!(standby_of(&a, "back"), Some(b.url.clone()));
+    eventually("the standby holds a checkpoint", || {
+        b.state("back").as_deref() == Some("standby")
+    });
+    ok(&here, &a.url, &["migrate", "back", "--to", &b.url]);
+    eventually("the destination chooses the source as its standby", || {
+        a.session("back")
+            .is_some_and(|s| s["state"] == "standby" && s["source"] == json!(b.url))
+    });
+    assert_eq!(standby_of(&b, "back"), Some(a.url.clone()));
+    let record: serde_json::Value =
+        serde_json::from_str(&etcd.values("/ferry/standby/back")[0]).unwrap();
+    assert_eq!(record, json!({"space": a.url, "epoch": 2}));
+    assert_finished_like(&here, &b.url, "back", &plain);
+    eventually("the standby drops its copy once the session ended", || {
+        a.state("back").is_none()
+    });
+    finished_once(&[&a, &b], "back", &b);
     stores_verify(&[&a, &b]);
 }
 
@@ -963,6 +1002,65 @@ fn a_standby_is_refused_where_it_cannot_work() {
     assert_eq!(released(&a, "big"), 0);
     assert_eq!(strict.state("big"), None);
     ok(&here, &a.url, &["kill", "big"]);
+}
+
+/// A standby the space chose that goes on refusing the session's checkpoints while etcd still
+/// announces it (the guest outgrew its memory limit) is replaced once a space that takes them
+/// is there (`FERRY_STANDBY_STUCK_MS`: after 1 s here, 15 s by default): the held output is
+/// then shown, and the refusing space holds no copy.
+#[test]
+fn in_a_fleet_a_space_replaces_a_chosen_standby_that_refuses_its_checkpoints() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let a = SpaceProc::start_with_vars(
+        &[("FERRY_STANDBY_STUCK_MS", "1000")],
+        &["--etcd", &etcd.url],
+    );
+    let policy = here.path("strict.toml");
+    std::fs::write(&policy, "version = 1\nmax_memory_mib = 8\n").unwrap();
+    let strict = fleet_space(&etcd, &["--policy", policy.to_str().unwrap()]);
+    let dirty = crate::harness::guest("wasm/dirty.wasm");
+    ok(
+        &here,
+        &a.url,
+        &[
+            "run",
+            "--session",
+            "grown",
+            "--checkpoint-every",
+            "200ms",
+            "--standby",
+            "auto",
+            dirty.to_str().unwrap(),
+            "--",
+            "16",
+            "600",
+            "10",
+        ],
+    );
+    assert_eq!(standby_of(&a, "grown"), Some(strict.url.clone()));
+    eventually("the chosen standby refuses the checkpoints", || {
+        a.session("grown").unwrap()["standby_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("policy would not resume it"))
+    });
+    assert_eq!(released(&a, "grown"), 0);
+    let c = fleet_space(&etcd, &[]);
+    eventually("the owner chooses the space that takes them", || {
+        standby_of(&a, "grown").as_deref() == Some(c.url.as_str())
+    });
+    eventually("its output is shown", || released(&a, "grown") > 0);
+    assert_eq!(c.state("grown").as_deref(), Some("standby"));
+    assert_eq!(strict.state("grown"), None);
+    let (shown, _, code) = cli(&here, &a.url, &["logs", "grown"]);
+    assert_eq!(code, 0);
+    assert!(shown.starts_with("ready\ntick 0 "), "{shown}");
+    ok(&here, &a.url, &["kill", "grown"]);
+    eventually("the standby drops its copy once the session ended", || {
+        c.state("grown").is_none()
+    });
 }
 
 /// A session lent to a client and reclaimed raises its epoch here; in a fleet its owner

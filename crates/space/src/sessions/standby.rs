@@ -163,7 +163,7 @@ impl Sessions {
         id: &str,
         checkpoint_every_ms: Option<u64>,
         need: &AdmissionCheck,
-        avoid: Option<&str>,
+        avoid: &[String],
     ) -> Result<String, ApiError> {
         use std::hash::{Hash, Hasher};
         let Some(o) = &self.cfg.owners else {
@@ -180,13 +180,17 @@ impl Sessions {
                 ))
             })?
             .into_iter()
-            .filter(|s| s != o.me() && Some(s.as_str()) != avoid)
+            .filter(|s| s != o.me() && !avoid.contains(s))
             .collect();
         if candidates.is_empty() {
             return Err(ApiError::unavailable(format!(
                 "no space of the fleet can stand by for session `{id}`: etcd announces no \
                  other live space{}",
-                avoid.map_or(String::new(), |a| format!(" than {a}"))
+                if avoid.is_empty() {
+                    String::new()
+                } else {
+                    format!(" than {}", avoid.join(", "))
+                }
             )));
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -463,6 +467,8 @@ impl Sessions {
             i.checkpoint_every_ms = req.checkpoint_every_ms;
             i.resume_on_takeover = req.running;
             i.standby_auto = req.auto;
+            i.moved_to = None;
+            i.reason = None;
         };
         let existing = lock(&self.live).get(id).cloned();
         let live = match existing {
@@ -470,10 +476,14 @@ impl Sessions {
                 let turn = lock(&live.turn);
                 let info = live.info();
                 // The same owner, or a later one the session moved to (etcd named this space
-                // its standby at that epoch, checked above).
-                if info.state != State::Standby
-                    || info.epoch > req.epoch
-                    || (info.epoch == req.epoch && info.source.as_deref() != Some(&req.owner))
+                // its standby at that epoch, checked above); or the record of a session that
+                // moved away from here before, which the copy replaces.
+                let moved_before =
+                    info.state == State::Moved && info.epoch <= req.epoch && !info.commit_pending;
+                if !moved_before
+                    && (info.state != State::Standby
+                        || info.epoch > req.epoch
+                        || (info.epoch == req.epoch && info.source.as_deref() != Some(&req.owner)))
                 {
                     return Err(ApiError::conflict(format!(
                         "session `{id}` is {} here (epoch {}), not a standby copy of {}'s",
@@ -657,7 +667,7 @@ impl Sessions {
         // `auto`: a space chosen now, checked against the session's latest snapshot (and
         // again, below, against the checkpoint it is sent), before anything is held back.
         let auto = to == AUTO;
-        let to = if auto {
+        let check = if auto {
             let k =
                 parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot").map_err(|_| {
                     ApiError::conflict(format!(
@@ -665,36 +675,59 @@ impl Sessions {
                          after its first"
                     ))
                 })?;
-            let check = self.admission_of(k, super::engine_of(&live))?;
-            self.choose_standby(
-                id,
-                info.checkpoint_every_ms,
-                &check,
-                info.standby.as_deref(),
-            )?
+            Some(self.admission_of(k, super::engine_of(&live))?)
         } else {
-            to
+            None
         };
-        let first = info.standby.is_none();
-        let need = if first {
-            // From now on its output waits for the standby (the output-commit rule), and the
-            // standby's first copy must hold all that was shown before: a reader that found
-            // no hold read no further than the log's length now ([`Sessions::logs`]).
-            let held = live.log().len();
-            self.update(&live, |i| i.released = Some(held));
-            live.log().len()
-        } else {
-            0
-        };
-        let given = self.give_standby(&live, &info, &to, need, &superseded);
-        if first && given.is_err() {
-            self.update(&live, |i| {
-                if i.standby.is_none() {
-                    i.released = None;
+        // With `auto`, a space that passed the checks but did not take the copy (it holds a
+        // session of that id it cannot replace, say) gives way to the next.
+        let mut avoid: Vec<String> = info.standby.iter().cloned().collect();
+        let mut failed = Vec::new();
+        let info = loop {
+            let to = match &check {
+                Some(check) => {
+                    match self.choose_standby(id, info.checkpoint_every_ms, check, &avoid) {
+                        Ok(to) => to,
+                        Err(e) if failed.is_empty() => return Err(e),
+                        Err(_) => {
+                            return Err(ApiError::unavailable(format!(
+                                "no space of the fleet took a standby copy of session `{id}`: \
+                                 {}",
+                                failed.join("; ")
+                            )));
+                        }
+                    }
                 }
-            });
-        }
-        let info = given?;
+                None => to.clone(),
+            };
+            let first = info.standby.is_none();
+            let need = if first {
+                // From now on its output waits for the standby (the output-commit rule), and
+                // the standby's first copy must hold all that was shown before: a reader that
+                // found no hold read no further than the log's length now
+                // ([`Sessions::logs`]).
+                let held = live.log().len();
+                self.update(&live, |i| i.released = Some(held));
+                live.log().len()
+            } else {
+                0
+            };
+            let given = self.give_standby(&live, &info, &to, need, &superseded);
+            if first && given.is_err() {
+                self.update(&live, |i| {
+                    if i.standby.is_none() {
+                        i.released = None;
+                    }
+                });
+            }
+            match given {
+                Err(e) if auto && e.status != 409 => {
+                    failed.push(e.msg);
+                    avoid.push(to);
+                }
+                given => break given?,
+            }
+        };
         let info = if info.standby_auto == auto {
             info
         } else {
