@@ -597,9 +597,26 @@ impl Sessions {
         id: &str,
         req: SetStandby,
     ) -> Result<SessionInfo, ApiError> {
+        self.set_standby_if(id, req, None)
+    }
+
+    /// [`Sessions::set_standby`]; with `keeper`, only while the space still chooses the
+    /// session's standby and that is still `keeper`'s (an operator may have named one, or
+    /// none, since the keeper looked): else the session is left as it is.
+    fn set_standby_if(
+        self: &Arc<Self>,
+        id: &str,
+        req: SetStandby,
+        keeper: Option<&Option<String>>,
+    ) -> Result<SessionInfo, ApiError> {
         let live = self.get(id)?;
         let _turn = lock(&live.turn);
         let info = live.info();
+        if let Some(was) = keeper
+            && !(info.standby_auto && info.standby == *was)
+        {
+            return Ok(info);
+        }
         let Some(o) = &self.cfg.owners else {
             return Err(ApiError::bad_request(
                 "a standby needs a fleet: this space was started without --etcd",
@@ -903,7 +920,7 @@ impl Sessions {
         let req = SetStandby {
             to: Some(AUTO.into()),
         };
-        match self.set_standby(&info.id, req) {
+        match self.set_standby_if(&info.id, req, Some(&info.standby)) {
             Ok(now) => {
                 *lock(&live.keeper_said) = None;
                 info!(session = %info.id, standby = now.standby.as_deref().unwrap_or("none"), why, "another standby chosen");
