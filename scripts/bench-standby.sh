@@ -4,12 +4,17 @@
 # with `--checkpoint-every 1s --standby B`; once B holds a checkpoint A is killed (SIGKILL)
 # and the script measures how long until B runs the guest (its lease TTL, up to a second until
 # B's next read of etcd, and B's resume of the copy).
-# usage: scripts/bench-standby.sh [SIZES_MIB=64,256] [TTLS=2s,10s] [ROUNDS=2]
+# With MODE `replace`: three spaces, the guest run with `--standby auto`; once the chosen
+# standby holds a checkpoint it is killed, and the script measures how long until A names
+# the other space and that one holds a checkpoint (the rest of the dead standby's lease, up
+# to 2 s until A's keeper looks, A's checkpoint and the copy sent).
+# usage: scripts/bench-standby.sh [SIZES_MIB=64,256] [TTLS=2s,10s] [ROUNDS=2] [MODE=takeover|replace]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sizes=${1:-64,256}
 ttls=${2:-2s,10s}
 rounds=${3:-2}
+mode=${4:-takeover}
 . scripts/bench-lib.sh
 etcd=$(command -v etcd || echo "${FERRY_TOOLS:-$HOME/.cache/ferry/tools}/etcd")
 [ -x "$etcd" ] || { echo "no etcd: run scripts/setup.sh" >&2; exit 1; }
@@ -42,7 +47,11 @@ field() { # field URL ID NAME
     curl -sf -H "Authorization: Bearer $FERRY_TOKEN" "$1/v1/sessions/$2" |
         python3 -c "import json,sys; print(json.load(sys.stdin).get('$3', ''))" 2>/dev/null || true
 }
-echo "| memory (MiB) | lease TTL | run | kill → running on the standby (s) |"
+if [ "$mode" = replace ]; then
+    echo "| memory (MiB) | lease TTL | run | standby killed → another holds a checkpoint (s) |"
+else
+    echo "| memory (MiB) | lease TTL | run | kill → running on the standby (s) |"
+fi
 echo "|---:|---:|---:|---:|"
 n=0
 for mib in ${sizes//,/ }; do
@@ -54,6 +63,29 @@ for mib in ${sizes//,/ }; do
             a_pid=$last
             serve "b$n" "$ttl"
             b=$url
+            b_pid=$last
+            if [ "$mode" = replace ]; then
+                serve "c$n" "$ttl"
+                c=$url
+                c_pid=$last
+                "$ferry" --space "$a" run --session s --checkpoint-every 1s --standby auto \
+                    guests/wasm/dirty.wasm -- "$mib" 100000 10 >/dev/null 2>&1
+                chosen=$(field "$a" s standby)
+                if [ "$chosen" = "$b" ]; then dead=$b_pid other=$c; else dead=$c_pid other=$b; fi
+                until [ "$(field "$chosen" s state)" = standby ]; do sleep 0.2; done
+                sleep 3
+                kill -9 "$dead"
+                wait "$dead" 2>/dev/null || true
+                t0=$(date +%s.%N)
+                until [ "$(field "$a" s standby)" = "$other" ] &&
+                    [ "$(field "$other" s state)" = standby ]; do sleep 0.02; done
+                t1=$(date +%s.%N)
+                echo "| $mib | $ttl | $r | $(python3 -c "print(f'{$t1 - $t0:.2f}')") |"
+                kill "${pids[@]}" 2>/dev/null || true
+                wait "${pids[@]}" 2>/dev/null || true
+                pids=()
+                continue
+            fi
             "$ferry" --space "$a" run --session s --checkpoint-every 1s --standby "$b" \
                 guests/wasm/dirty.wasm -- "$mib" 100000 10 >/dev/null 2>&1
             # B holds a checkpoint; a few more land before the kill.
