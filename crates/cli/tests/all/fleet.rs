@@ -815,6 +815,8 @@ fn in_a_fleet_a_session_whose_space_chooses_its_standby_keeps_one_through_failur
     });
     let now = b.session("kept").unwrap();
     assert_eq!((now.get("standby"), now.get("released")), (None, None));
+    let (_, says, _) = cli(&here, &b.url, &["ps"]);
+    assert!(says.contains("kept: no standby (the space gives it one"), "{says}");
     assert_eq!(
         etcd.owner("kept"),
         Some(json!({"space": b.url, "epoch": 2}))
