@@ -508,9 +508,10 @@ fn in_a_fleet_a_standby_follows_its_session_when_it_moves() {
         etcd.owner("roam"),
         Some(json!({"space": c.url, "epoch": 2}))
     );
-    let record: serde_json::Value =
-        serde_json::from_str(&etcd.values("/ferry/standby/roam")[0]).unwrap();
-    assert_eq!(record, json!({"space": b.url, "epoch": 2}));
+    assert_eq!(
+        standby_record(&etcd, "roam"),
+        json!({"space": b.url, "epoch": 2})
+    );
     let moved = c.session("roam").unwrap();
     assert_eq!(moved["standby"], json!(b.url));
     let at_move = moved["released"].as_u64().unwrap();
@@ -577,14 +578,18 @@ fn in_a_fleet_a_standby_follows_its_session_when_it_moves() {
         b.state("back").as_deref() == Some("standby")
     });
     ok(&here, &a.url, &["migrate", "back", "--to", &b.url]);
+    // (A holds the copy a moment before etcd, and then B, name it.)
     eventually("the destination chooses the source as its standby", || {
+        standby_of(&b, "back") == Some(a.url.clone())
+    });
+    assert!(
         a.session("back")
             .is_some_and(|s| s["state"] == "standby" && s["source"] == json!(b.url))
-    });
-    assert_eq!(standby_of(&b, "back"), Some(a.url.clone()));
-    let record: serde_json::Value =
-        serde_json::from_str(&etcd.values("/ferry/standby/back")[0]).unwrap();
-    assert_eq!(record, json!({"space": a.url, "epoch": 2}));
+    );
+    assert_eq!(
+        standby_record(&etcd, "back"),
+        json!({"space": a.url, "epoch": 2})
+    );
     assert_finished_like(&here, &b.url, "back", &plain);
     eventually("the standby drops its copy once the session ended", || {
         a.state("back").is_none()
@@ -622,9 +627,10 @@ fn in_a_fleet_a_running_session_changes_or_gives_up_its_standby() {
     assert_eq!(code, 0, "{err}");
     assert!(err.contains(&format!("standby is {}", c.url)), "{err}");
     assert_eq!(a.session("swap").unwrap()["standby_auto"], json!(true));
-    let record: serde_json::Value =
-        serde_json::from_str(&etcd.values("/ferry/standby/swap")[0]).unwrap();
-    assert_eq!(record, json!({"space": c.url, "epoch": 1}));
+    assert_eq!(
+        standby_record(&etcd, "swap"),
+        json!({"space": c.url, "epoch": 1})
+    );
     eventually(
         "the old standby drops its copy, the new one holds one",
         || b.state("swap").is_none() && c.state("swap").as_deref() == Some("standby"),
@@ -698,9 +704,10 @@ fn in_a_fleet_a_session_run_without_a_standby_is_given_one_while_it_runs() {
     let (_, err, code) = cli(&here, &a.url, &["standby", "late", "--to", &b.url]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains(&format!("standby is {}", b.url)), "{err}");
-    let record: serde_json::Value =
-        serde_json::from_str(&etcd.values("/ferry/standby/late")[0]).unwrap();
-    assert_eq!(record, json!({"space": b.url, "epoch": 1}));
+    assert_eq!(
+        standby_record(&etcd, "late"),
+        json!({"space": b.url, "epoch": 1})
+    );
     eventually("the standby holds a checkpoint", || {
         b.state("late").as_deref() == Some("standby")
     });
@@ -797,9 +804,10 @@ fn in_a_fleet_a_session_whose_space_chooses_its_standby_keeps_one_through_failur
         "the new standby holds a checkpoint and the output catches up",
         || spaces[s2].state("kept").as_deref() == Some("standby") && released(&a, "kept") > held,
     );
-    let record: serde_json::Value =
-        serde_json::from_str(&etcd.values("/ferry/standby/kept")[0]).unwrap();
-    assert_eq!(record, json!({"space": spaces[s2].url, "epoch": 1}));
+    assert_eq!(
+        standby_record(&etcd, "kept"),
+        json!({"space": spaces[s2].url, "epoch": 1})
+    );
 
     // The owner dies: the standby takes the session over; no other space is alive to stand
     // by for it there, so it runs without one, its output not held, and says why.
@@ -816,7 +824,10 @@ fn in_a_fleet_a_session_whose_space_chooses_its_standby_keeps_one_through_failur
     let now = b.session("kept").unwrap();
     assert_eq!((now.get("standby"), now.get("released")), (None, None));
     let (_, says, _) = cli(&here, &b.url, &["ps"]);
-    assert!(says.contains("kept: no standby (the space gives it one"), "{says}");
+    assert!(
+        says.contains("kept: no standby (the space gives it one"),
+        "{says}"
+    );
     assert_eq!(
         etcd.owner("kept"),
         Some(json!({"space": b.url, "epoch": 2}))
@@ -832,9 +843,10 @@ fn in_a_fleet_a_session_whose_space_chooses_its_standby_keeps_one_through_failur
         c.session("kept")
             .is_some_and(|s| s["state"] == "standby" && s["source"] == json!(b.url))
     });
-    let record: serde_json::Value =
-        serde_json::from_str(&etcd.values("/ferry/standby/kept")[0]).unwrap();
-    assert_eq!(record, json!({"space": c.url, "epoch": 2}));
+    assert_eq!(
+        standby_record(&etcd, "kept"),
+        json!({"space": c.url, "epoch": 2})
+    );
     assert_finished_like(&here, &b.url, "kept", &plain.join().unwrap());
     eventually("the standby drops its copy once the session ended", || {
         c.state("kept").is_none()
@@ -847,28 +859,48 @@ fn in_a_fleet_a_session_whose_space_chooses_its_standby_keeps_one_through_failur
     stores_verify(&[b, c]);
 }
 
+/// Session `id` (`sleepy 300`) run on A, which dies at `fault` (`FERRY_FAULT`) of
+/// `standby ID --to C` once B holds a checkpoint; A's etcd lease is `ttl`. Returns etcd, A,
+/// B, C and what an uninterrupted run shows (`None` without etcd).
+fn owner_dies_changing_standby(
+    fault: &str,
+    ttl: &str,
+    id: &str,
+) -> Option<(Etcd, SpaceProc, SpaceProc, SpaceProc, Vec<u8>)> {
+    let etcd = Etcd::start()?;
+    let here = client();
+    let a = SpaceProc::start_with_vars(
+        &[("FERRY_FAULT", fault)],
+        &["--etcd", &etcd.url, "--lease-ttl", ttl],
+    );
+    let b = fleet_space(&etcd, &[]);
+    let c = fleet_space(&etcd, &[]);
+    let plain = run_with_standby(&here, &a, &b, id, "300");
+    eventually("the standby holds a checkpoint", || {
+        b.state(id).as_deref() == Some("standby")
+    });
+    let (_, err, code) = cli(&here, &a.url, &["standby", id, "--to", &c.url]);
+    assert_ne!(code, 0, "{err}");
+    Some((etcd, a, b, c, plain))
+}
+
+/// The standby record etcd holds for session `id`.
+fn standby_record(etcd: &Etcd, id: &str) -> serde_json::Value {
+    serde_json::from_str(&etcd.values(&format!("/ferry/standby/{id}"))[0]).unwrap()
+}
+
 /// A space that dies while it gives its session another standby — after the new standby
 /// holds the checkpoint, before etcd names it (`FERRY_FAULT=standby-sent-ahead`): etcd still
 /// names the old standby, which takes the session over; the new one drops the copy it was
 /// sent ahead.
 #[test]
 fn in_a_fleet_an_owner_dying_while_it_changes_its_standby_is_taken_over_by_the_old_one() {
-    let Some(etcd) = Etcd::start() else {
+    let Some((etcd, _a, b, c, plain)) =
+        owner_dies_changing_standby("standby-sent-ahead", "2s", "ahead")
+    else {
         return;
     };
     let here = client();
-    let a = SpaceProc::start_with_vars(
-        &[("FERRY_FAULT", "standby-sent-ahead")],
-        &["--etcd", &etcd.url, "--lease-ttl", "2s"],
-    );
-    let b = fleet_space(&etcd, &[]);
-    let c = fleet_space(&etcd, &[]);
-    let plain = run_with_standby(&here, &a, &b, "ahead", "300");
-    eventually("the standby holds a checkpoint", || {
-        b.state("ahead").as_deref() == Some("standby")
-    });
-    let (_, err, code) = cli(&here, &a.url, &["standby", "ahead", "--to", &c.url]);
-    assert_ne!(code, 0, "{err}");
     assert_eq!(c.state("ahead").as_deref(), Some("standby"));
     eventually("the old standby takes the session over", || {
         b.state("ahead").as_deref() != Some("standby")
@@ -891,26 +923,17 @@ fn in_a_fleet_an_owner_dying_while_it_changes_its_standby_is_taken_over_by_the_o
 /// output held back since catches up; the session ends once.
 #[test]
 fn in_a_fleet_an_owner_back_from_a_crash_sends_its_checkpoints_to_the_standby_etcd_names() {
-    let Some(etcd) = Etcd::start() else {
+    let Some((etcd, mut a, b, c, plain)) =
+        owner_dies_changing_standby("standby-named", "30s", "named")
+    else {
         return;
     };
     let here = client();
-    let mut a = SpaceProc::start_with_vars(
-        &[("FERRY_FAULT", "standby-named")],
-        &["--etcd", &etcd.url, "--lease-ttl", "30s"],
-    );
-    let b = fleet_space(&etcd, &[]);
-    let c = fleet_space(&etcd, &[]);
-    let plain = run_with_standby(&here, &a, &b, "named", "300");
-    eventually("the standby holds a checkpoint", || {
-        b.state("named").as_deref() == Some("standby")
-    });
-    let (_, err, code) = cli(&here, &a.url, &["standby", "named", "--to", &c.url]);
-    assert_ne!(code, 0, "{err}");
     a.wait_dead();
-    let record: serde_json::Value =
-        serde_json::from_str(&etcd.values("/ferry/standby/named")[0]).unwrap();
-    assert_eq!(record, json!({"space": c.url, "epoch": 1}));
+    assert_eq!(
+        standby_record(&etcd, "named"),
+        json!({"space": c.url, "epoch": 1})
+    );
     a.spawn(None);
     assert_eq!(
         a.session("named").unwrap()["standby"],
