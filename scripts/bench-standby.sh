@@ -64,37 +64,32 @@ for mib in ${sizes//,/ }; do
             serve "b$n" "$ttl"
             b=$url
             b_pid=$last
+            # The session on A; `standby` holds its checkpoints, `victim` is killed once it
+            # holds one (and 3 s more, a few more checkpoints), and the time runs until `arrived`.
             if [ "$mode" = replace ]; then
                 serve "c$n" "$ttl"
                 c=$url
                 c_pid=$last
-                "$ferry" --space "$a" run --session s --checkpoint-every 1s --standby auto \
-                    guests/wasm/dirty.wasm -- "$mib" 100000 10 >/dev/null 2>&1
-                chosen=$(field "$a" s standby)
-                if [ "$chosen" = "$b" ]; then dead=$b_pid other=$c; else dead=$c_pid other=$b; fi
-                until [ "$(field "$chosen" s state)" = standby ]; do sleep 0.2; done
-                sleep 3
-                kill -9 "$dead"
-                wait "$dead" 2>/dev/null || true
-                t0=$(date +%s.%N)
-                until [ "$(field "$a" s standby)" = "$other" ] &&
-                    [ "$(field "$other" s state)" = standby ]; do sleep 0.02; done
-                t1=$(date +%s.%N)
-                echo "| $mib | $ttl | $r | $(python3 -c "print(f'{$t1 - $t0:.2f}')") |"
-                kill "${pids[@]}" 2>/dev/null || true
-                wait "${pids[@]}" 2>/dev/null || true
-                pids=()
-                continue
+                to=auto
+            else
+                to=$b
             fi
-            "$ferry" --space "$a" run --session s --checkpoint-every 1s --standby "$b" \
+            "$ferry" --space "$a" run --session s --checkpoint-every 1s --standby "$to" \
                 guests/wasm/dirty.wasm -- "$mib" 100000 10 >/dev/null 2>&1
-            # B holds a checkpoint; a few more land before the kill.
-            until [ "$(field "$b" s state)" = standby ]; do sleep 0.2; done
+            standby=$(field "$a" s standby)
+            if [ "$mode" = replace ]; then
+                if [ "$standby" = "$b" ]; then victim=$b_pid other=$c; else victim=$c_pid other=$b; fi
+                arrived() { [ "$(field "$a" s standby)" = "$other" ] && [ "$(field "$other" s state)" = standby ]; }
+            else
+                victim=$a_pid
+                arrived() { [ "$(field "$b" s state)" = running ]; }
+            fi
+            until [ "$(field "$standby" s state)" = standby ]; do sleep 0.2; done
             sleep 3
-            kill -9 "$a_pid"
-            wait "$a_pid" 2>/dev/null || true
+            kill -9 "$victim"
+            wait "$victim" 2>/dev/null || true
             t0=$(date +%s.%N)
-            until [ "$(field "$b" s state)" = running ]; do sleep 0.02; done
+            until arrived; do sleep 0.02; done
             t1=$(date +%s.%N)
             echo "| $mib | $ttl | $r | $(python3 -c "print(f'{$t1 - $t0:.2f}')") |"
             kill "${pids[@]}" 2>/dev/null || true

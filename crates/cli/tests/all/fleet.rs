@@ -312,11 +312,11 @@ fn a_fleet_goes_on_while_its_etcd_cluster_keeps_a_quorum() {
 }
 
 /// `sleepy STEPS 0` run on `space` as session `id`, checkpointed every 200 ms with `standby`
-/// as its standby; returns what an uninterrupted run shows.
+/// (a space's URL, or `auto`) as its standby; returns what an uninterrupted run shows.
 fn run_with_standby(
     here: &crate::harness::Env,
     space: &SpaceProc,
-    standby: &SpaceProc,
+    standby: &str,
     id: &str,
     steps: &str,
 ) -> Vec<u8> {
@@ -332,7 +332,7 @@ fn run_with_standby(
             "--checkpoint-every",
             "200ms",
             "--standby",
-            &standby.url,
+            standby,
             g.to_str().unwrap(),
             "--",
             steps,
@@ -384,7 +384,7 @@ fn in_a_fleet_a_standby_takes_over_a_session_whose_space_died() {
     let here = client();
     let mut a = fleet_space(&etcd, &["--lease-ttl", "2s"]);
     let b = fleet_space(&etcd, &[]);
-    let plain = run_with_standby(&here, &a, &b, "spare", "150");
+    let plain = run_with_standby(&here, &a, &b.url, "spare", "150");
     eventually("the standby holds a checkpoint", || {
         released(&a, "spare") > 0 && b.state("spare").as_deref() == Some("standby")
     });
@@ -440,7 +440,7 @@ fn in_a_fleet_output_waits_for_the_standby_and_an_ended_session_takes_it_along()
     let here = client();
     let mut a = fleet_space(&etcd, &["--lease-ttl", "2s"]);
     let mut b = fleet_space(&etcd, &[]);
-    let plain = run_with_standby(&here, &a, &b, "held", "150");
+    let plain = run_with_standby(&here, &a, &b.url, "held", "150");
     eventually("the standby holds a checkpoint", || {
         released(&a, "held") > 0
     });
@@ -492,7 +492,7 @@ fn in_a_fleet_a_standby_follows_its_session_when_it_moves() {
     let a = fleet_space(&etcd, &[]);
     let b = fleet_space(&etcd, &[]);
     let mut c = fleet_space(&etcd, &["--lease-ttl", "2s"]);
-    let plain = run_with_standby(&here, &a, &b, "roam", "600");
+    let plain = run_with_standby(&here, &a, &b.url, "roam", "600");
     eventually("the standby holds a checkpoint", || {
         released(&a, "roam") > 0 && b.state("roam").as_deref() == Some("standby")
     });
@@ -538,7 +538,7 @@ fn in_a_fleet_a_standby_follows_its_session_when_it_moves() {
 
     // Moved to its own standby: the copy there gives way to the session, which runs without
     // a standby (its output shown as it comes); etcd keeps no standby record.
-    let plain = run_with_standby(&here, &a, &b, "home", "300");
+    let plain = run_with_standby(&here, &a, &b.url, "home", "300");
     eventually("the standby holds a checkpoint", || {
         b.state("home").as_deref() == Some("standby")
     });
@@ -556,23 +556,7 @@ fn in_a_fleet_a_standby_follows_its_session_when_it_moves() {
     // The same for a session whose space chooses its standby (B, the only other space
     // alive): the destination chooses one in turn — A, where the copy takes the place of
     // A's record of the session that moved away.
-    let g = crate::harness::guest("wasm/sleepy.wasm");
-    let g = g.to_str().unwrap();
-    let plain = here.plain(&[g, "--", "300", "0"]).stdout;
-    let run = [
-        "run",
-        "--session",
-        "back",
-        "--checkpoint-every",
-        "200ms",
-        "--standby",
-        "auto",
-        g,
-        "--",
-        "300",
-        "0",
-    ];
-    ok(&here, &a.url, &run);
+    let plain = run_with_standby(&here, &a, "auto", "back", "300");
     assert_eq!(standby_of(&a, "back"), Some(b.url.clone()));
     eventually("the standby holds a checkpoint", || {
         b.state("back").as_deref() == Some("standby")
@@ -612,7 +596,7 @@ fn in_a_fleet_a_running_session_changes_or_gives_up_its_standby() {
     let mut a = fleet_space(&etcd, &["--lease-ttl", "2s"]);
     let b = fleet_space(&etcd, &[]);
     let mut c = fleet_space(&etcd, &[]);
-    let plain = run_with_standby(&here, &a, &b, "swap", "600");
+    let plain = run_with_standby(&here, &a, &b.url, "swap", "600");
     eventually("the standby holds a checkpoint", || {
         b.state("swap").as_deref() == Some("standby")
     });
@@ -638,7 +622,7 @@ fn in_a_fleet_a_running_session_changes_or_gives_up_its_standby() {
     owner_dies_standby_goes_on(&here, &etcd, &mut a, &c, "swap", &plain);
 
     // The standby is down: the owner holds the output back until told to go without one.
-    let plain = run_with_standby(&here, &b, &c, "free", "300");
+    let plain = run_with_standby(&here, &b, &c.url, "free", "300");
     eventually("the standby holds a checkpoint", || {
         released(&b, "free") > 0
     });
@@ -875,7 +859,7 @@ fn owner_dies_changing_standby(
     );
     let b = fleet_space(&etcd, &[]);
     let c = fleet_space(&etcd, &[]);
-    let plain = run_with_standby(&here, &a, &b, id, "300");
+    let plain = run_with_standby(&here, &a, &b.url, id, "300");
     eventually("the standby holds a checkpoint", || {
         b.state(id).as_deref() == Some("standby")
     });
@@ -1109,7 +1093,7 @@ fn in_a_fleet_a_reclaimed_session_resumes_and_a_standby_one_is_not_lent() {
     );
     assert_finished_like(&here, &a.url, "lent", &plain.stdout);
 
-    run_with_standby(&here, &a, &b, "kept", "100");
+    run_with_standby(&here, &a, &b.url, "kept", "100");
     let e = c.lend("kept", "a test").unwrap_err();
     assert_eq!(e.status, 409);
     assert!(e.msg.contains("has a standby"), "{e}");

@@ -864,42 +864,55 @@ impl Sessions {
     /// standby is gone from the fleet (its etcd lease ran out) or has taken no checkpoint
     /// for [`stuck_for`], is given another (`set-standby --to auto`).
     pub(super) fn keep_standbys(self: &Arc<Self>) {
-        let me = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("standby-keeper".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(KEEP_EVERY);
-                    let chosen: Vec<_> = lock(&me.live)
-                        .values()
-                        .filter(|l| {
-                            let i = l.info();
-                            i.standby_auto
-                                && matches!(i.state, State::Running | State::Suspended)
-                                && i.migrating_to.is_none()
-                                && i.lent_to.is_none()
-                                && !l.gone.load(Ordering::SeqCst)
-                        })
-                        .cloned()
-                        .collect();
-                    if chosen.is_empty() {
-                        continue;
-                    }
-                    let o = me.cfg.owners.as_ref().expect("the keeper runs in a fleet");
-                    let spaces = match o.live_spaces() {
-                        Ok(s) => s,
-                        Err(e) => {
-                            warn!(error = %e, "cannot read the fleet's spaces in etcd");
-                            continue;
-                        }
-                    };
+        let chosen = |l: &Live| {
+            let i = l.info();
+            i.standby_auto
+                && matches!(i.state, State::Running | State::Suspended)
+                && i.migrating_to.is_none()
+                && i.lent_to.is_none()
+                && !l.gone.load(Ordering::SeqCst)
+        };
+        self.every_round("standby-keeper", KEEP_EVERY, chosen, |me, chosen| {
+            if chosen.is_empty() {
+                return;
+            }
+            let o = me.cfg.owners.as_ref().expect("the keeper runs in a fleet");
+            match o.live_spaces() {
+                Ok(spaces) => {
                     for live in chosen {
                         me.keep_one(&live, &spaces);
                     }
                 }
+                Err(e) => warn!(error = %e, "cannot read the fleet's spaces in etcd"),
+            }
+        });
+    }
+
+    /// Starts thread `name`, which every `period` hands `round` the sessions here that
+    /// `which` picks (the standby watch and keeper).
+    fn every_round(
+        self: &Arc<Self>,
+        name: &str,
+        period: Duration,
+        which: fn(&Live) -> bool,
+        round: fn(&Arc<Self>, Vec<Arc<Live>>),
+    ) {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(period);
+                    let picked: Vec<_> = lock(&me.live)
+                        .values()
+                        .filter(|l| which(l))
+                        .cloned()
+                        .collect();
+                    round(&me, picked);
+                }
             });
         if let Err(e) = spawned {
-            warn!(error = %e, "cannot start the standby keeper");
+            warn!(error = %e, thread = name, "cannot start a thread");
         }
     }
 
@@ -948,25 +961,12 @@ impl Sessions {
     /// the owner's lease is gone (take the session over), or the copy is no longer wanted
     /// (the session ended, moved or was forgotten at its owner: drop it).
     pub(super) fn watch_standbys(self: &Arc<Self>) {
-        let me = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("standby-watch".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(WATCH_EVERY);
-                    let copies: Vec<_> = lock(&me.live)
-                        .values()
-                        .filter(|l| l.info().state == State::Standby)
-                        .cloned()
-                        .collect();
-                    for live in copies {
-                        me.watch_one(&live);
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            warn!(error = %e, "cannot start the standby watch");
-        }
+        let copy = |l: &Live| l.info().state == State::Standby;
+        self.every_round("standby-watch", WATCH_EVERY, copy, |me, copies| {
+            for live in copies {
+                me.watch_one(&live);
+            }
+        });
     }
 
     fn watch_one(self: &Arc<Self>, live: &Arc<Live>) {
