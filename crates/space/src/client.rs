@@ -27,11 +27,16 @@ pub struct RemoteStore {
 /// goes silent is given up after [`crate::net::peer_silence`], and `https://` spaces are
 /// trusted as [`crate::tls::client_config`] says.
 pub(crate) fn agent() -> ureq::Agent {
+    agent_with(crate::tls::client_config())
+}
+
+/// [`agent`] with the TLS settings `tls` (etcd's: [`crate::tls::etcd_client_config`]).
+pub(crate) fn agent_with(tls: ureq::tls::TlsConfig) -> ureq::Agent {
     use ureq::unversioned::transport::Connector;
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_connect(Some(std::time::Duration::from_secs(5)))
-        .tls_config(crate::tls::client_config())
+        .tls_config(tls)
         .build();
     ureq::Agent::with_parts(
         config,

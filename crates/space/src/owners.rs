@@ -189,9 +189,40 @@ pub struct Owners {
     current: AtomicUsize,
     prefix: String,
     me: String,
+    /// The failure domain this space announces (`ferry serve --zone`).
+    zone: Option<String>,
     agent: ureq::Agent,
+    /// Whether this space presents a client certificate to etcd ([`Owners::with_tls`]).
+    client_cert: bool,
     /// With etcd's user authentication: who this space signs in as.
     user: Option<User>,
+}
+
+/// A live space of the fleet, as its announcement says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announced {
+    /// Its URL.
+    pub space: String,
+    /// Its failure domain (`ferry serve --zone`), if it names one.
+    pub zone: Option<String>,
+}
+
+/// An announcement's value: `{"space": URL, "zone": NAME}` (a space without `--zone`, or of
+/// a ferry before zones, announces its bare URL).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Announcement {
+    space: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    zone: Option<String>,
+}
+
+/// Whether `zone` is a name `--zone` takes: 1 to 64 letters, digits, `.`, `_` or `-`.
+pub fn valid_zone(zone: &str) -> bool {
+    (1..=64).contains(&zone.len())
+        && zone
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 /// An etcd user, and the token etcd gave it last.
@@ -243,7 +274,9 @@ impl Owners {
             current: AtomicUsize::new(0),
             prefix: prefix.trim_end_matches('/').to_owned(),
             me: me.trim_end_matches('/').to_owned(),
+            zone: None,
             agent: crate::client::agent(),
+            client_cert: false,
             user: None,
         }
     }
@@ -257,6 +290,26 @@ impl Owners {
             token: Mutex::new(None),
         });
         self
+    }
+
+    /// Speaks HTTPS to etcd with `tls` ([`crate::tls::etcd_client_config`]: the CA that
+    /// signed etcd's certificate, and a client certificate when etcd asks for one).
+    pub fn with_tls(mut self, tls: ureq::tls::TlsConfig) -> Self {
+        self.client_cert = tls.client_cert().is_some();
+        self.agent = crate::client::agent_with(tls);
+        self
+    }
+
+    /// Announces this space in failure domain `zone` (a [`valid_zone`] name): a session here
+    /// whose standby the space chooses gets one of another zone when one can stand by.
+    pub fn with_zone(mut self, zone: &str) -> Self {
+        self.zone = Some(zone.to_owned());
+        self
+    }
+
+    /// The failure domain this space announces, if any.
+    pub fn zone(&self) -> Option<&str> {
+        self.zone.as_deref()
     }
 
     /// This space's URL, as the owner records name it.
@@ -346,10 +399,8 @@ impl Owners {
             let mut r = match r {
                 Ok(r) => r,
                 Err(e) => {
-                    failures.push(format!(
-                        "{endpoint}: {}",
-                        crate::tls::explain(e.to_string())
-                    ));
+                    let why = explain(e.to_string(), endpoint, self.client_cert);
+                    failures.push(format!("{endpoint}: {why}"));
                     continue;
                 }
             };
@@ -435,11 +486,24 @@ impl Owners {
             "kv/put",
             &json!({
                 "key": B64.encode(self.space_key(&self.me)),
-                "value": B64.encode(&self.me),
+                "value": B64.encode(self.announcement()),
                 "lease": id.to_string(),
             }),
         )?;
         Ok(id)
+    }
+
+    /// What this space's announcement holds: its bare URL, or with a zone the JSON
+    /// [`Announcement`].
+    fn announcement(&self) -> String {
+        match &self.zone {
+            None => self.me.clone(),
+            Some(zone) => serde_json::to_string(&Announcement {
+                space: self.me.clone(),
+                zone: Some(zone.clone()),
+            })
+            .expect("a plain struct"),
+        }
     }
 
     /// Whether `space` is announced (its lease alive): a space of this fleet that runs.
@@ -449,8 +513,9 @@ impl Owners {
         Ok(value_in(&endpoint, &v)?.is_some())
     }
 
-    /// The spaces announced now (their leases alive), sorted; at most [`MAX_SPACES`] of them.
-    pub fn live_spaces(&self) -> Result<Vec<String>, EtcdError> {
+    /// The spaces announced now (their leases alive), sorted by URL; at most [`MAX_SPACES`]
+    /// of them.
+    pub fn live_spaces(&self) -> Result<Vec<Announced>, EtcdError> {
         let prefix = self.space_key("");
         let (endpoint, v) = self.call(
             "kv/range",
@@ -849,11 +914,47 @@ fn value_in(endpoint: &str, range: &Value) -> Result<Option<(Vec<u8>, i64)>, Etc
     Ok(Some((value, revision)))
 }
 
+/// `msg`, a failure to reach etcd at `endpoint`, with a hint a user can act on: as
+/// [`crate::tls::explain`] gives it, but naming `ferry serve`'s etcd options. An etcd that
+/// requires client certificates (`--client-cert-auth`) closes the connection right after a
+/// TLS 1.3 handshake when it refuses the client's, so the client sees a broken pipe or a
+/// reset rather than the refusal: over HTTPS that is read as the likely reason.
+fn explain(msg: String, endpoint: &str, client_cert: bool) -> String {
+    let cut = [
+        "Broken pipe",
+        "Connection reset",
+        "CertificateRequired",
+        "BadCertificate",
+    ];
+    if endpoint.starts_with("https://") && cut.iter().any(|c| msg.contains(c)) {
+        let hint = if client_cert {
+            "etcd closed the connection after the handshake: it may not trust the client \
+             certificate given (--etcd-cert: signed by a CA in etcd's --trusted-ca-file, for \
+             client authentication)"
+        } else {
+            "etcd closed the connection after the handshake: it may require a client \
+             certificate (give --etcd-cert and --etcd-key)"
+        };
+        format!("{msg} ({hint})")
+    } else if msg.contains("UnknownIssuer") {
+        format!(
+            "{msg} (no trusted certificate vouches for etcd's: give --etcd-ca with the CA \
+             that signed it)"
+        )
+    } else if msg.contains("NotValidForName") {
+        format!("{msg} (etcd's certificate is not for this host name or address)")
+    } else {
+        crate::tls::explain(msg)
+    }
+}
+
 /// How many announced spaces [`Owners::live_spaces`] reads at most.
 pub const MAX_SPACES: usize = 1024;
 
-/// The spaces a range answer over the announcements (keys `prefix` + URL) names, sorted.
-fn spaces_in(endpoint: &str, prefix: &str, range: &Value) -> Result<Vec<String>, EtcdError> {
+/// The spaces a range answer over the announcements (keys `prefix` + URL) names, sorted by
+/// URL, each with the zone its announcement names (none when the value is not an
+/// [`Announcement`] of that URL with a [`valid_zone`]).
+fn spaces_in(endpoint: &str, prefix: &str, range: &Value) -> Result<Vec<Announced>, EtcdError> {
     let kvs = range.get("kvs").and_then(Value::as_array);
     let mut spaces = Vec::new();
     for kv in kvs.into_iter().flatten().take(MAX_SPACES) {
@@ -867,10 +968,22 @@ fn spaces_in(endpoint: &str, prefix: &str, range: &Value) -> Result<Vec<String>,
             .and_then(|s| std::str::from_utf8(s).ok())
             .filter(|s| !s.is_empty())
             .ok_or_else(|| malformed(endpoint, "an announcement outside its prefix"))?;
-        spaces.push(space.to_owned());
+        let zone = kv
+            .get("value")
+            .and_then(Value::as_str)
+            .filter(|v| v.len() <= 4096)
+            .and_then(|v| B64.decode(v).ok())
+            .and_then(|v| serde_json::from_slice::<Announcement>(&v).ok())
+            .filter(|a| a.space == space)
+            .and_then(|a| a.zone)
+            .filter(|z| valid_zone(z));
+        spaces.push(Announced {
+            space: space.to_owned(),
+            zone,
+        });
     }
-    spaces.sort();
-    spaces.dedup();
+    spaces.sort_by(|a, b| a.space.cmp(&b.space));
+    spaces.dedup_by(|a, b| a.space == b.space);
     Ok(spaces)
 }
 
@@ -929,6 +1042,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_space_announces_its_zone() {
+        let o = Owners::new(&[], "/f", "http://a:1/");
+        assert_eq!(o.announcement(), "http://a:1");
+        let o = o.with_zone("eu-1.b");
+        let range = json!({ "kvs": [{
+            "key": B64.encode("/f/spaces/http://a:1"),
+            "value": B64.encode(o.announcement()),
+        }] });
+        assert_eq!(
+            spaces_in("e", "/f/spaces/", &range).unwrap()[0]
+                .zone
+                .as_deref(),
+            Some("eu-1.b")
+        );
+        assert!(valid_zone("eu-1.b_2") && !valid_zone("") && !valid_zone("a/b"));
+        assert!(!valid_zone(&"z".repeat(65)));
+    }
+
+    #[test]
     fn a_prefix_ends_where_its_keys_do() {
         assert_eq!(prefix_end("/ferry/moves/a/"), b"/ferry/moves/a0".to_vec());
         assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
@@ -975,14 +1107,34 @@ mod tests {
     #[test]
     fn announced_spaces_are_read_from_their_keys() {
         let kv = |k: &str| json!({ "key": B64.encode(k), "mod_revision": "3", "value": "" });
-        let range = json!({ "kvs": [kv("/f/spaces/http://b:2"), kv("/f/spaces/http://a:1")] });
+        let with = |k: &str, v: &str| json!({ "key": B64.encode(format!("/f/spaces/{k}")), "value": B64.encode(v) });
+        let range = json!({ "kvs": [
+            kv("/f/spaces/http://b:2"),
+            kv("/f/spaces/http://a:1"),
+            with("http://c:3", r#"{"space":"http://c:3","zone":"rack-1"}"#),
+            // Another URL's zone, a name --zone refuses, a bare URL: no zone.
+            with("http://d:4", r#"{"space":"http://x:9","zone":"rack-1"}"#),
+            with("http://e:5", r#"{"space":"http://e:5","zone":"a b"}"#),
+            with("http://f:6", "http://f:6"),
+        ] });
+        let zoned = |space: &str, zone: Option<&str>| Announced {
+            space: space.into(),
+            zone: zone.map(str::to_owned),
+        };
         assert_eq!(
             spaces_in("e", "/f/spaces/", &range).unwrap(),
-            vec!["http://a:1".to_owned(), "http://b:2".to_owned()]
+            vec![
+                zoned("http://a:1", None),
+                zoned("http://b:2", None),
+                zoned("http://c:3", Some("rack-1")),
+                zoned("http://d:4", None),
+                zoned("http://e:5", None),
+                zoned("http://f:6", None),
+            ]
         );
         assert_eq!(
             spaces_in("e", "/f/spaces/", &json!({})).unwrap(),
-            Vec::<String>::new()
+            Vec::<Announced>::new()
         );
         let outside = json!({ "kvs": [kv("/g/spaces/http://a:1")] });
         assert!(spaces_in("e", "/f/spaces/", &outside).is_err());

@@ -1079,7 +1079,7 @@ impl Sessions {
                     memory_bytes: None,
                 };
                 Some(if standby_auto {
-                    self.choose_standby(&id, req.checkpoint_every_ms, &need, &[])?
+                    self.choose_standby(&id, req.checkpoint_every_ms, &need, &[], false)?
                 } else {
                     self.check_standby(to, req.checkpoint_every_ms, &need)?
                 })

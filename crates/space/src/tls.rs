@@ -67,22 +67,86 @@ pub fn client_config() -> ureq::tls::TlsConfig {
     static CONFIG: OnceLock<ureq::tls::TlsConfig> = OnceLock::new();
     CONFIG
         .get_or_init(|| {
-            let roots = match std::env::var_os("FERRY_TLS_CA") {
-                None => ureq::tls::RootCerts::WebPki,
-                Some(path) => match read_roots(Path::new(&path)) {
-                    Ok(certs) => ureq::tls::RootCerts::new_with_certs(&certs),
-                    Err(e) => {
-                        eprintln!("ferry: FERRY_TLS_CA: {e}; no HTTPS peer is trusted");
-                        ureq::tls::RootCerts::new_with_certs(&[])
-                    }
-                },
-            };
             ureq::tls::TlsConfig::builder()
                 .provider(ureq::tls::TlsProvider::Rustls)
-                .root_certs(roots)
+                .root_certs(default_roots())
                 .build()
         })
         .clone()
+}
+
+/// The roots [`client_config`] trusts.
+fn default_roots() -> ureq::tls::RootCerts {
+    match std::env::var_os("FERRY_TLS_CA") {
+        None => ureq::tls::RootCerts::WebPki,
+        Some(path) => match read_roots(Path::new(&path)) {
+            Ok(certs) => ureq::tls::RootCerts::new_with_certs(&certs),
+            Err(e) => {
+                eprintln!("ferry: FERRY_TLS_CA: {e}; no HTTPS peer is trusted");
+                ureq::tls::RootCerts::new_with_certs(&[])
+            }
+        },
+    }
+}
+
+/// What a space trusts and presents when it speaks to etcd over HTTPS (`ferry serve
+/// --etcd-ca`, `--etcd-cert`, `--etcd-key`): the certificates in `ca` (else what
+/// [`client_config`] trusts), and the client certificate chain `cert` with its key, for an
+/// etcd started with `--client-cert-auth`. Files that cannot be read, hold no certificate or
+/// key, or a key that does not serve the certificate are refused here, before any
+/// connection.
+pub fn etcd_client_config(
+    ca: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
+) -> Result<ureq::tls::TlsConfig, String> {
+    let roots = match ca {
+        Some(ca) => ureq::tls::RootCerts::new_with_certs(&read_roots(ca)?),
+        None => default_roots(),
+    };
+    let mut builder = ureq::tls::TlsConfig::builder()
+        .provider(ureq::tls::TlsProvider::Rustls)
+        .root_certs(roots);
+    if let Some((cert, key)) = identity {
+        let chain = CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| {
+                format!(
+                    "cannot read a certificate chain from {}: {e}",
+                    cert.display()
+                )
+            })?;
+        if chain.is_empty() {
+            return Err(format!("no certificate in {}", cert.display()));
+        }
+        let key_der = PrivateKeyDer::from_pem_file(key)
+            .map_err(|e| format!("cannot read a private key from {}: {e}", key.display()))?;
+        // The pair checked as rustls will use it, so a mismatch is said now, naming the
+        // files, rather than at each connection.
+        #[allow(deprecated)]
+        let provider = rustls::crypto::ring::default_provider();
+        rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_client_auth_cert(chain.clone(), key_der.clone_key())
+            .map_err(|e| {
+                format!(
+                    "the key in {} does not serve the certificate in {}: {e}",
+                    key.display(),
+                    cert.display()
+                )
+            })?;
+        let chain: Vec<_> = chain
+            .iter()
+            .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
+            .collect();
+        let key = std::fs::read(key)
+            .map_err(|e| e.to_string())
+            .and_then(|pem| ureq::tls::PrivateKey::from_pem(&pem).map_err(|e| e.to_string()))
+            .map_err(|e| format!("cannot read a private key from {}: {e}", key.display()))?;
+        builder = builder.client_cert(Some(ureq::tls::ClientCert::new_with_certs(&chain, key)));
+    }
+    Ok(builder.build())
 }
 
 /// `msg` with a hint for the TLS failure it reports, when it has one a user can act on.

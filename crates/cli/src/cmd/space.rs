@@ -59,6 +59,23 @@ pub struct ServeArgs {
     /// With --etcd-user: the file holding its password.
     #[arg(long, value_name = "FILE", requires = "etcd_user")]
     etcd_password_file: Option<PathBuf>,
+    /// With --etcd at https:// URLs: the PEM file of the CA(s) that sign etcd's certificates
+    /// [default: those FERRY_TLS_CA names, else Mozilla's roots].
+    #[arg(long, value_name = "FILE", requires = "etcd")]
+    etcd_ca: Option<PathBuf>,
+    /// With --etcd: the client certificate chain (PEM) this space presents to an etcd
+    /// started with --client-cert-auth (with --etcd-key).
+    #[arg(long, value_name = "FILE", requires_all = ["etcd", "etcd_key"])]
+    etcd_cert: Option<PathBuf>,
+    /// The private key of --etcd-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// With --etcd: the failure domain this space is in (a machine, rack or data centre
+    /// it shares with others: letters, digits, `.`, `_`, `-`). A session run here with
+    /// `--standby auto` gets a standby of another zone when one can stand by, and is moved
+    /// to one when it appears.
+    #[arg(long, value_name = "NAME", requires = "etcd")]
+    zone: Option<String>,
     /// With --etcd: how long a destination holds a prepared copy while the move's source
     /// does not answer, before it gives the move up (in etcd: the source cannot commit it
     /// after that, and runs the guest on).
@@ -141,6 +158,21 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
         None => None,
         Some(name) => Some((name.clone(), etcd_password(a.etcd_password_file.as_ref())?)),
     };
+    if let Some(zone) = &a.zone {
+        anyhow::ensure!(
+            ferry_space::owners::valid_zone(zone),
+            "--zone `{zone}`: 1 to 64 letters, digits, `.`, `_` or `-`"
+        );
+    }
+    let etcd_tls = if a.etcd_ca.is_some() || a.etcd_cert.is_some() {
+        let identity = a.etcd_cert.as_deref().zip(a.etcd_key.as_deref());
+        Some(
+            ferry_space::tls::etcd_client_config(a.etcd_ca.as_deref(), identity)
+                .map_err(|e| anyhow::anyhow!("--etcd-ca/--etcd-cert: {e}"))?,
+        )
+    } else {
+        None
+    };
     let peer_token = match &a.peer_token_file {
         Some(f) => self::token(Some(f))?,
         None => token.clone(),
@@ -198,7 +230,13 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
             None
         } else {
             let owners = (!a.etcd.is_empty()).then(|| {
-                let o = ferry_space::owners::Owners::new(&a.etcd, &a.etcd_prefix, &advertise);
+                let mut o = ferry_space::owners::Owners::new(&a.etcd, &a.etcd_prefix, &advertise);
+                if let Some(tls) = etcd_tls {
+                    o = o.with_tls(tls);
+                }
+                if let Some(zone) = &a.zone {
+                    o = o.with_zone(zone);
+                }
                 Arc::new(match &etcd_user {
                     Some((name, password)) => o.with_user(name, password),
                     None => o,

@@ -258,6 +258,67 @@ fn a_fleet_signs_in_to_an_etcd_that_authenticates_its_users() {
     stores_verify(&[&a, &b]);
 }
 
+/// An etcd that speaks HTTPS and accepts only clients with a certificate its CA signed
+/// (`--client-cert-auth`): a space that does not trust etcd's certificate, presents no client
+/// certificate, one from another CA, or a key that does not serve its certificate refuses to
+/// start, saying which option to give; one given `--etcd-ca`, `--etcd-cert` and `--etcd-key`
+/// records its sessions and moves there.
+#[test]
+fn a_fleet_speaks_tls_to_an_etcd_that_checks_client_certificates() {
+    let Some(etcd) = Etcd::start_tls() else {
+        return;
+    };
+    let tls = etcd.tls.as_ref().unwrap();
+    let env = client();
+    let serve = ["serve", "--listen", "127.0.0.1:0", "--etcd", &etcd.url];
+    let start = |extra: &[&str]| env.output(&[&serve[..], extra].concat());
+    let (_, err, code) = start(&[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("give --etcd-ca"), "{err}");
+    let ca = ["--etcd-ca", tls.ca.as_str()];
+    let (_, err, code) = start(&ca);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--etcd-cert and --etcd-key"), "{err}");
+    let (cert, key) = (tls.client.0.as_str(), tls.client.1.as_str());
+    let (_, err, code) = start(&[&ca[..], &["--etcd-cert", cert]].concat());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--etcd-key"), "{err}");
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = crate::harness::TestCa::new(other_dir.path());
+    let (stranger, stranger_key) = other.issue("stranger", "extendedKeyUsage=clientAuth");
+    let mismatched = [&ca[..], &["--etcd-cert", cert, "--etcd-key", &stranger_key]].concat();
+    let (_, err, code) = start(&mismatched);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("does not serve the certificate"), "{err}");
+    let (_, err, code) = start(
+        &[
+            &ca[..],
+            &["--etcd-cert", &stranger, "--etcd-key", &stranger_key],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("etcd cannot be reached") && err.contains("may not trust the client"),
+        "{err}"
+    );
+    let fleet = [&ca[..], &["--etcd-cert", cert, "--etcd-key", key]].concat();
+    let a = fleet_space(&etcd, &fleet);
+    let b = fleet_space(&etcd, &fleet);
+    let plain = run_cpu_guest(&env, &a.url, "sealed", "800");
+    assert_eq!(
+        etcd.owner("sealed"),
+        Some(json!({"space": a.url, "epoch": 1}))
+    );
+    ok(&env, &a.url, &["migrate", "sealed", "--to", &b.url]);
+    assert_eq!(
+        etcd.owner("sealed"),
+        Some(json!({"space": b.url, "epoch": 2}))
+    );
+    assert_finished_like(&env, &b.url, "sealed", &plain.stdout);
+    stores_verify(&[&a, &b]);
+}
+
 /// A fleet given every member of a three-member etcd cluster: with the member it asks first
 /// gone, the other two decide its moves; with two gone (no quorum) a move is refused before
 /// its guest pauses, and the guest runs on; once a member is back the session moves, and it
@@ -841,6 +902,71 @@ fn in_a_fleet_a_session_whose_space_chooses_its_standby_keeps_one_through_failur
     });
     finished_once(&[&a, b, c], "kept", b);
     stores_verify(&[b, c]);
+}
+
+/// Spaces in zones (`serve --zone`): a session whose space chooses its standby gets one of
+/// another zone; with that one gone, one of its own zone; and, once a space of another zone
+/// is back, is moved to it (the one of its own zone drops its copy). The session ends once,
+/// with an uninterrupted run's output. A zone name `--zone` does not take is refused.
+#[test]
+fn in_a_fleet_a_chosen_standby_is_of_another_zone_when_one_can_stand_by() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let (_, err, code) = here.output(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--etcd",
+        &etcd.url,
+        "--zone",
+        "rack 1",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--zone `rack 1`"), "{err}");
+    let zone = |z| ["--lease-ttl", "2s", "--zone", z];
+    let a = fleet_space(&etcd, &zone("rack-1"));
+    let b = fleet_space(&etcd, &zone("rack-1"));
+    let mut c = fleet_space(&etcd, &zone("rack-2"));
+    let plain = run_with_standby(&here, &a, "auto", "zoned", "1000");
+    assert_eq!(standby_of(&a, "zoned").as_deref(), Some(c.url.as_str()));
+    eventually("the standby of another zone holds a checkpoint", || {
+        c.state("zoned").as_deref() == Some("standby")
+    });
+
+    // The only space of another zone dies: one of the owner's zone will do meanwhile.
+    c.stop();
+    eventually("the owner chooses the space of its own zone", || {
+        standby_of(&a, "zoned").as_deref() == Some(b.url.as_str())
+    });
+    eventually("it holds a checkpoint", || {
+        b.state("zoned").as_deref() == Some("standby")
+    });
+
+    // Back: the standby moves to the other zone, and the one of the owner's zone drops its
+    // copy.
+    c.spawn(None);
+    eventually("the owner moves the standby to the other zone", || {
+        standby_of(&a, "zoned").as_deref() == Some(c.url.as_str())
+    });
+    eventually(
+        "the standby of another zone holds a checkpoint again",
+        || {
+            c.session("zoned")
+                .is_some_and(|s| s["state"] == "standby" && s["source"] == json!(a.url))
+        },
+    );
+    eventually("the one of the owner's zone drops its copy", || {
+        b.state("zoned").is_none()
+    });
+    assert_eq!(
+        standby_record(&etcd, "zoned"),
+        json!({"space": c.url, "epoch": 1})
+    );
+    assert_finished_like(&here, &a.url, "zoned", &plain);
+    finished_once(&[&a, &b, &c], "zoned", &a);
+    stores_verify(&[&a, &b, &c]);
 }
 
 /// Session `id` (`sleepy 300`) run on A, which dies at `fault` (`FERRY_FAULT`) of

@@ -764,6 +764,107 @@ fn etcd_tools() -> Option<(String, String)> {
     Some((etcd, etcdctl))
 }
 
+/// A private CA made with `openssl` in a directory, issuing certificates for TLS tests.
+pub struct TestCa {
+    dir: PathBuf,
+    /// Its certificate (PEM file).
+    pub cert: String,
+    key: String,
+}
+
+impl TestCa {
+    pub fn new(dir: &Path) -> Self {
+        let ca = Self {
+            dir: dir.to_owned(),
+            cert: dir.join("ca.pem").to_str().unwrap().to_owned(),
+            key: dir.join("ca-key.pem").to_str().unwrap().to_owned(),
+        };
+        let subject = "/CN=ferry test CA";
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &EC_KEY,
+                &["-days", "2", "-subj", subject, "-keyout", &ca.key],
+                &["-out", &ca.cert],
+            ]
+            .concat(),
+        );
+        ca
+    }
+
+    /// A certificate it signed for `name`, with the extension lines `ext` (as an openssl
+    /// extension file has them; `CA:FALSE` is added): (the certificate, its key), PEM files.
+    pub fn issue(&self, name: &str, ext: &str) -> (String, String) {
+        let path = |f: String| self.dir.join(f).to_str().unwrap().to_owned();
+        let (cert, key, csr) = (
+            path(format!("{name}.pem")),
+            path(format!("{name}-key.pem")),
+            path(format!("{name}.csr")),
+        );
+        let subject = format!("/CN=ferry test {name}");
+        openssl(
+            &[
+                &["req"][..],
+                &EC_KEY,
+                &["-subj", &subject, "-keyout", &key, "-out", &csr],
+            ]
+            .concat(),
+        );
+        let extfile = path(format!("{name}.ext"));
+        std::fs::write(&extfile, format!("basicConstraints=CA:FALSE\n{ext}\n")).unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &self.cert,
+            "-CAkey",
+            &self.key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &extfile,
+            "-out",
+            &cert,
+        ]);
+        (cert, key)
+    }
+}
+
+/// openssl's arguments for a new P-256 key, unencrypted.
+const EC_KEY: [&str; 5] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+];
+
+fn openssl(args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("openssl (scripts/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// How etcd speaks TLS ([`Etcd::start_tls`]), and how etcdctl reaches it.
+pub struct EtcdTls {
+    /// The CA that signed etcd's certificate and the clients' (PEM).
+    pub ca: String,
+    /// A client certificate and key etcd accepts (PEM files).
+    pub client: (String, String),
+    /// The CA itself, to issue more certificates.
+    pub issuer: TestCa,
+    _dir: tempfile::TempDir,
+}
+
 pub struct Etcd {
     child: Child,
     /// Its client URL at 127.0.0.1 (it listens at 127.0.0.3 too: [`Etcd::url_at`]).
@@ -771,21 +872,59 @@ pub struct Etcd {
     etcdctl: String,
     /// `user:password` for etcdctl once [`Etcd::enable_auth`] turned authentication on.
     root: Option<String>,
+    /// Set by [`Etcd::start_tls`].
+    pub tls: Option<EtcdTls>,
     _dir: tempfile::TempDir,
 }
 
 impl Etcd {
     pub fn start() -> Option<Self> {
+        Self::start_with(None)
+    }
+
+    /// An etcd serving HTTPS with a certificate of a private CA, which accepts only clients
+    /// with a certificate that CA signed (`--client-cert-auth`).
+    pub fn start_tls() -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new(dir.path());
+        // Client authentication too: etcd's JSON gateway reaches etcd's own gRPC service
+        // with the server's certificate.
+        let _ = ca.issue(
+            "etcd",
+            "subjectAltName=IP:127.0.0.1,IP:127.0.0.3\nextendedKeyUsage=serverAuth,clientAuth",
+        );
+        let client = ca.issue("client", "extendedKeyUsage=clientAuth");
+        Self::start_with(Some(EtcdTls {
+            ca: ca.cert.clone(),
+            client,
+            issuer: ca,
+            _dir: dir,
+        }))
+    }
+
+    fn start_with(tls: Option<EtcdTls>) -> Option<Self> {
         let (etcd, etcdctl) = etcd_tools()?;
         let (client, peer) = (free_port(), free_port());
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("http://127.0.0.1:{client}");
-        let child = Command::new(etcd)
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://127.0.0.1:{client}");
+        let mut cmd = Command::new(etcd);
+        if let Some(t) = &tls {
+            let at = |f: &str| t.issuer.dir.join(f).to_str().unwrap().to_owned();
+            cmd.args([
+                "--cert-file",
+                &at("etcd.pem"),
+                "--key-file",
+                &at("etcd-key.pem"),
+            ])
+            .args(["--client-cert-auth", "--trusted-ca-file", &t.ca]);
+        }
+        let child = cmd
             .arg("--data-dir")
             .arg(dir.path())
             .args([
                 "--listen-client-urls",
-                &format!("{url},http://127.0.0.3:{client}"),
+                &format!("{url},{scheme}://127.0.0.3:{client}"),
                 "--advertise-client-urls",
                 &url,
             ])
@@ -807,6 +946,7 @@ impl Etcd {
             url,
             etcdctl,
             root: None,
+            tls,
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -835,6 +975,16 @@ impl Etcd {
     fn etcdctl(&self) -> Command {
         let mut c = Command::new(&self.etcdctl);
         c.args(["--endpoints", &self.url]);
+        if let Some(t) = &self.tls {
+            c.args([
+                "--cacert",
+                &t.ca,
+                "--cert",
+                &t.client.0,
+                "--key",
+                &t.client.1,
+            ]);
+        }
         if let Some(root) = &self.root {
             c.args(["--user", root]);
         }

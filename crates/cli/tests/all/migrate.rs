@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{Blackhole, Env, SPACE_TOKEN, Seen, SpaceProc, dir_contents, guest};
+use crate::harness::{Blackhole, Env, SPACE_TOKEN, Seen, SpaceProc, TestCa, dir_contents, guest};
 
 /// `cli`, which must succeed.
 pub(crate) fn ok(here: &Env, space: &str, args: &[&str]) {
@@ -916,75 +916,9 @@ fn a_copy_held_through_a_partition_is_dropped_when_the_session_moved_elsewhere()
 /// A private CA and a certificate it signed for 127.0.0.1, made with `openssl` in `dir`:
 /// (the CA's certificate, the space's certificate, its key).
 fn tls_files(dir: &std::path::Path) -> (String, String, String) {
-    let path = |f: &str| dir.join(f).to_str().unwrap().to_owned();
-    let openssl = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .output()
-            .expect("openssl (scripts/setup.sh installs it)");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let (ca, ca_key) = (path("ca.pem"), path("ca-key.pem"));
-    let (cert, key, csr) = (path("cert.pem"), path("key.pem"), path("cert.csr"));
-    openssl(
-        &[
-            &["req", "-x509"][..],
-            &ec,
-            &["-days", "2", "-subj", "/CN=ferry test CA"],
-            &["-keyout", &ca_key, "-out", &ca],
-        ]
-        .concat(),
-    );
-    openssl(
-        &[
-            &["req"][..],
-            &ec,
-            &[
-                "-subj",
-                "/CN=ferry test space",
-                "-keyout",
-                &key,
-                "-out",
-                &csr,
-            ],
-        ]
-        .concat(),
-    );
-    let ext = path("ext.cnf");
-    std::fs::write(
-        &ext,
-        "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\n",
-    )
-    .unwrap();
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        &csr,
-        "-CA",
-        &ca,
-        "-CAkey",
-        &ca_key,
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        &ext,
-        "-out",
-        &cert,
-    ]);
-    (ca, cert, key)
+    let ca = TestCa::new(dir);
+    let (cert, key) = ca.issue("space", "subjectAltName=IP:127.0.0.1");
+    (ca.cert, cert, key)
 }
 
 /// Spaces serving HTTPS (`--tls-cert`, `--tls-key`): the CLI and the spaces trust a private

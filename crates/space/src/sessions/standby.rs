@@ -31,7 +31,7 @@ use crate::api::{
     AdmissionCheck, Admitted, ApiError, SessionInfo, SetStandby, StandbyRequest, State, session_id,
 };
 use crate::client::{SpaceClient, send_closure};
-use crate::owners::{EndStandby, Owner};
+use crate::owners::{Announced, EndStandby, Owner};
 
 /// How often a standby space reads etcd for each copy it holds.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
@@ -76,6 +76,20 @@ fn output_len(store: &dyn ferry_store::Store, k: &Kappa) -> Result<u64, String> 
         ferry_object::decode(&store.get(&o).map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
     Ok(log.len)
+}
+
+/// Whether `space` is announced in another zone than `mine` (neither may be unnamed).
+fn apart(mine: Option<&str>, space: &Announced) -> bool {
+    matches!((mine, space.zone.as_deref()), (Some(m), Some(z)) if m != z)
+}
+
+/// What the keeper looked at when it asks for another standby.
+struct Keeping {
+    /// The session's standby then.
+    looked_at: Option<String>,
+    /// Only a space of another zone will do (the standby works, but shares this space's
+    /// zone).
+    apart_only: bool,
 }
 
 /// A standby lives on a session's checkpoints: refused for one that takes none.
@@ -156,14 +170,17 @@ impl Sessions {
 
     /// Chooses a standby for session `id` (`--standby auto`): the first live space of the
     /// fleet, other than this one and `avoid`, that passes [`Sessions::check_standby`] —
-    /// starting at a place the session id picks, so that a space's sessions spread over
-    /// the fleet. Refused with each candidate's reason when none does.
+    /// those of another zone than this space's first (`ferry serve --zone`), and within
+    /// each group starting at a place the session id picks, so that a space's sessions
+    /// spread over the fleet. With `apart_only`, only spaces of another zone. Refused with
+    /// each candidate's reason when none passes.
     pub(super) fn choose_standby(
         &self,
         id: &str,
         checkpoint_every_ms: Option<u64>,
         need: &AdmissionCheck,
         avoid: &[String],
+        apart_only: bool,
     ) -> Result<String, ApiError> {
         use std::hash::{Hash, Hasher};
         let Some(o) = &self.cfg.owners else {
@@ -172,7 +189,7 @@ impl Sessions {
             ));
         };
         needs_checkpoints(checkpoint_every_ms)?;
-        let mut candidates: Vec<String> = o
+        let mut candidates: Vec<Announced> = o
             .live_spaces()
             .map_err(|e| {
                 ApiError::unavailable(format!(
@@ -180,12 +197,17 @@ impl Sessions {
                 ))
             })?
             .into_iter()
-            .filter(|s| s != o.me() && !avoid.contains(s))
+            .filter(|s| s.space != o.me() && !avoid.contains(&s.space))
+            .filter(|s| !apart_only || apart(o.zone(), s))
             .collect();
         if candidates.is_empty() {
             return Err(ApiError::unavailable(format!(
                 "no space of the fleet can stand by for session `{id}`: etcd announces no \
-                 other live space{}",
+                 other live space{}{}",
+                match (apart_only, o.zone()) {
+                    (true, Some(zone)) => format!(" outside zone `{zone}`"),
+                    _ => String::new(),
+                },
                 if avoid.is_empty() {
                     String::new()
                 } else {
@@ -197,8 +219,10 @@ impl Sessions {
         id.hash(&mut h);
         let start = (h.finish() % candidates.len() as u64) as usize;
         candidates.rotate_left(start);
+        // A stable sort: each group keeps the order the id picked.
+        candidates.sort_by_key(|s| !apart(o.zone(), s));
         let mut refusals = Vec::new();
-        for c in &candidates {
+        for c in candidates.iter().map(|c| &c.space) {
             match self.check_standby(c, checkpoint_every_ms, need) {
                 Ok(to) => return Ok(to),
                 Err(e) => refusals.push(e.msg),
@@ -208,6 +232,24 @@ impl Sessions {
             "no space of the fleet can stand by for session `{id}`: {}",
             refusals.join("; ")
         )))
+    }
+
+    /// Whether session `info`'s standby should move to another zone: this space names a
+    /// zone, the standby is not announced in another one, and some other live space is.
+    fn apart_wanted<'a>(&self, info: &SessionInfo, spaces: &'a [Announced]) -> Option<&'a str> {
+        let o = self.cfg.owners.as_ref()?;
+        let standby = info.standby.as_deref()?;
+        let zone = o.zone()?;
+        if spaces
+            .iter()
+            .any(|s| s.space == standby && apart(Some(zone), s))
+        {
+            return None;
+        }
+        spaces
+            .iter()
+            .find(|s| s.space != o.me() && s.space != standby && apart(Some(zone), s))
+            .map(|s| s.space.as_str())
     }
 
     /// Hands a new snapshot of a session that has a standby to its sender thread (started
@@ -600,23 +642,24 @@ impl Sessions {
         self.set_standby_if(id, req, None)
     }
 
-    /// [`Sessions::set_standby`]; with `keeper`, only while the space still chooses the
-    /// session's standby and that is still `keeper`'s (an operator may have named one, or
-    /// none, since the keeper looked): else the session is left as it is.
+    /// [`Sessions::set_standby`]; for the keeper, only while the space still chooses the
+    /// session's standby and that is still the one the keeper looked at (an operator may
+    /// have named one, or none, since): else the session is left as it is.
     fn set_standby_if(
         self: &Arc<Self>,
         id: &str,
         req: SetStandby,
-        keeper: Option<&Option<String>>,
+        keeper: Option<&Keeping>,
     ) -> Result<SessionInfo, ApiError> {
         let live = self.get(id)?;
         let _turn = lock(&live.turn);
         let info = live.info();
-        if let Some(was) = keeper
-            && !(info.standby_auto && info.standby == *was)
+        if let Some(k) = keeper
+            && !(info.standby_auto && info.standby == k.looked_at)
         {
             return Ok(info);
         }
+        let apart_only = keeper.is_some_and(|k| k.apart_only);
         let Some(o) = &self.cfg.owners else {
             return Err(ApiError::bad_request(
                 "a standby needs a fleet: this space was started without --etcd",
@@ -703,7 +746,14 @@ impl Sessions {
         let info = loop {
             let to = match &check {
                 Some(check) => {
-                    match self.choose_standby(id, info.checkpoint_every_ms, check, &avoid) {
+                    let chosen = self.choose_standby(
+                        id,
+                        info.checkpoint_every_ms,
+                        check,
+                        &avoid,
+                        apart_only,
+                    );
+                    match chosen {
                         Ok(to) => to,
                         Err(e) if failed.is_empty() => return Err(e),
                         Err(_) => {
@@ -917,23 +967,37 @@ impl Sessions {
     }
 
     /// One session of [`Sessions::keep_standbys`]; `spaces`: the live spaces of the fleet.
-    fn keep_one(self: &Arc<Self>, live: &Arc<Live>, spaces: &[String]) {
+    fn keep_one(self: &Arc<Self>, live: &Arc<Live>, spaces: &[Announced]) {
         let info = live.info();
+        let mut apart_only = false;
         let why = match &info.standby {
             None => "it has none".to_owned(),
-            Some(s) if !spaces.contains(s) => format!("{s} is gone from the fleet"),
+            Some(s) if !spaces.iter().any(|a| a.space == *s) => {
+                format!("{s} is gone from the fleet")
+            }
             Some(s) => match *lock(&live.standby_failing_since) {
                 Some(t) if t.elapsed() >= stuck_for() => format!(
                     "{s} has taken none of its checkpoints for {} s",
                     t.elapsed().as_secs()
                 ),
-                _ => return,
+                _ => match self.apart_wanted(&info, spaces) {
+                    // Only a space of another zone replaces a standby that works.
+                    Some(other) => {
+                        apart_only = true;
+                        format!("{s} is not in another zone than this space's, and {other} is")
+                    }
+                    None => return,
+                },
             },
         };
         let req = SetStandby {
             to: Some(AUTO.into()),
         };
-        match self.set_standby_if(&info.id, req, Some(&info.standby)) {
+        let keeping = Keeping {
+            looked_at: info.standby.clone(),
+            apart_only,
+        };
+        match self.set_standby_if(&info.id, req, Some(&keeping)) {
             Ok(now) => {
                 *lock(&live.keeper_said) = None;
                 info!(session = %info.id, standby = now.standby.as_deref().unwrap_or("none"), why, "another standby chosen");
