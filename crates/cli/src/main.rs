@@ -66,6 +66,9 @@ enum Command {
     /// Give a space's session another standby, or a first one (--to URL, a space of the same
     /// etcd fleet), or none (--none).
     Standby(cmd::remote::StandbyArgs),
+    /// The live spaces of a space's etcd fleet: their zones, and how many of its sessions
+    /// each stands by for.
+    Fleet(cmd::remote::FleetArgs),
     /// Take a space's session back from the browser tab or Node process it was lent to: it is
     /// suspended at its last snapshot, and that client is fenced.
     Reclaim(cmd::remote::SessionArgs),
@@ -180,6 +183,7 @@ fn main() -> ExitCode {
         Command::Migrate(a) => cmd::remote::migrate(&settings, a),
         Command::Reclaim(a) => cmd::remote::reclaim(&settings, a),
         Command::Standby(a) => cmd::remote::standby(&settings, a),
+        Command::Fleet(a) => cmd::remote::fleet(&settings, a),
         Command::Inspect(a) => cmd::inspect::run(&settings, a),
         Command::Store(c) => cmd::store::run(&settings, c),
         Command::Bench(a) => cmd::bench::run(&settings, a),

@@ -267,6 +267,31 @@ pub struct SetStandby {
     pub to: Option<String>,
 }
 
+/// `GET /v1/fleet`: the spaces of this space's etcd fleet that are alive (announced under a
+/// lease), as etcd says now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fleet {
+    /// This space's URL, as the fleet knows it (`--advertise`).
+    pub me: String,
+    /// This space's zone (`ferry serve --zone`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// The live spaces, sorted by URL (this one among them while its lease is alive).
+    pub spaces: Vec<FleetSpace>,
+}
+
+/// One live space of a [`Fleet`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetSpace {
+    pub space: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// How many sessions run or suspended here it stands by for.
+    pub standby_for: u64,
+}
+
 /// `POST /v1/admission`: whether this space's policy would admit a guest with these needs;
 /// nothing is started. A space asks a session's standby before it runs the session.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

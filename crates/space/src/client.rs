@@ -597,6 +597,11 @@ impl SpaceClient {
         self.get_json("/v1/sessions")
     }
 
+    /// `GET /v1/fleet`.
+    pub fn fleet(&self) -> Result<crate::api::Fleet, ApiError> {
+        self.get_json("/v1/fleet")
+    }
+
     pub fn session(&self, id: &str) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;
         self.get_json(&format!("/v1/sessions/{id}"))

@@ -588,6 +588,11 @@ async fn admission(
     session_call(s, move |ss| ss.admission(&req)).await
 }
 
+/// `GET /v1/fleet`: the live spaces of this space's etcd fleet.
+async fn fleet(State(s): State<Shared>) -> Response {
+    session_call(s, |ss| ss.fleet()).await
+}
+
 /// `POST /v1/sessions/{id}/lend`: a client outside the space takes the session over.
 async fn lend_session(
     State(s): State<Shared>,
@@ -707,6 +712,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/sessions/{id}/standby", post(standby_session))
         .route("/v1/sessions/{id}/set-standby", post(set_standby))
         .route("/v1/admission", post(admission))
+        .route("/v1/fleet", get(fleet))
         .route("/v1/migrations", post(prepare_migration))
         .route("/v1/migrations/{id}/commit", post(commit_migration))
         .route("/v1/migrations/{id}/abort", post(abort_migration))

@@ -593,6 +593,50 @@ pub fn standby(settings: &Settings, a: StandbyArgs) -> Result<ExitCode> {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct FleetArgs {
+    /// The answer of `GET /v1/fleet` as it comes (JSON).
+    #[arg(long)]
+    json: bool,
+}
+
+/// `ferry --space URL fleet`: the live spaces of the space's fleet, one a line: URL, zone,
+/// how many of this space's sessions it stands by for.
+pub fn fleet(settings: &Settings, a: FleetArgs) -> Result<ExitCode> {
+    let f = client(settings)?.fleet().map_err(api)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&f)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let width = f
+        .spaces
+        .iter()
+        .map(|s| s.space.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    println!("{:<width$}  {:<16} STANDS BY FOR", "SPACE", "ZONE");
+    for s in &f.spaces {
+        let by = if s.space == f.me {
+            "(this space)".to_owned()
+        } else {
+            match s.standby_for {
+                1 => "1 session".to_owned(),
+                n => format!("{n} sessions"),
+            }
+        };
+        let zone = s.zone.as_deref().unwrap_or("-");
+        println!("{:<width$}  {zone:<16} {by}", s.space);
+    }
+    if !f.spaces.iter().any(|s| s.space == f.me) {
+        eprintln!(
+            "ferry: {} is not announced in etcd (its lease ran out: cut off from etcd?)",
+            f.me
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, clap::Args)]
 pub struct MigrateArgs {
     /// Session id (see `ferry --space URL ps`).
     session: String,

@@ -964,6 +964,25 @@ fn in_a_fleet_a_chosen_standby_is_of_another_zone_when_one_can_stand_by() {
         standby_record(&etcd, "zoned"),
         json!({"space": c.url, "epoch": 1})
     );
+    // `fleet` lists the live spaces with their zones, and whom each stands by for.
+    let (listed, err, code) = cli(&here, &a.url, &["fleet"]);
+    assert_eq!(code, 0, "{err}");
+    let row = |s: &SpaceProc| {
+        let line = listed.lines().find(|l| l.starts_with(&s.url)).unwrap();
+        line.split_whitespace()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(
+        [row(&a), row(&b), row(&c)],
+        [
+            "rack-1 (this space)",
+            "rack-1 0 sessions",
+            "rack-2 1 session"
+        ],
+        "{listed}"
+    );
     assert_finished_like(&here, &a.url, "zoned", &plain);
     finished_once(&[&a, &b, &c], "zoned", &a);
     stores_verify(&[&a, &b, &c]);
@@ -1088,6 +1107,8 @@ fn a_standby_is_refused_where_it_cannot_work() {
     let every = ["--checkpoint-every", "200ms", "--standby"];
     let err = run(&lone.url, &[&every[..], &[a.url.as_str()]].concat());
     assert!(err.contains("without --etcd"), "{err}");
+    let err = refused(&here, &lone.url, &["fleet"]);
+    assert!(err.contains("it is in no fleet"), "{err}");
     let err = run(&a.url, &[&every[..], &[lone.url.as_str()]].concat());
     assert!(err.contains("not a space of this fleet"), "{err}");
     let err = run(&a.url, &[&every[..], &[a.url.as_str()]].concat());

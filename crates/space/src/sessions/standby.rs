@@ -234,6 +234,39 @@ impl Sessions {
         )))
     }
 
+    /// `GET /v1/fleet`: the live spaces of this space's fleet, and for each how many of the
+    /// sessions here it stands by for.
+    pub fn fleet(&self) -> Result<crate::api::Fleet, ApiError> {
+        let Some(o) = &self.cfg.owners else {
+            return Err(ApiError::bad_request(
+                "this space was started without --etcd: it is in no fleet",
+            ));
+        };
+        let spaces = o.live_spaces().map_err(|e| {
+            ApiError::unavailable(format!(
+                "cannot ask etcd which spaces are in the fleet: {e}"
+            ))
+        })?;
+        let standbys: Vec<String> = lock(&self.live)
+            .values()
+            .map(|l| l.info())
+            .filter(|i| matches!(i.state, State::Running | State::Suspended))
+            .filter_map(|i| i.standby)
+            .collect();
+        Ok(crate::api::Fleet {
+            me: o.me().to_owned(),
+            zone: o.zone().map(str::to_owned),
+            spaces: spaces
+                .into_iter()
+                .map(|a| crate::api::FleetSpace {
+                    standby_for: standbys.iter().filter(|s| **s == a.space).count() as u64,
+                    space: a.space,
+                    zone: a.zone,
+                })
+                .collect(),
+        })
+    }
+
     /// Whether session `info`'s standby should move to another zone: this space names a
     /// zone, the standby is not announced in another one, and some other live space is.
     fn apart_wanted<'a>(&self, info: &SessionInfo, spaces: &'a [Announced]) -> Option<&'a str> {
