@@ -137,6 +137,11 @@ pub struct SessionInfo {
     /// held back meanwhile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby_error: Option<String>,
+    /// The guest has stopped, but its end waits for etcd (why it cannot be asked): a session
+    /// with a standby ends only once its standby record is removed, so that nothing takes
+    /// it over afterwards. Its state says `running` meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_waits: Option<String>,
     /// The standby is chosen by the space (`--standby auto`) among the live spaces of the
     /// fleet, and chosen again when it is gone, refuses checkpoints for long, or took the
     /// session over (on a standby copy: the owner chose so).
@@ -185,6 +190,7 @@ impl SessionInfo {
             space: None,
             standby: None,
             standby_error: None,
+            end_waits: None,
             standby_auto: false,
             released: None,
             resume_on_takeover: false,

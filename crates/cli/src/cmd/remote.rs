@@ -211,6 +211,13 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
         {
             failing.push(crate::cmd::ps::snapshot_failed(&s.id, e));
         }
+        if let Some(e) = &s.end_waits {
+            failing.push(format!(
+                "ferry: {}: the guest has stopped; its end is recorded once etcd answers \
+                 (until then its standby must not take it over): {e}",
+                s.id
+            ));
+        }
         if s.state.is_live()
             && let Some(e) = &s.standby_error
         {
@@ -250,6 +257,7 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
             (_, _, Some(k)) if s.state.is_live() && s.standby.is_some() => {
                 let k: String = k.chars().take(19).collect();
                 match &s.standby_error {
+                    _ if s.end_waits.is_some() => format!("{k} (stopped; its end waits for etcd)"),
                     Some(_) => format!("{k} (output held back)"),
                     None => format!(
                         "{k} (standby {}{})",

@@ -988,6 +988,45 @@ fn in_a_fleet_a_chosen_standby_is_of_another_zone_when_one_can_stand_by() {
     stores_verify(&[&a, &b, &c]);
 }
 
+/// A session with a standby whose guest ends while its space cannot reach etcd: the end
+/// waits (nothing may take the session over once it is recorded), the session says so
+/// (`end_waits`, and `ps`) while its state is still `running`, and it ends once etcd answers
+/// again — once, with an uninterrupted run's output, the standby dropping its copy.
+#[test]
+fn in_a_fleet_a_session_that_ends_while_etcd_is_out_of_reach_says_its_end_waits() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    // A lease long enough that A, cut off, is not taken over while the test looks.
+    let a = SpaceProc::start(&["--etcd", &etcd.url_at("127.0.0.3"), "--lease-ttl", "60s"]);
+    let b = fleet_space(&etcd, &[]);
+    let plain = run_with_standby(&here, &a, &b.url, "late", "150");
+    eventually("the standby holds a checkpoint", || {
+        released(&a, "late") > 0
+    });
+    let Some(cut) = Blackhole::address("127.0.0.3", etcd.port()) else {
+        return;
+    };
+    eventually("the session says its end waits for etcd", || {
+        a.session("late").unwrap()["end_waits"]
+            .as_str()
+            .is_some_and(|e| e.contains("etcd cannot be reached"))
+    });
+    assert_eq!(a.state("late").as_deref(), Some("running"));
+    let (_, says, _) = cli(&here, &a.url, &["ps"]);
+    assert!(
+        says.contains("late: the guest has stopped; its end is recorded once etcd answers"),
+        "{says}"
+    );
+    assert_eq!(b.state("late").as_deref(), Some("standby"));
+    drop(cut);
+    assert_finished_like(&here, &a.url, "late", &plain);
+    assert_eq!(a.session("late").unwrap().get("end_waits"), None);
+    eventually("the standby drops its copy", || b.state("late").is_none());
+    finished_once(&[&a, &b], "late", &a);
+}
+
 /// Session `id` (`sleepy 300`) run on A, which dies at `fault` (`FERRY_FAULT`) of
 /// `standby ID --to C` once B holds a checkpoint; A's etcd lease is `ttl`. Returns etcd, A,
 /// B, C and what an uninterrupted run shows (`None` without etcd).

@@ -474,8 +474,13 @@ impl Sessions {
         let (Some(o), Some(_)) = (&self.cfg.owners, &info.standby) else {
             return true;
         };
+        let mut waited = false;
         loop {
-            match o.end_standby(&info.id, info.epoch) {
+            let result = o.end_standby(&info.id, info.epoch);
+            if waited && result.is_ok() {
+                self.update(live, |i| i.end_waits = None);
+            }
+            match result {
                 Ok(EndStandby::Ended) => return true,
                 Ok(EndStandby::Superseded(Some(owner)))
                     if owner.space != o.me() && owner.epoch > info.epoch =>
@@ -486,7 +491,12 @@ impl Sessions {
                 // The record is gone (forgotten) or odd: nothing can take it over.
                 Ok(EndStandby::Superseded(_)) => return true,
                 Err(e) => {
-                    warn!(session = %info.id, error = %e, "cannot remove the standby record from etcd; the session's end waits");
+                    let why = e.to_string();
+                    if live.info().end_waits.as_deref() != Some(&why) {
+                        warn!(session = %info.id, error = %why, "cannot remove the standby record from etcd; the session's end waits");
+                        self.update(live, |i| i.end_waits = Some(why));
+                    }
+                    waited = true;
                     std::thread::sleep(RETRY_EVERY);
                 }
             }
