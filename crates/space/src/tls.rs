@@ -27,6 +27,31 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 /// The server side of TLS: the certificate chain in `cert` and the private key in `key`
 /// (PEM files), with the errors a user can act on.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
+    let (chain, key_der) = read_identity(cert, key)?;
+    let config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)
+        .map_err(|e| mismatch(cert, key, e))?;
+    Ok(Arc::new(config))
+}
+
+/// The crypto of every TLS config made here: *ring*, named rather than left to the process
+/// default, which panics if a dependency ever builds in a second provider. (rustls 0.23.48
+/// deprecates *ring*'s provider for lacking post-quantum key exchange; aws-lc-rs would need
+/// cmake and a longer build.)
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    #[allow(deprecated)]
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The certificate chain in `cert` and the private key in `key` (PEM files), with the errors
+/// a user can act on.
+fn read_identity(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
     let chain = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| {
@@ -40,24 +65,16 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
     }
     let key_der = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| format!("cannot read a private key from {}: {e}", key.display()))?;
-    // *ring*, named rather than left to the process default, which panics if a dependency
-    // ever builds in a second provider. (rustls 0.23.48 deprecates *ring*'s provider for
-    // lacking post-quantum key exchange; aws-lc-rs would need cmake and a longer build.)
-    #[allow(deprecated)]
-    let provider = rustls::crypto::ring::default_provider();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_single_cert(chain, key_der)
-        .map_err(|e| {
-            format!(
-                "the key in {} does not serve the certificate in {}: {e}",
-                key.display(),
-                cert.display()
-            )
-        })?;
-    Ok(Arc::new(config))
+    Ok((chain, key_der))
+}
+
+/// rustls refused the key in `key` for the certificate in `cert`.
+fn mismatch(cert: &Path, key: &Path, e: rustls::Error) -> String {
+    format!(
+        "the key in {} does not serve the certificate in {}: {e}",
+        key.display(),
+        cert.display()
+    )
 }
 
 /// What clients trust: the certificates in the PEM file `FERRY_TLS_CA` names, or else
@@ -107,35 +124,15 @@ pub fn etcd_client_config(
         .provider(ureq::tls::TlsProvider::Rustls)
         .root_certs(roots);
     if let Some((cert, key)) = identity {
-        let chain = CertificateDer::pem_file_iter(cert)
-            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| {
-                format!(
-                    "cannot read a certificate chain from {}: {e}",
-                    cert.display()
-                )
-            })?;
-        if chain.is_empty() {
-            return Err(format!("no certificate in {}", cert.display()));
-        }
-        let key_der = PrivateKeyDer::from_pem_file(key)
-            .map_err(|e| format!("cannot read a private key from {}: {e}", key.display()))?;
+        let (chain, key_der) = read_identity(cert, key)?;
         // The pair checked as rustls will use it, so a mismatch is said now, naming the
         // files, rather than at each connection.
-        #[allow(deprecated)]
-        let provider = rustls::crypto::ring::default_provider();
-        rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .with_root_certificates(rustls::RootCertStore::empty())
-            .with_client_auth_cert(chain.clone(), key_der.clone_key())
-            .map_err(|e| {
-                format!(
-                    "the key in {} does not serve the certificate in {}: {e}",
-                    key.display(),
-                    cert.display()
-                )
-            })?;
+            .with_client_auth_cert(chain.clone(), key_der)
+            .map_err(|e| mismatch(cert, key, e))?;
         let chain: Vec<_> = chain
             .iter()
             .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
