@@ -69,6 +69,10 @@ enum Command {
     /// The live spaces of a space's etcd fleet: their zones, and how many of its sessions
     /// each stands by for.
     Fleet(cmd::remote::FleetArgs),
+    /// Move every running or suspended session of a space elsewhere (before the space is
+    /// stopped for maintenance, say): to --to URL, or to the other live spaces of its etcd
+    /// fleet.
+    Drain(cmd::remote::DrainArgs),
     /// Take a space's session back from the browser tab or Node process it was lent to: it is
     /// suspended at its last snapshot, and that client is fenced.
     Reclaim(cmd::remote::SessionArgs),
@@ -184,6 +188,7 @@ fn main() -> ExitCode {
         Command::Reclaim(a) => cmd::remote::reclaim(&settings, a),
         Command::Standby(a) => cmd::remote::standby(&settings, a),
         Command::Fleet(a) => cmd::remote::fleet(&settings, a),
+        Command::Drain(a) => cmd::remote::drain(&settings, a),
         Command::Inspect(a) => cmd::inspect::run(&settings, a),
         Command::Store(c) => cmd::store::run(&settings, c),
         Command::Bench(a) => cmd::bench::run(&settings, a),

@@ -645,6 +645,161 @@ pub fn fleet(settings: &Settings, a: FleetArgs) -> Result<ExitCode> {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct DrainArgs {
+    /// Where the sessions go: a space's URL, or `auto`: the other live spaces of the space's
+    /// etcd fleet — each session's standby first, then the rest, starting at a place the
+    /// session id picks, so that the sessions spread over the fleet; a space that refuses
+    /// one gives way to the next.
+    #[arg(long, value_name = "URL|auto", default_value = "auto")]
+    to: String,
+    /// Most pre-copy rounds before each guest is paused.
+    #[arg(long, default_value_t = 8)]
+    max_rounds: u32,
+}
+
+/// `ferry --space URL drain [--to URL2|auto]`: every running or suspended session of the
+/// space moved elsewhere, one at a time, each as `migrate` moves it (a refused move leaves
+/// the session where it was, running as before). Progress on stderr; on stdout one JSON
+/// object: `moved` (session, to) and `stayed` (session, why). Exit code 1 when any stayed.
+pub fn drain(settings: &Settings, a: DrainArgs) -> Result<ExitCode> {
+    use std::hash::{Hash, Hasher};
+    let c = client(settings)?;
+    let all = c.sessions().map_err(api)?;
+    let copies = all.iter().filter(|s| s.state == State::Standby).count();
+    let sessions: Vec<_> = all
+        .into_iter()
+        .filter(|s| matches!(s.state, State::Running | State::Suspended | State::Lent))
+        .collect();
+    if sessions.is_empty() {
+        eprintln!(
+            "ferry: {} runs no session and holds none suspended: nothing to move",
+            c.base()
+        );
+    }
+    let spaces = if sessions.is_empty() {
+        Vec::new()
+    } else if a.to == "auto" {
+        let f = c.fleet().map_err(|e| {
+            anyhow!(
+                "{}: --to auto moves sessions to the other spaces of the space's fleet; \
+                 give --to URL",
+                e.msg
+            )
+        })?;
+        let others: Vec<String> = f
+            .spaces
+            .into_iter()
+            .map(|s| s.space)
+            .filter(|s| *s != f.me)
+            .collect();
+        anyhow::ensure!(
+            !others.is_empty(),
+            "etcd announces no other live space of the fleet to move the sessions of {} to",
+            c.base()
+        );
+        others
+    } else {
+        vec![a.to.trim_end_matches('/').to_owned()]
+    };
+    let total = sessions.len();
+    let (mut moved, mut stayed) = (Vec::new(), Vec::new());
+    for (n, s) in sessions.iter().enumerate() {
+        let at = format!("[{}/{total}] session {}", n + 1, s.id);
+        if s.state == State::Lent {
+            let why = format!(
+                "lent to {} (`ferry --space {} reclaim {}` first)",
+                s.lent_to.as_deref().unwrap_or("a client"),
+                c.base(),
+                s.id
+            );
+            eprintln!("ferry: {at} stays: {why}");
+            stayed.push(serde_json::json!({ "session": s.id, "why": why }));
+            continue;
+        }
+        // Its standby first (it holds most of the session already), then the others from
+        // a place the id picks.
+        let mut order = spaces.clone();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        s.id.hash(&mut h);
+        let start = (h.finish() % order.len().max(1) as u64) as usize;
+        order.rotate_left(start);
+        if let Some(standby) = &s.standby
+            && let Some(i) = order.iter().position(|o| o == standby)
+        {
+            let standby = order.remove(i);
+            order.insert(0, standby);
+        }
+        let mut refusals = Vec::new();
+        let mut went = None;
+        for to in &order {
+            eprintln!("ferry: {at} ({}): moving to {to}", s.state.name());
+            let mut req = MigrateRequest::to(to);
+            req.max_rounds = a.max_rounds;
+            match c.migrate(&s.id, &req) {
+                Ok(r) => {
+                    eprintln!(
+                        "ferry: {at} moved to {to}: paused {} ms, {} ms in all",
+                        r.downtime_ms, r.total_ms
+                    );
+                    went = Some(to.clone());
+                    break;
+                }
+                Err(e) => {
+                    eprintln!("ferry: {at}: {to} did not take it: {}", e.msg);
+                    refusals.push(format!("{to}: {}", e.msg));
+                    // An answer lost (not a refusal): the move may still be going on, so
+                    // no other space is tried for it.
+                    if e.status == 0 {
+                        refusals.push(format!(
+                            "the move may still be going on: `ferry --space {} ps` says \
+                             where it is",
+                            c.base()
+                        ));
+                        break;
+                    }
+                }
+            }
+        }
+        match went {
+            Some(to) => moved.push(serde_json::json!({ "session": s.id, "to": to })),
+            None => {
+                let why = refusals.join("; ");
+                eprintln!("ferry: {at} stays at {}: {why}", c.base());
+                stayed.push(serde_json::json!({ "session": s.id, "why": why }));
+            }
+        }
+    }
+    eprintln!(
+        "ferry: moved {} of {total} session(s) off {}{}",
+        moved.len(),
+        c.base(),
+        if stayed.is_empty() {
+            String::new()
+        } else {
+            format!("; {} stay there", stayed.len())
+        }
+    );
+    if copies > 0 {
+        eprintln!(
+            "ferry: {} also holds {copies} standby cop{} of other spaces' sessions: a session \
+             whose space chooses its standby gets another once this space stops; one named \
+             with --standby URL holds its output until `standby ID --to` names another",
+            c.base(),
+            if copies == 1 { "y" } else { "ies" }
+        );
+    }
+    println!(
+        "{}",
+        serde_json::json!({ "moved": moved, "stayed": stayed })
+    );
+    Ok(if stayed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+#[derive(Debug, clap::Args)]
 pub struct MigrateArgs {
     /// Session id (see `ferry --space URL ps`).
     session: String,

@@ -1027,6 +1027,73 @@ fn in_a_fleet_a_session_that_ends_while_etcd_is_out_of_reach_says_its_end_waits(
     finished_once(&[&a, &b], "late", &a);
 }
 
+/// `drain` moves every running or suspended session off a space: refused by an unreachable
+/// `--to`, each session stays running where it was (exit code 1, each one's reason); with
+/// `--to auto` a session with a standby goes to its standby and the others to the other live
+/// spaces of the fleet, each ending there with an uninterrupted run's output (a suspended one
+/// too: a move runs it at its destination). Drained again, the space has nothing to move.
+#[test]
+fn in_a_fleet_drain_moves_every_session_off_a_space() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let a = fleet_space(&etcd, &[]);
+    let b = fleet_space(&etcd, &[]);
+    let c = fleet_space(&etcd, &[]);
+    // The three run the same program: one uninterrupted run's output serves them all.
+    let plain = run_with_standby(&here, &a, &b.url, "kept", "600");
+    let g = crate::harness::guest("wasm/sleepy.wasm");
+    let g = g.to_str().unwrap();
+    for id in ["loose", "asleep"] {
+        ok(
+            &here,
+            &a.url,
+            &["run", "--session", id, g, "--", "600", "0"],
+        );
+    }
+    ok(&here, &a.url, &["suspend", "asleep"]);
+    eventually("the standby holds a checkpoint", || {
+        b.state("kept").as_deref() == Some("standby")
+    });
+
+    let (out, err, code) = cli(&here, &a.url, &["drain", "--to", "http://127.0.0.1:9"]);
+    assert_eq!(code, 1, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["moved"], json!([]), "{err}");
+    assert_eq!(report["stayed"].as_array().unwrap().len(), 3, "{err}");
+    assert!(err.contains("the destination is unreachable"), "{err}");
+    assert_eq!(a.state("kept").as_deref(), Some("running"));
+    assert_eq!(a.state("asleep").as_deref(), Some("suspended"));
+
+    let (out, err, code) = cli(&here, &a.url, &["drain"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("moved 3 of 3 session(s) off"), "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let to = |id: &str| {
+        report["moved"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["session"] == id)
+            .map(|m| m["to"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    assert_eq!(to("kept"), b.url, "a session goes to its standby first");
+    for id in ["kept", "loose", "asleep"] {
+        assert_eq!(a.state(id).as_deref(), Some("moved"), "{id}");
+        assert_ne!(to(id), a.url);
+    }
+    // A suspended session that moves runs at its destination, as `migrate` moves it.
+    for id in ["kept", "loose", "asleep"] {
+        assert_finished_like(&here, &to(id), id, &plain);
+    }
+    let (_, err, code) = cli(&here, &a.url, &["drain"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("nothing to move"), "{err}");
+    stores_verify(&[&a, &b, &c]);
+}
+
 /// Session `id` (`sleepy 300`) run on A, which dies at `fault` (`FERRY_FAULT`) of
 /// `standby ID --to C` once B holds a checkpoint; A's etcd lease is `ttl`. Returns etcd, A,
 /// B, C and what an uninterrupted run shows (`None` without etcd).

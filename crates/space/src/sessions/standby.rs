@@ -406,7 +406,7 @@ impl Sessions {
         let len = output_len(self.store.as_ref(), &k).map_err(Unsent::Failed)?;
         let peer = SpaceClient::new(to, &self.cfg.peer_token);
         send_closure(self.store.as_ref(), &peer.store(), k, &mut |_, _| {})
-            .map_err(|e| Unsent::Failed(format!("sending {k} to {to}: {e}")))?;
+            .map_err(|e| Unsent::Failed(format!("sending a checkpoint to {to}: {e}")))?;
         let req = StandbyRequest {
             owner: o.me().to_owned(),
             epoch: info.epoch,
