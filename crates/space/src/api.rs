@@ -142,6 +142,10 @@ pub struct SessionInfo {
     /// it over afterwards. Its state says `running` meanwhile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_waits: Option<String>,
+    /// A prepared copy of a session that was suspended at its source: it stays suspended
+    /// here once the move commits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held_suspended: bool,
     /// The standby is chosen by the space (`--standby auto`) among the live spaces of the
     /// fleet, and chosen again when it is gone, refuses checkpoints for long, or took the
     /// session over (on a standby copy: the owner chose so).
@@ -191,6 +195,7 @@ impl SessionInfo {
             standby: None,
             standby_error: None,
             end_waits: None,
+            held_suspended: false,
             standby_auto: false,
             released: None,
             resume_on_takeover: false,
@@ -614,6 +619,10 @@ pub struct PrepareRequest {
     /// this space shows no less, and no more until the standby holds a newer checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<u64>,
+    /// The session is suspended at the source: once the move commits it stays suspended
+    /// here (resumed by `resume`), rather than running.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspended: bool,
     /// The source chose the standby itself ([`SessionInfo::standby_auto`]): this space goes
     /// on choosing it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -1634,6 +1634,7 @@ impl Sessions {
             attempt: Some(attempt.to_owned()),
             standby: info.standby.clone(),
             standby_auto: info.standby_auto,
+            suspended: !was_running,
             // Read at each round: an answer from the standby on its way when the move began
             // may still raise it.
             released: live.info().released,
@@ -1939,6 +1940,7 @@ impl Sessions {
                 standby,
                 // Chosen again here (`keep_standbys`) where this space is in a fleet.
                 standby_auto: req.standby_auto && self.cfg.owners.is_some(),
+                held_suspended: req.suspended,
                 ..SessionInfo::starting(&req.session, &req.program, engine.name(), req.epoch)
             },
             OutputBuffer::default(),
@@ -2094,6 +2096,22 @@ impl Sessions {
         // The move is decided: the record it replaced is not put back.
         lock(&live.replaced).take();
         let _ = std::fs::remove_file(self.replaced_path(&info.id));
+        if info.held_suspended {
+            // Suspended at the source, suspended here: the held guest is let go without
+            // running (its run ends refused; the record already says suspended, so that end
+            // is not recorded), and its directories go, as a suspend's do — a resume fills
+            // fresh ones from the snapshot.
+            let info = self.update(live, |i| {
+                i.state = State::Suspended;
+                i.held_suspended = false;
+            });
+            if let Some(tx) = sender {
+                let _ = tx.send(HoldCmd::Abort);
+            }
+            self.drop_backing(&info.id);
+            info!(session = %info.id, epoch = d.epoch, "move committed; suspended here");
+            return Ok(info);
+        }
         match sender {
             Some(tx) if tx.send(HoldCmd::Commit).is_ok() => {
                 live.wait_while(Duration::from_secs(10), |i| i.state == State::Prepared);

@@ -1031,7 +1031,7 @@ fn in_a_fleet_a_session_that_ends_while_etcd_is_out_of_reach_says_its_end_waits(
 /// `--to`, each session stays running where it was (exit code 1, each one's reason); with
 /// `--to auto` a session with a standby goes to its standby and the others to the other live
 /// spaces of the fleet, each ending there with an uninterrupted run's output (a suspended one
-/// too: a move runs it at its destination). Drained again, the space has nothing to move.
+/// stays suspended there until resumed). Drained again, the space has nothing to move.
 #[test]
 fn in_a_fleet_drain_moves_every_session_off_a_space() {
     let Some(etcd) = Etcd::start() else {
@@ -1084,7 +1084,14 @@ fn in_a_fleet_drain_moves_every_session_off_a_space() {
         assert_eq!(a.state(id).as_deref(), Some("moved"), "{id}");
         assert_ne!(to(id), a.url);
     }
-    // A suspended session that moves runs at its destination, as `migrate` moves it.
+    // A suspended session stays suspended at its destination, and goes on there when
+    // resumed.
+    let asleep_at = [&b, &c]
+        .into_iter()
+        .find(|s| s.url == to("asleep"))
+        .unwrap();
+    assert_eq!(asleep_at.state("asleep").as_deref(), Some("suspended"));
+    ok(&here, &asleep_at.url, &["resume", "asleep"]);
     for id in ["kept", "loose", "asleep"] {
         assert_finished_like(&here, &to(id), id, &plain);
     }
