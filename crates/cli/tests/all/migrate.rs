@@ -258,7 +258,8 @@ fn descriptors_whose_names_changed_move_between_spaces() {
         g.to_str().unwrap(),
         "--",
         "/data",
-        "40000000",
+        // ~1 s of spinning on the JIT: several moves 150 ms apart land before the end.
+        "120000000",
     ];
     let plain = here.plain(&args);
     assert_eq!(plain.code, 0, "{}", plain.stderr);
