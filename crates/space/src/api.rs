@@ -292,6 +292,13 @@ pub struct Fleet {
     pub spaces: Vec<FleetSpace>,
 }
 
+/// `POST /v1/drain`: the space is being drained, or not any more.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Draining {
+    pub draining: bool,
+}
+
 /// One live space of a [`Fleet`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -301,6 +308,9 @@ pub struct FleetSpace {
     pub zone: Option<String>,
     /// How many sessions run or suspended here it stands by for.
     pub standby_for: u64,
+    /// It is being drained (`ferry --space URL drain`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 /// `POST /v1/admission`: whether this space's policy would admit a guest with these needs;

@@ -597,6 +597,11 @@ impl SpaceClient {
         self.get_json("/v1/sessions")
     }
 
+    /// `POST /v1/drain`.
+    pub fn set_draining(&self, on: bool) -> Result<crate::api::Draining, ApiError> {
+        self.post("/v1/drain", &crate::api::Draining { draining: on })
+    }
+
     /// `GET /v1/fleet`.
     pub fn fleet(&self) -> Result<crate::api::Fleet, ApiError> {
         self.get_json("/v1/fleet")

@@ -194,6 +194,10 @@ pub struct Owners {
     agent: ureq::Agent,
     /// Whether this space presents a client certificate to etcd ([`Owners::with_tls`]).
     client_cert: bool,
+    /// Announced as draining ([`Owners::set_draining`]).
+    draining: std::sync::atomic::AtomicBool,
+    /// The lease this space is announced under now (0: none yet).
+    lease: std::sync::atomic::AtomicI64,
     /// With etcd's user authentication: who this space signs in as.
     user: Option<User>,
 }
@@ -205,6 +209,9 @@ pub struct Announced {
     pub space: String,
     /// Its failure domain (`ferry serve --zone`), if it names one.
     pub zone: Option<String>,
+    /// It is being drained (`ferry --space URL drain`): it takes no new sessions, and no
+    /// space chooses it as a standby.
+    pub draining: bool,
 }
 
 /// An announcement's value: `{"space": URL, "zone": NAME}` (a space without `--zone`, or of
@@ -215,6 +222,8 @@ struct Announcement {
     space: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     zone: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    draining: bool,
 }
 
 /// Whether `zone` is a name `--zone` takes: 1 to 64 letters, digits, `.`, `_` or `-`.
@@ -277,6 +286,8 @@ impl Owners {
             zone: None,
             agent: crate::client::agent(),
             client_cert: false,
+            draining: Default::default(),
+            lease: Default::default(),
             user: None,
         }
     }
@@ -482,6 +493,39 @@ impl Owners {
             .get("ID")
             .and_then(int)
             .ok_or_else(|| malformed(&endpoint, "a lease without its id"))?;
+        self.put_announcement(id)?;
+        self.lease.store(id, Ordering::SeqCst);
+        Ok(id)
+    }
+
+    /// What this space's announcement holds: its bare URL, or with a zone the JSON
+    /// [`Announcement`].
+    fn announcement(&self) -> String {
+        let draining = self.draining.load(Ordering::SeqCst);
+        if self.zone.is_none() && !draining {
+            return self.me.clone();
+        }
+        serde_json::to_string(&Announcement {
+            space: self.me.clone(),
+            zone: self.zone.clone(),
+            draining,
+        })
+        .expect("a plain struct")
+    }
+
+    /// Announces this space as draining, or not any more: at once under its current lease,
+    /// and under each later one.
+    pub fn set_draining(&self, on: bool) -> Result<(), EtcdError> {
+        self.draining.store(on, Ordering::SeqCst);
+        let lease = self.lease.load(Ordering::SeqCst);
+        if lease == 0 {
+            return Ok(());
+        }
+        self.put_announcement(lease)
+    }
+
+    /// Puts this space's announcement under lease `id`.
+    fn put_announcement(&self, id: i64) -> Result<(), EtcdError> {
         self.call(
             "kv/put",
             &json!({
@@ -490,20 +534,7 @@ impl Owners {
                 "lease": id.to_string(),
             }),
         )?;
-        Ok(id)
-    }
-
-    /// What this space's announcement holds: its bare URL, or with a zone the JSON
-    /// [`Announcement`].
-    fn announcement(&self) -> String {
-        match &self.zone {
-            None => self.me.clone(),
-            Some(zone) => serde_json::to_string(&Announcement {
-                space: self.me.clone(),
-                zone: Some(zone.clone()),
-            })
-            .expect("a plain struct"),
-        }
+        Ok(())
     }
 
     /// Whether `space` is announced (its lease alive): a space of this fleet that runs.
@@ -968,18 +999,17 @@ fn spaces_in(endpoint: &str, prefix: &str, range: &Value) -> Result<Vec<Announce
             .and_then(|s| std::str::from_utf8(s).ok())
             .filter(|s| !s.is_empty())
             .ok_or_else(|| malformed(endpoint, "an announcement outside its prefix"))?;
-        let zone = kv
+        let said = kv
             .get("value")
             .and_then(Value::as_str)
             .filter(|v| v.len() <= 4096)
             .and_then(|v| B64.decode(v).ok())
             .and_then(|v| serde_json::from_slice::<Announcement>(&v).ok())
-            .filter(|a| a.space == space)
-            .and_then(|a| a.zone)
-            .filter(|z| valid_zone(z));
+            .filter(|a| a.space == space);
         spaces.push(Announced {
             space: space.to_owned(),
-            zone,
+            draining: said.as_ref().is_some_and(|a| a.draining),
+            zone: said.and_then(|a| a.zone).filter(|z| valid_zone(z)),
         });
     }
     spaces.sort_by(|a, b| a.space.cmp(&b.space));
@@ -1057,6 +1087,13 @@ mod tests {
             Some("eu-1.b")
         );
         assert!(valid_zone("eu-1.b_2") && !valid_zone("") && !valid_zone("a/b"));
+        o.draining.store(true, Ordering::SeqCst);
+        let range = json!({ "kvs": [{
+            "key": B64.encode("/f/spaces/http://a:1"),
+            "value": B64.encode(o.announcement()),
+        }] });
+        let read = &spaces_in("e", "/f/spaces/", &range).unwrap()[0];
+        assert!(read.draining && read.zone.as_deref() == Some("eu-1.b"));
         assert!(!valid_zone(&"z".repeat(65)));
     }
 
@@ -1120,6 +1157,7 @@ mod tests {
         let zoned = |space: &str, zone: Option<&str>| Announced {
             space: space.into(),
             zone: zone.map(str::to_owned),
+            draining: false,
         };
         assert_eq!(
             spaces_in("e", "/f/spaces/", &range).unwrap(),

@@ -588,6 +588,11 @@ async fn admission(
     session_call(s, move |ss| ss.admission(&req)).await
 }
 
+/// `POST /v1/drain`: this space is being drained, or not any more.
+async fn drain(State(s): State<Shared>, Json(req): Json<crate::api::Draining>) -> Response {
+    session_call(s, move |ss| ss.set_draining(req.draining)).await
+}
+
 /// `GET /v1/fleet`: the live spaces of this space's etcd fleet.
 async fn fleet(State(s): State<Shared>) -> Response {
     session_call(s, |ss| ss.fleet()).await
@@ -713,6 +718,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/sessions/{id}/set-standby", post(set_standby))
         .route("/v1/admission", post(admission))
         .route("/v1/fleet", get(fleet))
+        .route("/v1/drain", post(drain))
         .route("/v1/migrations", post(prepare_migration))
         .route("/v1/migrations/{id}/commit", post(commit_migration))
         .route("/v1/migrations/{id}/abort", post(abort_migration))

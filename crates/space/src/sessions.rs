@@ -307,6 +307,8 @@ pub struct Sessions {
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// The mounts of each session's guest: guest path and the directory backing it here.
     backing: Mutex<HashMap<String, Vec<(String, PathBuf)>>>,
+    /// Being drained (`POST /v1/drain`): no new session runs here, none moves in.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -331,6 +333,7 @@ impl Sessions {
             runtimes: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             backing: Mutex::new(HashMap::new()),
+            draining: Default::default(),
         });
         let rd = std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
         for e in rd.flatten() {
@@ -1022,12 +1025,41 @@ impl Sessions {
         v
     }
 
+    /// `POST /v1/drain`: this space is being drained (`on`), or not any more. While it is,
+    /// no new session runs here and none moves in, and (in a fleet) its announcement says
+    /// so, so that no space chooses it as a standby.
+    pub fn set_draining(&self, on: bool) -> Result<crate::api::Draining, ApiError> {
+        self.draining.store(on, Ordering::SeqCst);
+        if let Some(o) = &self.cfg.owners {
+            o.set_draining(on).map_err(|e| {
+                ApiError::unavailable(format!(
+                    "this space is {}draining, but etcd could not be told: {e}",
+                    if on { "" } else { "no longer " }
+                ))
+            })?;
+        }
+        info!(draining = on, "drain");
+        Ok(crate::api::Draining { draining: on })
+    }
+
+    fn refuse_if_draining(&self, what: &str) -> Result<(), ApiError> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(ApiError::unavailable(format!(
+                "this space is being drained and {what} (`ferry --space {} drain --undo` \
+                 ends that)",
+                self.cfg.advertise
+            )));
+        }
+        Ok(())
+    }
+
     pub fn info(&self, id: &str) -> Result<SessionInfo, ApiError> {
         Ok(self.get(id)?.info())
     }
 
     /// `POST /v1/sessions`.
     pub fn run(self: &Arc<Self>, req: RunRequest) -> Result<SessionInfo, ApiError> {
+        self.refuse_if_draining("runs no new session")?;
         let module = parse_kappa(&req.module, "module")?;
         let engine = parse_engine(req.engine.as_deref(), EngineKind::Jit)?;
         if req
@@ -1896,6 +1928,7 @@ impl Sessions {
             return Err(ApiError::bad_request("attempt: 1 to 32 hexadecimal digits"));
         }
         fault("dest-prepare");
+        self.refuse_if_draining("takes no session moving in")?;
         self.check_move_in_etcd(&req)?;
         let standby = self.standby_after_move(&req)?;
         let previous = lock(&self.live).get(&req.session).cloned();

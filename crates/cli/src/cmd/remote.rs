@@ -624,7 +624,7 @@ pub fn fleet(settings: &Settings, a: FleetArgs) -> Result<ExitCode> {
         .max(5);
     println!("{:<width$}  {:<16} STANDS BY FOR", "SPACE", "ZONE");
     for s in &f.spaces {
-        let by = if s.space == f.me {
+        let mut by = if s.space == f.me {
             "(this space)".to_owned()
         } else {
             match s.standby_for {
@@ -632,6 +632,9 @@ pub fn fleet(settings: &Settings, a: FleetArgs) -> Result<ExitCode> {
                 n => format!("{n} sessions"),
             }
         };
+        if s.draining {
+            by.push_str(" (draining)");
+        }
         let zone = s.zone.as_deref().unwrap_or("-");
         println!("{:<width$}  {zone:<16} {by}", s.space);
     }
@@ -655,6 +658,10 @@ pub struct DrainArgs {
     /// Most pre-copy rounds before each guest is paused.
     #[arg(long, default_value_t = 8)]
     max_rounds: u32,
+    /// End the draining: the space runs new sessions and takes moves again (and may be
+    /// chosen as a standby). Moves nothing.
+    #[arg(long)]
+    undo: bool,
 }
 
 /// `ferry --space URL drain [--to URL2|auto]`: every running or suspended session of the
@@ -664,6 +671,20 @@ pub struct DrainArgs {
 pub fn drain(settings: &Settings, a: DrainArgs) -> Result<ExitCode> {
     use std::hash::{Hash, Hasher};
     let c = client(settings)?;
+    if a.undo {
+        c.set_draining(false).map_err(api)?;
+        eprintln!(
+            "ferry: {} is no longer draining: it runs new sessions and takes moves again",
+            c.base()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    // First: nothing new starts or moves in meanwhile, and no space chooses it as a standby.
+    c.set_draining(true).map_err(api)?;
+    eprintln!(
+        "ferry: {} is draining: it takes no new session (`drain --undo` ends that)",
+        c.base()
+    );
     let all = c.sessions().map_err(api)?;
     let copies = all.iter().filter(|s| s.state == State::Standby).count();
     let sessions: Vec<_> = all

@@ -1031,7 +1031,8 @@ fn in_a_fleet_a_session_that_ends_while_etcd_is_out_of_reach_says_its_end_waits(
 /// `--to`, each session stays running where it was (exit code 1, each one's reason); with
 /// `--to auto` a session with a standby goes to its standby and the others to the other live
 /// spaces of the fleet, each ending there with an uninterrupted run's output (a suspended one
-/// stays suspended there until resumed). Drained again, the space has nothing to move.
+/// stays suspended there until resumed). Drained again, the space has nothing to move; while
+/// drained it runs no new session and no space chooses it as a standby, until `drain --undo`.
 #[test]
 fn in_a_fleet_drain_moves_every_session_off_a_space() {
     let Some(etcd) = Etcd::start() else {
@@ -1098,6 +1099,26 @@ fn in_a_fleet_drain_moves_every_session_off_a_space() {
     let (_, err, code) = cli(&here, &a.url, &["drain"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("nothing to move"), "{err}");
+
+    // While drained, A runs nothing new, and no space chooses it as a standby.
+    let err = refused(
+        &here,
+        &a.url,
+        &["run", "--session", "new", g, "--", "5", "0"],
+    );
+    assert!(err.contains("this space is being drained"), "{err}");
+    let (listed, _, _) = cli(&here, &b.url, &["fleet"]);
+    let line = listed.lines().find(|l| l.starts_with(&a.url)).unwrap();
+    assert!(line.ends_with("(draining)"), "{listed}");
+    run_with_standby(&here, &b, "auto", "spared", "20");
+    assert_eq!(standby_of(&b, "spared").as_deref(), Some(c.url.as_str()));
+    let (_, err, code) = cli(&here, &a.url, &["drain", "--undo"]);
+    assert_eq!(code, 0, "{err}");
+    ok(
+        &here,
+        &a.url,
+        &["run", "--session", "new", g, "--", "5", "0"],
+    );
     stores_verify(&[&a, &b, &c]);
 }
 

@@ -197,7 +197,7 @@ impl Sessions {
                 ))
             })?
             .into_iter()
-            .filter(|s| s.space != o.me() && !avoid.contains(&s.space))
+            .filter(|s| s.space != o.me() && !avoid.contains(&s.space) && !s.draining)
             .filter(|s| !apart_only || apart(o.zone(), s))
             .collect();
         if candidates.is_empty() {
@@ -262,6 +262,7 @@ impl Sessions {
                     standby_for: standbys.iter().filter(|s| **s == a.space).count() as u64,
                     space: a.space,
                     zone: a.zone,
+                    draining: a.draining,
                 })
                 .collect(),
         })
@@ -1017,6 +1018,9 @@ impl Sessions {
             None => "it has none".to_owned(),
             Some(s) if !spaces.iter().any(|a| a.space == *s) => {
                 format!("{s} is gone from the fleet")
+            }
+            Some(s) if spaces.iter().any(|a| a.space == *s && a.draining) => {
+                format!("{s} is being drained")
             }
             Some(s) => match *lock(&live.standby_failing_since) {
                 Some(t) if t.elapsed() >= stuck_for() => format!(
