@@ -650,7 +650,7 @@ pub fn fleet(settings: &Settings, a: FleetArgs) -> Result<ExitCode> {
 #[derive(Debug, clap::Args)]
 pub struct DrainArgs {
     /// Where the sessions go: a space's URL, or `auto`: the other live spaces of the space's
-    /// etcd fleet — each session's standby first, then the rest, starting at a place the
+    /// etcd fleet that are not being drained — each session's standby first, then the rest, starting at a place the
     /// session id picks, so that the sessions spread over the fleet; a space that refuses
     /// one gives way to the next.
     #[arg(long, value_name = "URL|auto", default_value = "auto")]
@@ -707,15 +707,17 @@ pub fn drain(settings: &Settings, a: DrainArgs) -> Result<ExitCode> {
                 e.msg
             )
         })?;
+        // Another space being drained would refuse them.
         let others: Vec<String> = f
             .spaces
             .into_iter()
+            .filter(|s| s.space != f.me && !s.draining)
             .map(|s| s.space)
-            .filter(|s| *s != f.me)
             .collect();
         anyhow::ensure!(
             !others.is_empty(),
-            "etcd announces no other live space of the fleet to move the sessions of {} to",
+            "etcd announces no other live space of the fleet, not draining, to move the \
+             sessions of {} to",
             c.base()
         );
         others
