@@ -537,11 +537,12 @@ impl Owners {
         Ok(())
     }
 
-    /// Whether `space` is announced (its lease alive): a space of this fleet that runs.
-    pub fn alive(&self, space: &str) -> Result<bool, EtcdError> {
+    /// `space`'s announcement, if it has one (its lease alive): a space of this fleet that
+    /// runs.
+    pub fn announced(&self, space: &str) -> Result<Option<Announced>, EtcdError> {
         let key = B64.encode(self.space_key(space.trim_end_matches('/')));
         let (endpoint, v) = self.call("kv/range", &json!({ "key": key }))?;
-        Ok(value_in(&endpoint, &v)?.is_some())
+        Ok(spaces_in(&endpoint, &self.space_key(""), &v)?.pop())
     }
 
     /// The spaces announced now (their leases alive), sorted by URL; at most [`MAX_SPACES`]

@@ -1032,7 +1032,8 @@ fn in_a_fleet_a_session_that_ends_while_etcd_is_out_of_reach_says_its_end_waits(
 /// `--to auto` a session with a standby goes to its standby and the others to the other live
 /// spaces of the fleet, each ending there with an uninterrupted run's output (a suspended one
 /// stays suspended there until resumed). Drained again, the space has nothing to move; while
-/// drained it runs no new session and no space chooses it as a standby, until `drain --undo`.
+/// drained it runs no new session, no space chooses it as a standby and naming it as one is
+/// refused, until `drain --undo`.
 #[test]
 fn in_a_fleet_drain_moves_every_session_off_a_space() {
     let Some(etcd) = Etcd::start() else {
@@ -1112,6 +1113,18 @@ fn in_a_fleet_drain_moves_every_session_off_a_space() {
     assert!(line.ends_with("(draining)"), "{listed}");
     run_with_standby(&here, &b, "auto", "spared", "20");
     assert_eq!(standby_of(&b, "spared").as_deref(), Some(c.url.as_str()));
+    let every = ["--checkpoint-every", "200ms", "--standby", &a.url];
+    let err = refused(
+        &here,
+        &b.url,
+        &[
+            &["run", "--session", "onto"][..],
+            &every,
+            &[g, "--", "5", "0"],
+        ]
+        .concat(),
+    );
+    assert!(err.contains("is being drained"), "{err}");
     let (_, err, code) = cli(&here, &a.url, &["drain", "--undo"]);
     assert_eq!(code, 0, "{err}");
     ok(

@@ -156,16 +156,20 @@ impl Sessions {
             }
         })?;
         // It must be a space of this fleet: announced in the same etcd, under the same prefix.
-        if !o.alive(&to).map_err(|e| {
+        let announced = o.announced(&to).map_err(|e| {
             ApiError::unavailable(format!("cannot ask etcd whether {to} is in the fleet: {e}"))
-        })? {
-            return Err(ApiError::bad_request(format!(
+        })?;
+        match announced {
+            None => Err(ApiError::bad_request(format!(
                 "standby {to} is not a space of this fleet: etcd has no live announcement of \
                  it (start it with --etcd naming the same cluster and --etcd-prefix, and \
                  --advertise {to} if peers reach it at another address)"
-            )));
+            ))),
+            Some(a) if a.draining => Err(ApiError::unavailable(format!(
+                "standby {to} is being drained (`ferry --space {to} drain --undo` ends that)"
+            ))),
+            Some(_) => Ok(to),
         }
-        Ok(to)
     }
 
     /// Chooses a standby for session `id` (`--standby auto`): the first live space of the
