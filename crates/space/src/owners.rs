@@ -192,8 +192,6 @@ pub struct Owners {
     /// The failure domain this space announces (`ferry serve --zone`).
     zone: Option<String>,
     agent: ureq::Agent,
-    /// Whether this space presents a client certificate to etcd ([`Owners::with_tls`]).
-    client_cert: bool,
     /// Announced as draining ([`Owners::set_draining`]).
     draining: std::sync::atomic::AtomicBool,
     /// The lease this space is announced under now (0: none yet).
@@ -214,8 +212,9 @@ pub struct Announced {
     pub draining: bool,
 }
 
-/// An announcement's value: `{"space": URL, "zone": NAME}` (a space without `--zone`, or of
-/// a ferry before zones, announces its bare URL).
+/// An announcement's value: `{"space": URL, "zone": NAME, "draining": true}` (a space
+/// without `--zone` that is not draining, or of a ferry before zones, announces its bare
+/// URL).
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Announcement {
@@ -285,7 +284,6 @@ impl Owners {
             me: me.trim_end_matches('/').to_owned(),
             zone: None,
             agent: crate::client::agent(),
-            client_cert: false,
             draining: Default::default(),
             lease: Default::default(),
             user: None,
@@ -306,7 +304,6 @@ impl Owners {
     /// Speaks HTTPS to etcd with `tls` ([`crate::tls::etcd_client_config`]: the CA that
     /// signed etcd's certificate, and a client certificate when etcd asks for one).
     pub fn with_tls(mut self, tls: ureq::tls::TlsConfig) -> Self {
-        self.client_cert = tls.client_cert().is_some();
         self.agent = crate::client::agent_with(tls);
         self
     }
@@ -410,7 +407,8 @@ impl Owners {
             let mut r = match r {
                 Ok(r) => r,
                 Err(e) => {
-                    let why = explain(e.to_string(), endpoint, self.client_cert);
+                    let client_cert = self.agent.config().tls_config().client_cert().is_some();
+                    let why = explain(e.to_string(), endpoint, client_cert);
                     failures.push(format!("{endpoint}: {why}"));
                     continue;
                 }
@@ -498,8 +496,8 @@ impl Owners {
         Ok(id)
     }
 
-    /// What this space's announcement holds: its bare URL, or with a zone the JSON
-    /// [`Announcement`].
+    /// What this space's announcement holds: its bare URL, or — with a zone, or while it is
+    /// draining — the JSON [`Announcement`].
     fn announcement(&self) -> String {
         let draining = self.draining.load(Ordering::SeqCst);
         if self.zone.is_none() && !draining {

@@ -308,7 +308,21 @@ pub struct Sessions {
     /// The mounts of each session's guest: guest path and the directory backing it here.
     backing: Mutex<HashMap<String, Vec<(String, PathBuf)>>>,
     /// Being drained (`POST /v1/drain`): no new session runs here, none moves in.
-    draining: std::sync::atomic::AtomicBool,
+    draining: AtomicBool,
+}
+
+/// Rotates `candidates` to start at a place session `id` picks — the same for the same id
+/// and number of candidates — so that the sessions of one space spread over the spaces of a
+/// fleet (a chosen standby, `drain`'s destinations).
+pub fn start_where_id_picks<T>(id: &str, candidates: &mut [T]) {
+    use std::hash::{Hash, Hasher};
+    if candidates.is_empty() {
+        return;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut h);
+    let start = (h.finish() % candidates.len() as u64) as usize;
+    candidates.rotate_left(start);
 }
 
 impl std::fmt::Debug for Sessions {

@@ -650,9 +650,9 @@ pub fn fleet(settings: &Settings, a: FleetArgs) -> Result<ExitCode> {
 #[derive(Debug, clap::Args)]
 pub struct DrainArgs {
     /// Where the sessions go: a space's URL, or `auto`: the other live spaces of the space's
-    /// etcd fleet that are not being drained — each session's standby first, then the rest, starting at a place the
-    /// session id picks, so that the sessions spread over the fleet; a space that refuses
-    /// one gives way to the next.
+    /// etcd fleet that are not being drained — each session's standby first, then the rest,
+    /// starting at a place the session id picks, so that the sessions spread over the fleet;
+    /// a space that refuses one gives way to the next.
     #[arg(long, value_name = "URL|auto", default_value = "auto")]
     to: String,
     /// Most pre-copy rounds before each guest is paused.
@@ -669,7 +669,6 @@ pub struct DrainArgs {
 /// the session where it was, running as before). Progress on stderr; on stdout one JSON
 /// object: `moved` (session, to) and `stayed` (session, why). Exit code 1 when any stayed.
 pub fn drain(settings: &Settings, a: DrainArgs) -> Result<ExitCode> {
-    use std::hash::{Hash, Hasher};
     let c = client(settings)?;
     if a.undo {
         c.set_draining(false).map_err(api)?;
@@ -742,10 +741,7 @@ pub fn drain(settings: &Settings, a: DrainArgs) -> Result<ExitCode> {
         // Its standby first (it holds most of the session already), then the others from
         // a place the id picks.
         let mut order = spaces.clone();
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        s.id.hash(&mut h);
-        let start = (h.finish() % order.len().max(1) as u64) as usize;
-        order.rotate_left(start);
+        ferry_space::sessions::start_where_id_picks(&s.id, &mut order);
         if let Some(standby) = &s.standby
             && let Some(i) = order.iter().position(|o| o == standby)
         {

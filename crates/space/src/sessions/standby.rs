@@ -186,7 +186,6 @@ impl Sessions {
         avoid: &[String],
         apart_only: bool,
     ) -> Result<String, ApiError> {
-        use std::hash::{Hash, Hasher};
         let Some(o) = &self.cfg.owners else {
             return Err(ApiError::bad_request(
                 "a standby needs a fleet: this space was started without --etcd",
@@ -219,10 +218,7 @@ impl Sessions {
                 }
             )));
         }
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        id.hash(&mut h);
-        let start = (h.finish() % candidates.len() as u64) as usize;
-        candidates.rotate_left(start);
+        super::start_where_id_picks(id, &mut candidates);
         // A stable sort: each group keeps the order the id picked.
         candidates.sort_by_key(|s| !apart(o.zone(), s));
         let mut refusals = Vec::new();
@@ -272,21 +268,17 @@ impl Sessions {
         })
     }
 
-    /// Whether session `info`'s standby should move to another zone: this space names a
-    /// zone, the standby is not announced in another one, and some other live space is.
-    fn apart_wanted<'a>(&self, info: &SessionInfo, spaces: &'a [Announced]) -> Option<&'a str> {
+    /// Whether a session's `standby` (its announcement among the live `spaces`) should move
+    /// to another zone: this space names a zone, the standby is not in another one, and
+    /// some other live space is — that one.
+    fn apart_wanted<'a>(&self, standby: &Announced, spaces: &'a [Announced]) -> Option<&'a str> {
         let o = self.cfg.owners.as_ref()?;
-        let standby = info.standby.as_deref()?;
-        let zone = o.zone()?;
-        if spaces
-            .iter()
-            .any(|s| s.space == standby && apart(Some(zone), s))
-        {
+        if o.zone().is_none() || apart(o.zone(), standby) {
             return None;
         }
         spaces
             .iter()
-            .find(|s| s.space != o.me() && s.space != standby && apart(Some(zone), s))
+            .find(|s| s.space != o.me() && s.space != standby.space && apart(o.zone(), s))
             .map(|s| s.space.as_str())
     }
 
@@ -479,10 +471,9 @@ impl Sessions {
         let (Some(o), Some(_)) = (&self.cfg.owners, &info.standby) else {
             return true;
         };
-        let mut waited = false;
         loop {
             let result = o.end_standby(&info.id, info.epoch);
-            if waited && result.is_ok() {
+            if result.is_ok() && live.info().end_waits.is_some() {
                 self.update(live, |i| i.end_waits = None);
             }
             match result {
@@ -501,7 +492,6 @@ impl Sessions {
                         warn!(session = %info.id, error = %why, "cannot remove the standby record from etcd; the session's end waits");
                         self.update(live, |i| i.end_waits = Some(why));
                     }
-                    waited = true;
                     std::thread::sleep(RETRY_EVERY);
                 }
             }
@@ -1018,20 +1008,20 @@ impl Sessions {
     fn keep_one(self: &Arc<Self>, live: &Arc<Live>, spaces: &[Announced]) {
         let info = live.info();
         let mut apart_only = false;
-        let why = match &info.standby {
+        let standby = info
+            .standby
+            .as_ref()
+            .map(|s| (s, spaces.iter().find(|a| a.space == *s)));
+        let why = match standby {
             None => "it has none".to_owned(),
-            Some(s) if !spaces.iter().any(|a| a.space == *s) => {
-                format!("{s} is gone from the fleet")
-            }
-            Some(s) if spaces.iter().any(|a| a.space == *s && a.draining) => {
-                format!("{s} is being drained")
-            }
-            Some(s) => match *lock(&live.standby_failing_since) {
+            Some((s, None)) => format!("{s} is gone from the fleet"),
+            Some((s, Some(a))) if a.draining => format!("{s} is being drained"),
+            Some((s, Some(a))) => match *lock(&live.standby_failing_since) {
                 Some(t) if t.elapsed() >= stuck_for() => format!(
                     "{s} has taken none of its checkpoints for {} s",
                     t.elapsed().as_secs()
                 ),
-                _ => match self.apart_wanted(&info, spaces) {
+                _ => match self.apart_wanted(a, spaces) {
                     // Only a space of another zone replaces a standby that works.
                     Some(other) => {
                         apart_only = true;
