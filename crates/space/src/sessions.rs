@@ -367,7 +367,19 @@ impl Sessions {
             }
             me.recover(info);
         }
+        // A space drained before it stopped comes back drained, until `drain --undo`.
+        if me.draining_path().exists() {
+            me.draining.store(true, Ordering::SeqCst);
+            warn!(
+                "this space was being drained when it stopped and still is: it runs no new session and takes none in (`ferry --space {} drain --undo` ends that)",
+                me.cfg.advertise
+            );
+        }
         if let Some(o) = &me.cfg.owners {
+            if me.draining.load(Ordering::SeqCst) {
+                // Announced so from its first announcement on.
+                o.set_draining(true).map_err(|e| e.to_string())?;
+            }
             o.keep_announced(me.cfg.lease_ttl);
             me.watch_standbys();
             me.keep_standbys();
@@ -1042,7 +1054,28 @@ impl Sessions {
     /// `POST /v1/drain`: this space is being drained (`on`), or not any more. While it is,
     /// no new session runs here and none moves in, and (in a fleet) its announcement says
     /// so, so that no space chooses it as a standby.
+    /// The mark is kept in the space's directory, so a space restarted while drained stays
+    /// drained.
     pub fn set_draining(&self, on: bool) -> Result<crate::api::Draining, ApiError> {
+        let path = self.draining_path();
+        let kept = if on {
+            write_durably(
+                &path,
+                b"drained with `ferry drain`; `ferry drain --undo` ends it\n",
+            )
+        } else {
+            std::fs::remove_file(&path).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+        };
+        kept.map_err(|e| {
+            ApiError::internal(format!(
+                "cannot {} the draining mark {}: {e}",
+                if on { "write" } else { "remove" },
+                path.display()
+            ))
+        })?;
         self.draining.store(on, Ordering::SeqCst);
         if let Some(o) = &self.cfg.owners {
             o.set_draining(on).map_err(|e| {
@@ -1054,6 +1087,11 @@ impl Sessions {
         }
         info!(draining = on, "drain");
         Ok(crate::api::Draining { draining: on })
+    }
+
+    /// Where the draining mark is kept while the space is being drained.
+    fn draining_path(&self) -> PathBuf {
+        self.cfg.dir.join("draining")
     }
 
     fn refuse_if_draining(&self, what: &str) -> Result<(), ApiError> {

@@ -1033,14 +1033,15 @@ fn in_a_fleet_a_session_that_ends_while_etcd_is_out_of_reach_says_its_end_waits(
 /// spaces of the fleet, each ending there with an uninterrupted run's output (a suspended one
 /// stays suspended there until resumed). Drained again, the space has nothing to move; while
 /// drained it runs no new session, no space chooses it as a standby and naming it as one is
-/// refused, until `drain --undo`.
+/// refused — also after it is restarted —, until `drain --undo`.
 #[test]
 fn in_a_fleet_drain_moves_every_session_off_a_space() {
     let Some(etcd) = Etcd::start() else {
         return;
     };
     let here = client();
-    let a = fleet_space(&etcd, &[]);
+    // A short lease: A is restarted below, and its announcement must run out first.
+    let mut a = fleet_space(&etcd, &["--lease-ttl", "3s"]);
     let b = fleet_space(&etcd, &[]);
     let c = fleet_space(&etcd, &[]);
     // The three run the same program: one uninterrupted run's output serves them all.
@@ -1125,6 +1126,26 @@ fn in_a_fleet_drain_moves_every_session_off_a_space() {
         .concat(),
     );
     assert!(err.contains("is being drained"), "{err}");
+    // Restarted, A is still drained, and announced so from its first announcement on.
+    a.stop();
+    eventually("A's lease runs out", || {
+        let (listed, _, _) = cli(&here, &b.url, &["fleet"]);
+        !listed.contains(&a.url)
+    });
+    a.spawn(None);
+    let mut listed = String::new();
+    eventually("A is announced again", || {
+        listed = cli(&here, &b.url, &["fleet"]).0;
+        listed.contains(&a.url)
+    });
+    let line = listed.lines().find(|l| l.starts_with(&a.url)).unwrap();
+    assert!(line.ends_with("(draining)"), "{listed}");
+    let err = refused(
+        &here,
+        &a.url,
+        &["run", "--session", "new", g, "--", "5", "0"],
+    );
+    assert!(err.contains("this space is being drained"), "{err}");
     let (_, err, code) = cli(&here, &a.url, &["drain", "--undo"]);
     assert_eq!(code, 0, "{err}");
     ok(
