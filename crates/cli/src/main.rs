@@ -73,6 +73,10 @@ enum Command {
     /// stopped for maintenance, say): to --to URL, or to the other live spaces of its etcd
     /// fleet.
     Drain(cmd::remote::DrainArgs),
+    /// A space's counters and gauges (sessions by state, snapshots and their write times,
+    /// moves, take-overs, output held for standbys), in Prometheus' text format: what a
+    /// Prometheus server scrapes from `GET /v1/metrics`.
+    Metrics,
     /// Take a space's session back from the browser tab or Node process it was lent to: it is
     /// suspended at its last snapshot, and that client is fenced.
     Reclaim(cmd::remote::SessionArgs),
@@ -188,6 +192,7 @@ fn main() -> ExitCode {
         Command::Reclaim(a) => cmd::remote::reclaim(&settings, a),
         Command::Standby(a) => cmd::remote::standby(&settings, a),
         Command::Fleet(a) => cmd::remote::fleet(&settings, a),
+        Command::Metrics => cmd::remote::metrics(&settings),
         Command::Drain(a) => cmd::remote::drain(&settings, a),
         Command::Inspect(a) => cmd::inspect::run(&settings, a),
         Command::Store(c) => cmd::store::run(&settings, c),

@@ -76,6 +76,9 @@ pub struct Control {
     /// When the snapshot being written now began (its request was taken), if one is (see
     /// [`Control::writing`]).
     writing_since: Mutex<Option<(Instant, Request)>>,
+    /// How long the last snapshot written took, from its request being taken (see
+    /// [`Control::last_write`]).
+    last_write: Mutex<Option<Duration>>,
     /// Bytes of mounted files the snapshot being written has read so far.
     files_read: Arc<AtomicU64>,
 }
@@ -94,11 +97,19 @@ impl Writing<'_> {
 
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
-        *self
+        let since = self
             .control
             .writing_since
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((at, _)) = since {
+            *self
+                .control
+                .last_write
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(at.elapsed());
+        }
     }
 }
 
@@ -409,6 +420,12 @@ impl Control {
     pub fn writing(&self) -> Option<(Duration, u64)> {
         let (since, _) = (*self.writing_since.lock().unwrap_or_else(|p| p.into_inner()))?;
         Some((since.elapsed(), self.files_read.load(Ordering::Relaxed)))
+    }
+
+    /// How long the last snapshot took to write (or fail), from the safe point that took its
+    /// request — the guest was stopped meanwhile. Read it in `on_snapshot`.
+    pub fn last_write(&self) -> Option<Duration> {
+        *self.last_write.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether a suspend is asked for or its snapshot being written: background work on the

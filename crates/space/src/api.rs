@@ -36,6 +36,20 @@ pub enum State {
 }
 
 impl State {
+    /// Every state, in the order of their declaration.
+    pub const ALL: [State; 10] = [
+        State::Starting,
+        State::Running,
+        State::Suspended,
+        State::Exited,
+        State::Failed,
+        State::Killed,
+        State::Prepared,
+        State::Moved,
+        State::Lent,
+        State::Standby,
+    ];
+
     /// Whether the session may still produce output here.
     pub fn is_live(self) -> bool {
         matches!(

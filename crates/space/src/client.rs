@@ -607,6 +607,18 @@ impl SpaceClient {
         self.get_json("/v1/fleet")
     }
 
+    /// `GET /v1/metrics`: the space's counters and gauges, in Prometheus' text format.
+    pub fn metrics(&self) -> Result<String, ApiError> {
+        let r = self
+            .agent
+            .get(format!("{}/v1/metrics", self.base))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .call();
+        let b = self.answer(r)?;
+        String::from_utf8(b)
+            .map_err(|e| ApiError::internal(format!("malformed answer from {}: {e}", self.base)))
+    }
+
     pub fn session(&self, id: &str) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;
         self.get_json(&format!("/v1/sessions/{id}"))

@@ -17,6 +17,7 @@ pub mod api;
 mod client;
 mod console;
 pub mod gc;
+pub mod metrics;
 pub mod net;
 pub mod owners;
 pub mod policy;

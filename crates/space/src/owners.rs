@@ -196,6 +196,8 @@ pub struct Owners {
     draining: std::sync::atomic::AtomicBool,
     /// The lease this space is announced under now (0: none yet).
     lease: std::sync::atomic::AtomicI64,
+    /// When that lease was last granted or renewed.
+    renewed: Mutex<Option<std::time::Instant>>,
     /// With etcd's user authentication: who this space signs in as.
     user: Option<User>,
 }
@@ -286,6 +288,7 @@ impl Owners {
             agent: crate::client::agent(),
             draining: Default::default(),
             lease: Default::default(),
+            renewed: Mutex::new(None),
             user: None,
         }
     }
@@ -493,7 +496,14 @@ impl Owners {
             .ok_or_else(|| malformed(&endpoint, "a lease without its id"))?;
         self.put_announcement(id)?;
         self.lease.store(id, Ordering::SeqCst);
+        *lock(&self.renewed) = Some(std::time::Instant::now());
         Ok(id)
+    }
+
+    /// How long ago this space's lease was last granted or renewed (`None` before the first
+    /// announcement).
+    pub fn lease_renewed_age(&self) -> Option<Duration> {
+        lock(&self.renewed).map(|t| t.elapsed())
     }
 
     /// What this space's announcement holds: its bare URL, or — with a zone, or while it is
@@ -563,6 +573,9 @@ impl Owners {
     pub fn keep_alive(&self, id: i64) -> Result<bool, EtcdError> {
         let (_, v) = self.call("lease/keepalive", &json!({ "ID": id.to_string() }))?;
         let ttl = v.pointer("/result/TTL").and_then(int).unwrap_or(0);
+        if ttl > 0 {
+            *lock(&self.renewed) = Some(std::time::Instant::now());
+        }
         Ok(ttl > 0)
     }
 

@@ -32,6 +32,17 @@ pub struct Space {
     pub gc: Option<Arc<crate::gc::Recording>>,
     pub token: String,
     pub sessions: Option<Arc<Sessions>>,
+    /// What the space counts (`GET /v1/metrics`); its sessions count into the same one.
+    pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl Space {
+    /// Counts objects received and verified.
+    fn received(&self, objects: u64, bytes: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.metrics.objects_received.fetch_add(objects, Relaxed);
+        self.metrics.object_bytes_received.fetch_add(bytes, Relaxed);
+    }
 }
 
 type Shared = Arc<Space>;
@@ -160,6 +171,7 @@ async fn put_object(
             return Err(refused(ferry_store::batch::Refused::mismatch(k, actual)));
         }
         s.store.put(&bytes).map_err(internal)?;
+        s.received(1, bytes.len() as u64);
         Ok(())
     })
     .await;
@@ -182,7 +194,10 @@ async fn put_objects(State(s): State<Shared>, headers: HeaderMap, body: Body) ->
         let stored = (|| {
             let batch = ferry_store::batch::decode(&body).map_err(refuse)?;
             let objects = batch.verify().map_err(refused)?;
-            s.store.put_hashed(&objects).map_err(internal)
+            s.store.put_hashed(&objects).map_err(internal)?;
+            let bytes = objects.iter().map(|o| o.bytes().len() as u64).sum();
+            s.received(objects.len() as u64, bytes);
+            Ok(())
         })();
         ferry_store::batch::give_back(body);
         stored
@@ -594,6 +609,27 @@ async fn drain(State(s): State<Shared>, Json(req): Json<crate::api::Draining>) -
 }
 
 /// `GET /v1/fleet`: the live spaces of this space's etcd fleet.
+/// `GET /v1/metrics`: the space's counters and the sessions' gauges, in Prometheus' text
+/// format.
+async fn metrics(State(s): State<Shared>) -> Response {
+    let text = blocking(move || {
+        let gauges = s.sessions.as_ref().map(|ss| ss.gauges());
+        Ok::<_, Refusal>(s.metrics.render(gauges.as_ref()))
+    })
+    .await;
+    match text {
+        Ok(t) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            t,
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 async fn fleet(State(s): State<Shared>) -> Response {
     session_call(s, |ss| ss.fleet()).await
 }
@@ -719,6 +755,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/admission", post(admission))
         .route("/v1/fleet", get(fleet))
         .route("/v1/drain", post(drain))
+        .route("/v1/metrics", get(metrics))
         .route("/v1/migrations", post(prepare_migration))
         .route("/v1/migrations/{id}/commit", post(commit_migration))
         .route("/v1/migrations/{id}/abort", post(abort_migration))
@@ -789,6 +826,7 @@ mod tests {
             gc: None,
             token: "t".into(),
             sessions: None,
+            metrics: Default::default(),
         });
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

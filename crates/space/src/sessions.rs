@@ -29,6 +29,7 @@ use crate::api::{
     valid_id,
 };
 use crate::client::{RemoteStore, SpaceClient, send_closure};
+use crate::metrics::Ended;
 use crate::owners::{Claim, Commit, Owned, Owner, Owners};
 use crate::policy::Policy;
 
@@ -64,6 +65,8 @@ pub struct Config {
     /// With `owners`: the TTL of this space's etcd lease (`--lease-ttl`): a standby takes
     /// this space's sessions over once it has not renewed it for that long.
     pub lease_ttl: Duration,
+    /// What the space counts for `GET /v1/metrics` (shared with its server).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Dies like `kill -9` at `step` when `FERRY_FAULT` names it: the fault-injection tests use
@@ -218,6 +221,8 @@ struct Live {
     standby_failing_since: Mutex<Option<Instant>>,
     /// What the standby keeper logged last for this session (said once, not every round).
     keeper_said: Mutex<Option<String>>,
+    /// When the guest last had a snapshot written here, or started here.
+    snapshot_at: Mutex<Option<Instant>>,
 }
 
 impl Live {
@@ -239,6 +244,7 @@ impl Live {
             pending_until: Mutex::new(None),
             standby_failing_since: Mutex::new(None),
             keeper_said: Mutex::new(None),
+            snapshot_at: Mutex::new(None),
         })
     }
 
@@ -939,8 +945,19 @@ impl Sessions {
                     });
                     let _ = ready_tx.send(Ok(()));
                 }
+                *lock(&l.snapshot_at) = Some(Instant::now());
+                let metrics = me.cfg.metrics.clone();
+                let c = control.clone();
                 let mut on_snapshot = |r: Result<Kappa, EngineError>, why: Request| match r {
                     Ok(k) => {
+                        if let Some(d) = c.last_write() {
+                            metrics.snapshot_write.observe(d);
+                        }
+                        match why {
+                            Request::Suspend => &metrics.suspends,
+                            _ => &metrics.checkpoints,
+                        }
+                        .fetch_add(1, Ordering::Relaxed);
                         me.snapshotted(&l, k);
                         me.to_standby(&l, k, why != Request::Suspend);
                         if why == Request::Suspend {
@@ -954,6 +971,7 @@ impl Sessions {
                         }
                     }
                     Err(e) => {
+                        metrics.snapshot_failures.fetch_add(1, Ordering::Relaxed);
                         warn!(session = %l.info().id, error = %e, "snapshot failed; the guest keeps running");
                         me.update(&l, |i| {
                             i.snapshot_error = Some(e.to_string());
@@ -987,6 +1005,7 @@ impl Sessions {
 
     /// A snapshot was written: the record and the session's ref point at it.
     fn snapshotted(&self, live: &Live, k: Kappa) {
+        *lock(&live.snapshot_at) = Some(Instant::now());
         let info = self.update(live, |i| {
             i.snapshot = Some(k.to_string());
             i.snapshot_error = None;
@@ -1031,6 +1050,15 @@ impl Sessions {
             }
             record_stop(i, &outcome, killed, files);
         });
+        let ended = match info.state {
+            State::Exited => Some(Ended::Exited),
+            State::Failed => Some(Ended::Failed),
+            State::Killed => Some(Ended::Killed),
+            _ => None,
+        };
+        if let Some(how) = ended {
+            self.cfg.metrics.ended(how);
+        }
         if ends && !had_standby && info.standby.is_some() {
             // A standby given while the guest ended (`set-standby`): its record goes too.
             self.end_standby(live);
@@ -1049,6 +1077,44 @@ impl Sessions {
         let mut v: Vec<_> = lock(&self.live).values().map(|l| l.info()).collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));
         v
+    }
+
+    /// What the sessions hold now, for `GET /v1/metrics`.
+    pub fn gauges(&self) -> crate::metrics::Gauges {
+        let now = Instant::now();
+        let mut g = crate::metrics::Gauges {
+            draining: self.draining.load(Ordering::SeqCst),
+            lease_renewed_age: self.cfg.owners.as_ref().and_then(|o| o.lease_renewed_age()),
+            ..Default::default()
+        };
+        let mut states: Vec<(State, u64)> = State::ALL.iter().map(|s| (*s, 0)).collect();
+        for l in lock(&self.live).values() {
+            let i = l.info();
+            if let Some(n) = states.iter_mut().find(|(s, _)| *s == i.state) {
+                n.1 += 1;
+            }
+            if let Some(r) = i.released
+                && matches!(i.state, State::Starting | State::Running | State::Suspended)
+            {
+                g.output_held_bytes += l.log().len().saturating_sub(r);
+            }
+            let keeps = matches!(i.state, State::Running | State::Suspended);
+            if keeps && i.standby_error.is_some() {
+                g.standby_failing += 1;
+            }
+            if i.end_waits.is_some() {
+                g.end_waiting += 1;
+            }
+            if i.state == State::Running
+                && i.checkpoint_every_ms.is_some()
+                && let Some(at) = *lock(&l.snapshot_at)
+            {
+                let age = now.saturating_duration_since(at);
+                g.oldest_checkpoint_age = g.oldest_checkpoint_age.max(Some(age));
+            }
+        }
+        g.states = states;
+        g
     }
 
     /// `POST /v1/drain`: this space is being drained (`on`), or not any more. While it is,
@@ -1238,6 +1304,10 @@ impl Sessions {
             }
             return Err(e);
         }
+        self.cfg
+            .metrics
+            .sessions_started
+            .fetch_add(1, Ordering::Relaxed);
         info!(session = %id, program = %req.program, "session started");
         Ok(live.info())
     }
@@ -1662,12 +1732,20 @@ impl Sessions {
         report.total_ms = started.elapsed().as_millis() as u64;
         match r {
             Ok(()) => {
+                let m = &self.cfg.metrics;
+                m.moves_committed.fetch_add(1, Ordering::Relaxed);
+                m.move_pause
+                    .observe(Duration::from_millis(report.downtime_ms));
                 report.outcome = "committed".into();
                 self.update(&live, |i| i.migration = Some(report.clone()));
                 info!(session = %id, to = %to, downtime_ms = report.downtime_ms, "moved");
                 Ok(report)
             }
             Err(e) => {
+                self.cfg
+                    .metrics
+                    .moves_aborted
+                    .fetch_add(1, Ordering::Relaxed);
                 report.outcome = format!("aborted: {}", e.msg);
                 self.update(&live, |i| {
                     i.migrating_to = None;
@@ -2177,6 +2255,7 @@ impl Sessions {
             // Already committed (a repeated commit), or it has run since.
             return Ok(info);
         }
+        self.cfg.metrics.moves_in.fetch_add(1, Ordering::Relaxed);
         let sender = lock(&live.hold).take();
         // The move is decided: the record it replaced is not put back.
         lock(&live.replaced).take();

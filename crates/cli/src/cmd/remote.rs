@@ -647,6 +647,12 @@ pub fn fleet(settings: &Settings, a: FleetArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `ferry --space URL metrics`: the text of `GET /v1/metrics`.
+pub fn metrics(settings: &Settings) -> Result<ExitCode> {
+    print!("{}", client(settings)?.metrics().map_err(api)?);
+    Ok(ExitCode::SUCCESS)
+}
+
 #[derive(Debug, clap::Args)]
 pub struct DrainArgs {
     /// Where the sessions go: a space's URL, or `auto`: the other live spaces of the space's

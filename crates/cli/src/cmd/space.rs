@@ -226,6 +226,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
             .advertise
             .clone()
             .unwrap_or_else(|| format!("{scheme}://{addr}"));
+        let metrics = Arc::new(ferry_space::metrics::Metrics::default());
         let sessions = if a.objects_only {
             None
         } else {
@@ -251,6 +252,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
                 owners: owners.clone(),
                 prepared_timeout: a.prepared_timeout,
                 lease_ttl: a.lease_ttl,
+                metrics: metrics.clone(),
             };
             let st = store.clone();
             let s = tokio::task::spawn_blocking(move || {
@@ -275,6 +277,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
                 gc: Some(recording),
                 token,
                 sessions,
+                metrics,
             }),
             tls,
         )

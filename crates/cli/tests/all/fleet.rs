@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::harness::{Blackhole, Etcd, EtcdCluster, SpaceProc};
 use crate::migrate::{
-    assert_finished_like, cli, client, eventually, migrate_in_background, ok, refused,
+    assert_finished_like, cli, client, eventually, metric, migrate_in_background, ok, refused,
     run_cpu_guest, stores_verify,
 };
 
@@ -464,6 +464,11 @@ fn in_a_fleet_a_standby_takes_over_a_session_whose_space_died() {
         copy.starts_with(&shown) && plain.starts_with(copy.as_bytes()),
         "the standby's copy: {copy:?}"
     );
+    let (at_a, _, _) = cli(&here, &a.url, &["metrics"]);
+    assert!(metric(&at_a, "ferry_standby_checkpoints_total{result=\"taken\"}") >= 1.0);
+    assert!(metric(&at_a, "ferry_etcd_lease_renewed_age_seconds") < 2.0);
+    let (at_b, _, _) = cli(&here, &b.url, &["metrics"]);
+    assert_eq!(metric(&at_b, "ferry_sessions{state=\"standby\"}"), 1.0);
     a.stop();
     eventually("the standby takes the session over", || {
         b.state("spare").as_deref() != Some("standby")
@@ -488,6 +493,12 @@ fn in_a_fleet_a_standby_takes_over_a_session_whose_space_died() {
     assert!(err.contains("moved to"), "{err}");
     finished_once(&[&a, &b], "spare", &b);
     stores_verify(&[&a, &b]);
+    let (at_b, _, _) = cli(&here, &b.url, &["metrics"]);
+    assert_eq!(metric(&at_b, "ferry_takeovers_total"), 1.0);
+    assert_eq!(
+        metric(&at_b, "ferry_sessions_ended_total{how=\"exited\"}"),
+        1.0
+    );
 }
 
 /// While the standby cannot take checkpoints (it is down), the owner shows no more output —

@@ -1581,3 +1581,98 @@ fn a_guest_that_traps_in_a_space_fails_with_134() {
     let (out, _, _) = cli(&here, &a.url, &["logs", "t"]);
     assert_eq!(out, "before\n");
 }
+
+/// The value of `series` (name and labels, exactly as written) in the text of `ferry --space
+/// URL metrics`.
+pub(crate) fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// `ferry --space URL metrics` (`GET /v1/metrics`) counts what a space did: sessions started
+/// and how they ended, checkpoints and their write times, a move out (committed, with its
+/// pause) at the source and in at the destination, the objects the destination received,
+/// and the sessions by state. Without the token it is refused.
+#[test]
+fn a_space_counts_sessions_snapshots_and_moves_in_its_metrics() {
+    let here = client();
+    let (a, b) = (SpaceProc::start(&[]), SpaceProc::start(&[]));
+    let g = guest("wasm/cpu.wasm");
+    let g = g.to_str().unwrap();
+    let plain = here.plain(&[g, "--", "600"]);
+    let every = ["--checkpoint-every", "100ms"];
+    let run = |id: &str, rounds: &str| {
+        let args = [&["run", "--session", id][..], &every, &[g, "--", rounds]].concat();
+        ok(&here, &a.url, &args);
+    };
+    run("counted", "600");
+    run("stopped", "100000");
+    eventually("a checkpoint of each", || {
+        ["counted", "stopped"]
+            .iter()
+            .all(|id| a.session(id).unwrap().get("snapshot").is_some())
+    });
+    ok(&here, &a.url, &["kill", "stopped"]);
+    ok(&here, &a.url, &["migrate", "counted", "--to", &b.url]);
+    assert_finished_like(&here, &a.url, "counted", &plain.stdout);
+
+    let (at_a, err, code) = cli(&here, &a.url, &["metrics"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(metric(&at_a, "ferry_sessions_started_total"), 2.0);
+    assert_eq!(
+        metric(&at_a, "ferry_sessions_ended_total{how=\"killed\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric(&at_a, "ferry_sessions_ended_total{how=\"exited\"}"),
+        0.0
+    );
+    assert_eq!(metric(&at_a, "ferry_sessions{state=\"moved\"}"), 1.0);
+    assert_eq!(metric(&at_a, "ferry_sessions{state=\"killed\"}"), 1.0);
+    assert_eq!(metric(&at_a, "ferry_sessions{state=\"running\"}"), 0.0);
+    assert_eq!(
+        metric(&at_a, "ferry_migrations_total{outcome=\"committed\"}"),
+        1.0
+    );
+    assert_eq!(metric(&at_a, "ferry_migration_pause_seconds_count"), 1.0);
+    // Periodic checkpoints and the move's pre-copy rounds, a suspend for its pause and one
+    // for the kill: each timed.
+    let checkpoints = metric(&at_a, "ferry_snapshots_total{why=\"checkpoint\"}");
+    let suspends = metric(&at_a, "ferry_snapshots_total{why=\"suspend\"}");
+    assert!(checkpoints >= 2.0, "{at_a}");
+    assert!(suspends >= 1.0, "{at_a}");
+    assert_eq!(
+        metric(&at_a, "ferry_snapshot_write_seconds_count"),
+        checkpoints + suspends
+    );
+    assert_eq!(
+        metric(&at_a, "ferry_snapshot_write_seconds_bucket{le=\"+Inf\"}"),
+        checkpoints + suspends
+    );
+    assert!(
+        metric(&at_a, "ferry_objects_received_total") >= 1.0,
+        "the module"
+    );
+
+    let (at_b, err, code) = cli(&here, &b.url, &["metrics"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(metric(&at_b, "ferry_migrations_in_total"), 1.0);
+    assert_eq!(metric(&at_b, "ferry_sessions_started_total"), 0.0);
+    assert_eq!(
+        metric(&at_b, "ferry_sessions_ended_total{how=\"exited\"}"),
+        1.0
+    );
+    assert_eq!(metric(&at_b, "ferry_sessions{state=\"exited\"}"), 1.0);
+    assert!(
+        metric(&at_b, "ferry_objects_received_total") >= 2.0,
+        "{at_b}"
+    );
+    assert!(metric(&at_b, "ferry_object_bytes_received_total") > 0.0);
+
+    let stranger = Env::new().with_var("FERRY_TOKEN", "not-the-token");
+    let err = refused(&stranger, &a.url, &["metrics"]);
+    assert!(err.contains("401") || err.contains("token"), "{err}");
+}

@@ -343,6 +343,10 @@ impl Sessions {
             let to = info.standby.as_deref().unwrap_or_default();
             match self.send_one(&info, to, &next, false) {
                 Ok(len) => {
+                    self.cfg
+                        .metrics
+                        .standby_taken
+                        .fetch_add(1, Ordering::Relaxed);
                     *lock(&live.standby_failing_since) = None;
                     self.update(live, |i| {
                         if same(i) {
@@ -365,6 +369,10 @@ impl Sessions {
                     continue;
                 }
                 Err(Unsent::Failed(e)) => {
+                    self.cfg
+                        .metrics
+                        .standby_failed
+                        .fetch_add(1, Ordering::Relaxed);
                     lock(&live.standby_failing_since).get_or_insert_with(Instant::now);
                     if info.standby_error.as_deref() != Some(&e) {
                         warn!(session = %info.id, error = %e, "the standby did not take the checkpoint; output is held back");
@@ -455,6 +463,7 @@ impl Sessions {
                 owner.space, owner.epoch
             ));
         });
+        self.cfg.metrics.fenced.fetch_add(1, Ordering::Relaxed);
         live.log().close();
         if let Some(c) = lock(&live.control).clone() {
             c.end_without_snapshot(true);
@@ -1159,6 +1168,7 @@ impl Sessions {
             ));
         });
         self.point_ref(&info, k);
+        self.cfg.metrics.takeovers.fetch_add(1, Ordering::Relaxed);
         warn!(session = %info.id, from = %owner, epoch = info.epoch, "owner gone: session taken over");
         if resume {
             let engine = super::engine_of(live);
