@@ -174,6 +174,10 @@ pub struct SessionInfo {
     /// resumes it (else it is taken over suspended).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub resume_on_takeover: bool,
+    /// Suspended because its space stopped (SIGTERM, Ctrl-C) while the guest ran: the space
+    /// resumes it when it starts again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resume_on_start: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -213,6 +217,7 @@ impl SessionInfo {
             standby_auto: false,
             released: None,
             resume_on_takeover: false,
+            resume_on_start: false,
         }
     }
 }

@@ -769,7 +769,8 @@ pub fn router(space: Arc<Space>) -> Router {
         .with_state(space)
 }
 
-/// Serves `space` on `listener` until Ctrl-C / SIGTERM: HTTPS with `tls` (a
+/// Serves `space` on `listener` until Ctrl-C / SIGTERM, which first suspends its running
+/// sessions (saying so on stderr; see [`Sessions::suspend_all`]): HTTPS with `tls` (a
 /// [`crate::tls::server_config`]), else plain HTTP. Every accepted connection watches its
 /// peer ([`crate::net::watch_peer`]): a client that goes silent in the middle of a request is
 /// given up instead of holding it for good.
@@ -794,19 +795,70 @@ where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
 {
+    let sessions = space.sessions.clone();
     axum::serve(listener, router(space))
-        .with_graceful_shutdown(async {
-            let ctrl_c = tokio::signal::ctrl_c();
+        .with_graceful_shutdown(async move {
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                     .expect("SIGTERM handler");
             tokio::select! {
-                _ = ctrl_c => {}
+                _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
+            }
+            // The running sessions are suspended first, while the API still answers (a
+            // client's `wait` or `logs --follow` sees them suspended); asked again, the
+            // space stops at once, and they come back at their last snapshots.
+            if let Some(ss) = sessions {
+                let running = ss
+                    .list()
+                    .iter()
+                    .filter(|i| i.state == crate::api::State::Running)
+                    .count();
+                if running > 0 {
+                    eprintln!(
+                        "ferry: stopping: suspending {running} running session(s) first (Ctrl-C \
+                         again stops at once)"
+                    );
+                }
+                let work = tokio::task::spawn_blocking(move || ss.suspend_all());
+                tokio::select! {
+                    r = work => {
+                        if let Ok((done, left)) = r
+                            && done.len() + left.len() > 0
+                        {
+                            eprintln!(
+                                "ferry: {} session(s) suspended; they go on when the space starts \
+                                 again{}",
+                                done.len(),
+                                if left.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(
+                                        "; {} not (they come back at their last snapshots): {}",
+                                        left.len(),
+                                        left.iter()
+                                            .map(|(id, why)| format!("{id}: {why}"))
+                                            .collect::<Vec<_>>()
+                                            .join("; ")
+                                    )
+                                }
+                            );
+                        }
+                    }
+                    _ = tokio::signal::ctrl_c() => stop_at_once(),
+                    _ = term.recv() => stop_at_once(),
+                }
             }
             info!("shutting down");
         })
         .await
+}
+
+/// Asked to stop again while the sessions are being suspended: the process ends now (the
+/// sessions not yet suspended come back at their last snapshots, as after a crash).
+fn stop_at_once() -> ! {
+    warn!("asked again to stop: stopping without waiting for the sessions to be suspended");
+    std::process::exit(130)
 }
 
 #[cfg(test)]

@@ -65,6 +65,9 @@ pub struct Config {
     /// With `owners`: the TTL of this space's etcd lease (`--lease-ttl`): a standby takes
     /// this space's sessions over once it has not renewed it for that long.
     pub lease_ttl: Duration,
+    /// When the space is asked to stop (SIGTERM, Ctrl-C): how long it waits for its running
+    /// sessions to be suspended before it stops anyway (`ferry serve --stop-timeout`).
+    pub stop_timeout: Duration,
     /// What the space counts for `GET /v1/metrics` (shared with its server).
     pub metrics: Arc<crate::metrics::Metrics>,
 }
@@ -315,6 +318,8 @@ pub struct Sessions {
     backing: Mutex<HashMap<String, Vec<(String, PathBuf)>>>,
     /// Being drained (`POST /v1/drain`): no new session runs here, none moves in.
     draining: AtomicBool,
+    /// Stopping ([`Sessions::suspend_all`]): no guest starts here any more.
+    stopping: AtomicBool,
 }
 
 /// Rotates `candidates` to start at a place session `id` picks — the same for the same id
@@ -354,8 +359,10 @@ impl Sessions {
             live: Mutex::new(HashMap::new()),
             backing: Mutex::new(HashMap::new()),
             draining: Default::default(),
+            stopping: Default::default(),
         });
         let rd = std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        let mut to_resume = Vec::new();
         for e in rd.flatten() {
             let p = e.path();
             if p.extension().is_none_or(|x| x != "json") {
@@ -370,6 +377,9 @@ impl Sessions {
             };
             if !valid_id(&info.id) {
                 continue;
+            }
+            if info.state == State::Suspended && info.resume_on_start {
+                to_resume.push(info.id.clone());
             }
             me.recover(info);
         }
@@ -390,7 +400,132 @@ impl Sessions {
             me.watch_standbys();
             me.keep_standbys();
         }
+        if !to_resume.is_empty() {
+            to_resume.sort();
+            let again = me.clone();
+            let spawned = std::thread::Builder::new()
+                .name("resume-on-start".into())
+                .spawn(move || again.resume_on_start(&to_resume));
+            if let Err(e) = spawned {
+                warn!(error = %e, "cannot start the thread resuming sessions; they stay suspended");
+            }
+        }
         Ok(me)
+    }
+
+    /// Resumes the sessions the space suspended when it stopped (`resume_on_start`), one at
+    /// a time; one that cannot be resumed stays suspended, its record saying why.
+    fn resume_on_start(self: &Arc<Self>, ids: &[String]) {
+        for id in ids {
+            match self.resume(id, ResumeRequest::default()) {
+                Ok(_) => info!(session = %id, "resumed: suspended when the space stopped"),
+                Err(e) => {
+                    warn!(session = %id, error = %e.msg, "suspended when the space stopped, and cannot be resumed now");
+                    if let Ok(live) = self.get(id) {
+                        self.update(&live, |i| {
+                            if i.state == State::Suspended && i.resume_on_start {
+                                i.resume_on_start = false;
+                                i.reason = Some(format!(
+                                    "suspended when the space stopped; resuming it when the \
+                                     space started again failed: {}",
+                                    e.msg
+                                ));
+                            }
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// The space is asked to stop: from now on no guest starts here, and every running
+    /// session is suspended — a snapshot written, the record saying it is to be resumed when
+    /// the space starts again. Waits at most `stop_timeout`; returns the sessions suspended
+    /// and those that were not (they come back at their last snapshot, as after a crash).
+    pub fn suspend_all(self: &Arc<Self>) -> (Vec<String>, Vec<(String, String)>) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let running: Vec<String> = lock(&self.live)
+            .values()
+            .map(|l| l.info())
+            .filter(|i| i.state == State::Running && i.migrating_to.is_none())
+            .map(|i| i.id)
+            .collect();
+        let (mut done, mut left) = (Vec::new(), Vec::new());
+        if running.is_empty() {
+            return (done, left);
+        }
+        info!(
+            sessions = running.len(),
+            "stopping: suspending the running sessions"
+        );
+        let (tx, rx) = mpsc::channel();
+        for id in &running {
+            let (me, mine, tx) = (self.clone(), id.clone(), tx.clone());
+            let spawned = std::thread::Builder::new()
+                .name("suspend-on-stop".into())
+                .spawn(move || {
+                    let id = mine;
+                    let r = me.stop(&id, Request::Suspend, false).and_then(|after| {
+                        if after.state != State::Suspended {
+                            return Err(ApiError::conflict(format!(
+                                "it is {} now",
+                                after.state.name()
+                            )));
+                        }
+                        let live = me.get(&id)?;
+                        me.update(&live, |i| {
+                            if i.state == State::Suspended {
+                                i.resume_on_start = true;
+                                i.reason = Some(
+                                    "suspended when the space stopped; it goes on when the \
+                                     space starts again"
+                                        .into(),
+                                );
+                            }
+                        });
+                        Ok(())
+                    });
+                    let _ = tx.send((id, r.map_err(|e| e.msg)));
+                });
+            if let Err(e) = spawned {
+                left.push((id.clone(), format!("cannot start a thread: {e}")));
+            }
+        }
+        drop(tx);
+        let deadline = Instant::now() + self.cfg.stop_timeout;
+        while done.len() + left.len() < running.len() {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(wait) {
+                Ok((id, Ok(()))) => done.push(id),
+                Ok((id, Err(e))) => left.push((id, e)),
+                Err(_) => break,
+            }
+        }
+        for id in &running {
+            if !done.contains(id) && !left.iter().any(|(l, _)| l == id) {
+                left.push((
+                    id.clone(),
+                    format!(
+                        "not suspended within {} s (--stop-timeout)",
+                        self.cfg.stop_timeout.as_secs_f64()
+                    ),
+                ));
+            }
+        }
+        for (id, why) in &left {
+            warn!(session = %id, error = %why, "not suspended before the space stops; it comes back at its last snapshot");
+        }
+        (done, left)
+    }
+
+    /// Refuses to start a guest while the space stops.
+    fn refuse_if_stopping(&self) -> Result<(), ApiError> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(ApiError::unavailable(
+                "this space is stopping: it suspends its sessions and starts none",
+            ));
+        }
+        Ok(())
     }
 
     fn recover(self: &Arc<Self>, mut info: SessionInfo) {
@@ -475,8 +610,9 @@ impl Sessions {
         } else if state == State::Suspended
             && let Some(k) = live.info().snapshot.and_then(|k| k.parse().ok())
         {
-            // The standby may hold an older checkpoint, taken while the guest ran.
-            self.to_standby(&live, k, false);
+            // The standby may hold an older checkpoint, taken while the guest ran; one
+            // suspended because the space stopped is to go on there if it takes it over.
+            self.to_standby(&live, k, live.info().resume_on_start);
         }
     }
 
@@ -942,6 +1078,7 @@ impl Sessions {
                         i.engine = engine.name().into();
                         i.reason = None;
                         i.exit_code = None;
+                        i.resume_on_start = false;
                     });
                     let _ = ready_tx.send(Ok(()));
                 }
@@ -959,7 +1096,11 @@ impl Sessions {
                         }
                         .fetch_add(1, Ordering::Relaxed);
                         me.snapshotted(&l, k);
-                        me.to_standby(&l, k, why != Request::Suspend);
+                        // Suspended because the space stops: it is to go on, here when the
+                        // space is back, or at its standby if that takes it over first.
+                        let goes_on =
+                            why != Request::Suspend || me.stopping.load(Ordering::SeqCst);
+                        me.to_standby(&l, k, goes_on);
                         if why == Request::Suspend {
                             // The guest will not run again: say so now, before the engine
                             // tears the instance down (unmapping a large memory takes a while).
@@ -1177,6 +1318,7 @@ impl Sessions {
 
     /// `POST /v1/sessions`.
     pub fn run(self: &Arc<Self>, req: RunRequest) -> Result<SessionInfo, ApiError> {
+        self.refuse_if_stopping()?;
         self.refuse_if_draining("runs no new session")?;
         let module = parse_kappa(&req.module, "module")?;
         let engine = parse_engine(req.engine.as_deref(), EngineKind::Jit)?;
@@ -1334,6 +1476,7 @@ impl Sessions {
                 )));
             }
         }
+        self.refuse_if_stopping()?;
         let k = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
         let engine = parse_engine(req.engine.as_deref(), engine_of(&live))?;
         self.check_owner(&live)?;
@@ -2050,6 +2193,7 @@ impl Sessions {
     /// until the source commits or aborts.
     pub fn prepare(self: &Arc<Self>, req: PrepareRequest) -> Result<SessionInfo, ApiError> {
         session_id(&req.session)?;
+        self.refuse_if_stopping()?;
         let k = parse_kappa(&req.snapshot, "snapshot")?;
         let engine = parse_engine(Some(&req.engine), EngineKind::Jit)?;
         if let Some(a) = &req.attempt

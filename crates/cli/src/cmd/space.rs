@@ -86,6 +86,11 @@ pub struct ServeArgs {
     /// not been renewed for that long (this space stopped, or was cut off from etcd).
     #[arg(long, value_name = "DURATION", default_value = "10s", requires = "etcd", value_parser = crate::cmd::run::parse_duration)]
     lease_ttl: Duration,
+    /// On SIGTERM or Ctrl-C the space suspends its running sessions before it stops (they
+    /// go on when it starts again): how long it waits for that. A session not suspended by
+    /// then comes back at its last snapshot. Ctrl-C again stops at once.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::cmd::run::parse_duration)]
+    stop_timeout: Duration,
     /// Collect garbage this often while serving (as `ferry --space URL store gc` does on
     /// demand) [default: only on demand].
     #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
@@ -252,6 +257,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
                 owners: owners.clone(),
                 prepared_timeout: a.prepared_timeout,
                 lease_ttl: a.lease_ttl,
+                stop_timeout: a.stop_timeout,
                 metrics: metrics.clone(),
             };
             let st = store.clone();

@@ -501,6 +501,36 @@ fn in_a_fleet_a_standby_takes_over_a_session_whose_space_died() {
     );
 }
 
+/// A space stopped with SIGTERM suspends a session that has a standby, and does not come
+/// back: once its lease runs out the standby takes the session over and runs it on (the
+/// suspend was no user's: the copy is to go on), ending with an uninterrupted run's output.
+#[test]
+fn in_a_fleet_a_session_suspended_by_its_space_stopping_goes_on_at_its_standby() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let mut a = fleet_space(&etcd, &["--lease-ttl", "2s"]);
+    let b = fleet_space(&etcd, &[]);
+    let plain = run_with_standby(&here, &a, &b.url, "stopped", "150");
+    eventually("the standby holds a checkpoint", || {
+        released(&a, "stopped") > 0 && b.state("stopped").as_deref() == Some("standby")
+    });
+    let status = a.terminate();
+    assert!(status.success(), "{status}");
+    eventually("the standby takes the session over", || {
+        b.state("stopped").as_deref() != Some("standby")
+    });
+    assert_finished_like(&here, &b.url, "stopped", &plain);
+    // Back, the space finds the session taken over, and does not resume it.
+    a.spawn(None);
+    eventually("the old owner learns its session was taken over", || {
+        a.state("stopped").as_deref() == Some("moved")
+    });
+    finished_once(&[&a, &b], "stopped", &b);
+    stores_verify(&[&a, &b]);
+}
+
 /// While the standby cannot take checkpoints (it is down), the owner shows no more output —
 /// the guest runs on — and catches up once the standby is back. A session that ends removes
 /// its standby: its owner dying afterwards runs nothing a second time.

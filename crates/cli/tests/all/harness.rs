@@ -598,6 +598,28 @@ impl SpaceProc {
         }
     }
 
+    /// Asks the server to stop as an init system does (SIGTERM) and waits for it to exit;
+    /// returns its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("a running server");
+        // SAFETY: kill(2) on the pid of a child this harness started and has not waited for.
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the space at {} did not stop on SIGTERM",
+                self.url
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits for a space that is meant to die (fault injection) to be gone.
     pub fn wait_dead(&mut self) {
         let mut c = self.child.take().unwrap();

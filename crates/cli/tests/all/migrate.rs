@@ -6,6 +6,8 @@
 
 use std::time::{Duration, Instant};
 
+use serde_json::json;
+
 use crate::harness::{Blackhole, Env, SPACE_TOKEN, Seen, SpaceProc, TestCa, dir_contents, guest};
 
 /// `cli`, which must succeed.
@@ -1675,4 +1677,55 @@ fn a_space_counts_sessions_snapshots_and_moves_in_its_metrics() {
     let stranger = Env::new().with_var("FERRY_TOKEN", "not-the-token");
     let err = refused(&stranger, &a.url, &["metrics"]);
     assert!(err.contains("401") || err.contains("token"), "{err}");
+}
+
+/// A space asked to stop (SIGTERM, as systemd or Kubernetes stop it) first suspends its
+/// running sessions — one without any checkpoint too — and exits 0; started again, it resumes
+/// them, and each ends with an uninterrupted run's output. A session suspended by its user
+/// stays suspended, and one that ended stays ended.
+#[test]
+fn a_space_asked_to_stop_suspends_its_sessions_and_resumes_them_when_it_starts_again() {
+    let here = client();
+    let mut a = SpaceProc::start(&[]);
+    let g = guest("wasm/cpu.wasm");
+    let g = g.to_str().unwrap();
+    let plain = here.plain(&[g, "--", "600"]);
+    let short = here.plain(&[g, "--", "5"]);
+    ok(&here, &a.url, &["run", "--session", "bare", g, "--", "600"]);
+    let every = ["--checkpoint-every", "100ms"];
+    let args = [&["run", "--session", "kept"][..], &every, &[g, "--", "600"]].concat();
+    ok(&here, &a.url, &args);
+    ok(&here, &a.url, &["run", "--session", "held", g, "--", "600"]);
+    ok(&here, &a.url, &["suspend", "held"]);
+    ok(&here, &a.url, &["run", "--session", "done", g, "--", "5"]);
+    assert_finished_like(&here, &a.url, "done", &short.stdout);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(a.state("bare").as_deref(), Some("running"));
+
+    let status = a.terminate();
+    assert!(status.success(), "{status}");
+    let record = |id: &str| -> serde_json::Value {
+        let p = a.env.store().join(format!("space/sessions/{id}.json"));
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    for id in ["bare", "kept"] {
+        let r = record(id);
+        assert_eq!(
+            (&r["state"], &r["resume_on_start"]),
+            (&json!("suspended"), &json!(true)),
+            "{r}"
+        );
+    }
+    assert_eq!(record("held")["resume_on_start"], json!(null));
+    assert_eq!(record("done")["state"], json!("exited"));
+
+    a.spawn(None);
+    for id in ["bare", "kept"] {
+        assert_finished_like(&here, &a.url, id, &plain.stdout);
+    }
+    assert_eq!(a.state("held").as_deref(), Some("suspended"));
+    assert_eq!(a.state("done").as_deref(), Some("exited"));
+    ok(&here, &a.url, &["resume", "held"]);
+    assert_finished_like(&here, &a.url, "held", &plain.stdout);
+    stores_verify(&[&a]);
 }
