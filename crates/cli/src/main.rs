@@ -180,7 +180,7 @@ fn main() -> ExitCode {
             cmd::remote::stop(&settings, &a.session, "suspend")
         }
         Command::Suspend(a) => cmd::signal::run(&settings, a, cmd::signal::Kind::Suspend),
-        Command::Ps(_) if settings.space.is_some() => cmd::remote::ps(&settings),
+        Command::Ps(a) if settings.space.is_some() => cmd::remote::ps(&settings, &a),
         Command::Ps(a) => cmd::ps::run(&settings, a),
         Command::Rm(a) if settings.space.is_some() => cmd::rm::remote(&settings, a),
         Command::Rm(a) => cmd::rm::run(&settings, a),

@@ -12,12 +12,18 @@ pub struct Args {
     /// One JSON array of sessions, most recently active first: id, program, state, pid (while
     /// running), memory bytes, updated (when its record was last written, Unix seconds),
     /// last snapshot (its full κ).
+    /// With --space: the space's `SessionInfo` records as they come.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Also list sessions whose program exited (hidden by default, as they pile up: every
-    /// `ferry run` is a session; `ferry rm --exited` forgets them).
+    /// `ferry run` is a session; `ferry rm --exited` forgets them). A space lists them all.
     #[arg(long, short)]
     all: bool,
+    /// With --space: the sessions of every live space of that space's etcd fleet, each with
+    /// the space that holds it — records of sessions that moved away and standby copies
+    /// left out, so that each session shows where it is.
+    #[arg(long)]
+    pub(crate) fleet: bool,
 }
 
 pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {

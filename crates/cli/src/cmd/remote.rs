@@ -196,10 +196,53 @@ fn read_stdin_file(path: &std::path::Path) -> Result<Vec<u8>> {
 /// Largest stdin `--stdin` sends (1 GiB, as one blob).
 const MAX_STDIN: u64 = 1 << 30;
 
-/// `ferry --space URL ps`.
-pub fn ps(settings: &Settings) -> Result<ExitCode> {
+/// `ferry --space URL ps [--fleet] [--json]`.
+pub fn ps(settings: &Settings, a: &crate::cmd::ps::Args) -> Result<ExitCode> {
     let c = client(settings)?;
-    let sessions = c.sessions().map_err(api)?;
+    let mut unasked = Vec::new();
+    let sessions = if a.fleet {
+        let fleet = c.fleet().map_err(api)?;
+        let token = token(settings.token_file.as_ref())?;
+        let mut all = Vec::new();
+        for space in fleet.spaces.iter().map(|s| &s.space) {
+            match SpaceClient::new(space, &token).sessions() {
+                Ok(list) => all.extend(
+                    list.into_iter()
+                        .filter(|i| !matches!(i.state, State::Moved | State::Standby))
+                        .map(|mut i| {
+                            i.space = Some(space.clone());
+                            i
+                        }),
+                ),
+                Err(e) => unasked.push(format!("ferry: {space} cannot be asked: {}", e.msg)),
+            }
+        }
+        all.sort_by(|x, y| (&x.id, &x.space).cmp(&(&y.id, &y.space)));
+        all
+    } else {
+        c.sessions().map_err(api)?
+    };
+    let code = if unasked.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&sessions)?);
+        for line in unasked {
+            eprintln!("{line}");
+        }
+        return Ok(code);
+    }
+    let width = sessions
+        .iter()
+        .filter_map(|s| s.space.as_ref().map(String::len))
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    if a.fleet {
+        print!("{:<width$}  ", "SPACE");
+    }
     println!(
         "{:<10} {:<20} {:<10} {:<7} {:>5}  LAST SNAPSHOT / WHERE",
         "SESSION", "PROGRAM", "STATE", "ENGINE", "EPOCH"
@@ -271,15 +314,18 @@ pub fn ps(settings: &Settings) -> Result<ExitCode> {
         };
         let mut program = s.program.clone();
         program.truncate(20);
+        if a.fleet {
+            print!("{:<width$}  ", s.space.as_deref().unwrap_or(""));
+        }
         println!(
             "{:<10} {:<20} {:<10} {:<7} {:>5}  {}",
             s.id, program, state, s.engine, s.epoch, whereabouts
         );
     }
-    for line in failing {
+    for line in failing.into_iter().chain(unasked) {
         eprintln!("{line}");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
 }
 
 #[derive(Debug, clap::Args)]

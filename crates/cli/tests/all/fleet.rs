@@ -55,6 +55,22 @@ fn in_a_fleet_the_owner_record_follows_each_move() {
     assert!(err.contains("belongs to") && err.contains(&a.url), "{err}");
     ok(&here, &a.url, &["migrate", "own", "--to", &b.url]);
     assert_eq!(etcd.owner("own"), Some(json!({"space": b.url, "epoch": 2})));
+    // `ps --fleet` on either space shows the session once, where it is now.
+    for s in [&a, &b] {
+        let (listed, err, code) = cli(&here, &s.url, &["ps", "--fleet"]);
+        assert_eq!(code, 0, "{err}");
+        let rows: Vec<&str> = listed.lines().filter(|l| l.contains(" own ")).collect();
+        assert_eq!(rows.len(), 1, "{listed}");
+        assert!(rows[0].starts_with(&b.url), "{listed}");
+        let (json, _, _) = cli(&here, &s.url, &["ps", "--fleet", "--json"]);
+        let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(json.as_array().unwrap().len(), 1, "{json}");
+        assert_eq!(json[0]["space"], json!(b.url));
+    }
+    // Without --fleet, the space's own records: the moved one at A.
+    let (json, _, _) = cli(&here, &a.url, &["ps", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json[0]["state"], json!("moved"), "{json}");
     let attempt = a.session("own").unwrap()["attempt"]
         .as_str()
         .unwrap()
