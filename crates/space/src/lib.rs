@@ -2,7 +2,7 @@
 //! snapshots between stores by κ (`ferry push` / `ferry pull`). The protocol (docs/api.md):
 //!
 //! * every request carries `Authorization: Bearer <token>` (no unauthenticated endpoint but
-//!   `GET /v1/health`);
+//!   `GET /v1/health`, `GET /v1/ready` and the console's static files);
 //! * the sender asks which of a closure's objects the receiver lacks
 //!   (`POST /v1/objects/missing`), then sends only those in batches (`POST /v1/objects`;
 //!   `POST /v1/objects/fetch` for a pull), each object zstd-compressed when that pays, two

@@ -609,6 +609,22 @@ async fn drain(State(s): State<Shared>, Json(req): Json<crate::api::Draining>) -
 }
 
 /// `GET /v1/fleet`: the live spaces of this space's etcd fleet.
+/// `GET /v1/ready` (no token: for load balancers and readiness probes): `200 ready` while the
+/// space takes new sessions, `503` with why not.
+async fn ready(State(s): State<Shared>) -> Response {
+    let r = blocking(move || Ok(s.sessions.as_ref().map(|ss| ss.readiness())))
+        .await
+        .unwrap_or_else(|e| Some(Err(e.1)));
+    match r {
+        None | Some(Ok(())) => (StatusCode::OK, "ready\n").into_response(),
+        Some(Err(why)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
 /// `GET /v1/metrics`: the space's counters and the sessions' gauges, in Prometheus' text
 /// format.
 async fn metrics(State(s): State<Shared>) -> Response {
@@ -725,7 +741,7 @@ async fn abort_migration(
     .await
 }
 
-/// The API: every route but `/v1/health` and the console's static files requires the bearer
+/// The API: every route but `/v1/health`, `/v1/ready` and the console's static files requires the bearer
 /// token.
 pub fn router(space: Arc<Space>) -> Router {
     let authed = Router::new()
@@ -763,6 +779,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY));
     Router::new()
         .route("/v1/health", get(|| async { "ferry space v1\n" }))
+        .route("/v1/ready", get(ready))
         .route("/console/", get(crate::console::index))
         .route("/console/{file}", get(crate::console::asset))
         .merge(authed)

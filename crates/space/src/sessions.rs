@@ -518,6 +518,32 @@ impl Sessions {
         (done, left)
     }
 
+    /// Whether the space takes new sessions now (`GET /v1/ready`): not while it stops or is
+    /// drained, nor, in a fleet, while its etcd lease is not known to be alive (not yet
+    /// announced, or not renewed for a TTL: standbys may be taking its sessions over).
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err("stopping: suspending its sessions".into());
+        }
+        if self.draining.load(Ordering::SeqCst) {
+            return Err("being drained (`drain --undo` ends that)".into());
+        }
+        if let Some(o) = &self.cfg.owners {
+            match o.lease_renewed_age() {
+                None => return Err("not yet announced in etcd".into()),
+                Some(age) if age > self.cfg.lease_ttl => {
+                    return Err(format!(
+                        "its etcd lease was last renewed {} s ago (TTL {} s): cut off from etcd?",
+                        age.as_secs(),
+                        self.cfg.lease_ttl.as_secs()
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Refuses to start a guest while the space stops.
     fn refuse_if_stopping(&self) -> Result<(), ApiError> {
         if self.stopping.load(Ordering::SeqCst) {

@@ -1158,6 +1158,11 @@ fn in_a_fleet_drain_moves_every_session_off_a_space() {
     let (_, err, code) = cli(&here, &a.url, &["drain"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("nothing to move"), "{err}");
+    // A load balancer's probe hears that A takes no new sessions; B does.
+    let (status, body) = a.ready();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("being drained"), "{body}");
+    assert_eq!(b.ready(), (200, "ready\n".to_owned()));
 
     // While drained, A runs nothing new, and no space chooses it as a standby.
     let err = refused(
@@ -1205,6 +1210,7 @@ fn in_a_fleet_drain_moves_every_session_off_a_space() {
     assert!(err.contains("this space is being drained"), "{err}");
     let (_, err, code) = cli(&here, &a.url, &["drain", "--undo"]);
     assert_eq!(code, 0, "{err}");
+    assert_eq!(a.ready().0, 200);
     ok(
         &here,
         &a.url,

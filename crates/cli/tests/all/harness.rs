@@ -598,6 +598,18 @@ impl SpaceProc {
         }
     }
 
+    /// `GET /v1/ready` without a token: status and body.
+    pub fn ready(&self) -> (u16, String) {
+        let mut r = ureq::get(format!("{}/v1/ready", self.url))
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .call()
+            .unwrap();
+        let body = r.body_mut().read_to_string().unwrap();
+        (r.status().as_u16(), body)
+    }
+
     /// Asks the server to stop as an init system does (SIGTERM) and waits for it to exit;
     /// returns its exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
