@@ -24,6 +24,12 @@ struct Cli {
     /// ferry started.
     #[arg(long, short, global = true)]
     verbose: bool,
+    /// How ferry's own log lines (warnings; with -v each step) are written on stderr: `text`
+    /// for people, `json` — one object a line, with its time, level and fields — for a log
+    /// collector (`ferry serve` under systemd or Kubernetes). Messages meant for the user of a
+    /// command (progress, results) stay text.
+    #[arg(long, global = true, env = "FERRY_LOG_FORMAT", value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     /// Drive sessions on this space (`ferry serve`) instead of this machine: run, ps, logs,
     /// wait, suspend, checkpoint, resume, kill, migrate.
     #[arg(long, global = true, env = "FERRY_SPACE", value_name = "URL")]
@@ -139,7 +145,10 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
         );
     // With --verbose each step shows the seconds since ferry started.
-    if cli.verbose {
+    if cli.log_format == "json" {
+        // Wall-clock times (RFC 3339), as collectors expect.
+        log.json().with_ansi(false).init();
+    } else if cli.verbose {
         log.with_timer(tracing_subscriber::fmt::time::uptime())
             .init();
     } else {

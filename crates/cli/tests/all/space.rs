@@ -175,3 +175,52 @@ fn a_damaged_object_in_the_pushing_store_is_named() {
         "{err}"
     );
 }
+
+/// `--log-format json` writes ferry's log lines as one JSON object a line (time, level,
+/// message) — here the warning of a space that comes back drained — while the messages for
+/// the user stay text.
+#[test]
+fn a_space_logs_json_lines_for_a_collector() {
+    use std::io::{BufRead, BufReader, Read};
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    std::fs::create_dir_all(here.store().join("space")).unwrap();
+    std::fs::write(here.store().join("space/draining"), "drained\n").unwrap();
+    let mut child = here
+        .ferry()
+        .env("FERRY_TOKEN", SPACE_TOKEN)
+        .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("listening on "), "{line}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let logged: Vec<serde_json::Value> = err
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let drained = logged
+        .iter()
+        .find(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("being drained"))
+        })
+        .unwrap_or_else(|| panic!("no JSON line about draining in:\n{err}"));
+    assert_eq!(drained["level"], "WARN");
+    assert!(drained["timestamp"].as_str().unwrap().ends_with('Z'));
+    assert!(err.contains("ferry: serving "), "{err}");
+}
