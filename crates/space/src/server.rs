@@ -786,8 +786,8 @@ pub fn router(space: Arc<Space>) -> Router {
         .with_state(space)
 }
 
-/// Serves `space` on `listener` until Ctrl-C / SIGTERM, which first suspends its running
-/// sessions (saying so on stderr; see [`Sessions::suspend_all`]): HTTPS with `tls` (a
+/// Serves `space` on `listener` until Ctrl-C / SIGTERM, which first moves away or suspends its
+/// running sessions (saying so on stderr; see [`Sessions::stop_all`]): HTTPS with `tls` (a
 /// [`crate::tls::server_config`]), else plain HTTP. Every accepted connection watches its
 /// peer ([`crate::net::watch_peer`]): a client that goes silent in the middle of a request is
 /// given up instead of holding it for good.
@@ -822,9 +822,10 @@ where
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
             }
-            // The running sessions are suspended first, while the API still answers (a
-            // client's `wait` or `logs --follow` sees them suspended); asked again, the
-            // space stops at once, and they come back at their last snapshots.
+            // The running sessions are moved away (`--on-stop move`) or suspended first,
+            // while the API still answers (a client's `wait` or `logs --follow` sees them go);
+            // asked again, the space stops at once, and they come back at their last
+            // snapshots.
             if let Some(ss) = sessions {
                 let running = ss
                     .list()
@@ -833,33 +834,20 @@ where
                     .count();
                 if running > 0 {
                     eprintln!(
-                        "ferry: stopping: suspending {running} running session(s) first (Ctrl-C \
-                         again stops at once)"
+                        "ferry: stopping: {} {running} running session(s) first (Ctrl-C again \
+                         stops at once)",
+                        if ss.moves_on_stop() {
+                            "moving"
+                        } else {
+                            "suspending"
+                        }
                     );
                 }
-                let work = tokio::task::spawn_blocking(move || ss.suspend_all());
+                let work = tokio::task::spawn_blocking(move || ss.stop_all());
                 tokio::select! {
                     r = work => {
-                        if let Ok((done, left)) = r
-                            && done.len() + left.len() > 0
-                        {
-                            eprintln!(
-                                "ferry: {} session(s) suspended; they go on when the space starts \
-                                 again{}",
-                                done.len(),
-                                if left.is_empty() {
-                                    String::new()
-                                } else {
-                                    format!(
-                                        "; {} not (they come back at their last snapshots): {}",
-                                        left.len(),
-                                        left.iter()
-                                            .map(|(id, why)| format!("{id}: {why}"))
-                                            .collect::<Vec<_>>()
-                                            .join("; ")
-                                    )
-                                }
-                            );
+                        if let Ok(done) = r {
+                            report_stop(&done);
                         }
                     }
                     _ = tokio::signal::ctrl_c() => stop_at_once(),
@@ -869,6 +857,39 @@ where
             info!("shutting down");
         })
         .await
+}
+
+/// Says on stderr what stopping did with the running sessions.
+fn report_stop(done: &crate::sessions::Stopped) {
+    if !done.moved.is_empty() {
+        eprintln!(
+            "ferry: {} session(s) moved away: {}",
+            done.moved.len(),
+            done.moved
+                .iter()
+                .map(|(id, to)| format!("{id} to {to}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if !done.suspended.is_empty() {
+        eprintln!(
+            "ferry: {} session(s) suspended; they go on when the space starts again",
+            done.suspended.len()
+        );
+    }
+    if !done.left.is_empty() {
+        eprintln!(
+            "ferry: {} session(s) neither moved nor suspended (they come back at their last \
+             snapshots): {}",
+            done.left.len(),
+            done.left
+                .iter()
+                .map(|(id, why)| format!("{id}: {why}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
 }
 
 /// Asked to stop again while the sessions are being suspended: the process ends now (the

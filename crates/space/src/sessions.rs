@@ -68,6 +68,9 @@ pub struct Config {
     /// When the space is asked to stop (SIGTERM, Ctrl-C): how long it waits for its running
     /// sessions to be suspended before it stops anyway (`ferry serve --stop-timeout`).
     pub stop_timeout: Duration,
+    /// When asked to stop, first move the running sessions to other spaces of the fleet
+    /// (`ferry serve --on-stop move`; needs `owners`).
+    pub move_on_stop: bool,
     /// What the space counts for `GET /v1/metrics` (shared with its server).
     pub metrics: Arc<crate::metrics::Metrics>,
 }
@@ -322,6 +325,18 @@ pub struct Sessions {
     stopping: AtomicBool,
 }
 
+/// What [`Sessions::stop_all`] did.
+#[derive(Debug, Default)]
+pub struct Stopped {
+    /// Sessions moved to other spaces, and where.
+    pub moved: Vec<(String, String)>,
+    /// Sessions suspended here, to go on when the space starts again.
+    pub suspended: Vec<String>,
+    /// Sessions neither moved nor suspended, and why: they come back at their last
+    /// snapshots.
+    pub left: Vec<(String, String)>,
+}
+
 /// Rotates `candidates` to start at a place session `id` picks — the same for the same id
 /// and number of candidates — so that the sessions of one space spread over the spaces of a
 /// fleet (a chosen standby, `drain`'s destinations).
@@ -438,11 +453,100 @@ impl Sessions {
         }
     }
 
-    /// The space is asked to stop: from now on no guest starts here, and every running
-    /// session is suspended — a snapshot written, the record saying it is to be resumed when
-    /// the space starts again. Waits at most `stop_timeout`; returns the sessions suspended
-    /// and those that were not (they come back at their last snapshot, as after a crash).
-    pub fn suspend_all(self: &Arc<Self>) -> (Vec<String>, Vec<(String, String)>) {
+    /// The space is asked to stop: with `move_on_stop`, each running session first moves to
+    /// another live space of the fleet — its standby first, then the others not being
+    /// drained, from a place its id picks — as `migrate` moves it, one at a time; then
+    /// [`Sessions::suspend_all`] suspends the rest. All within `stop_timeout`. Returns the
+    /// sessions moved (and where), suspended, and neither (why).
+    pub fn stop_all(self: &Arc<Self>) -> Stopped {
+        let deadline = Instant::now() + self.cfg.stop_timeout;
+        self.stopping.store(true, Ordering::SeqCst);
+        let mut moved = Vec::new();
+        if self.moves_on_stop()
+            && let Some(o) = &self.cfg.owners
+        {
+            // No space chooses this one as a standby or destination meanwhile (not kept: a
+            // restart announces it as before).
+            if let Err(e) = o.set_draining(true) {
+                warn!(error = %e, "cannot announce this space as draining while it stops");
+            }
+            match o.live_spaces() {
+                Ok(spaces) => {
+                    let others: Vec<String> = spaces
+                        .into_iter()
+                        .filter(|s| s.space != o.me() && !s.draining)
+                        .map(|s| s.space)
+                        .collect();
+                    moved = self.move_away(&others, deadline);
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot ask etcd for the fleet's spaces; suspending the sessions here instead of moving them");
+                }
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (suspended, left) = self.suspend_all(left);
+        Stopped {
+            moved,
+            suspended,
+            left,
+        }
+    }
+
+    /// Whether the space moves its running sessions away when asked to stop.
+    pub fn moves_on_stop(&self) -> bool {
+        self.cfg.move_on_stop && self.cfg.owners.is_some()
+    }
+
+    /// Moves each running session to one of `others` (its standby first), until `deadline`.
+    fn move_away(self: &Arc<Self>, others: &[String], deadline: Instant) -> Vec<(String, String)> {
+        let running: Vec<SessionInfo> = lock(&self.live)
+            .values()
+            .map(|l| l.info())
+            .filter(|i| i.state == State::Running && i.migrating_to.is_none())
+            .collect();
+        let mut moved = Vec::new();
+        if others.is_empty() {
+            if !running.is_empty() {
+                warn!(
+                    "no other live space of the fleet to move the sessions to; suspending them here"
+                );
+            }
+            return moved;
+        }
+        for s in running {
+            let mut order = others.to_vec();
+            start_where_id_picks(&s.id, &mut order);
+            if let Some(standby) = &s.standby
+                && let Some(i) = order.iter().position(|o| o == standby)
+            {
+                let standby = order.remove(i);
+                order.insert(0, standby);
+            }
+            for to in order {
+                if Instant::now() >= deadline {
+                    return moved;
+                }
+                match self.migrate(&s.id, MigrateRequest::to(&to)) {
+                    Ok(r) => {
+                        info!(session = %s.id, to = %to, downtime_ms = r.downtime_ms, "moved away as the space stops");
+                        moved.push((s.id.clone(), to));
+                        break;
+                    }
+                    // The session stays here, running: the next space is tried.
+                    Err(e) => {
+                        warn!(session = %s.id, to = %to, error = %e.msg, "not moved there as the space stops")
+                    }
+                }
+            }
+        }
+        moved
+    }
+
+    /// Every running session is suspended — a snapshot written, the record saying it is to be resumed when
+    /// the space starts again. Waits at most `wait`; returns the sessions suspended and those
+    /// that were not (they come back at their last snapshot, as after a crash).
+    fn suspend_all(self: &Arc<Self>, wait: Duration) -> (Vec<String>, Vec<(String, String)>) {
         self.stopping.store(true, Ordering::SeqCst);
         let running: Vec<String> = lock(&self.live)
             .values()
@@ -492,7 +596,7 @@ impl Sessions {
             }
         }
         drop(tx);
-        let deadline = Instant::now() + self.cfg.stop_timeout;
+        let deadline = Instant::now() + wait;
         while done.len() + left.len() < running.len() {
             let wait = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(wait) {

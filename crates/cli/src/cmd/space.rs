@@ -91,6 +91,12 @@ pub struct ServeArgs {
     /// then comes back at its last snapshot. Ctrl-C again stops at once.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::cmd::run::parse_duration)]
     stop_timeout: Duration,
+    /// What SIGTERM or Ctrl-C does with the running sessions: `suspend` them here (they go on
+    /// when the space starts again), or — in a fleet (--etcd) — `move` each to another live
+    /// space first, as `drain` does (its standby first), suspending here only those that no
+    /// space took within --stop-timeout.
+    #[arg(long, value_enum, value_name = "WHAT", default_value = "suspend")]
+    on_stop: OnStop,
     /// Collect garbage this often while serving (as `ferry --space URL store gc` does on
     /// demand) [default: only on demand].
     #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
@@ -157,6 +163,11 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
     anyhow::ensure!(
         a.lease_ttl >= Duration::from_secs(2),
         "--lease-ttl: at least 2s (etcd makes shorter leases 2 s long anyway)"
+    );
+    anyhow::ensure!(
+        a.on_stop != OnStop::Move || !a.etcd.is_empty(),
+        "--on-stop move moves sessions to the other spaces of a fleet: give --etcd (or \
+         --on-stop suspend)"
     );
     let token = token(settings.token_file.as_ref())?;
     let etcd_user = match &a.etcd_user {
@@ -258,6 +269,7 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
                 prepared_timeout: a.prepared_timeout,
                 lease_ttl: a.lease_ttl,
                 stop_timeout: a.stop_timeout,
+                move_on_stop: a.on_stop == OnStop::Move,
                 metrics: metrics.clone(),
             };
             let st = store.clone();
@@ -291,6 +303,13 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
         Ok::<(), anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `ferry serve --on-stop`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnStop {
+    Suspend,
+    Move,
 }
 
 /// Reports progress on stderr once a second has passed ([`crate::guest::progress_after`]),

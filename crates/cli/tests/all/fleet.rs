@@ -547,6 +547,57 @@ fn in_a_fleet_a_session_suspended_by_its_space_stopping_goes_on_at_its_standby()
     stores_verify(&[&a, &b]);
 }
 
+/// `serve --on-stop move`: a space stopped with SIGTERM first moves its running sessions to
+/// other spaces of the fleet — one with a standby to that standby, one without to another
+/// live space — where each ends with an uninterrupted run's output; a suspended one stays
+/// there, suspended. Back, the space runs none of the moved ones.
+#[test]
+fn in_a_fleet_a_space_stopped_with_on_stop_move_moves_its_sessions_away() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let mut a = fleet_space(&etcd, &["--on-stop", "move"]);
+    let b = fleet_space(&etcd, &[]);
+    let c = fleet_space(&etcd, &[]);
+    let plain = run_with_standby(&here, &a, &b.url, "kept", "300");
+    let g = crate::harness::guest("wasm/sleepy.wasm");
+    let g = g.to_str().unwrap();
+    for id in ["loose", "asleep"] {
+        ok(
+            &here,
+            &a.url,
+            &["run", "--session", id, g, "--", "300", "0"],
+        );
+    }
+    ok(&here, &a.url, &["suspend", "asleep"]);
+    eventually("the standby holds a checkpoint", || {
+        b.state("kept").as_deref() == Some("standby")
+    });
+    let status = a.terminate();
+    assert!(status.success(), "{status}");
+    let holder = |id: &str| {
+        [&b, &c]
+            .into_iter()
+            .find(|s| matches!(s.state(id).as_deref(), Some("running" | "exited")))
+            .unwrap_or_else(|| panic!("{id} runs on neither B nor C"))
+    };
+    assert_eq!(
+        holder("kept").url,
+        b.url,
+        "a session goes to its standby first"
+    );
+    for id in ["kept", "loose"] {
+        assert_finished_like(&here, &holder(id).url, id, &plain);
+    }
+    a.spawn(None);
+    for id in ["kept", "loose"] {
+        assert_eq!(a.state(id).as_deref(), Some("moved"), "{id}");
+    }
+    assert_eq!(a.state("asleep").as_deref(), Some("suspended"));
+    stores_verify(&[&a, &b, &c]);
+}
+
 /// While the standby cannot take checkpoints (it is down), the owner shows no more output —
 /// the guest runs on — and catches up once the standby is back. A session that ends removes
 /// its standby: its owner dying afterwards runs nothing a second time.
