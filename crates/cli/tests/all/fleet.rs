@@ -547,6 +547,28 @@ fn in_a_fleet_a_session_suspended_by_its_space_stopping_goes_on_at_its_standby()
     stores_verify(&[&a, &b]);
 }
 
+/// On `a`, `sleepy STEPS 0` three times: `kept` with `b` as its standby (once `b` holds a
+/// checkpoint), `loose` without, and `asleep`, suspended. Returns what an uninterrupted run
+/// shows (the same for the three).
+fn three_sessions(
+    here: &crate::harness::Env,
+    a: &SpaceProc,
+    b: &SpaceProc,
+    steps: &str,
+) -> Vec<u8> {
+    let plain = run_with_standby(here, a, &b.url, "kept", steps);
+    let g = crate::harness::guest("wasm/sleepy.wasm");
+    let g = g.to_str().unwrap();
+    for id in ["loose", "asleep"] {
+        ok(here, &a.url, &["run", "--session", id, g, "--", steps, "0"]);
+    }
+    ok(here, &a.url, &["suspend", "asleep"]);
+    eventually("the standby holds a checkpoint", || {
+        b.state("kept").as_deref() == Some("standby")
+    });
+    plain
+}
+
 /// `serve --on-stop move`: a space stopped with SIGTERM first moves its running sessions to
 /// other spaces of the fleet — one with a standby to that standby, one without to another
 /// live space — where each ends with an uninterrupted run's output; a suspended one stays
@@ -560,20 +582,7 @@ fn in_a_fleet_a_space_stopped_with_on_stop_move_moves_its_sessions_away() {
     let mut a = fleet_space(&etcd, &["--on-stop", "move"]);
     let b = fleet_space(&etcd, &[]);
     let c = fleet_space(&etcd, &[]);
-    let plain = run_with_standby(&here, &a, &b.url, "kept", "300");
-    let g = crate::harness::guest("wasm/sleepy.wasm");
-    let g = g.to_str().unwrap();
-    for id in ["loose", "asleep"] {
-        ok(
-            &here,
-            &a.url,
-            &["run", "--session", id, g, "--", "300", "0"],
-        );
-    }
-    ok(&here, &a.url, &["suspend", "asleep"]);
-    eventually("the standby holds a checkpoint", || {
-        b.state("kept").as_deref() == Some("standby")
-    });
+    let plain = three_sessions(&here, &a, &b, "300");
     let status = a.terminate();
     assert!(status.success(), "{status}");
     let holder = |id: &str| {
@@ -1153,20 +1162,9 @@ fn in_a_fleet_drain_moves_every_session_off_a_space() {
     let b = fleet_space(&etcd, &[]);
     let c = fleet_space(&etcd, &[]);
     // The three run the same program: one uninterrupted run's output serves them all.
-    let plain = run_with_standby(&here, &a, &b.url, "kept", "600");
+    let plain = three_sessions(&here, &a, &b, "600");
     let g = crate::harness::guest("wasm/sleepy.wasm");
     let g = g.to_str().unwrap();
-    for id in ["loose", "asleep"] {
-        ok(
-            &here,
-            &a.url,
-            &["run", "--session", id, g, "--", "600", "0"],
-        );
-    }
-    ok(&here, &a.url, &["suspend", "asleep"]);
-    eventually("the standby holds a checkpoint", || {
-        b.state("kept").as_deref() == Some("standby")
-    });
 
     let (out, err, code) = cli(&here, &a.url, &["drain", "--to", "http://127.0.0.1:9"]);
     assert_eq!(code, 1, "{err}");
