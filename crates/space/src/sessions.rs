@@ -462,14 +462,16 @@ impl Sessions {
         let deadline = Instant::now() + self.cfg.stop_timeout;
         self.stopping.store(true, Ordering::SeqCst);
         let mut moved = Vec::new();
+        // No space chooses this one as a standby or destination meanwhile (not kept: a
+        // restart announces it as before).
+        if let Some(o) = &self.cfg.owners
+            && let Err(e) = o.set_draining(true)
+        {
+            warn!(error = %e, "cannot announce this space as draining while it stops");
+        }
         if self.moves_on_stop()
             && let Some(o) = &self.cfg.owners
         {
-            // No space chooses this one as a standby or destination meanwhile (not kept: a
-            // restart announces it as before).
-            if let Err(e) = o.set_draining(true) {
-                warn!(error = %e, "cannot announce this space as draining while it stops");
-            }
             match o.live_spaces() {
                 Ok(spaces) => {
                     let others: Vec<String> = spaces
