@@ -288,7 +288,11 @@ export async function memory(source, k) {
 export async function wasiState(source, k) {
   const m = structured(await source.get(k, MAX_STRUCTURED), k, "ferry.wasi", [1],
     ["args", "env", "mounts", "fds", "monotonic_ns", "stdout_bytes", "stderr_bytes", "stdin_bytes", "sleep_deadline_ns"],
-    ["unshown_stdout", "unshown_stderr", "stdin_input", "inodes"]);
+    ["unshown_stdout", "unshown_stderr", "stdin_input", "stdin_open", "inodes"]);
+  if (m.get("stdin_open") === true) {
+    throw new Refused("the guest reads input sent to its interactive session while it runs, which this " +
+      "JavaScript space cannot give it: resume it with a native ferry (`ferry resume`, or a space)");
+  }
   const bytesOr = (key) => {
     const b = m.get(key);
     if (b === undefined) return new Uint8Array(0);

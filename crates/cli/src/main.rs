@@ -62,6 +62,10 @@ enum Command {
     Logs(cmd::remote::LogsArgs),
     /// Wait for a space's session to stop wherever it moved; exits with the guest's code.
     Wait(cmd::remote::SessionArgs),
+    /// Send this terminal's input to an interactive session of a space (run with
+    /// --interactive) and show its output, wherever it moves, until it stops; exits with the
+    /// guest's code.
+    Attach(cmd::remote::AttachArgs),
     /// List a space's session's mounts, or write their files here (--dir HOST::GUEST): as the
     /// guest left them when it exited, else as of its latest snapshot.
     Files(cmd::remote::FilesArgs),
@@ -195,6 +199,7 @@ fn main() -> ExitCode {
         Command::Rm(a) => cmd::rm::run(&settings, a),
         Command::Logs(a) => cmd::remote::logs(&settings, a),
         Command::Wait(a) => cmd::remote::wait(&settings, a),
+        Command::Attach(a) => cmd::remote::attach(&settings, a),
         Command::Files(a) => cmd::remote::files(&settings, a),
         Command::Kill(a) => cmd::remote::stop(&settings, &a.session, "kill"),
         Command::Migrate(a) => cmd::remote::migrate(&settings, a),

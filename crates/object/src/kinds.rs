@@ -325,6 +325,12 @@ pub struct WasiState {
     /// the field refuses an object carrying it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin_input: Option<Kappa>,
+    /// `stdin_input` is input sent to the guest while it runs (an interactive session of a
+    /// space) and more may come: a resume reads on from `stdin_bytes` and then waits for the
+    /// rest, rather than meeting the end of its stdin. Absent when false, so other snapshots
+    /// encode as before; a ferry that predates the field refuses an object carrying it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin_open: bool,
     /// The device and inode numbers the guest was shown for files and directories of its
     /// mounts, by where they are at capture: a resume shows the same numbers for them,
     /// whatever the destination's own are. Sorted by mount and path, at most

@@ -178,6 +178,10 @@ pub struct SessionInfo {
     /// resumes it when it starts again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub resume_on_start: bool,
+    /// Its guest reads input sent while it runs (`run --interactive`,
+    /// `POST /v1/sessions/{id}/stdin`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interactive: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -218,6 +222,7 @@ impl SessionInfo {
             released: None,
             resume_on_takeover: false,
             resume_on_start: false,
+            interactive: false,
         }
     }
 }
@@ -285,6 +290,22 @@ pub struct RunRequest {
     /// another whenever it is gone ([`SessionInfo::standby_auto`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<String>,
+    /// The guest's stdin stays open for input sent while it runs
+    /// (`POST /v1/sessions/{id}/stdin`), after `stdin` if that is given too; reads wait for
+    /// it. Not with a standby.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interactive: bool,
+}
+
+/// `POST /v1/sessions/{id}/stdin[?end=true]`'s answer: the input was kept (synced to the
+/// space's disk) and the guest reads it in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdinAnswer {
+    /// Bytes of input the session has received in all.
+    pub received: u64,
+    /// The input has ended: the guest reads end of file after it.
+    pub ended: bool,
 }
 
 /// `POST /v1/sessions/{id}/set-standby`: the owner gives the session another standby or a
@@ -656,6 +677,16 @@ pub struct PrepareRequest {
     /// on choosing it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub standby_auto: bool,
+    /// The session is interactive ([`SessionInfo::interactive`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interactive: bool,
+    /// At the final prepare of an interactive session: its input as the source sealed it
+    /// (a blob already sent; it starts with what the snapshot carries and may hold more).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// That input has ended.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub input_ended: bool,
 }
 
 /// `POST /v1/migrations/{id}/commit` and `/abort`.

@@ -767,6 +767,38 @@ impl SpaceClient {
         })
     }
 
+    /// `POST /v1/sessions/{id}/stdin[?at=N][&end=true]`: input for an interactive session
+    /// (from byte `at` of its input on, when given).
+    pub fn send_input(
+        &self,
+        id: &str,
+        at: Option<u64>,
+        bytes: &[u8],
+        end: bool,
+    ) -> Result<crate::api::StdinAnswer, ApiError> {
+        let id = session_id(id)?;
+        let mut query = Vec::new();
+        if let Some(at) = at {
+            query.push(format!("at={at}"));
+        }
+        if end {
+            query.push("end=true".to_owned());
+        }
+        let query = if query.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", query.join("&"))
+        };
+        let r = self
+            .agent
+            .post(format!("{}/v1/sessions/{id}/stdin{query}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .header("Content-Type", "application/octet-stream")
+            .send(bytes);
+        let b = self.answer(r)?;
+        self.json(&b)
+    }
+
     /// `POST /v1/sessions/{id}/standby` (space to space): keep this checkpoint as the
     /// session's standby copy.
     pub fn standby(

@@ -695,6 +695,28 @@ async fn lent_output(
     }
 }
 
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StdinQuery {
+    #[serde(default)]
+    end: bool,
+    /// The body is the input from this byte on (a repeat of what arrived is taken once).
+    #[serde(default)]
+    at: Option<u64>,
+}
+
+/// `POST /v1/sessions/{id}/stdin[?at=N][&end=true]`: input for an interactive session's guest
+/// (the body's bytes, from byte `N` of its input on), kept durably before the answer; `end`:
+/// no more comes after it.
+async fn session_stdin(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<StdinQuery>,
+    body: Bytes,
+) -> Response {
+    session_call(s, move |ss| ss.send_input(&id, q.at, &body, q.end)).await
+}
+
 /// `POST /v1/sessions/{id}/return`: the holder gives the session back.
 async fn return_session(
     State(s): State<Shared>,
@@ -754,6 +776,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/sessions", get(list_sessions).post(run_session))
         .route("/v1/sessions/{id}", get(get_session).delete(forget_session))
         .route("/v1/sessions/{id}/logs", get(session_logs))
+        .route("/v1/sessions/{id}/stdin", post(session_stdin))
         .route("/v1/sessions/{id}/files", get(session_files))
         .route("/v1/sessions/{id}/wait", get(wait_session))
         .route("/v1/sessions/{id}/resume", post(resume_session))

@@ -33,6 +33,7 @@ use crate::metrics::Ended;
 use crate::owners::{Claim, Commit, Owned, Owner, Owners};
 use crate::policy::Policy;
 
+mod input;
 mod lend;
 mod standby;
 pub use lend::OutputRefusal;
@@ -297,6 +298,8 @@ enum Begin {
         main: Option<String>,
         /// Stdin as a blob in the store.
         stdin: Option<Kappa>,
+        /// Stdin stays open for input sent while the guest runs (after `stdin`).
+        interactive: bool,
     },
     Resume(Kappa),
 }
@@ -323,6 +326,8 @@ pub struct Sessions {
     draining: AtomicBool,
     /// Stopping ([`Sessions::suspend_all`]): no guest starts here any more.
     stopping: AtomicBool,
+    /// The input of interactive sessions, as their guests read it (`input.rs`).
+    inputs: Mutex<HashMap<String, ferry_wasi::InputLog>>,
 }
 
 /// What [`Sessions::stop_all`] did.
@@ -375,6 +380,7 @@ impl Sessions {
             backing: Mutex::new(HashMap::new()),
             draining: Default::default(),
             stopping: Default::default(),
+            inputs: Mutex::new(HashMap::new()),
         });
         let rd = std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
         let mut to_resume = Vec::new();
@@ -837,15 +843,22 @@ impl Sessions {
         Ok(dir)
     }
 
-    /// A session's standard streams: stdout and stderr into `log`, stdin the blob `input`
-    /// (from byte `consumed` on) or nothing.
+    /// Session `id`'s standard streams: stdout and stderr into `log`, stdin the blob `input`
+    /// (from byte `consumed` on) or nothing — or, when `open`, the session's input log, which
+    /// starts with that blob and grows as input is sent.
     fn stdio(
         &self,
+        id: &str,
         log: &OutputBuffer,
         input: Option<Kappa>,
         consumed: u64,
+        open: bool,
     ) -> Result<Stdio, ApiError> {
         let stdio = Stdio::logged(log.clone());
+        if open {
+            let sent = self.input_log(id, input)?;
+            return Ok(stdio.with_input_log(sent, input, consumed));
+        }
         let Some(k) = input else {
             return Ok(stdio);
         };
@@ -1032,7 +1045,13 @@ impl Sessions {
             .collect::<Result<Vec<_>, _>>()?;
         self.note_backing(id, &grants);
         let log = OutputBuffer::from_bytes(loaded.output.clone().unwrap_or_default());
-        let stdio = self.stdio(&log, loaded.wasi.stdin_input, loaded.wasi.stdin_bytes)?;
+        let stdio = self.stdio(
+            id,
+            &log,
+            loaded.wasi.stdin_input,
+            loaded.wasi.stdin_bytes,
+            loaded.wasi.stdin_open,
+        )?;
         let wasi = WasiCtx::restore(
             &loaded.wasi,
             grants,
@@ -1067,6 +1086,7 @@ impl Sessions {
                 mounts,
                 main,
                 stdin,
+                interactive,
             } => {
                 policy.env(&env).map_err(ApiError::forbidden)?;
                 let grants = mounts
@@ -1079,7 +1099,7 @@ impl Sessions {
                     .prepare_kappa(store, module, &progress)
                     .map_err(|e| engine_refusal(&e))?;
                 let log = OutputBuffer::default();
-                let stdio = self.stdio(&log, stdin, 0)?;
+                let stdio = self.stdio(id, &log, stdin, 0, interactive)?;
                 let wasi = WasiCtx::new(
                     args,
                     env,
@@ -1493,6 +1513,12 @@ impl Sessions {
             Some(k) => Some(parse_kappa(k, "stdin")?),
             None => None,
         };
+        if req.interactive && req.standby.is_some() {
+            return Err(ApiError::unprocessable(
+                "an interactive session cannot have a standby (yet): input sent after its \
+                 last checkpoint would be lost if the standby took it over",
+            ));
+        }
         let standby_auto = req.standby.as_deref() == Some(standby::AUTO);
         let standby = match &req.standby {
             Some(to) => {
@@ -1523,6 +1549,7 @@ impl Sessions {
                     released: standby.as_ref().map(|_| 0),
                     standby: standby.clone(),
                     standby_auto,
+                    interactive: req.interactive,
                     ..SessionInfo::starting(&id, &req.program, engine.name(), 1)
                 },
                 OutputBuffer::default(),
@@ -1566,11 +1593,13 @@ impl Sessions {
             mounts,
             main: req.main,
             stdin,
+            interactive: req.interactive,
         };
         if let Err(e) = self.start(&live, begin, engine, false) {
             live.gone.store(true, Ordering::SeqCst);
             lock(&self.live).remove(&id);
             self.drop_backing(&id);
+            self.drop_input(&id);
             if let Some(o) = &self.cfg.owners
                 && let Err(e) = o.release(&id)
             {
@@ -1736,6 +1765,7 @@ impl Sessions {
         live.gone.store(true, Ordering::SeqCst);
         lock(&self.live).remove(id);
         self.drop_backing(id);
+        self.drop_input(id);
         for p in [self.record_path(id), self.log_path(id)] {
             match std::fs::remove_file(&p) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -2005,6 +2035,12 @@ impl Sessions {
             started,
         );
         report.total_ms = started.elapsed().as_millis() as u64;
+        // The input sealed for the move went with it, or is taken here again.
+        if r.is_ok() {
+            self.drop_input(id);
+        } else if let Some(log) = lock(&self.inputs).get(id) {
+            log.unseal();
+        }
         match r {
             Ok(()) => {
                 let m = &self.cfg.metrics;
@@ -2075,6 +2111,9 @@ impl Sessions {
             // Read at each round: an answer from the standby on its way when the move began
             // may still raise it.
             released: live.info().released,
+            interactive: info.interactive,
+            input: None,
+            input_ended: false,
         };
         // In a fleet: the attempt is recorded aborted (best effort), so the destination
         // drops its copy even if it never hears this space again.
@@ -2138,7 +2177,10 @@ impl Sessions {
             }
         }
         // 2. Pause at a safe point: the final snapshot. From here until the commit the
-        //    guest runs nowhere.
+        //    guest runs nowhere. An interactive session's input is sealed first (input sent
+        //    meanwhile is refused, to be sent again where the session is then), so the
+        //    destination gets all that was taken.
+        let sealed = self.seal_input(live)?;
         let paused = Instant::now();
         // Held until this function returns (commit or abort): see `Live::defer_teardown`.
         let (_teardown, rx) = mpsc::channel::<()>();
@@ -2180,12 +2222,28 @@ impl Sessions {
         report.final_objects = s.moved;
         report.final_bytes = s.bytes;
         report.total_bytes += s.bytes;
+        if let Some((_, ik, _)) = &sealed {
+            let sent = match dest_store.has(ik) {
+                Ok(true) => Ok(()),
+                _ => self
+                    .store
+                    .get(ik)
+                    .and_then(|data| dest_store.put(&data).map(|_| ())),
+            };
+            if let Err(e) = sent {
+                return Err(abort_here(self, unreachable("the session's input", &e)));
+            }
+        }
         let t_delta = t.elapsed();
         fault("final-delta");
         // 4. Prepare: the destination verifies, admits and restores (or brings its held copy
         //    forward to κ), then holds.
         let t = Instant::now();
-        let prepared = dest.prepare(&prepare_at(k));
+        let prepared = dest.prepare(&PrepareRequest {
+            input: sealed.as_ref().map(|(_, ik, _)| ik.to_string()),
+            input_ended: sealed.as_ref().is_some_and(|(_, _, ended)| *ended),
+            ..prepare_at(k)
+        });
         let t_prepare = t.elapsed();
         // The standby the session keeps there (none if the destination was its standby).
         let standby_after = match prepared {
@@ -2351,6 +2409,7 @@ impl Sessions {
                         i.released = i.released.max(req.released);
                     }
                 });
+                self.take_moved_input(&req)?;
                 return self.bring_forward(p, k).map(|i| self.answer(i));
             }
             if pi.epoch >= req.epoch {
@@ -2380,6 +2439,7 @@ impl Sessions {
                 // Chosen again here (`keep_standbys`) where this space is in a fleet.
                 standby_auto: req.standby_auto && self.cfg.owners.is_some(),
                 held_suspended: req.suspended,
+                interactive: req.interactive,
                 ..SessionInfo::starting(&req.session, &req.program, engine.name(), req.epoch)
             },
             OutputBuffer::default(),
@@ -2389,6 +2449,7 @@ impl Sessions {
                 ApiError::internal(format!("cannot keep the session's earlier record: {e}"))
             })?;
         }
+        self.take_moved_input(&req)?;
         *lock(&live.replaced) = previous.clone();
         lock(&self.live).insert(req.session.clone(), live.clone());
         let put_back = |me: &Self| {
@@ -2402,6 +2463,7 @@ impl Sessions {
         if let Err(e) = self.start(&live, Begin::Resume(k), engine, true) {
             live.gone.store(true, Ordering::SeqCst);
             put_back(self);
+            self.drop_input(&req.session);
             if let Some(p) = &previous {
                 let _ = self.save(&p.info());
             } else {
@@ -2585,6 +2647,7 @@ impl Sessions {
             let _ = tx.send(HoldCmd::Abort);
         }
         self.drop_backing(&info.id);
+        self.drop_input(&info.id);
         let name = format!("session/{}", info.id);
         let current = self.store.get_ref(&name).ok().flatten();
         // A session that had been here before gets its earlier record back (it says where

@@ -792,6 +792,9 @@ impl WasiCtx {
     /// reads as end of input, which would end an interactive guest; the hangup also asks for
     /// a suspend (SIGHUP), so that is awaited instead, for 3 s at most from `hung_up`.
     fn stdin_ready(&mut self, ms: i32, hung_up: &mut Option<std::time::Instant>) -> bool {
+        if let Some(log) = &self.stdio.input_log {
+            return log.wait(self.stdin_bytes, Duration::from_millis(ms.max(0) as u64));
+        }
         let Some(fd) = self.stdio.stdin_fd else {
             return true;
         };
@@ -1306,7 +1309,7 @@ impl WasiCtx {
                         deadline = Some((d, userdata));
                     }
                 }
-                1 if self.stdio.stdin_fd.is_some()
+                1 if (self.stdio.stdin_fd.is_some() || self.stdio.input_log.is_some())
                     && self
                         .fds
                         .get(&tri!(m.u32(s + 16)))

@@ -60,6 +60,9 @@ pub struct Stdio {
     /// When stdin is data stored as a blob rather than a stream (see [`Stdio::logged_input`]),
     /// its κ: snapshots then carry it.
     pub input: Option<Kappa>,
+    /// When stdin is input sent while the guest runs ([`Stdio::with_input_log`]): snapshots
+    /// carry what it holds then, as a blob, and that it is still open.
+    pub input_log: Option<crate::InputLog>,
 }
 
 impl Stdio {
@@ -109,6 +112,7 @@ impl Stdio {
             ],
             log: None,
             input: None,
+            input_log: None,
         }
     }
 
@@ -122,6 +126,7 @@ impl Stdio {
             terminals: [false; 3],
             log: Some(log),
             input: None,
+            input_log: None,
         }
     }
 
@@ -136,6 +141,21 @@ impl Stdio {
             stdin_fd: None,
             terminals: [false, out, err],
             input: Some(input),
+            ..self
+        }
+    }
+
+    /// This with `log` as stdin instead, read from byte `consumed` on (what a resumed guest
+    /// had read): input that arrives while the guest runs, until the log is ended. `input` is
+    /// the blob a resumed snapshot carried the log in (a prefix of `log`).
+    pub fn with_input_log(self, log: crate::InputLog, input: Option<Kappa>, consumed: u64) -> Self {
+        let [_, out, err] = self.terminals;
+        Self {
+            stdin: Box::new(log.reader(consumed)),
+            stdin_fd: None,
+            terminals: [false, out, err],
+            input,
+            input_log: Some(log),
             ..self
         }
     }
@@ -450,6 +470,17 @@ impl WasiCtx {
         interrupt: Arc<dyn Fn() -> bool + Send + Sync>,
         store: &dyn Store,
     ) -> Result<Self, String> {
+        match (state.stdin_open, &stdio.input_log) {
+            (true, None) => {
+                return Err("the guest reads input sent to its session while it runs \
+                            (an interactive session), which this resume does not give it"
+                    .into());
+            }
+            (false, Some(_)) => {
+                return Err("this guest's stdin is not input sent while it runs".into());
+            }
+            _ => {}
+        }
         if state.stdin_input != stdio.input {
             return Err(match state.stdin_input {
                 Some(k) => format!(
@@ -682,6 +713,16 @@ impl WasiCtx {
         }
         let roots: Vec<&Path> = self.mounts.iter().map(|m| m.root.as_path()).collect();
         let inodes = self.inodes.capture(&roots);
+        // Input sent while the guest runs: all of it so far, read or not, as a blob.
+        let (stdin_input, stdin_open) = match &self.stdio.input_log {
+            Some(log) => {
+                let (data, ended) = log.contents();
+                let k = store.put(&data).map_err(|e| format!("stdin: {e}"))?;
+                self.stdio.input = Some(k);
+                (Some(k), !ended)
+            }
+            None => (self.stdio.input, false),
+        };
         let (kind, v) = ferry_object::header::<WasiState>();
         Ok(WasiState {
             kind,
@@ -709,7 +750,8 @@ impl WasiCtx {
             sleep_deadline_ns: self.sleep_deadline,
             unshown_stdout: self.unshown[0].clone(),
             unshown_stderr: self.unshown[1].clone(),
-            stdin_input: self.stdio.input,
+            stdin_input,
+            stdin_open,
             inodes,
         })
     }

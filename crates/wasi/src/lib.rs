@@ -15,6 +15,7 @@ mod calls;
 mod ctx;
 mod errno;
 mod inodes;
+pub mod input;
 mod mem;
 pub mod output;
 mod path;
@@ -27,6 +28,7 @@ mod tests;
 pub use calls::{FUNCTIONS, Signature};
 pub use ctx::{Clock, HostClock, MountSpec, Stdio, WasiCtx};
 pub use errno::Errno;
+pub use input::{InputError, InputLog};
 pub use output::{AppendAtError, OutputBuffer};
 
 /// A host-level outcome of a WASI call (not a guest-visible errno).

@@ -40,6 +40,7 @@ fn stdio_to(out: Box<dyn Write + Send>) -> Stdio {
         terminals: [false; 3],
         log: None,
         input: None,
+        input_log: None,
         stdout: out,
         stderr: Box::new(std::io::sink()),
     }
@@ -274,6 +275,7 @@ fn stdin_from_a_pipe() -> (Stdio, i32) {
         terminals: [false; 3],
         log: None,
         input: None,
+        input_log: None,
         stdout: Box::new(std::io::sink()),
         stderr: Box::new(std::io::sink()),
     };
@@ -324,6 +326,99 @@ fn a_signal_during_a_stdin_wait_is_not_input() {
         started.elapsed()
     );
     helper.join().unwrap();
+}
+
+/// Reads up to 16 bytes of stdin with `fd_read` (one iovec at 0 pointing at 64; the count
+/// to 32): what it read.
+fn read_stdin(c: &mut WasiCtx, mem: &mut [u8]) -> Result<Vec<u8>, HostError> {
+    mem[0..4].copy_from_slice(&64u32.to_le_bytes());
+    mem[4..8].copy_from_slice(&16u32.to_le_bytes());
+    assert_eq!(
+        c.call("fd_read", mem, &[0, 0, 1, 32])?,
+        Errno::Success as i32
+    );
+    let n = u32::from_le_bytes(mem[32..36].try_into().unwrap()) as usize;
+    Ok(mem[64..64 + n].to_vec())
+}
+
+/// Input sent while the guest runs: a read waits for it and can be suspended while it does;
+/// the snapshot carries all input so far, read or not, and that more may come; the restored
+/// guest reads on from where it was, waits for the rest, and sees the end once it is sent.
+#[test]
+fn input_sent_while_the_guest_runs_goes_with_its_snapshot() {
+    use crate::InputLog;
+    let store = ferry_store::MemStore::new();
+    let log = InputLog::new(b"first\n".to_vec(), false);
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let flag = interrupt.clone();
+    let stdio = stdio_to(Box::new(std::io::sink())).with_input_log(log.clone(), None, 0);
+    let mut c = with_stdio(stdio, Arc::new(move || flag.load(Ordering::SeqCst)));
+    let mut mem = vec![0u8; 128];
+    assert_eq!(read_stdin(&mut c, &mut mem).unwrap(), b"first\n");
+    // Nothing more yet: the read waits, and a suspend asked for meanwhile unwinds it.
+    let flag = interrupt.clone();
+    let asker = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        flag.store(true, Ordering::SeqCst);
+    });
+    let r = read_stdin(&mut c, &mut mem);
+    assert!(matches!(r, Err(HostError::Unwind)), "{r:?}");
+    asker.join().unwrap();
+    // Sent after the guest last read, before the snapshot: carried unread.
+    log.append(None, b"second\n", false, |_, _| {
+        Ok::<(), crate::InputError>(())
+    })
+    .unwrap();
+    let state = c.capture(&[], &store).unwrap();
+    assert!(state.stdin_open);
+    assert_eq!(state.stdin_bytes, 6);
+    let k = state.stdin_input.expect("the input travels as a blob");
+    assert_eq!(
+        ferry_store::Store::get(&store, &k).unwrap(),
+        b"first\nsecond\n"
+    );
+
+    // Restored without the input: refused, saying why.
+    let refused = WasiCtx::restore(
+        &state,
+        vec![],
+        stdio_to(Box::new(std::io::sink())),
+        Box::new(FakeClock::default()),
+        Arc::new(|| false),
+        &store,
+    )
+    .unwrap_err();
+    assert!(refused.contains("input sent to its session"), "{refused}");
+
+    // Restored with a log holding that blob: reads on from byte 6, then waits for more.
+    let again = InputLog::new(ferry_store::Store::get(&store, &k).unwrap(), false);
+    let stdio = stdio_to(Box::new(std::io::sink())).with_input_log(
+        again.clone(),
+        Some(k),
+        state.stdin_bytes,
+    );
+    let mut r = WasiCtx::restore(
+        &state,
+        vec![],
+        stdio,
+        Box::new(FakeClock::default()),
+        Arc::new(|| false),
+        &store,
+    )
+    .unwrap();
+    assert_eq!(read_stdin(&mut r, &mut mem).unwrap(), b"second\n");
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        again
+            .append(None, b"third", true, |_, _| Ok::<(), crate::InputError>(()))
+            .unwrap();
+    });
+    assert_eq!(read_stdin(&mut r, &mut mem).unwrap(), b"third");
+    assert_eq!(read_stdin(&mut r, &mut mem).unwrap(), b"", "then its end");
+    sender.join().unwrap();
+    let state = r.capture(&[], &store).unwrap();
+    assert!(!state.stdin_open, "an ended input is carried as ended");
+    assert_eq!(state.stdin_bytes, 18);
 }
 
 /// A context with `dir` mounted (read-write, carried) at `/data`, as fd 3.

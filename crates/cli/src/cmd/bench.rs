@@ -93,6 +93,7 @@ fn quiet_stdio(stdout: Box<dyn Write + Send>) -> Stdio {
         terminals: [false; 3],
         log: None,
         input: None,
+        input_log: None,
     }
 }
 
@@ -606,6 +607,7 @@ fn migrate_section(
             checkpoint_every_ms: None,
             stdin: None,
             standby: None,
+            interactive: false,
         })
         .map_err(|e| anyhow::anyhow!(e.msg))?;
         // Ready once it has filled its memory, then let it dirty pages for a second.

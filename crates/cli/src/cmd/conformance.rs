@@ -224,6 +224,7 @@ impl Runner<'_> {
             terminals: [false; 3],
             log: None,
             input: None,
+            input_log: None,
             stdout: Box::new(out.clone()),
             stderr: Box::new(err.clone()),
         };

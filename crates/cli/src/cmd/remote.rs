@@ -143,6 +143,7 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
         checkpoint_every_ms,
         stdin,
         standby: a.standby,
+        interactive: a.interactive,
     };
     // The space writes the mounted directories out, and prepares a module it has not run
     // before (a big one takes a while), before the guest starts.
@@ -155,6 +156,18 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
         || c.run(&request),
     )
     .map_err(api)?;
+    if a.interactive {
+        eprintln!(
+            "ferry: session {} is {} on {}; attached (Ctrl-C detaches, `ferry --space {} \
+             attach {}` attaches again)",
+            info.id,
+            info.state.name(),
+            c.base(),
+            c.base(),
+            info.id
+        );
+        return attach_to(c, &info.id, false);
+    }
     println!("{}", info.id);
     eprintln!(
         "ferry: session {} is {} on {}; `ferry --space {} logs {} --follow` shows its output",
@@ -309,7 +322,11 @@ pub fn ps(settings: &Settings, a: &crate::cmd::ps::Args) -> Result<ExitCode> {
                     ),
                 }
             }
+            (_, _, Some(k)) if s.interactive && s.state.is_live() => {
+                format!("{} (interactive)", k.chars().take(19).collect::<String>())
+            }
             (_, _, Some(k)) => k.chars().take(19).collect(),
+            _ if s.interactive && s.state.is_live() => "- (interactive)".into(),
             _ => "-".into(),
         };
         let mut program = s.program.clone();
@@ -340,13 +357,53 @@ pub struct LogsArgs {
 /// `ferry --space URL logs SESSION [--follow]`: the session's whole output (stdout records
 /// to stdout, stderr records to stderr), from the space that holds it.
 pub fn logs(settings: &Settings, a: LogsArgs) -> Result<ExitCode> {
-    let mut c = client(settings)?;
+    let follow = if a.follow {
+        Follow::WhileLive
+    } else {
+        Follow::No
+    };
+    print_logs(client(settings)?, &a.session, follow)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How long [`print_logs`] goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Follow {
+    /// Until the end of what the session wrote so far.
+    No,
+    /// Until the session stops running (it ended, or was suspended).
+    WhileLive,
+    /// Until it ends — through suspends, and through its space not answering for a while
+    /// (a space restarted after a crash).
+    UntilEnd,
+}
+
+/// Prints session `session`'s output from `c` on, following it where it moves, as long as
+/// `follow` says. Returns a client of the space that holds it then.
+fn print_logs(mut c: SpaceClient, session: &str, follow: Follow) -> Result<SpaceClient> {
     let mut from = 0u64;
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr());
+    let mut unreachable_since: Option<std::time::Instant> = None;
+    let mut said_suspended = false;
     loop {
-        let chunk = c
-            .logs(&a.session, from, if a.follow { 10_000 } else { 0 })
-            .map_err(api)?;
+        let chunk = match c.logs(session, from, if follow == Follow::No { 0 } else { 10_000 }) {
+            Ok(chunk) => {
+                unreachable_since = None;
+                chunk
+            }
+            Err(e) if e.status == 0 && follow == Follow::UntilEnd => {
+                let since = *unreachable_since.get_or_insert_with(|| {
+                    eprintln!("ferry: {}; trying again", e.msg);
+                    std::time::Instant::now()
+                });
+                if since.elapsed() > INPUT_PATIENCE {
+                    return Err(api(e));
+                }
+                std::thread::sleep(Duration::from_millis(500));
+                continue;
+            }
+            Err(e) => return Err(api(e)),
+        };
         from += chunk.records.len() as u64;
         for (stream, data) in ferry_wasi::output::Records::new(&chunk.records) {
             if stream == ferry_wasi::output::STDERR {
@@ -360,26 +417,37 @@ pub fn logs(settings: &Settings, a: LogsArgs) -> Result<ExitCode> {
         if !chunk.records.is_empty() {
             continue;
         }
+        if chunk.state != State::Suspended {
+            said_suspended = false;
+        }
         match (chunk.state, chunk.moved_to) {
             // The log travels with the session: where it went holds the same records and
             // the ones written since, so reading on from `from` there gives the rest.
             (State::Moved, Some(to)) => {
                 eprintln!(
-                    "ferry: session {} moved to {to}; {} there",
-                    a.session,
-                    if a.follow {
-                        "following it"
-                    } else {
+                    "ferry: session {session} moved to {to}; {} there",
+                    if follow == Follow::No {
                         "the rest of its output is read from"
+                    } else {
+                        "following it"
                     }
                 );
                 c = c.elsewhere(&to);
             }
-            _ if !a.follow => return Ok(ExitCode::SUCCESS),
+            _ if follow == Follow::No => return Ok(c),
             (st, _) if st.is_live() || chunk.migrating_to.is_some() => {}
+            (State::Suspended, _) if follow == Follow::UntilEnd => {
+                if !std::mem::replace(&mut said_suspended, true) {
+                    eprintln!(
+                        "ferry: session {session} is suspended; still attached until it is \
+                         resumed and ends (Ctrl-C detaches)"
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
             (st, _) => {
-                eprintln!("ferry: session {} is {}", a.session, st.name());
-                return Ok(ExitCode::SUCCESS);
+                eprintln!("ferry: session {session} is {}", st.name());
+                return Ok(c);
             }
         }
     }
@@ -394,7 +462,14 @@ pub struct SessionArgs {
 /// `ferry --space URL wait SESSION`: waits until the session stops wherever it moved, and
 /// exits with the guest's exit code (75 if it was suspended, 137 if killed, 134 if it trapped).
 pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
-    let mut c = client(settings)?;
+    wait_at(client(settings)?, &a.session)
+}
+
+/// [`wait`] for session `session`, asking `c` first.
+fn wait_at(mut c: SpaceClient, session: &str) -> Result<ExitCode> {
+    let a = SessionArgs {
+        session: session.to_owned(),
+    };
     loop {
         let s = c.wait(&a.session, 20_000).map_err(api)?;
         match s.state {
@@ -442,6 +517,116 @@ pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
                 }
             }
         }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AttachArgs {
+    /// Session id (see `ferry --space URL ps`).
+    pub session: String,
+    /// When this terminal's input ends (Ctrl-D, or the end of a pipe), leave the session's
+    /// input open for a later `attach` instead of ending it.
+    #[arg(long)]
+    pub keep_open: bool,
+}
+
+/// `ferry --space URL attach SESSION`: sends ferry's stdin to an interactive session and
+/// prints its output (all of it so far, then as it comes), both following the session
+/// wherever it moves, until it stops; exits as `wait` does.
+pub fn attach(settings: &Settings, a: AttachArgs) -> Result<ExitCode> {
+    let c = client(settings)?;
+    let info = c.session(&a.session).map_err(api)?;
+    anyhow::ensure!(
+        info.interactive,
+        "session {} takes no input: only a session run with --interactive does (`logs \
+         --follow` shows its output)",
+        a.session
+    );
+    anyhow::ensure!(
+        !matches!(info.state, State::Exited | State::Failed | State::Killed),
+        "session {} has ended ({}): it takes no more input (`logs` shows its output)",
+        a.session,
+        info.state.name()
+    );
+    attach_to(c, &a.session, a.keep_open)
+}
+
+/// Attaches to session `session` of the space `c` speaks to (see [`attach`]).
+fn attach_to(c: SpaceClient, session: &str, keep_open: bool) -> Result<ExitCode> {
+    let sender = c.elsewhere(c.base());
+    let id = session.to_owned();
+    // Input goes on a thread of its own: a read of the terminal blocks until a line comes.
+    std::thread::Builder::new()
+        .name("attach-input".into())
+        .spawn(move || {
+            if let Err(e) = send_stdin(sender, &id, keep_open) {
+                crate::guest::say(&format!("{e:#}"));
+            }
+        })
+        .context("cannot start the thread sending input")?;
+    let c = print_logs(c, session, Follow::UntilEnd)?;
+    wait_at(c, session)
+}
+
+/// How long input that a space does not take for now (being moved, unreachable) is offered
+/// again before `attach` gives up on it.
+const INPUT_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Sends ferry's stdin to session `id` as it comes, each piece at its place in the session's
+/// input (`at`), so that a piece sent again after an unanswered request is taken once; then
+/// ends the input, unless `keep_open`.
+fn send_stdin(mut c: SpaceClient, id: &str, keep_open: bool) -> Result<()> {
+    use std::io::Read;
+    // Where this sender's input starts: after what the session received before.
+    let mut at = offer(&mut c, id, None, &[], false)?;
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match stdin.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).context("reading input"),
+        };
+        if n == 0 {
+            if !keep_open {
+                offer(&mut c, id, Some(at), &[], true)?;
+            }
+            return Ok(());
+        }
+        at = offer(&mut c, id, Some(at), &buf[..n], false)?;
+    }
+}
+
+/// Sends one piece of input until the session takes it, following the session when it
+/// moves and waiting while it is being moved or cannot be reached; returns the length of
+/// the input the session has received.
+fn offer(c: &mut SpaceClient, id: &str, at: Option<u64>, bytes: &[u8], end: bool) -> Result<u64> {
+    let started = std::time::Instant::now();
+    loop {
+        let e = match c.send_input(id, at, bytes, end) {
+            Ok(a) => return Ok(a.received),
+            Err(e) => e,
+        };
+        // Moved meanwhile: the input goes where the session went.
+        if e.status == 409
+            && let Ok(info) = c.session(id)
+            && info.state == State::Moved
+            && let Some(to) = info.moved_to
+        {
+            *c = c.elsewhere(&to);
+            continue;
+        }
+        // Being moved (503), or not answering (0): offered again, as is.
+        if (e.status == 503 || e.status == 0) && started.elapsed() < INPUT_PATIENCE {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        bail!(
+            "input not sent ({} bytes{}): {}",
+            bytes.len(),
+            if end { ", and its end" } else { "" },
+            e.msg
+        );
     }
 }
 

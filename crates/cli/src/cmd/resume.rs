@@ -359,6 +359,15 @@ fn admit_and_run(
     }
 
     let mut stdio = match loaded.wasi.stdin_input {
+        // Input sent to an interactive session of a space: the guest reads on in what was
+        // sent, then this process's stdin (taken as it comes, so that a snapshot carries
+        // what the guest has not read yet).
+        Some(k) if loaded.wasi.stdin_open => {
+            let data = store.get(&k).map_err(|e| refused(Stage::Verifying, e))?;
+            let input = ferry_wasi::InputLog::new(data, false);
+            pump_stdin(input.clone());
+            ferry_wasi::Stdio::inherit().with_input_log(input, Some(k), loaded.wasi.stdin_bytes)
+        }
         // Stdin given as data (a space's `run --stdin FILE`): the guest reads on in it.
         Some(k) => {
             let data = store.get(&k).map_err(|e| refused(Stage::Verifying, e))?;
@@ -494,4 +503,29 @@ fn owning_session(
             .find(|s| s.last_snapshot.as_deref() == Some(k.as_str()))
             .map(|s| s.id)
     })
+}
+
+/// Appends what this process's stdin brings to `input` as it comes, and ends `input` with it.
+fn pump_stdin(input: ferry_wasi::InputLog) {
+    let spawned = std::thread::Builder::new()
+        .name("stdin".into())
+        .spawn(move || {
+            use std::io::Read;
+            let mut stdin = std::io::stdin().lock();
+            let mut buf = vec![0u8; 64 << 10];
+            let keep = |_: u64, _: &[u8]| Ok::<(), ferry_wasi::InputError>(());
+            loop {
+                let n = match stdin.read(&mut buf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => 0,
+                };
+                if input.append(None, &buf[..n], n == 0, keep).is_err() || n == 0 {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        guest::say(&format!("cannot read stdin: {e}"));
+    }
 }

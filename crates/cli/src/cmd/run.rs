@@ -31,6 +31,12 @@ pub struct Args {
     /// it moves. Locally, redirect stdin instead (`< FILE`).
     #[arg(long, value_name = "FILE")]
     pub stdin: Option<PathBuf>,
+    /// On a space (`--space`): the guest's stdin stays open for input sent while it runs —
+    /// yours, from here on (ferry attaches to the session as `attach` does), or from a later
+    /// `ferry --space URL attach ID`. After --stdin's data, if that is given too. Locally the
+    /// guest reads your terminal already.
+    #[arg(long, short = 'i')]
+    pub interactive: bool,
     /// On a space of an etcd fleet (`--space`, with --checkpoint-every): another space of the
     /// fleet keeps each checkpoint and takes the session over if this space's etcd lease runs
     /// out (it stopped, or was cut off). Output is shown once the standby holds it. `auto`:
@@ -233,6 +239,11 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         a.standby.is_none(),
         "--standby is for runs on a space of an etcd fleet (--space URL)"
     );
+    anyhow::ensure!(
+        !a.interactive,
+        "--interactive is for runs on a space (--space URL); locally the guest reads this \
+         terminal's input already"
+    );
     let control = Arc::new(Control::new());
     control.pre_write_every(a.guest.pre_write);
     // A testing aid (docs/conformance.md): suspend at the guest's first safe point, so that
@@ -357,6 +368,7 @@ pub fn python_module(
         session: None,
         binds: Vec::new(),
         stdin: None,
+        interactive: false,
         standby: None,
         python,
         code: None,

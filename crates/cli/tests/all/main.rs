@@ -9,6 +9,7 @@ mod conformance;
 mod engines;
 mod fleet;
 mod harness;
+mod interactive;
 mod migrate;
 mod python;
 mod refusals;

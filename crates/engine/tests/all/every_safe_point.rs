@@ -29,6 +29,7 @@ pub(crate) fn stdio(out: &Buf) -> Stdio {
         terminals: [false; 3],
         log: None,
         input: None,
+        input_log: None,
         stdout: Box::new(out.clone()),
         stderr: Box::new(std::io::sink()),
     }

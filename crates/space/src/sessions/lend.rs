@@ -77,6 +77,12 @@ fn lendable(info: &SessionInfo, running: bool) -> Result<(), ApiError> {
             "session `{id}` has a standby ({standby}); a session with a standby is not lent"
         )));
     }
+    if info.interactive {
+        // The input is sent to this space; a client outside it would not see it.
+        return Err(ApiError::conflict(format!(
+            "session `{id}` is interactive: its input is sent to this space, so it is not lent"
+        )));
+    }
     match info.state {
         State::Running if running && info.migrating_to.is_none() => Ok(()),
         State::Suspended if info.migrating_to.is_none() => Ok(()),

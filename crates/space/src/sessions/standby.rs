@@ -707,6 +707,12 @@ impl Sessions {
             return Ok(info);
         }
         let apart_only = keeper.is_some_and(|k| k.apart_only);
+        if info.interactive && req.to.is_some() {
+            return Err(ApiError::unprocessable(format!(
+                "session `{id}` is interactive and cannot have a standby (yet): input sent \
+                 after its last checkpoint would be lost if the standby took it over"
+            )));
+        }
         let Some(o) = &self.cfg.owners else {
             return Err(ApiError::bad_request(
                 "a standby needs a fleet: this space was started without --etcd",

@@ -1,0 +1,153 @@
+//! Interactive sessions of a space (`ferry --space URL run --interactive`, `attach`;
+//! docs/migration.md, "Interactive sessions"): input typed while the guest runs reaches it
+//! once and in order, whatever happens to the session meanwhile — a move to another space,
+//! a suspend (input sent while it is suspended is kept), a crash of its space — and the
+//! output shown is an uninterrupted run's.
+
+use std::io::{Read, Write};
+use std::process::{Child, Stdio};
+
+use crate::harness::{Env, SpaceProc, guest};
+use crate::migrate::{cli, client, eventually, ok, refused};
+
+/// Lines for the `lines` guest, `from..to`.
+fn lines(from: usize, to: usize) -> String {
+    (from..to)
+        .map(|i| format!("{i:02} {}\n", "y".repeat(i % 17)))
+        .collect()
+}
+
+/// `ferry --space URL run --interactive ARGS`, its stdin a pipe the test writes to and its
+/// stdout read on a thread of its own.
+fn attached(here: &Env, space: &str, args: &[&str]) -> (Child, std::thread::JoinHandle<Vec<u8>>) {
+    let mut c = here.ferry();
+    c.args(["--space", space]).args(args);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = c.spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        out.read_to_end(&mut all).unwrap();
+        all
+    });
+    (child, reader)
+}
+
+/// Whether session `id`'s output on `space` shows `what`.
+fn shows(here: &Env, space: &str, id: &str, what: &str) -> bool {
+    let (out, _, _) = cli(here, space, &["logs", id]);
+    out.contains(what)
+}
+
+/// Input typed into `run --interactive` reaches the guest once and in order while the
+/// session moves to another space (input in flight is sent again there), is suspended
+/// (input sent meanwhile waits for the resume) and its space crashes (input the space took
+/// is kept on its disk and read after the resume); ending the input ends the guest, and what
+/// `run --interactive` printed, like `logs`, is what a local run fed the same lines prints.
+#[test]
+fn input_typed_into_an_interactive_session_reaches_it_once_through_moves_suspends_and_crashes() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let mut b = SpaceProc::start(&[]);
+    let g = guest("wasm/lines.wasm");
+    let g = g.to_str().unwrap();
+    let all = here.path("all.txt");
+    std::fs::write(&all, lines(0, 50)).unwrap();
+    let plain = client().with_stdin(all).plain(&[g]);
+    assert_eq!(plain.code, 0);
+    assert!(String::from_utf8_lossy(&plain.stdout).ends_with("done 50 lines\n"));
+
+    let (mut child, reader) = attached(&here, &a.url, &["run", "-i", "--session", "i", g]);
+    let mut typed = child.stdin.take().unwrap();
+    typed.write_all(lines(0, 10).as_bytes()).unwrap();
+    eventually("it reads the first lines", || {
+        shows(&here, &a.url, "i", "line 10:")
+    });
+    let info = a.session("i").unwrap();
+    assert_eq!(info["interactive"], true, "{info}");
+
+    // Typed just before a move: whatever A had not taken is sent again to B.
+    typed.write_all(lines(10, 20).as_bytes()).unwrap();
+    ok(&here, &a.url, &["migrate", "i", "--to", &b.url]);
+    typed.write_all(lines(20, 30).as_bytes()).unwrap();
+    eventually("it reads on at B", || shows(&here, &b.url, "i", "line 30:"));
+
+    // Suspended: what is typed meanwhile is taken, and read once it runs again.
+    ok(&here, &b.url, &["suspend", "i"]);
+    typed.write_all(lines(30, 40).as_bytes()).unwrap();
+    eventually("B has taken the input sent while suspended", || {
+        std::fs::read(b.env.store().join("space/stdin/i"))
+            .is_ok_and(|d| d.ends_with(lines(39, 40).as_bytes()))
+    });
+    assert!(!shows(&here, &b.url, "i", "line 31:"));
+    ok(&here, &b.url, &["resume", "i"]);
+    eventually("it reads what was sent while it was suspended", || {
+        shows(&here, &b.url, "i", "line 40:")
+    });
+
+    // B crashes after taking more input: its disk kept it.
+    typed.write_all(lines(40, 45).as_bytes()).unwrap();
+    eventually("B has taken the input", || {
+        std::fs::read(b.env.store().join("space/stdin/i"))
+            .is_ok_and(|d| d.ends_with(lines(44, 45).as_bytes()))
+    });
+    b.stop();
+    b.spawn(None);
+    assert_eq!(b.state("i").as_deref(), Some("suspended"));
+    ok(&here, &b.url, &["resume", "i"]);
+    typed.write_all(lines(45, 50).as_bytes()).unwrap();
+    // The end of the typed input ends the guest's.
+    drop(typed);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let shown = reader.join().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&shown),
+        String::from_utf8_lossy(&plain.stdout),
+        "each line read once, in order"
+    );
+    let (out, _, _) = cli(&here, &b.url, &["logs", "i"]);
+    assert_eq!(out.as_bytes(), &plain.stdout[..]);
+    let (out, _, _) = cli(&here, &a.url, &["logs", "i"]);
+    assert_eq!(out.as_bytes(), &plain.stdout[..], "read on where it moved");
+    // Ended: no more input is taken, and `attach` says why.
+    let err = refused(&here, &b.url, &["attach", "i"]);
+    assert!(err.contains("has ended (exited)"), "{err}");
+}
+
+/// What is refused: `--interactive` locally and with a standby, attaching to a session that
+/// takes no input, and input to an unknown session.
+#[test]
+fn interactive_refusals_say_why() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let g = guest("wasm/lines.wasm");
+    let g = g.to_str().unwrap();
+    let (_, err, code) = here.output(&["run", "-i", g]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("--interactive is for runs on a space"),
+        "{err}"
+    );
+    let err = refused(
+        &here,
+        &a.url,
+        &[
+            "run",
+            "-i",
+            "--checkpoint-every",
+            "1s",
+            "--standby",
+            "auto",
+            g,
+        ],
+    );
+    assert!(err.contains("cannot have a standby"), "{err}");
+    ok(&here, &a.url, &["run", "--session", "plain", g]);
+    let err = refused(&here, &a.url, &["attach", "plain"]);
+    assert!(err.contains("takes no input"), "{err}");
+    let err = refused(&here, &a.url, &["attach", "nosuch"]);
+    assert!(err.contains("no session `nosuch`"), "{err}");
+}

@@ -1,0 +1,252 @@
+//! Input sent to an interactive session while it runs (`RunRequest::interactive`,
+//! `POST /v1/sessions/{id}/stdin`; docs/migration.md, "Interactive sessions").
+//!
+//! The session's stdin is an [`InputLog`] that lives as long as the session is here — across
+//! its suspends and resumes — and is kept on disk (`<space dir>/stdin/<id>`, and
+//! `<id>.ended` once the sender ended it), each piece synced before the sender is told it
+//! arrived: a space that crashes loses none of it, and the resume after the crash reads on
+//! from the last snapshot's position in it. Every snapshot carries the input received so far
+//! as a blob, so it goes wherever the session goes: a move seals the log (input sent
+//! meanwhile is refused with `503`, to be sent again where the session went or here if the
+//! move is given up) and hands it to the destination as it is then.
+
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use ferry_kappa::Kappa;
+use ferry_store::write_durably;
+use ferry_wasi::{InputError, InputLog};
+use tracing::warn;
+
+use super::{Live, Sessions, lock, parse_kappa};
+use crate::api::{ApiError, SessionInfo, State, StdinAnswer};
+
+impl From<InputError> for ApiError {
+    fn from(e: InputError) -> Self {
+        match e {
+            InputError::Ended | InputError::Gap(_) | InputError::Differs(_) => {
+                ApiError::conflict(format!("not taken: {e}"))
+            }
+            InputError::TooMuch(_) => ApiError::new(413, format!("not taken: {e}")),
+            InputError::Sealed => ApiError::unavailable(
+                "not taken: the session is being moved; send it again in a moment (here if \
+                 the move is given up, else where the session went)",
+            ),
+        }
+    }
+}
+
+impl Sessions {
+    fn input_path(&self, id: &str) -> PathBuf {
+        self.cfg.dir.join("stdin").join(id)
+    }
+
+    fn input_ended_path(&self, id: &str) -> PathBuf {
+        self.cfg.dir.join("stdin").join(format!("{id}.ended"))
+    }
+
+    /// Session `id`'s input log, as a guest of it starting here from a snapshot whose stdin
+    /// blob is `carried` (or from the start: `None`) reads it. The log this space already
+    /// holds for the session (in memory, else on its disk) when it starts with what the
+    /// snapshot carried — it may hold more: what arrived after that snapshot, or while the
+    /// session was suspended — else a new one holding what the snapshot carried.
+    pub(super) fn input_log(&self, id: &str, carried: Option<Kappa>) -> Result<InputLog, ApiError> {
+        let carried = match carried {
+            Some(k) => self.store.get(&k).map_err(|e| {
+                ApiError::unprocessable(format!("the session's input {k} cannot be read: {e}"))
+            })?,
+            None => Vec::new(),
+        };
+        let mut inputs = lock(&self.inputs);
+        if let Some(log) = inputs.get(id)
+            && log.starts_with(&carried)
+        {
+            return Ok(log.clone());
+        }
+        if let Ok(data) = std::fs::read(self.input_path(id))
+            && data.starts_with(&carried)
+        {
+            let ended = self.input_ended_path(id).exists();
+            let log = InputLog::new(data, ended);
+            inputs.insert(id.to_owned(), log.clone());
+            return Ok(log);
+        }
+        self.write_input(id, &carried, false)?;
+        let log = InputLog::new(carried, false);
+        inputs.insert(id.to_owned(), log.clone());
+        Ok(log)
+    }
+
+    /// Makes the input session `id` has here `data` (ended or not), on disk first.
+    fn write_input(&self, id: &str, data: &[u8], ended: bool) -> Result<(), ApiError> {
+        let dir = self.cfg.dir.join("stdin");
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| ApiError::internal(format!("creating {}: {e}", dir.display())))?;
+        write_durably(&self.input_path(id), data)
+            .map_err(|e| ApiError::internal(format!("keeping the session's input: {e}")))?;
+        let end = self.input_ended_path(id);
+        if ended {
+            write_durably(&end, b"")
+        } else {
+            std::fs::remove_file(&end).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+        }
+        .map_err(|e| ApiError::internal(format!("keeping the session's input: {e}")))
+    }
+
+    /// Forgets session `id`'s input here (it ended, moved away, or was forgotten).
+    pub(super) fn drop_input(&self, id: &str) {
+        lock(&self.inputs).remove(id);
+        for p in [self.input_path(id), self.input_ended_path(id)] {
+            if let Err(e) = std::fs::remove_file(&p)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                warn!(session = %id, error = %e, "cannot remove {}", p.display());
+            }
+        }
+    }
+
+    /// Makes blob `k` (the input a move hands over) session `id`'s input here: the held copy
+    /// reads it from its snapshot's position on.
+    pub(super) fn take_input(&self, id: &str, k: Kappa, ended: bool) -> Result<(), ApiError> {
+        let data = self.store.get(&k).map_err(|e| {
+            ApiError::unprocessable(format!("the session's input {k} cannot be read: {e}"))
+        })?;
+        self.write_input(id, &data, ended)?;
+        lock(&self.inputs).insert(id.to_owned(), InputLog::new(data, ended));
+        Ok(())
+    }
+
+    /// At a destination: the input a move hands over (at its final prepare) becomes the
+    /// session's input here.
+    pub(super) fn take_moved_input(
+        &self,
+        req: &crate::api::PrepareRequest,
+    ) -> Result<(), ApiError> {
+        match &req.input {
+            Some(k) => self.take_input(&req.session, parse_kappa(k, "input")?, req.input_ended),
+            None => Ok(()),
+        }
+    }
+
+    /// Seals session `live`'s input for a move and stores it as a blob, whose κ the move
+    /// hands the destination, with whether it has ended; `None` if the session is not
+    /// interactive.
+    pub(super) fn seal_input(
+        &self,
+        live: &Live,
+    ) -> Result<Option<(InputLog, Kappa, bool)>, ApiError> {
+        let info = live.info();
+        if !info.interactive {
+            return Ok(None);
+        }
+        let log = self.session_input(&info)?;
+        log.seal();
+        let (data, ended) = log.contents();
+        let k = self.store.put(&data).map_err(|e| {
+            log.unseal();
+            ApiError::internal(format!("storing the session's input: {e}"))
+        })?;
+        Ok(Some((log, k, ended)))
+    }
+
+    /// `POST /v1/sessions/{id}/stdin`: appends `bytes` to an interactive session's input
+    /// (and ends it when `end`), synced to disk before the answer; with `at`, the bytes are
+    /// the input's from byte `at` on, and what of them arrived before is taken once
+    /// ([`InputLog::append`]).
+    pub fn send_input(
+        &self,
+        id: &str,
+        at: Option<u64>,
+        bytes: &[u8],
+        end: bool,
+    ) -> Result<StdinAnswer, ApiError> {
+        let live = self.get(id)?;
+        let info = live.info();
+        refuse_input(&info)?;
+        let log = self.session_input(&info)?;
+        let path = self.input_path(id);
+        let received = log.append(at, bytes, end, |had, new| -> Result<(), ApiError> {
+            let keep = |e: std::io::Error| {
+                ApiError::internal(format!("not taken: keeping the input failed: {e}"))
+            };
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(keep)?;
+            f.write_all_at(new, had).map_err(keep)?;
+            f.set_len(had + new.len() as u64).map_err(keep)?;
+            f.sync_data().map_err(keep)?;
+            if end {
+                write_durably(&self.input_ended_path(id), b"").map_err(keep)?;
+            }
+            Ok(())
+        })?;
+        let (_, ended) = log.len();
+        Ok(StdinAnswer { received, ended })
+    }
+
+    /// The input of session `info` here: as its running guest reads it, else as a guest
+    /// resumed from its latest snapshot would.
+    fn session_input(&self, info: &SessionInfo) -> Result<InputLog, ApiError> {
+        let carried = match &info.snapshot {
+            Some(s) => self.carried_input(&parse_kappa(s, "snapshot")?)?,
+            None => None,
+        };
+        self.input_log(&info.id, carried)
+    }
+
+    /// The stdin blob snapshot `k` carries, if its stdin is input sent to the session.
+    fn carried_input(&self, k: &Kappa) -> Result<Option<Kappa>, ApiError> {
+        let snap: ferry_object::Snapshot = ferry_object::decode(
+            &self
+                .store
+                .get(k)
+                .map_err(|e| ApiError::internal(format!("reading snapshot {k}: {e}")))?,
+        )
+        .map_err(|e| ApiError::internal(format!("snapshot {k}: {e}")))?;
+        let wasi: ferry_object::WasiState = ferry_object::decode(
+            &self
+                .store
+                .get(&snap.wasi)
+                .map_err(|e| ApiError::internal(format!("reading snapshot {k}: {e}")))?,
+        )
+        .map_err(|e| ApiError::internal(format!("snapshot {k}: {e}")))?;
+        Ok(wasi.stdin_input.filter(|_| wasi.stdin_open))
+    }
+}
+
+/// Why session `info` takes no input now, if it does not.
+fn refuse_input(info: &SessionInfo) -> Result<(), ApiError> {
+    let id = &info.id;
+    if !info.interactive {
+        return Err(ApiError::conflict(format!(
+            "session `{id}` takes no input: only a session run with --interactive does"
+        )));
+    }
+    match info.state {
+        State::Running | State::Suspended => Ok(()),
+        State::Starting => Err(ApiError::unavailable(format!(
+            "session `{id}` is starting; send its input again in a moment"
+        ))),
+        State::Moved => Err(ApiError::conflict(format!(
+            "session `{id}` moved to {}; send its input there",
+            info.moved_to.as_deref().unwrap_or("another space")
+        ))),
+        State::Prepared => Err(ApiError::unavailable(format!(
+            "session `{id}` is moving here; send its input again in a moment"
+        ))),
+        s @ (State::Exited | State::Failed | State::Killed) => Err(ApiError::conflict(format!(
+            "session `{id}` has ended ({}); it takes no more input",
+            s.name()
+        ))),
+        s => Err(ApiError::conflict(format!(
+            "session `{id}` is {} here; it takes no input",
+            s.name()
+        ))),
+    }
+}

@@ -1,0 +1,285 @@
+//! Input that arrives while the guest runs: the stdin of an interactive session of a space
+//! (`ferry --space URL run --interactive`, `ferry --space URL attach`), or of a snapshot of
+//! one resumed by a local `ferry resume`.
+//!
+//! An [`InputLog`] holds every byte sent so far, in order, and whether the sender has ended
+//! it. The guest reads it from its position ([`WasiCtx`](crate::WasiCtx)'s `stdin_bytes`);
+//! a read with nothing there waits — and can be suspended meanwhile, as a wait for a
+//! terminal can. A snapshot carries the whole log received so far as a blob
+//! (`WasiState::stdin_input`, with `stdin_open` while more may come), so input sent but not
+//! yet read goes with the guest wherever it moves: nothing the sender was told arrived is
+//! lost by a suspend.
+
+use std::io::Read;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The most input one session's stdin takes in all (as `run --stdin FILE`): every snapshot
+/// carries it whole.
+pub const MAX_INPUT: u64 = 1 << 30;
+
+/// Why input was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    /// The sender ended the input before.
+    #[error("its stdin was ended before")]
+    Ended,
+    /// Taking it would pass [`MAX_INPUT`].
+    #[error("its stdin would pass {MAX_INPUT} bytes ({0} already)")]
+    TooMuch(u64),
+    /// The log is sealed while a move of its session is under way.
+    #[error("it is being moved")]
+    Sealed,
+    /// The sender's bytes start past the end of what was received (at the length given):
+    /// something it sent before is missing.
+    #[error("the input received so far ends at byte {0}, before where this starts")]
+    Gap(u64),
+    /// The sender's bytes overlap what was received (up to the length given) but differ
+    /// from it: another sender's input is there.
+    #[error("other input was received up to byte {0}")]
+    Differs(u64),
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    data: Vec<u8>,
+    ended: bool,
+    sealed: bool,
+}
+
+/// A growing stdin: what was sent so far and whether it has ended. Clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct InputLog(Arc<(Mutex<Inner>, Condvar)>);
+
+impl InputLog {
+    /// A log holding `data`, ended or open for more.
+    pub fn new(data: Vec<u8>, ended: bool) -> Self {
+        Self(Arc::new((
+            Mutex::new(Inner {
+                data,
+                ended,
+                sealed: false,
+            }),
+            Condvar::new(),
+        )))
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.0.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends `bytes` (and ends the input when `end`); returns the length received since
+    /// the start. With `at`, the bytes are those of the input from byte `at` on: what of
+    /// them was received already (a sender repeating a piece whose answer it never got) must
+    /// match and is taken once, and a start past the end is refused — so a sender that
+    /// repeats what it is not sure arrived neither loses nor doubles any. `check(had, new)`
+    /// runs under the log's lock before anything changes, with the bytes to be appended at
+    /// `had` (a space writes them to its disk there, so that nothing is taken that a crash
+    /// could lose); its error changes nothing.
+    pub fn append<E: From<InputError>>(
+        &self,
+        at: Option<u64>,
+        bytes: &[u8],
+        end: bool,
+        check: impl FnOnce(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        let mut g = self.inner();
+        let had = g.data.len() as u64;
+        let start = at.unwrap_or(had);
+        if start > had {
+            return Err(InputError::Gap(had).into());
+        }
+        // What of `bytes` is there already.
+        let overlap = ((had - start) as usize).min(bytes.len());
+        let from = start as usize;
+        if g.data[from..from + overlap] != bytes[..overlap] {
+            return Err(InputError::Differs(had).into());
+        }
+        let new = &bytes[overlap..];
+        if new.is_empty() && (!end || g.ended) {
+            return Ok(had);
+        }
+        if g.ended {
+            return Err(InputError::Ended.into());
+        }
+        if g.sealed {
+            return Err(InputError::Sealed.into());
+        }
+        if had + new.len() as u64 > MAX_INPUT {
+            return Err(InputError::TooMuch(had).into());
+        }
+        check(had, new)?;
+        g.data.extend_from_slice(new);
+        g.ended |= end;
+        self.0.1.notify_all();
+        Ok(g.data.len() as u64)
+    }
+
+    /// Refuses input from now on ([`InputError::Sealed`]) until [`InputLog::unseal`]: a move
+    /// takes the log as it is then.
+    pub fn seal(&self) {
+        self.inner().sealed = true;
+    }
+
+    pub fn unseal(&self) {
+        self.inner().sealed = false;
+    }
+
+    /// Bytes received so far, and whether the input has ended.
+    pub fn len(&self) -> (u64, bool) {
+        let g = self.inner();
+        (g.data.len() as u64, g.ended)
+    }
+
+    /// Whether nothing was received yet.
+    pub fn is_empty(&self) -> bool {
+        self.inner().data.is_empty()
+    }
+
+    /// A copy of everything received, and whether the input has ended.
+    pub fn contents(&self) -> (Vec<u8>, bool) {
+        let g = self.inner();
+        (g.data.clone(), g.ended)
+    }
+
+    /// Whether the log holds `prefix` at its start.
+    pub fn starts_with(&self, prefix: &[u8]) -> bool {
+        self.inner().data.starts_with(prefix)
+    }
+
+    /// Waits at most `timeout` until there is input past byte `pos` or the input has ended;
+    /// says whether there is (a read at `pos` then does not block).
+    pub fn wait(&self, pos: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.inner();
+        loop {
+            if g.data.len() as u64 > pos || g.ended {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            g = self
+                .0
+                .1
+                .wait_timeout(g, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// A reader of the log from byte `pos` on: it reads what is there, waits while there is
+    /// nothing and the input has not ended, and reads end of file once it has.
+    pub fn reader(&self, pos: u64) -> InputReader {
+        InputReader {
+            log: self.clone(),
+            pos,
+        }
+    }
+}
+
+/// Reads an [`InputLog`] from a position on.
+#[derive(Debug)]
+pub struct InputReader {
+    log: InputLog,
+    pos: u64,
+}
+
+impl Read for InputReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut g = self.log.inner();
+        loop {
+            let len = g.data.len() as u64;
+            if len > self.pos {
+                let at = self.pos as usize;
+                let n = buf.len().min(g.data.len() - at);
+                buf[..n].copy_from_slice(&g.data[at..at + n]);
+                self.pos += n as u64;
+                return Ok(n);
+            }
+            if g.ended || buf.is_empty() {
+                return Ok(0);
+            }
+            g = self.log.0.1.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn take(log: &InputLog, b: &[u8], end: bool) -> Result<u64, InputError> {
+        log.append(None, b, end, |_, _| Ok::<(), InputError>(()))
+    }
+
+    #[test]
+    fn a_reader_waits_for_input_then_reads_its_end() {
+        let log = InputLog::new(b"ab".to_vec(), false);
+        let mut r = log.reader(1);
+        let mut buf = [0u8; 8];
+        assert_eq!(r.read(&mut buf).unwrap(), 1);
+        assert_eq!(&buf[..1], b"b");
+        assert!(!log.wait(2, Duration::from_millis(10)));
+        let l2 = log.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            take(&l2, b"cd", false).unwrap();
+            take(&l2, b"", true).unwrap();
+        });
+        assert_eq!(r.read(&mut buf).unwrap(), 2);
+        assert_eq!(&buf[..2], b"cd");
+        assert_eq!(r.read(&mut buf).unwrap(), 0);
+        t.join().unwrap();
+        assert!(log.wait(4, Duration::ZERO));
+        assert_eq!(log.len(), (4, true));
+    }
+
+    #[test]
+    fn an_ended_or_sealed_log_refuses_input_and_a_failed_check_changes_nothing() {
+        let log = InputLog::new(Vec::new(), false);
+        assert_eq!(take(&log, b"x", false), Ok(1));
+        let failed = log.append(None, b"yy", false, |had, new| {
+            assert_eq!((had, new), (1, &b"yy"[..]));
+            Err(InputError::TooMuch(had))
+        });
+        assert!(failed.is_err());
+        assert_eq!(log.contents(), (b"x".to_vec(), false));
+        log.seal();
+        assert_eq!(take(&log, b"y", false), Err(InputError::Sealed));
+        log.unseal();
+        assert_eq!(take(&log, b"y", true), Ok(2));
+        assert_eq!(take(&log, b"z", false), Err(InputError::Ended));
+        // Ending it again is no error: a sender may repeat an end it is not sure arrived.
+        assert_eq!(take(&log, b"", true), Ok(2));
+        assert!(log.starts_with(b"xy"));
+    }
+
+    #[test]
+    fn a_piece_sent_again_is_taken_once_and_a_gap_or_other_input_is_refused() {
+        let log = InputLog::new(b"abc".to_vec(), false);
+        let at = |at: u64, b: &[u8], end: bool| {
+            log.append(Some(at), b, end, |had, new| {
+                assert_eq!(had as usize + new.len(), at as usize + b.len());
+                Ok::<(), InputError>(())
+            })
+        };
+        assert_eq!(at(1, b"bc", false), Ok(3), "all of it there already");
+        assert_eq!(at(2, b"cde", false), Ok(5), "only `de` is new");
+        assert_eq!(log.contents().0, b"abcde");
+        assert_eq!(at(7, b"x", false), Err(InputError::Gap(5)));
+        assert_eq!(at(3, b"Xe", false), Err(InputError::Differs(5)));
+        log.seal();
+        assert_eq!(
+            at(3, b"de", false),
+            Ok(5),
+            "a repeat is answered while sealed"
+        );
+        assert_eq!(at(5, b"f", false), Err(InputError::Sealed));
+        log.unseal();
+        assert_eq!(at(5, b"", true), Ok(5));
+        assert_eq!(at(5, b"", true), Ok(5), "the end repeated");
+        assert_eq!(at(5, b"f", false), Err(InputError::Ended));
+    }
+}
