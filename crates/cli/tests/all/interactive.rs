@@ -117,6 +117,64 @@ fn input_typed_into_an_interactive_session_reaches_it_once_through_moves_suspend
     assert!(err.contains("has ended (exited)"), "{err}");
 }
 
+/// Ctrl-C detaches `run --interactive` and leaves the session running with its input open;
+/// `attach --keep-open` sends more and leaves it open when its own input ends; a last
+/// `attach` ends it, and the guest ends as a local run fed the same lines does.
+#[test]
+fn detached_and_attached_again_the_input_goes_on_where_it_was() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let g = guest("wasm/lines.wasm");
+    let g = g.to_str().unwrap();
+    let all = here.path("all.txt");
+    std::fs::write(&all, lines(0, 15)).unwrap();
+    let plain = client().with_stdin(all).plain(&[g]);
+    assert_eq!(plain.code, 0);
+
+    let (mut child, reader) = attached(&here, &a.url, &["run", "-i", "--session", "d", g]);
+    let mut typed = child.stdin.take().unwrap();
+    typed.write_all(lines(0, 5).as_bytes()).unwrap();
+    eventually("it reads them", || shows(&here, &a.url, "d", "line 5:"));
+    // SAFETY: kill(2) on the pid of a child this test started and has not waited for.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    child.wait().unwrap();
+    drop(typed);
+    reader.join().unwrap();
+    assert_eq!(
+        a.state("d").as_deref(),
+        Some("running"),
+        "detaching ends nothing"
+    );
+
+    // Its own input ends, the session's stays open: the guest waits, and so does `attach`.
+    let (mut child, reader) = attached(&here, &a.url, &["attach", "d", "--keep-open"]);
+    let mut typed = child.stdin.take().unwrap();
+    typed.write_all(lines(5, 10).as_bytes()).unwrap();
+    drop(typed);
+    eventually("it reads them", || shows(&here, &a.url, "d", "line 10:"));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the session's input was ended"
+    );
+    assert_eq!(a.state("d").as_deref(), Some("running"));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    child.wait().unwrap();
+    reader.join().unwrap();
+
+    // The last attach ends the input; it shows the whole output and exits with the guest.
+    let (mut child, reader) = attached(&here, &a.url, &["attach", "d"]);
+    let mut typed = child.stdin.take().unwrap();
+    typed.write_all(lines(10, 15).as_bytes()).unwrap();
+    drop(typed);
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&reader.join().unwrap()),
+        String::from_utf8_lossy(&plain.stdout)
+    );
+}
+
 /// What is refused: `--interactive` locally and with a standby, attaching to a session that
 /// takes no input, and input to an unknown session.
 #[test]
