@@ -553,6 +553,11 @@ pub fn attach(settings: &Settings, a: AttachArgs) -> Result<ExitCode> {
 
 /// Attaches to session `session` of the space `c` speaks to (see [`attach`]).
 fn attach_to(c: SpaceClient, session: &str, keep_open: bool) -> Result<ExitCode> {
+    // Ctrl-C detaches: ferry ends, the session runs on — even where ferry was started with
+    // SIGINT ignored (a background job of a shell), which it would otherwise inherit.
+    // SAFETY: restoring the default disposition of one signal, before any thread of this
+    // command starts.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
     let sender = c.elsewhere(c.base());
     let id = session.to_owned();
     // Input goes on a thread of its own: a read of the terminal blocks until a line comes.
