@@ -28,7 +28,7 @@ use crate::api::{
     PrepareRequest, ResumeRequest, Round, RunRequest, SessionFiles, SessionInfo, State, session_id,
     valid_id,
 };
-use crate::client::{RemoteStore, SpaceClient, send_closure};
+use crate::client::{RemoteStore, SpaceClient, send_closure, send_objects};
 use crate::metrics::Ended;
 use crate::owners::{Claim, Commit, Owned, Owner, Owners};
 use crate::policy::Policy;
@@ -2222,17 +2222,10 @@ impl Sessions {
         report.final_objects = s.moved;
         report.final_bytes = s.bytes;
         report.total_bytes += s.bytes;
-        if let Some((_, ik, _)) = &sealed {
-            let sent = match dest_store.has(ik) {
-                Ok(true) => Ok(()),
-                _ => self
-                    .store
-                    .get(ik)
-                    .and_then(|data| dest_store.put(&data).map(|_| ())),
-            };
-            if let Err(e) = sent {
-                return Err(abort_here(self, unreachable("the session's input", &e)));
-            }
+        if let Some((ik, _)) = &sealed
+            && let Err(e) = send_objects(self.store.as_ref(), dest_store, &[*ik], &mut |_, _| {})
+        {
+            return Err(abort_here(self, unreachable("the session's input", &e)));
         }
         let t_delta = t.elapsed();
         fault("final-delta");
@@ -2240,8 +2233,8 @@ impl Sessions {
         //    forward to κ), then holds.
         let t = Instant::now();
         let prepared = dest.prepare(&PrepareRequest {
-            input: sealed.as_ref().map(|(_, ik, _)| ik.to_string()),
-            input_ended: sealed.as_ref().is_some_and(|(_, _, ended)| *ended),
+            input: sealed.map(|(ik, _)| ik.to_string()),
+            input_ended: sealed.is_some_and(|(_, ended)| ended),
             ..prepare_at(k)
         });
         let t_prepare = t.elapsed();

@@ -467,17 +467,14 @@ pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
 
 /// [`wait`] for session `session`, asking `c` first.
 fn wait_at(mut c: SpaceClient, session: &str) -> Result<ExitCode> {
-    let a = SessionArgs {
-        session: session.to_owned(),
-    };
     loop {
-        let s = c.wait(&a.session, 20_000).map_err(api)?;
+        let s = c.wait(session, 20_000).map_err(api)?;
         match s.state {
             State::Moved => {
                 let to = s
                     .moved_to
                     .context("moved, but the space does not say where")?;
-                eprintln!("ferry: session {} moved to {to}; waiting there", a.session);
+                eprintln!("ferry: session {} moved to {to}; waiting there", session);
                 c = c.elsewhere(&to);
             }
             st if st.is_live() || s.migrating_to.is_some() || st == State::Standby => {}
@@ -487,7 +484,7 @@ fn wait_at(mut c: SpaceClient, session: &str) -> Result<ExitCode> {
                         "ferry: the files it left: `ferry --space {} files {}` (add --dir \
                          HOST::GUEST to write them here)",
                         c.base(),
-                        a.session
+                        session
                     );
                 }
                 return Ok(ExitCode::from(s.exit_code.unwrap_or(0) as u8));
@@ -495,7 +492,7 @@ fn wait_at(mut c: SpaceClient, session: &str) -> Result<ExitCode> {
             State::Suspended => {
                 eprintln!(
                     "ferry: session {} is suspended at {}",
-                    a.session,
+                    session,
                     s.snapshot.unwrap_or_default()
                 );
                 return Ok(ExitCode::from(crate::guest::EXIT_SUSPENDED));
@@ -504,7 +501,7 @@ fn wait_at(mut c: SpaceClient, session: &str) -> Result<ExitCode> {
             st => {
                 let why = format!(
                     "session {} failed: {}",
-                    a.session,
+                    session,
                     s.reason.unwrap_or_default()
                 );
                 // A guest that trapped: its exit code says so (134, as a local run).

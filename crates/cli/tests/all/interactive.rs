@@ -17,6 +17,15 @@ fn lines(from: usize, to: usize) -> String {
         .collect()
 }
 
+/// What a local run of the `lines` guest (`g`) prints fed lines `0..n` (it must exit 0).
+fn plain_run(here: &Env, g: &str, n: usize) -> Vec<u8> {
+    let all = here.path("all.txt");
+    std::fs::write(&all, lines(0, n)).unwrap();
+    let plain = client().with_stdin(all).plain(&[g]);
+    assert_eq!(plain.code, 0);
+    plain.stdout
+}
+
 /// `ferry --space URL run --interactive ARGS`, its stdin a pipe the test writes to and its
 /// stdout read on a thread of its own.
 fn attached(here: &Env, space: &str, args: &[&str]) -> (Child, std::thread::JoinHandle<Vec<u8>>) {
@@ -53,11 +62,8 @@ fn input_typed_into_an_interactive_session_reaches_it_once_through_moves_suspend
     let mut b = SpaceProc::start(&[]);
     let g = guest("wasm/lines.wasm");
     let g = g.to_str().unwrap();
-    let all = here.path("all.txt");
-    std::fs::write(&all, lines(0, 50)).unwrap();
-    let plain = client().with_stdin(all).plain(&[g]);
-    assert_eq!(plain.code, 0);
-    assert!(String::from_utf8_lossy(&plain.stdout).ends_with("done 50 lines\n"));
+    let plain = plain_run(&here, g, 50);
+    assert!(String::from_utf8_lossy(&plain).ends_with("done 50 lines\n"));
 
     let (mut child, reader) = attached(&here, &a.url, &["run", "-i", "--session", "i", g]);
     let mut typed = child.stdin.take().unwrap();
@@ -105,13 +111,13 @@ fn input_typed_into_an_interactive_session_reaches_it_once_through_moves_suspend
     let shown = reader.join().unwrap();
     assert_eq!(
         String::from_utf8_lossy(&shown),
-        String::from_utf8_lossy(&plain.stdout),
+        String::from_utf8_lossy(&plain),
         "each line read once, in order"
     );
     let (out, _, _) = cli(&here, &b.url, &["logs", "i"]);
-    assert_eq!(out.as_bytes(), &plain.stdout[..]);
+    assert_eq!(out.as_bytes(), &plain[..]);
     let (out, _, _) = cli(&here, &a.url, &["logs", "i"]);
-    assert_eq!(out.as_bytes(), &plain.stdout[..], "read on where it moved");
+    assert_eq!(out.as_bytes(), &plain[..], "read on where it moved");
     // Ended: no more input is taken, and `attach` says why.
     let err = refused(&here, &b.url, &["attach", "i"]);
     assert!(err.contains("has ended (exited)"), "{err}");
@@ -126,10 +132,7 @@ fn detached_and_attached_again_the_input_goes_on_where_it_was() {
     let a = SpaceProc::start(&[]);
     let g = guest("wasm/lines.wasm");
     let g = g.to_str().unwrap();
-    let all = here.path("all.txt");
-    std::fs::write(&all, lines(0, 15)).unwrap();
-    let plain = client().with_stdin(all).plain(&[g]);
-    assert_eq!(plain.code, 0);
+    let plain = plain_run(&here, g, 15);
 
     let (mut child, reader) = attached(&here, &a.url, &["run", "-i", "--session", "d", g]);
     let mut typed = child.stdin.take().unwrap();
@@ -171,7 +174,7 @@ fn detached_and_attached_again_the_input_goes_on_where_it_was() {
     assert_eq!(child.wait().unwrap().code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&reader.join().unwrap()),
-        String::from_utf8_lossy(&plain.stdout)
+        String::from_utf8_lossy(&plain)
     );
 }
 

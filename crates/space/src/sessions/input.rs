@@ -52,9 +52,7 @@ impl Sessions {
     /// session was suspended — else a new one holding what the snapshot carried.
     pub(super) fn input_log(&self, id: &str, carried: Option<Kappa>) -> Result<InputLog, ApiError> {
         let carried = match carried {
-            Some(k) => self.store.get(&k).map_err(|e| {
-                ApiError::unprocessable(format!("the session's input {k} cannot be read: {e}"))
-            })?,
+            Some(k) => self.read_input(k)?,
             None => Vec::new(),
         };
         let mut inputs = lock(&self.inputs);
@@ -75,6 +73,13 @@ impl Sessions {
         let log = InputLog::new(carried, false);
         inputs.insert(id.to_owned(), log.clone());
         Ok(log)
+    }
+
+    /// The bytes of input blob `k`.
+    fn read_input(&self, k: Kappa) -> Result<Vec<u8>, ApiError> {
+        self.store.get(&k).map_err(|e| {
+            ApiError::unprocessable(format!("the session's input {k} cannot be read: {e}"))
+        })
     }
 
     /// Makes the input session `id` has here `data` (ended or not), on disk first.
@@ -108,36 +113,25 @@ impl Sessions {
         }
     }
 
-    /// Makes blob `k` (the input a move hands over) session `id`'s input here: the held copy
-    /// reads it from its snapshot's position on.
-    pub(super) fn take_input(&self, id: &str, k: Kappa, ended: bool) -> Result<(), ApiError> {
-        let data = self.store.get(&k).map_err(|e| {
-            ApiError::unprocessable(format!("the session's input {k} cannot be read: {e}"))
-        })?;
-        self.write_input(id, &data, ended)?;
-        lock(&self.inputs).insert(id.to_owned(), InputLog::new(data, ended));
-        Ok(())
-    }
-
     /// At a destination: the input a move hands over (at its final prepare) becomes the
-    /// session's input here.
+    /// session's input here, which the held copy reads from its snapshot's position on.
     pub(super) fn take_moved_input(
         &self,
         req: &crate::api::PrepareRequest,
     ) -> Result<(), ApiError> {
-        match &req.input {
-            Some(k) => self.take_input(&req.session, parse_kappa(k, "input")?, req.input_ended),
-            None => Ok(()),
-        }
+        let Some(k) = &req.input else {
+            return Ok(());
+        };
+        let data = self.read_input(parse_kappa(k, "input")?)?;
+        self.write_input(&req.session, &data, req.input_ended)?;
+        lock(&self.inputs).insert(req.session.clone(), InputLog::new(data, req.input_ended));
+        Ok(())
     }
 
     /// Seals session `live`'s input for a move and stores it as a blob, whose κ the move
     /// hands the destination, with whether it has ended; `None` if the session is not
     /// interactive.
-    pub(super) fn seal_input(
-        &self,
-        live: &Live,
-    ) -> Result<Option<(InputLog, Kappa, bool)>, ApiError> {
+    pub(super) fn seal_input(&self, live: &Live) -> Result<Option<(Kappa, bool)>, ApiError> {
         let info = live.info();
         if !info.interactive {
             return Ok(None);
@@ -149,7 +143,7 @@ impl Sessions {
             log.unseal();
             ApiError::internal(format!("storing the session's input: {e}"))
         })?;
-        Ok(Some((log, k, ended)))
+        Ok(Some((k, ended)))
     }
 
     /// `POST /v1/sessions/{id}/stdin`: appends `bytes` to an interactive session's input
@@ -190,9 +184,12 @@ impl Sessions {
         Ok(StdinAnswer { received, ended })
     }
 
-    /// The input of session `info` here: as its running guest reads it, else as a guest
-    /// resumed from its latest snapshot would.
+    /// The input of session `info` here: as its guest reads it (the log a guest of it ran
+    /// with here, kept in memory), else as a guest resumed from its latest snapshot would.
     fn session_input(&self, info: &SessionInfo) -> Result<InputLog, ApiError> {
+        if let Some(log) = lock(&self.inputs).get(&info.id) {
+            return Ok(log.clone());
+        }
         let carried = match &info.snapshot {
             Some(s) => self.carried_input(&parse_kappa(s, "snapshot")?)?,
             None => None,
