@@ -403,6 +403,11 @@ pub struct StandbyRequest {
     /// a take-over, the receiver chooses the next one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub auto: bool,
+    /// The session takes input as it runs ([`RunRequest::interactive`]): the owner forwards
+    /// each piece to the standby before it answers for it
+    /// (`POST /v1/sessions/{id}/standby/stdin`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interactive: bool,
 }
 
 /// A directory requested at `guest`, with the content of tree `tree`.

@@ -506,6 +506,8 @@ pub struct LogChunk {
     pub moved_to: Option<String>,
     /// Set while the session is being moved there.
     pub migrating_to: Option<String>,
+    /// The session's standby, which takes it over if its space is gone.
+    pub standby: Option<String>,
 }
 
 fn unreachable_err(base: &str, e: impl std::fmt::Display) -> ApiError {
@@ -756,6 +758,7 @@ impl SpaceClient {
         let state = header("x-ferry-state");
         let moved_to = header("x-ferry-moved-to");
         let migrating_to = header("x-ferry-migrating-to");
+        let standby = header("x-ferry-standby");
         let records = self.answer(Ok(r))?;
         let state = serde_json::from_value(serde_json::Value::String(state.unwrap_or_default()))
             .map_err(|e| ApiError::internal(format!("malformed state from {}: {e}", self.base)))?;
@@ -764,6 +767,7 @@ impl SpaceClient {
             state,
             moved_to,
             migrating_to,
+            standby,
         })
     }
 
@@ -792,6 +796,31 @@ impl SpaceClient {
         let r = self
             .agent
             .post(format!("{}/v1/sessions/{id}/stdin{query}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .header("Content-Type", "application/octet-stream")
+            .send(bytes);
+        let b = self.answer(r)?;
+        self.json(&b)
+    }
+
+    /// `POST /v1/sessions/{id}/standby/stdin?epoch=E&at=N[&end=true]` (space to space): the
+    /// input of an interactive session from byte `at` on, as its owner at epoch `epoch`
+    /// received it, for the standby copy.
+    pub fn standby_input(
+        &self,
+        id: &str,
+        epoch: u64,
+        at: u64,
+        bytes: &[u8],
+        end: bool,
+    ) -> Result<crate::api::StdinAnswer, ApiError> {
+        let id = session_id(id)?;
+        let r = self
+            .agent
+            .post(format!(
+                "{}/v1/sessions/{id}/standby/stdin?epoch={epoch}&at={at}&end={end}",
+                self.base
+            ))
             .header("Authorization", format!("Bearer {}", self.token))
             .header("Content-Type", "application/octet-stream")
             .send(bytes);

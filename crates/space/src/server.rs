@@ -539,8 +539,9 @@ struct LogQuery {
 }
 
 /// `GET /v1/sessions/{id}/logs?from=N&wait_ms=M`: the output log's records from byte `N`
-/// (whole records, at most about 1 MiB); headers `x-ferry-state` and `x-ferry-moved-to` say
-/// where the session is.
+/// (whole records, at most about 1 MiB); headers `x-ferry-state`, `x-ferry-moved-to`,
+/// `x-ferry-migrating-to` and `x-ferry-standby` say where the session is (and which space
+/// would take it over).
 async fn session_logs(
     State(s): State<Shared>,
     Path(id): Path<String>,
@@ -569,6 +570,12 @@ async fn session_logs(
                 .and_then(|t| header::HeaderValue::from_str(&t).ok())
             {
                 h.insert("x-ferry-migrating-to", to);
+            }
+            if let Some(to) = info
+                .standby
+                .and_then(|t| header::HeaderValue::from_str(&t).ok())
+            {
+                h.insert("x-ferry-standby", to);
             }
             resp
         }
@@ -717,6 +724,29 @@ async fn session_stdin(
     session_call(s, move |ss| ss.send_input(&id, q.at, &body, q.end)).await
 }
 
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StandbyStdinQuery {
+    epoch: u64,
+    at: u64,
+    #[serde(default)]
+    end: bool,
+}
+
+/// `POST /v1/sessions/{id}/standby/stdin?epoch=E&at=N[&end=true]` (space to space): input an
+/// interactive session's owner received, for this space's standby copy of it.
+async fn standby_stdin(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<StandbyStdinQuery>,
+    body: Bytes,
+) -> Response {
+    session_call(s, move |ss| {
+        ss.standby_input(&id, q.epoch, q.at, &body, q.end)
+    })
+    .await
+}
+
 /// `POST /v1/sessions/{id}/return`: the holder gives the session back.
 async fn return_session(
     State(s): State<Shared>,
@@ -790,6 +820,7 @@ pub fn router(space: Arc<Space>) -> Router {
         .route("/v1/sessions/{id}/return", post(return_session))
         .route("/v1/sessions/{id}/reclaim", post(reclaim_session))
         .route("/v1/sessions/{id}/standby", post(standby_session))
+        .route("/v1/sessions/{id}/standby/stdin", post(standby_stdin))
         .route("/v1/sessions/{id}/set-standby", post(set_standby))
         .route("/v1/admission", post(admission))
         .route("/v1/fleet", get(fleet))

@@ -230,6 +230,13 @@ struct Live {
     keeper_said: Mutex<Option<String>>,
     /// When the guest last had a snapshot written here, or started here.
     snapshot_at: Mutex<Option<Instant>>,
+    /// An interactive session's input as its standby holds it (`input.rs`); held while a
+    /// piece is forwarded to the standby and while the standby changes, so that the standby
+    /// etcd names holds every piece this space answered for.
+    input_forwarded: Mutex<Option<input::Forwarded>>,
+    /// When input that could not be forwarded (the standby holds no copy yet) last asked
+    /// for a checkpoint, which gives the standby one.
+    input_asked_checkpoint: Mutex<Option<Instant>>,
 }
 
 impl Live {
@@ -252,6 +259,8 @@ impl Live {
             standby_failing_since: Mutex::new(None),
             keeper_said: Mutex::new(None),
             snapshot_at: Mutex::new(None),
+            input_forwarded: Mutex::new(None),
+            input_asked_checkpoint: Mutex::new(None),
         })
     }
 
@@ -1513,12 +1522,6 @@ impl Sessions {
             Some(k) => Some(parse_kappa(k, "stdin")?),
             None => None,
         };
-        if req.interactive && req.standby.is_some() {
-            return Err(ApiError::unprocessable(
-                "an interactive session cannot have a standby (yet): input sent after its \
-                 last checkpoint would be lost if the standby took it over",
-            ));
-        }
         let standby_auto = req.standby.as_deref() == Some(standby::AUTO);
         let standby = match &req.standby {
             Some(to) => {
@@ -1931,8 +1934,12 @@ impl Sessions {
             let info = if wait.is_zero() || shown > from || !info.state.is_live() {
                 info
             } else {
+                // A new standby ends the wait too: a reader following the session learns
+                // which space would take it over.
                 live.wait_while(wait, |i| {
-                    i.released.unwrap_or(0) <= from && i.state.is_live()
+                    i.released.unwrap_or(0) <= from
+                        && i.state.is_live()
+                        && i.standby == info.standby
                 })
             };
             let shown = info.released.unwrap_or(0);
@@ -1942,7 +1949,22 @@ impl Sessions {
             return Ok((bytes, info));
         }
         if !wait.is_zero() && len <= from && info.state.is_live() {
-            log.wait_beyond(from, wait);
+            // Looking every second whether the session was given a standby meanwhile.
+            let deadline = Instant::now() + wait;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                log.wait_beyond(from, left.min(Duration::from_secs(1)));
+                if log.len() > from {
+                    break;
+                }
+                let now = live.info();
+                if !now.state.is_live() || now.standby.is_some() {
+                    break;
+                }
+            }
             return self.logs(id, from, Duration::ZERO);
         }
         let (mut bytes, _) = log.read_from(from, 1 << 20);

@@ -142,6 +142,14 @@ impl InputLog {
         (g.data.clone(), g.ended)
     }
 
+    /// A copy of what was received from byte `pos` on (nothing if `pos` is past the end),
+    /// and whether the input has ended.
+    pub fn contents_from(&self, pos: u64) -> (Vec<u8>, bool) {
+        let g = self.inner();
+        let from = usize::try_from(pos).unwrap_or(usize::MAX).min(g.data.len());
+        (g.data[from..].to_vec(), g.ended)
+    }
+
     /// Whether the log holds `prefix` at its start.
     pub fn starts_with(&self, prefix: &[u8]) -> bool {
         self.inner().data.starts_with(prefix)
@@ -268,6 +276,8 @@ mod tests {
         assert_eq!(at(1, b"bc", false), Ok(3), "all of it there already");
         assert_eq!(at(2, b"cde", false), Ok(5), "only `de` is new");
         assert_eq!(log.contents().0, b"abcde");
+        assert_eq!(log.contents_from(3), (b"de".to_vec(), false));
+        assert_eq!(log.contents_from(9), (Vec::new(), false), "past the end");
         assert_eq!(at(7, b"x", false), Err(InputError::Gap(5)));
         assert_eq!(at(3, b"Xe", false), Err(InputError::Differs(5)));
         log.seal();

@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -362,7 +362,7 @@ pub fn logs(settings: &Settings, a: LogsArgs) -> Result<ExitCode> {
     } else {
         Follow::No
     };
-    print_logs(client(settings)?, &a.session, follow)?;
+    print_logs(client(settings)?, &a.session, follow, None)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -378,20 +378,61 @@ enum Follow {
     UntilEnd,
 }
 
-/// Prints session `session`'s output from `c` on, following it where it moves, as long as
-/// `follow` says. Returns a client of the space that holds it then.
-fn print_logs(mut c: SpaceClient, session: &str, follow: Follow) -> Result<SpaceClient> {
+/// A client of `standby` if it took session `session` over — it holds the session as its
+/// own now, not as a standby copy — when the space `c` speaks to does not answer.
+fn taken_over(c: &SpaceClient, session: &str, standby: Option<&str>) -> Option<SpaceClient> {
+    let s = c.elsewhere(standby?);
+    let info = s.session(session).ok()?;
+    (info.state != State::Standby).then(|| {
+        eprintln!(
+            "ferry: {} does not answer, and its standby {} took session {session} over; \
+             following it there",
+            c.base(),
+            s.base()
+        );
+        s
+    })
+}
+
+/// Prints session `session`'s output from `c` on, following it where it moves — and to its
+/// standby when that takes it over —, as long as `follow` says; each space it goes to is
+/// written into `holder`. Returns a client of the space that holds it then.
+fn print_logs(
+    mut c: SpaceClient,
+    session: &str,
+    follow: Follow,
+    holder: Option<&Mutex<String>>,
+) -> Result<SpaceClient> {
     let mut from = 0u64;
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr());
     let mut unreachable_since: Option<std::time::Instant> = None;
     let mut said_suspended = false;
+    // The session's standby, as the last answer named it.
+    let mut standby: Option<String> = None;
+    let went = |c: &SpaceClient| {
+        if let Some(h) = holder {
+            *h.lock().unwrap_or_else(|p| p.into_inner()) = c.base().to_owned();
+        }
+    };
     loop {
         let chunk = match c.logs(session, from, if follow == Follow::No { 0 } else { 10_000 }) {
             Ok(chunk) => {
                 unreachable_since = None;
                 chunk
             }
-            Err(e) if e.status == 0 && follow == Follow::UntilEnd => {
+            // Not answering: perhaps a space restarted after a crash, or one gone for good
+            // whose standby takes the session over.
+            Err(e)
+                if e.status == 0
+                    && (follow == Follow::UntilEnd
+                        || (follow == Follow::WhileLive && standby.is_some())) =>
+            {
+                if let Some(s) = taken_over(&c, session, standby.as_deref()) {
+                    c = s;
+                    went(&c);
+                    unreachable_since = None;
+                    continue;
+                }
                 let since = *unreachable_since.get_or_insert_with(|| {
                     eprintln!("ferry: {}; trying again", e.msg);
                     std::time::Instant::now()
@@ -405,6 +446,7 @@ fn print_logs(mut c: SpaceClient, session: &str, follow: Follow) -> Result<Space
             Err(e) => return Err(api(e)),
         };
         from += chunk.records.len() as u64;
+        standby = chunk.standby.clone();
         for (stream, data) in ferry_wasi::output::Records::new(&chunk.records) {
             if stream == ferry_wasi::output::STDERR {
                 out.flush()?;
@@ -433,6 +475,7 @@ fn print_logs(mut c: SpaceClient, session: &str, follow: Follow) -> Result<Space
                     }
                 );
                 c = c.elsewhere(&to);
+                went(&c);
             }
             _ if follow == Follow::No => return Ok(c),
             (st, _) if st.is_live() || chunk.migrating_to.is_some() => {}
@@ -467,8 +510,34 @@ pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
 
 /// [`wait`] for session `session`, asking `c` first.
 fn wait_at(mut c: SpaceClient, session: &str) -> Result<ExitCode> {
+    let mut standby = None;
+    let mut unreachable_since: Option<std::time::Instant> = None;
     loop {
-        let s = c.wait(session, 20_000).map_err(api)?;
+        let s = match c.wait(session, 20_000) {
+            Ok(s) => {
+                unreachable_since = None;
+                s
+            }
+            // Not answering, with a standby that takes the session over once its space is
+            // gone for good.
+            Err(e) if e.status == 0 && standby.is_some() => {
+                if let Some(s) = taken_over(&c, session, standby.as_deref()) {
+                    c = s;
+                    continue;
+                }
+                let since = *unreachable_since.get_or_insert_with(|| {
+                    eprintln!("ferry: {}; trying again", e.msg);
+                    std::time::Instant::now()
+                });
+                if since.elapsed() > INPUT_PATIENCE {
+                    return Err(api(e));
+                }
+                std::thread::sleep(Duration::from_millis(500));
+                continue;
+            }
+            Err(e) => return Err(api(e)),
+        };
+        standby = s.standby.clone();
         match s.state {
             State::Moved => {
                 let to = s
@@ -557,16 +626,20 @@ fn attach_to(c: SpaceClient, session: &str, keep_open: bool) -> Result<ExitCode>
     unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
     let sender = c.elsewhere(c.base());
     let id = session.to_owned();
+    // Where the session is, as the output's reader follows it: the sender goes there when
+    // the space it sends to does not answer (its standby took the session over).
+    let holder = Arc::new(Mutex::new(c.base().to_owned()));
+    let held = holder.clone();
     // Input goes on a thread of its own: a read of the terminal blocks until a line comes.
     std::thread::Builder::new()
         .name("attach-input".into())
         .spawn(move || {
-            if let Err(e) = send_stdin(sender, &id, keep_open) {
+            if let Err(e) = send_stdin(sender, &id, keep_open, &held) {
                 crate::guest::say(&format!("{e:#}"));
             }
         })
         .context("cannot start the thread sending input")?;
-    let c = print_logs(c, session, Follow::UntilEnd)?;
+    let c = print_logs(c, session, Follow::UntilEnd, Some(&holder))?;
     wait_at(c, session)
 }
 
@@ -577,10 +650,11 @@ const INPUT_PATIENCE: Duration = Duration::from_secs(120);
 /// Sends ferry's stdin to session `id` as it comes, each piece at its place in the session's
 /// input (`at`), so that a piece sent again after an unanswered request is taken once; then
 /// ends the input, unless `keep_open`.
-fn send_stdin(mut c: SpaceClient, id: &str, keep_open: bool) -> Result<()> {
+fn send_stdin(mut c: SpaceClient, id: &str, keep_open: bool, holder: &Mutex<String>) -> Result<()> {
     use std::io::Read;
+    let offer = |c: &mut SpaceClient, at, bytes: &[u8], end| offer(c, id, at, bytes, end, holder);
     // Where this sender's input starts: after what the session received before.
-    let mut at = offer(&mut c, id, None, &[], false)?;
+    let mut at = offer(&mut c, None, &[], false)?;
     let mut stdin = std::io::stdin().lock();
     let mut buf = vec![0u8; 64 << 10];
     loop {
@@ -591,18 +665,26 @@ fn send_stdin(mut c: SpaceClient, id: &str, keep_open: bool) -> Result<()> {
         };
         if n == 0 {
             if !keep_open {
-                offer(&mut c, id, Some(at), &[], true)?;
+                offer(&mut c, Some(at), &[], true)?;
             }
             return Ok(());
         }
-        at = offer(&mut c, id, Some(at), &buf[..n], false)?;
+        at = offer(&mut c, Some(at), &buf[..n], false)?;
     }
 }
 
 /// Sends one piece of input until the session takes it, following the session when it
-/// moves and waiting while it is being moved or cannot be reached; returns the length of
-/// the input the session has received.
-fn offer(c: &mut SpaceClient, id: &str, at: Option<u64>, bytes: &[u8], end: bool) -> Result<u64> {
+/// moves (or where `holder` says it is, when its space does not answer) and waiting while
+/// it is being moved or cannot be reached; returns the length of the input the session has
+/// received.
+fn offer(
+    c: &mut SpaceClient,
+    id: &str,
+    at: Option<u64>,
+    bytes: &[u8],
+    end: bool,
+    holder: &Mutex<String>,
+) -> Result<u64> {
     let started = std::time::Instant::now();
     loop {
         let e = match c.send_input(id, at, bytes, end) {
@@ -617,6 +699,15 @@ fn offer(c: &mut SpaceClient, id: &str, at: Option<u64>, bytes: &[u8], end: bool
         {
             *c = c.elsewhere(&to);
             continue;
+        }
+        // Not answering, and the output's reader found the session elsewhere (its standby
+        // took it over).
+        if e.status == 0 {
+            let now = holder.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if now != c.base() {
+                *c = c.elsewhere(&now);
+                continue;
+            }
         }
         // Being moved (503), or not answering (0): offered again, as is.
         if (e.status == 503 || e.status == 0) && started.elapsed() < INPUT_PATIENCE {

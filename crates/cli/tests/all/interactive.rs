@@ -178,8 +178,90 @@ fn detached_and_attached_again_the_input_goes_on_where_it_was() {
     );
 }
 
-/// What is refused: `--interactive` locally and with a standby, attaching to a session that
-/// takes no input, and input to an unknown session.
+/// An interactive session with a standby (`run -i --standby`): its space answers for each
+/// piece of input only once the standby holds it too — the first piece, finding no copy
+/// there yet, has a checkpoint taken that gives it one; a new standby (`standby --to`) is
+/// given all the input before etcd names it. The space killed after taking input that no
+/// checkpoint holds, the standby takes the session over and reads on in that input, the
+/// rest typed goes there, and `run -i` prints what a local run fed the same lines prints.
+#[test]
+fn an_interactive_session_with_a_standby_loses_no_input_when_its_space_dies() {
+    let Some(etcd) = crate::harness::Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let fleet = ["--etcd", etcd.url.as_str()];
+    let mut a = SpaceProc::start(&[&fleet[..], &["--lease-ttl", "2s"]].concat());
+    let b = SpaceProc::start(&fleet);
+    let c = SpaceProc::start(&fleet);
+    let g = guest("wasm/lines.wasm");
+    let g = g.to_str().unwrap();
+    let plain = plain_run(&here, g, 30);
+    // Checkpoints only when asked for: input typed after the last one is in none.
+    let (mut child, reader) = attached(
+        &here,
+        &a.url,
+        &[
+            "run",
+            "-i",
+            "--session",
+            "s",
+            "--checkpoint-every",
+            "600s",
+            "--standby",
+            &b.url,
+            g,
+        ],
+    );
+    let holds = |s: &SpaceProc, upto: usize| {
+        std::fs::read(s.env.store().join("space/stdin/s"))
+            .is_ok_and(|d| d == lines(0, upto).as_bytes())
+    };
+    let mut typed = child.stdin.take().unwrap();
+    typed.write_all(lines(0, 10).as_bytes()).unwrap();
+    eventually("the standby holds the input", || holds(&b, 10));
+    assert_eq!(b.state("s").as_deref(), Some("standby"));
+    // Its output is shown once the standby holds a checkpoint covering it.
+    eventually("a checkpoint covers the output of the lines read", || {
+        ok(&here, &a.url, &["checkpoint", "s"]);
+        shows(&here, &a.url, "s", "line 10:")
+    });
+
+    // Another standby: it holds all the input before etcd names it; the old one lets go.
+    ok(&here, &a.url, &["standby", "s", "--to", &c.url]);
+    assert!(holds(&c, 10));
+    eventually("the old standby drops its copy", || b.state("s").is_none());
+    let copy = c.session("s").unwrap()["snapshot"].clone();
+    typed.write_all(lines(10, 20).as_bytes()).unwrap();
+    eventually("the new standby holds the input", || holds(&c, 20));
+    assert_eq!(
+        c.session("s").unwrap()["snapshot"],
+        copy,
+        "no checkpoint holds the input typed last"
+    );
+
+    // The space dies: the standby takes the session over and reads on in all of it.
+    a.stop();
+    typed.write_all(lines(20, 30).as_bytes()).unwrap();
+    drop(typed);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&reader.join().unwrap()),
+        String::from_utf8_lossy(&plain),
+        "each line read once, in order"
+    );
+    assert_eq!(
+        etcd.owner("s"),
+        Some(serde_json::json!({"space": c.url, "epoch": 2}))
+    );
+    assert_eq!(c.state("s").as_deref(), Some("exited"));
+    let (out, _, _) = cli(&here, &c.url, &["logs", "s"]);
+    assert_eq!(out.as_bytes(), &plain[..]);
+}
+
+/// What is refused: `--interactive` locally and with a standby outside a fleet, attaching to
+/// a session that takes no input, and input to an unknown session.
 #[test]
 fn interactive_refusals_say_why() {
     let here = client();
@@ -205,7 +287,7 @@ fn interactive_refusals_say_why() {
             g,
         ],
     );
-    assert!(err.contains("cannot have a standby"), "{err}");
+    assert!(err.contains("needs a fleet"), "{err}");
     ok(&here, &a.url, &["run", "--session", "plain", g]);
     let err = refused(&here, &a.url, &["attach", "plain"]);
     assert!(err.contains("takes no input"), "{err}");

@@ -12,6 +12,7 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use ferry_kappa::Kappa;
 use ferry_store::write_durably;
@@ -20,6 +21,21 @@ use tracing::warn;
 
 use super::{Live, Sessions, lock, parse_kappa};
 use crate::api::{ApiError, SessionInfo, State, StdinAnswer};
+use crate::client::SpaceClient;
+
+/// How often input the standby cannot take for want of a copy asks for a checkpoint.
+const ASK_CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// The most input sent to a standby in one request.
+const FORWARD_PIECE: usize = 8 << 20;
+
+/// What of a session's input its standby `to` holds, as far as this space knows.
+#[derive(Debug)]
+pub(super) struct Forwarded {
+    to: String,
+    len: u64,
+    ended: bool,
+}
 
 impl From<InputError> for ApiError {
     fn from(e: InputError) -> Self {
@@ -149,7 +165,8 @@ impl Sessions {
     /// `POST /v1/sessions/{id}/stdin`: appends `bytes` to an interactive session's input
     /// (and ends it when `end`), synced to disk before the answer; with `at`, the bytes are
     /// the input's from byte `at` on, and what of them arrived before is taken once
-    /// ([`InputLog::append`]).
+    /// ([`InputLog::append`]). A session with a standby answers only once its standby
+    /// holds the input too (durably): a take-over then reads on in all of it.
     pub fn send_input(
         &self,
         id: &str,
@@ -161,11 +178,30 @@ impl Sessions {
         let info = live.info();
         refuse_input(&info)?;
         let log = self.session_input(&info)?;
+        let received = self.keep_piece(id, &log, at, bytes, end)?;
+        self.input_to_standby(&live)?;
+        let (_, ended) = log.len();
+        Ok(StdinAnswer { received, ended })
+    }
+
+    /// Appends a piece to session `id`'s input `log`, on disk (synced) first; returns the
+    /// input's length then.
+    fn keep_piece(
+        &self,
+        id: &str,
+        log: &InputLog,
+        at: Option<u64>,
+        bytes: &[u8],
+        end: bool,
+    ) -> Result<u64, ApiError> {
         let path = self.input_path(id);
-        let received = log.append(at, bytes, end, |had, new| -> Result<(), ApiError> {
+        log.append(at, bytes, end, |had, new| -> Result<(), ApiError> {
             let keep = |e: std::io::Error| {
                 ApiError::internal(format!("not taken: keeping the input failed: {e}"))
             };
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(keep)?;
+            }
             let f = std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)
@@ -179,7 +215,146 @@ impl Sessions {
                 write_durably(&self.input_ended_path(id), b"").map_err(keep)?;
             }
             Ok(())
+        })
+    }
+
+    /// Makes the standby of session `live` (if it has one) hold all of the session's input
+    /// received here. Holds `live.input_forwarded` meanwhile: a change of standby waits, and
+    /// hands the new one all the input before etcd names it ([`Sessions::forward_input`]).
+    fn input_to_standby(&self, live: &Live) -> Result<(), ApiError> {
+        let mut fwd = lock(&live.input_forwarded);
+        let info = live.info();
+        let Some(to) = &info.standby else {
+            return Ok(());
+        };
+        let Err(e) = self.forward_input(&info, to, &mut fwd) else {
+            return Ok(());
+        };
+        // Refused: perhaps because the standby took the session over.
+        if e.status == 409
+            && let Some(owner) = self.superseded(&info)
+        {
+            self.fence_taken_over(live, &owner);
+            return Err(ApiError::conflict(format!(
+                "not taken: session `{}` was taken over by {} and moved there; send the \
+                 input there",
+                info.id, owner.space
+            )));
+        }
+        // The standby holds no copy yet (none of the session's checkpoints reached it): a
+        // checkpoint now gives it one, and the input is taken when sent again then.
+        if e.status == 404 {
+            let mut asked = lock(&live.input_asked_checkpoint);
+            if asked.is_none_or(|t| t.elapsed() >= ASK_CHECKPOINT_EVERY)
+                && let Some(control) = lock(&live.control).clone()
+            {
+                control.request_checkpoint();
+                *asked = Some(Instant::now());
+            }
+        }
+        Err(ApiError::unavailable(format!(
+            "not taken yet: kept here, but the session's standby {to} does not hold it ({}); \
+             send it again",
+            e.msg
+        )))
+    }
+
+    /// Sends standby `to` what it lacks of session `info`'s input here (as far as `fwd`
+    /// knows what it holds; all of it when the standby holds less than that), and records in
+    /// `fwd` that it holds it all.
+    pub(super) fn forward_input(
+        &self,
+        info: &SessionInfo,
+        to: &str,
+        fwd: &mut Option<Forwarded>,
+    ) -> Result<(), ApiError> {
+        if !info.interactive {
+            return Ok(());
+        }
+        let log = self.session_input(info)?;
+        let now = log.len();
+        let known = match fwd.as_ref() {
+            Some(f) if f.to == to => (f.len, f.ended),
+            _ => (0, false),
+        };
+        if known == now {
+            return Ok(());
+        }
+        let peer = SpaceClient::new(to, &self.cfg.peer_token);
+        let mut from = known.0.min(now.0);
+        let mut again = from > 0;
+        loop {
+            let (mut bytes, mut ended) = log.contents_from(from);
+            if bytes.len() > FORWARD_PIECE {
+                bytes.truncate(FORWARD_PIECE);
+                ended = false;
+            }
+            let len = from + bytes.len() as u64;
+            match peer.standby_input(&info.id, info.epoch, from, &bytes, ended) {
+                Ok(_) => {
+                    *fwd = Some(Forwarded {
+                        to: to.to_owned(),
+                        len,
+                        ended,
+                    });
+                    if (len, ended) == log.len() {
+                        return Ok(());
+                    }
+                    from = len;
+                }
+                // It holds less than this space thought (a standby restored from its disk
+                // after a crash, say): all of it, once.
+                Err(e) if e.status == 409 && std::mem::take(&mut again) => from = 0,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// `POST /v1/sessions/{id}/standby/stdin`: input the owner of a session this space keeps
+    /// a standby copy of (at epoch `epoch`) received, kept here durably before the answer,
+    /// so that a take-over reads on in it.
+    pub fn standby_input(
+        &self,
+        id: &str,
+        epoch: u64,
+        at: u64,
+        bytes: &[u8],
+        end: bool,
+    ) -> Result<StdinAnswer, ApiError> {
+        let live = self.get(id)?;
+        // A take-over changes the copy's state under the turn: a piece taken here is in the
+        // log the taken-over guest reads; one that comes after is refused.
+        let _turn = lock(&live.turn);
+        let info = live.info();
+        if info.state != State::Standby || info.epoch != epoch || !info.interactive {
+            return Err(ApiError::conflict(format!(
+                "session `{id}` is {} here (epoch {}), not an interactive standby copy at \
+                 epoch {epoch}",
+                info.state.name(),
+                info.epoch
+            )));
+        }
+        // Only while etcd names this space the standby (or it was sent the copy ahead of
+        // that): an owner whose record is behind etcd's must not be told that a standby
+        // which no longer counts holds its input.
+        let o = self.cfg.owners.as_ref().ok_or_else(|| {
+            ApiError::bad_request(
+                "this space keeps no standby copies: it was started without --etcd",
+            )
         })?;
+        let owner = info.source.clone().unwrap_or_default();
+        let view = o
+            .standby_view(id, &owner)
+            .map_err(|e| super::etcd_unreachable(id, e))?;
+        let pending = lock(&live.pending_until).is_some();
+        if !(view.owned_by(&owner, epoch) && (pending || view.standby_is(o.me(), epoch))) {
+            return Err(ApiError::conflict(format!(
+                "etcd does not name this space the standby of session `{id}` owned by {owner} \
+                 at epoch {epoch}"
+            )));
+        }
+        let log = self.session_input(&info)?;
+        let received = self.keep_piece(id, &log, Some(at), bytes, end)?;
         let (_, ended) = log.len();
         Ok(StdinAnswer { received, ended })
     }

@@ -422,6 +422,7 @@ impl Sessions {
             running: next.running,
             pending,
             auto: info.standby_auto,
+            interactive: info.interactive,
         };
         match peer.standby(&info.id, &req) {
             Ok(_) => Ok(len),
@@ -449,6 +450,16 @@ impl Sessions {
                 Err(Unsent::Failed(format!("{to} refused {k}: {}", e.msg)))
             }
         }
+    }
+
+    /// The owner etcd names for session `info` now, if that is another space at a later
+    /// epoch than this space's: the standby took the session over.
+    pub(super) fn superseded(&self, info: &SessionInfo) -> Option<Owner> {
+        let o = self.cfg.owners.as_ref()?;
+        let view = o.standby_view(&info.id, o.me()).ok()?;
+        view.owner
+            .map(|r| r.owner)
+            .filter(|now| now.space != o.me() && now.epoch > info.epoch)
     }
 
     /// Etcd names `owner` as the session's owner now, not this space at the session's epoch:
@@ -556,6 +567,7 @@ impl Sessions {
             i.checkpoint_every_ms = req.checkpoint_every_ms;
             i.resume_on_takeover = req.running;
             i.standby_auto = req.auto;
+            i.interactive = req.interactive;
             i.moved_to = None;
             i.reason = None;
         };
@@ -707,12 +719,6 @@ impl Sessions {
             return Ok(info);
         }
         let apart_only = keeper.is_some_and(|k| k.apart_only);
-        if info.interactive && req.to.is_some() {
-            return Err(ApiError::unprocessable(format!(
-                "session `{id}` is interactive and cannot have a standby (yet): input sent \
-                 after its last checkpoint would be lost if the standby took it over"
-            )));
-        }
         let Some(o) = &self.cfg.owners else {
             return Err(ApiError::bad_request(
                 "a standby needs a fleet: this space was started without --etcd",
@@ -895,6 +901,18 @@ impl Sessions {
                     "the standby {to} did not take the checkpoint: {e}"
                 )),
             })?;
+        // An interactive session's input: all of it at the new standby before etcd names
+        // it, and none answered for meanwhile (`send_input` waits for this lock), so that
+        // the standby etcd names holds every piece answered for.
+        let mut forwarded = lock(&live.input_forwarded);
+        let mut ahead = None;
+        self.forward_input(&live.info(), &to, &mut ahead)
+            .map_err(|e| {
+                ApiError::unavailable(format!(
+                    "the standby {to} did not take the session's input: {}",
+                    e.msg
+                ))
+            })?;
         super::fault("standby-sent-ahead");
         match o.set_standby(id, info.epoch, &to) {
             Ok(true) => super::fault("standby-named"),
@@ -908,6 +926,10 @@ impl Sessions {
             i.standby = Some(to.clone());
             i.standby_error = None;
         });
+        if ahead.is_some() {
+            *forwarded = ahead;
+        }
+        drop(forwarded);
         *lock(&live.standby_failing_since) = None;
         self.to_standby(live, latest, running);
         match &info.standby {
