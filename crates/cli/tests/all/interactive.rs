@@ -180,23 +180,24 @@ fn detached_and_attached_again_the_input_goes_on_where_it_was() {
 
 /// An interactive session with a standby (`run -i --standby`): its space answers for each
 /// piece of input only once the standby holds it too — the first piece, finding no copy
-/// there yet, has a checkpoint taken that gives it one; a new standby (`standby --to`) is
-/// given all the input before etcd names it. The space killed after taking input that no
-/// checkpoint holds, the standby takes the session over and reads on in that input, the
-/// rest typed goes there, and `run -i` prints what a local run fed the same lines prints.
+/// there yet, has a checkpoint taken that gives it one; after a move the new owner forwards
+/// to the standby that followed; a new standby (`standby --to`) is given all the input
+/// before etcd names it. The owner killed after taking input that no checkpoint holds, the
+/// standby takes the session over and reads on in that input, the rest typed goes there,
+/// and `run -i` prints what a local run fed the same lines prints.
 #[test]
 fn an_interactive_session_with_a_standby_loses_no_input_when_its_space_dies() {
     let Some(etcd) = crate::harness::Etcd::start() else {
         return;
     };
     let here = client();
-    let fleet = ["--etcd", etcd.url.as_str()];
-    let mut a = SpaceProc::start(&[&fleet[..], &["--lease-ttl", "2s"]].concat());
+    let fleet = ["--etcd", etcd.url.as_str(), "--lease-ttl", "2s"];
+    let a = SpaceProc::start(&fleet);
     let b = SpaceProc::start(&fleet);
-    let c = SpaceProc::start(&fleet);
+    let mut c = SpaceProc::start(&fleet);
     let g = guest("wasm/lines.wasm");
     let g = g.to_str().unwrap();
-    let plain = plain_run(&here, g, 30);
+    let plain = plain_run(&here, g, 40);
     // Checkpoints only when asked for: input typed after the last one is in none.
     let (mut child, reader) = attached(
         &here,
@@ -227,24 +228,43 @@ fn an_interactive_session_with_a_standby_loses_no_input_when_its_space_dies() {
         shows(&here, &a.url, "s", "line 10:")
     });
 
-    // Another standby: it holds all the input before etcd names it; the old one lets go.
-    ok(&here, &a.url, &["standby", "s", "--to", &c.url]);
-    assert!(holds(&c, 10));
-    eventually("the old standby drops its copy", || b.state("s").is_none());
-    let copy = c.session("s").unwrap()["snapshot"].clone();
+    // Moved to C, the standby following: C forwards the input to it.
+    ok(&here, &a.url, &["migrate", "s", "--to", &c.url]);
     typed.write_all(lines(10, 20).as_bytes()).unwrap();
-    eventually("the new standby holds the input", || holds(&c, 20));
+    eventually("the standby holds the input C took", || holds(&b, 20));
+
+    // Another standby, A (which the session moved away from): it holds all the input before
+    // etcd names it; the old one lets go.
+    ok(&here, &c.url, &["standby", "s", "--to", &a.url]);
+    assert!(holds(&a, 20));
+    eventually("the old standby drops its copy", || b.state("s").is_none());
+    let copy = a.session("s").unwrap()["snapshot"].clone();
+    typed.write_all(lines(20, 30).as_bytes()).unwrap();
+    eventually("the new standby holds the input", || holds(&a, 30));
     assert_eq!(
-        c.session("s").unwrap()["snapshot"],
+        a.session("s").unwrap()["snapshot"],
         copy,
         "no checkpoint holds the input typed last"
     );
 
-    // The space dies: the standby takes the session over and reads on in all of it.
-    a.stop();
-    typed.write_all(lines(20, 30).as_bytes()).unwrap();
+    // The owner dies: the standby takes the session over and reads on in all of it.
+    c.stop();
+    typed.write_all(lines(30, 40).as_bytes()).unwrap();
     drop(typed);
-    let status = child.wait().unwrap();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > end {
+            child.kill().unwrap();
+            panic!(
+                "run -i did not end; the session at its standby: {}",
+                a.session("s").unwrap()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     assert_eq!(status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&reader.join().unwrap()),
@@ -253,10 +273,10 @@ fn an_interactive_session_with_a_standby_loses_no_input_when_its_space_dies() {
     );
     assert_eq!(
         etcd.owner("s"),
-        Some(serde_json::json!({"space": c.url, "epoch": 2}))
+        Some(serde_json::json!({"space": a.url, "epoch": 3}))
     );
-    assert_eq!(c.state("s").as_deref(), Some("exited"));
-    let (out, _, _) = cli(&here, &c.url, &["logs", "s"]);
+    assert_eq!(a.state("s").as_deref(), Some("exited"));
+    let (out, _, _) = cli(&here, &a.url, &["logs", "s"]);
     assert_eq!(out.as_bytes(), &plain[..]);
 }
 

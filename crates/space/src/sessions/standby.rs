@@ -558,18 +558,17 @@ impl Sessions {
             )));
         }
         let record = |i: &mut SessionInfo| {
+            // Nothing of a record the copy replaces (one of the session having moved away
+            // from here) stays: its standby, its held output, its last move belong to the
+            // owner it was then, and a take-over would act on them.
+            *i = SessionInfo::starting(id, &req.program, engine.name(), req.epoch);
             i.state = State::Standby;
             i.snapshot = Some(k.to_string());
-            i.epoch = req.epoch;
             i.source = Some(req.owner.clone());
-            i.program = req.program.clone();
-            i.engine = engine.name().into();
             i.checkpoint_every_ms = req.checkpoint_every_ms;
             i.resume_on_takeover = req.running;
             i.standby_auto = req.auto;
             i.interactive = req.interactive;
-            i.moved_to = None;
-            i.reason = None;
         };
         let existing = lock(&self.live).get(id).cloned();
         let live = match existing {
