@@ -862,10 +862,15 @@ impl Sessions {
         input: Option<Kappa>,
         consumed: u64,
         open: bool,
+        control: &Arc<Control>,
     ) -> Result<Stdio, ApiError> {
         let stdio = Stdio::logged(log.clone());
         if open {
             let sent = self.input_log(id, input)?;
+            // An answer to the input is shown at once, not a checkpoint interval later.
+            if let Ok(live) = self.get(id) {
+                sent.on_starving(input::answer_at_once(live, control.clone(), log.clone()));
+            }
             return Ok(stdio.with_input_log(sent, input, consumed));
         }
         let Some(k) = input else {
@@ -1060,6 +1065,7 @@ impl Sessions {
             loaded.wasi.stdin_input,
             loaded.wasi.stdin_bytes,
             loaded.wasi.stdin_open,
+            control,
         )?;
         let wasi = WasiCtx::restore(
             &loaded.wasi,
@@ -1108,7 +1114,7 @@ impl Sessions {
                     .prepare_kappa(store, module, &progress)
                     .map_err(|e| engine_refusal(&e))?;
                 let log = OutputBuffer::default();
-                let stdio = self.stdio(id, &log, stdin, 0, interactive)?;
+                let stdio = self.stdio(id, &log, stdin, 0, interactive, control)?;
                 let wasi = WasiCtx::new(
                     args,
                     env,

@@ -45,6 +45,17 @@ struct Inner {
     data: Vec<u8>,
     ended: bool,
     sealed: bool,
+    starving: Option<Starving>,
+}
+
+/// What [`InputLog::wait`] calls when it finds nothing to read ([`InputLog::on_starving`]).
+#[derive(Clone)]
+struct Starving(Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for Starving {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Starving")
+    }
 }
 
 /// A growing stdin: what was sent so far and whether it has ended. Clones share it.
@@ -59,6 +70,7 @@ impl InputLog {
                 data,
                 ended,
                 sealed: false,
+                starving: None,
             }),
             Condvar::new(),
         )))
@@ -155,10 +167,28 @@ impl InputLog {
         self.inner().data.starts_with(prefix)
     }
 
+    /// Calls `f` (on the waiting thread, outside the log's lock) each time a wait finds
+    /// nothing to read: the guest has read all the input and wants more. A space uses it to
+    /// show the output written so far, the answer to that input, at once. Replaces the one
+    /// given before.
+    pub fn on_starving(&self, f: impl Fn() + Send + Sync + 'static) {
+        self.inner().starving = Some(Starving(Arc::new(f)));
+    }
+
     /// Waits at most `timeout` until there is input past byte `pos` or the input has ended;
     /// says whether there is (a read at `pos` then does not block).
     pub fn wait(&self, pos: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
+        let starving = {
+            let g = self.inner();
+            if g.data.len() as u64 > pos || g.ended {
+                return true;
+            }
+            g.starving.clone()
+        };
+        if let Some(Starving(f)) = starving {
+            f();
+        }
         let mut g = self.inner();
         loop {
             if g.data.len() as u64 > pos || g.ended {
@@ -262,6 +292,24 @@ mod tests {
         // Ending it again is no error: a sender may repeat an end it is not sure arrived.
         assert_eq!(take(&log, b"", true), Ok(2));
         assert!(log.starts_with(b"xy"));
+    }
+
+    #[test]
+    fn a_wait_that_finds_nothing_to_read_says_so() {
+        let log = InputLog::new(b"a".to_vec(), false);
+        let starved = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let s = starved.clone();
+        log.on_starving(move || {
+            s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let count = || starved.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(log.wait(0, Duration::from_millis(1)));
+        assert_eq!(count(), 0, "there was input to read");
+        assert!(!log.wait(1, Duration::from_millis(1)));
+        assert_eq!(count(), 1);
+        take(&log, b"", true).unwrap();
+        assert!(log.wait(1, Duration::from_millis(1)));
+        assert_eq!(count(), 1, "the end is there to read");
     }
 
     #[test]

@@ -12,11 +12,14 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use ferry_engine::Control;
 use ferry_kappa::Kappa;
 use ferry_store::write_durably;
-use ferry_wasi::{InputError, InputLog};
+use ferry_wasi::{InputError, InputLog, OutputBuffer};
 use tracing::warn;
 
 use super::{Live, Sessions, lock, parse_kappa};
@@ -389,6 +392,32 @@ impl Sessions {
         )
         .map_err(|e| ApiError::internal(format!("snapshot {k}: {e}")))?;
         Ok(wasi.stdin_input.filter(|_| wasi.stdin_open))
+    }
+}
+
+/// What a guest of interactive session `live` does each time it has read all its input and
+/// waits for more ([`InputLog::on_starving`]): if it wrote output since, which its standby
+/// holds no checkpoint of — held back, so an answer to what was typed would appear only a
+/// checkpoint interval later —, it asks `control` for a checkpoint, once for that output.
+pub(super) fn answer_at_once(
+    live: Arc<Live>,
+    control: Arc<Control>,
+    out: OutputBuffer,
+) -> impl Fn() + Send + Sync + 'static {
+    let asked = AtomicU64::new(0);
+    move || {
+        let len = out.len();
+        if len <= asked.load(Ordering::Relaxed) {
+            return;
+        }
+        let held = {
+            let i = lock(&live.info);
+            i.standby.is_some() && i.released.is_some_and(|shown| shown < len)
+        };
+        if held {
+            asked.store(len, Ordering::Relaxed);
+            control.request_checkpoint();
+        }
     }
 }
 
