@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# How long an interactive session of a space takes to answer a typed line (docs/migration.md,
+# "Interactive sessions"): two `ferry serve` of one etcd fleet (an etcd of this script's own),
+# CPython 3.12 evaluating each line it reads and printing the result, run on A with
+# `ferry --space A run -i --checkpoint-every 60s`, once without a standby and once with
+# `--standby B`. With a standby, a line is taken once B holds it too and its answer is shown
+# once B holds a checkpoint covering it: the guest waiting for the next line has that
+# checkpoint taken at once. Prints the median, 90th percentile and largest time from writing a
+# line to `run -i`'s stdin until its answer comes out of its stdout.
+# usage: scripts/bench-interactive.sh [LINES=20]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+lines=${1:-20}
+ferry=${FERRY:-${CARGO_TARGET_DIR:-target}/release/ferry}
+[ -x "$ferry" ] || { echo "build first: cargo build --release ($ferry missing)" >&2; exit 1; }
+etcd=$(command -v etcd || echo "${FERRY_TOOLS:-$HOME/.cache/ferry/tools}/etcd")
+[ -x "$etcd" ] || { echo "no etcd: run scripts/setup.sh" >&2; exit 1; }
+work=$(mktemp -d /var/tmp/ferry-interactive.XXXXXX)
+free() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free)
+peer=$(free)
+"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$port" \
+    --advertise-client-urls "http://127.0.0.1:$port" --listen-peer-urls "http://127.0.0.1:$peer" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "default=http://127.0.0.1:$peer" >"$work/etcd.log" 2>&1 &
+pids=($!)
+trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+until curl -sf -X POST "http://127.0.0.1:$port/v3/kv/range" -d '{"key":"AA=="}' >/dev/null; do sleep 0.2; done
+export FERRY_TOKEN=bench-interactive FERRY_STORE="$work/client"
+"$ferry" python install 3.12 >/dev/null 2>&1 || { echo "cannot install Python 3.12" >&2; exit 1; }
+serve() { # serve NAME: starts a space, sets `url`
+    local out="$work/$1.out"
+    FERRY_STORE="$work/$1" "$ferry" serve --listen 127.0.0.1:0 --etcd "http://127.0.0.1:$port" \
+        >"$out" 2>"$work/$1.log" &
+    pids+=($!)
+    until grep -q '^listening on' "$out" 2>/dev/null; do sleep 0.1; done
+    url=$(sed -n 's/^listening on //p' "$out")
+}
+serve a
+a=$url
+serve b
+b=$url
+mkdir "$work/script"
+cat >"$work/script/answer.py" <<'EOF'
+import sys
+for line in sys.stdin:
+    print("got", eval(line), flush=True)
+EOF
+FERRY="$ferry" SPACE="$a" STANDBY="$b" SCRIPT="$work/script/answer.py" LINES="$lines" python3 - <<'EOF'
+import os, statistics, subprocess, time
+ferry, space, standby, script = (os.environ[k] for k in ("FERRY", "SPACE", "STANDBY", "SCRIPT"))
+lines = int(os.environ["LINES"])
+
+def answers(extra):
+    p = subprocess.Popen(
+        [ferry, "--space", space, "run", "-i", "--checkpoint-every", "60s", *extra, script],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    # The first answer also waits for the start (and, with a standby, its first copy).
+    p.stdin.write(b"0\n"); p.stdin.flush(); p.stdout.readline()
+    took = []
+    for i in range(1, lines + 1):
+        t = time.monotonic()
+        p.stdin.write(f"{i}*{i}\n".encode()); p.stdin.flush()
+        got = p.stdout.readline()
+        took.append((time.monotonic() - t) * 1000)
+        assert got == f"got {i * i}\n".encode(), got
+        time.sleep(0.2)
+    p.stdin.close()
+    assert p.wait() == 0
+    return took
+
+print("| standby | lines | median (ms) | p90 (ms) | max (ms) |")
+print("|---|---:|---:|---:|---:|")
+for name, extra in (("none", []), ("`--standby B`", ["--standby", standby])):
+    t = sorted(answers(extra))
+    print(f"| {name} | {len(t)} | {statistics.median(t):.0f} | {t[int(len(t) * 0.9)]:.0f} | {t[-1]:.0f} |")
+EOF
