@@ -26,6 +26,10 @@ pub struct RemoteStore {
 /// reason is read and reported), connecting gives up after 5 s, a connection whose peer
 /// goes silent is given up after [`crate::net::peer_silence`], and `https://` spaces are
 /// trusted as [`crate::tls::client_config`] says.
+/// The longest a standby may take to answer for a piece of input
+/// ([`SpaceClient::standby_input`]).
+const STANDBY_INPUT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub(crate) fn agent() -> ureq::Agent {
     agent_with(crate::tls::client_config())
 }
@@ -821,6 +825,11 @@ impl SpaceClient {
                 "{}/v1/sessions/{id}/standby/stdin?epoch={epoch}&at={at}&end={end}",
                 self.base
             ))
+            // The owner waits for this with the session's input held: a standby that takes
+            // connections but does not answer must not keep it waiting for ever.
+            .config()
+            .timeout_global(Some(STANDBY_INPUT_TIMEOUT))
+            .build()
             .header("Authorization", format!("Bearer {}", self.token))
             .header("Content-Type", "application/octet-stream")
             .send(bytes);
