@@ -1982,11 +1982,15 @@ impl Sessions {
     /// copy).
     pub fn wait(&self, id: &str, timeout: Duration) -> Result<SessionInfo, ApiError> {
         let live = self.get(id)?;
+        let standby = live.info().standby;
         Ok(live.wait_while(timeout, |i| {
-            // A standby copy: until it is taken over (and then ends here) or dropped.
-            i.state.is_live()
+            // A standby copy: until it is taken over (and then ends here) or dropped. A new
+            // standby ends the wait too: a waiter following the session learns which space
+            // would take it over.
+            (i.state.is_live()
                 || i.state == State::Standby
-                || (i.migrating_to.is_some() && i.state != State::Moved)
+                || (i.migrating_to.is_some() && i.state != State::Moved))
+                && i.standby == standby
         }))
     }
 

@@ -408,7 +408,10 @@ fn print_logs(
     let mut unreachable_since: Option<std::time::Instant> = None;
     let mut said_suspended = false;
     // The session's standby, as the last answer named it.
-    let mut standby: Option<String> = None;
+    let mut standby = match follow {
+        Follow::No => None,
+        _ => c.session(session).ok().and_then(|i| i.standby),
+    };
     let went = |c: &SpaceClient| {
         if let Some(h) = holder {
             *h.lock().unwrap_or_else(|p| p.into_inner()) = c.base().to_owned();
@@ -510,7 +513,8 @@ pub fn wait(settings: &Settings, a: SessionArgs) -> Result<ExitCode> {
 
 /// [`wait`] for session `session`, asking `c` first.
 fn wait_at(mut c: SpaceClient, session: &str) -> Result<ExitCode> {
-    let mut standby = None;
+    // The session's standby, as the last answer named it (a wait ends when it changes).
+    let mut standby = c.session(session).ok().and_then(|i| i.standby);
     let mut unreachable_since: Option<std::time::Instant> = None;
     loop {
         let s = match c.wait(session, 20_000) {

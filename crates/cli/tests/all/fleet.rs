@@ -485,10 +485,34 @@ fn in_a_fleet_a_standby_takes_over_a_session_whose_space_died() {
     assert!(metric(&at_a, "ferry_etcd_lease_renewed_age_seconds") < 2.0);
     let (at_b, _, _) = cli(&here, &b.url, &["metrics"]);
     assert_eq!(metric(&at_b, "ferry_sessions{state=\"standby\"}"), 1.0);
+    // Following the session at A: `wait` and `logs --follow` go on at the standby.
+    let follow = |args: &[&str]| {
+        here.ferry()
+            .args(["--space", &a.url])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let waiting = follow(&["wait", "spare"]);
+    let following = follow(&["logs", "spare", "--follow"]);
+    std::thread::sleep(Duration::from_millis(500));
     a.stop();
     eventually("the standby takes the session over", || {
         b.state("spare").as_deref() != Some("standby")
     });
+    let waited = waiting.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&waited.stderr);
+    assert_eq!(waited.status.code(), Some(0), "{err}");
+    assert!(err.contains("took session spare over"), "{err}");
+    let followed = following.wait_with_output().unwrap();
+    assert_eq!(followed.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&followed.stdout),
+        String::from_utf8_lossy(&plain),
+        "read on at the standby"
+    );
     assert_eq!(
         etcd.owner("spare"),
         Some(json!({"space": b.url, "epoch": 2}))
