@@ -378,6 +378,32 @@ enum Follow {
     UntilEnd,
 }
 
+/// What a follower of session `session` does when the space `c` speaks to does not answer
+/// (`e`): goes to its standby if that took the session over (a client of it), else waits a
+/// moment to try again (`None`) — for up to [`INPUT_PATIENCE`] after the first time
+/// (`since`, reset on going elsewhere), then gives up with `e`.
+fn unanswered(
+    c: &SpaceClient,
+    session: &str,
+    standby: Option<&str>,
+    e: ApiError,
+    since: &mut Option<std::time::Instant>,
+) -> Result<Option<SpaceClient>> {
+    if let Some(s) = taken_over(c, session, standby) {
+        *since = None;
+        return Ok(Some(s));
+    }
+    let first = *since.get_or_insert_with(|| {
+        eprintln!("ferry: {}; trying again", e.msg);
+        std::time::Instant::now()
+    });
+    if first.elapsed() > INPUT_PATIENCE {
+        return Err(api(e));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(None)
+}
+
 /// A client of `standby` if it took session `session` over — it holds the session as its
 /// own now, not as a standby copy — when the space `c` speaks to does not answer.
 fn taken_over(c: &SpaceClient, session: &str, standby: Option<&str>) -> Option<SpaceClient> {
@@ -430,20 +456,12 @@ fn print_logs(
                     && (follow == Follow::UntilEnd
                         || (follow == Follow::WhileLive && standby.is_some())) =>
             {
-                if let Some(s) = taken_over(&c, session, standby.as_deref()) {
+                if let Some(s) =
+                    unanswered(&c, session, standby.as_deref(), e, &mut unreachable_since)?
+                {
                     c = s;
                     went(&c);
-                    unreachable_since = None;
-                    continue;
                 }
-                let since = *unreachable_since.get_or_insert_with(|| {
-                    eprintln!("ferry: {}; trying again", e.msg);
-                    std::time::Instant::now()
-                });
-                if since.elapsed() > INPUT_PATIENCE {
-                    return Err(api(e));
-                }
-                std::thread::sleep(Duration::from_millis(500));
                 continue;
             }
             Err(e) => return Err(api(e)),
@@ -525,18 +543,11 @@ fn wait_at(mut c: SpaceClient, session: &str) -> Result<ExitCode> {
             // Not answering, with a standby that takes the session over once its space is
             // gone for good.
             Err(e) if e.status == 0 && standby.is_some() => {
-                if let Some(s) = taken_over(&c, session, standby.as_deref()) {
+                if let Some(s) =
+                    unanswered(&c, session, standby.as_deref(), e, &mut unreachable_since)?
+                {
                     c = s;
-                    continue;
                 }
-                let since = *unreachable_since.get_or_insert_with(|| {
-                    eprintln!("ferry: {}; trying again", e.msg);
-                    std::time::Instant::now()
-                });
-                if since.elapsed() > INPUT_PATIENCE {
-                    return Err(api(e));
-                }
-                std::thread::sleep(Duration::from_millis(500));
                 continue;
             }
             Err(e) => return Err(api(e)),
