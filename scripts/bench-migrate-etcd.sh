@@ -10,21 +10,13 @@ cd "$(dirname "$0")/.."
 sizes=${1:-256,1024}
 rounds=${2:-2}
 . scripts/bench-lib.sh
-etcd=$(command -v etcd || echo "${FERRY_TOOLS:-$HOME/.cache/ferry/tools}/etcd")
-[ -x "$etcd" ] || { echo "no etcd: run scripts/setup.sh" >&2; exit 1; }
+. scripts/etcd-lib.sh
 work=$(mktemp -d /var/tmp/ferry-migrate-etcd.XXXXXX)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-peer=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$port" \
-    --advertise-client-urls "http://127.0.0.1:$port" --listen-peer-urls "http://127.0.0.1:$peer" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
-    --initial-cluster "default=http://127.0.0.1:$peer" >"$work/etcd.log" 2>&1 &
-etcd_pid=$!
-trap 'kill $etcd_pid; wait $etcd_pid 2>/dev/null; rm -rf "$work"' EXIT
-until curl -sf -X POST "http://127.0.0.1:$port/v3/kv/range" -d '{"key":"AA=="}' >/dev/null; do sleep 0.2; done
+trap 'kill $etcd_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+start_etcd "$work"
 for r in $(seq "$rounds"); do
     echo "### round $r, without etcd"
     "$ferry" bench --only migrate --sizes "$sizes" | grep '^| [0-9]'
     echo "### round $r, with etcd"
-    FERRY_BENCH_ETCD=http://127.0.0.1:$port "$ferry" bench --only migrate --sizes "$sizes" | grep '^| [0-9]'
+    FERRY_BENCH_ETCD=$etcd_url "$ferry" bench --only migrate --sizes "$sizes" | grep '^| [0-9]'
 done

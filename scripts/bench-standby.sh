@@ -16,24 +16,15 @@ ttls=${2:-2s,10s}
 rounds=${3:-2}
 mode=${4:-takeover}
 . scripts/bench-lib.sh
-etcd=$(command -v etcd || echo "${FERRY_TOOLS:-$HOME/.cache/ferry/tools}/etcd")
-[ -x "$etcd" ] || { echo "no etcd: run scripts/setup.sh" >&2; exit 1; }
+. scripts/etcd-lib.sh
 work=$(mktemp -d /var/tmp/ferry-standby.XXXXXX)
-free() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-port=$(free)
-peer=$(free)
-"$etcd" --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$port" \
-    --advertise-client-urls "http://127.0.0.1:$port" --listen-peer-urls "http://127.0.0.1:$peer" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
-    --initial-cluster "default=http://127.0.0.1:$peer" >"$work/etcd.log" 2>&1 &
-etcd_pid=$!
 pids=()
 trap 'kill "${pids[@]}" $etcd_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
-until curl -sf -X POST "http://127.0.0.1:$port/v3/kv/range" -d '{"key":"AA=="}' >/dev/null; do sleep 0.2; done
+start_etcd "$work"
 export FERRY_TOKEN=bench-standby
 serve() { # serve NAME TTL: starts a space, sets `url`
     local out="$work/$1.out"
-    FERRY_STORE="$work/$1" "$ferry" serve --listen 127.0.0.1:0 --etcd "http://127.0.0.1:$port" \
+    FERRY_STORE="$work/$1" "$ferry" serve --listen 127.0.0.1:0 --etcd "$etcd_url" \
         --etcd-prefix "/bench/$n" --lease-ttl "$2" >"$out" 2>"$work/$1.log" &
     pids+=($!)
     last=$!

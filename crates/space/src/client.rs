@@ -26,10 +26,6 @@ pub struct RemoteStore {
 /// reason is read and reported), connecting gives up after 5 s, a connection whose peer
 /// goes silent is given up after [`crate::net::peer_silence`], and `https://` spaces are
 /// trusted as [`crate::tls::client_config`] says.
-/// The longest a standby may take to answer for a piece of input
-/// ([`SpaceClient::standby_input`]).
-const STANDBY_INPUT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
 pub(crate) fn agent() -> ureq::Agent {
     agent_with(crate::tls::client_config())
 }
@@ -514,6 +510,10 @@ pub struct LogChunk {
     pub standby: Option<String>,
 }
 
+/// The longest a standby may take to answer for a piece of input
+/// ([`SpaceClient::standby_input`]).
+const STANDBY_INPUT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn unreachable_err(base: &str, e: impl std::fmt::Display) -> ApiError {
     ApiError::new(0, crate::tls::explain(format!("cannot reach {base}: {e}")))
 }
@@ -797,14 +797,7 @@ impl SpaceClient {
         } else {
             format!("?{}", query.join("&"))
         };
-        let r = self
-            .agent
-            .post(format!("{}/v1/sessions/{id}/stdin{query}", self.base))
-            .header("Authorization", format!("Bearer {}", self.token))
-            .header("Content-Type", "application/octet-stream")
-            .send(bytes);
-        let b = self.answer(r)?;
-        self.json(&b)
+        self.post_input(&format!("/v1/sessions/{id}/stdin{query}"), bytes, None)
     }
 
     /// `POST /v1/sessions/{id}/standby/stdin?epoch=E&at=N[&end=true]` (space to space): the
@@ -819,16 +812,28 @@ impl SpaceClient {
         end: bool,
     ) -> Result<crate::api::StdinAnswer, ApiError> {
         let id = session_id(id)?;
+        // The owner waits for this with the session's input held: a standby that takes
+        // connections but does not answer must not keep it waiting for ever.
+        self.post_input(
+            &format!("/v1/sessions/{id}/standby/stdin?epoch={epoch}&at={at}&end={end}"),
+            bytes,
+            Some(STANDBY_INPUT_TIMEOUT),
+        )
+    }
+
+    /// Posts input `bytes` to `path` (with its query), waiting at most `timeout` for the
+    /// whole answer when given.
+    fn post_input(
+        &self,
+        path: &str,
+        bytes: &[u8],
+        timeout: Option<std::time::Duration>,
+    ) -> Result<crate::api::StdinAnswer, ApiError> {
         let r = self
             .agent
-            .post(format!(
-                "{}/v1/sessions/{id}/standby/stdin?epoch={epoch}&at={at}&end={end}",
-                self.base
-            ))
-            // The owner waits for this with the session's input held: a standby that takes
-            // connections but does not answer must not keep it waiting for ever.
+            .post(format!("{}{path}", self.base))
             .config()
-            .timeout_global(Some(STANDBY_INPUT_TIMEOUT))
+            .timeout_global(timeout)
             .build()
             .header("Authorization", format!("Bearer {}", self.token))
             .header("Content-Type", "application/octet-stream")

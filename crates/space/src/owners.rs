@@ -94,6 +94,14 @@ pub struct Owner {
     pub epoch: u64,
 }
 
+impl Owner {
+    /// Whether this owner record took the session from `space`, which held it at `epoch`:
+    /// it names another space at a later epoch (a take-over, or a move on from there).
+    pub fn supersedes(&self, space: &str, epoch: u64) -> bool {
+        self.space != space && self.epoch > epoch
+    }
+}
+
 /// An owner record and its mod revision (the fencing token a move compares).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owned {

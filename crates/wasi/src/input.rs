@@ -154,12 +154,13 @@ impl InputLog {
         (g.data.clone(), g.ended)
     }
 
-    /// A copy of what was received from byte `pos` on (nothing if `pos` is past the end),
-    /// and whether the input has ended.
-    pub fn contents_from(&self, pos: u64) -> (Vec<u8>, bool) {
+    /// A copy of at most `max` bytes of what was received from byte `pos` on (nothing if
+    /// `pos` is past the end), and whether the input has ended after them.
+    pub fn contents_from(&self, pos: u64, max: usize) -> (Vec<u8>, bool) {
         let g = self.inner();
         let from = usize::try_from(pos).unwrap_or(usize::MAX).min(g.data.len());
-        (g.data[from..].to_vec(), g.ended)
+        let to = from.saturating_add(max).min(g.data.len());
+        (g.data[from..to].to_vec(), g.ended && to == g.data.len())
     }
 
     /// Whether the log holds `prefix` at its start.
@@ -324,8 +325,9 @@ mod tests {
         assert_eq!(at(1, b"bc", false), Ok(3), "all of it there already");
         assert_eq!(at(2, b"cde", false), Ok(5), "only `de` is new");
         assert_eq!(log.contents().0, b"abcde");
-        assert_eq!(log.contents_from(3), (b"de".to_vec(), false));
-        assert_eq!(log.contents_from(9), (Vec::new(), false), "past the end");
+        assert_eq!(log.contents_from(3, 8), (b"de".to_vec(), false));
+        assert_eq!(log.contents_from(1, 2), (b"bc".to_vec(), false));
+        assert_eq!(log.contents_from(9, 8), (Vec::new(), false), "past the end");
         assert_eq!(at(7, b"x", false), Err(InputError::Gap(5)));
         assert_eq!(at(3, b"Xe", false), Err(InputError::Differs(5)));
         log.seal();
@@ -338,6 +340,12 @@ mod tests {
         log.unseal();
         assert_eq!(at(5, b"", true), Ok(5));
         assert_eq!(at(5, b"", true), Ok(5), "the end repeated");
+        assert_eq!(log.contents_from(3, 2), (b"de".to_vec(), true));
+        assert_eq!(
+            log.contents_from(3, 1),
+            (b"d".to_vec(), false),
+            "not up to the end"
+        );
         assert_eq!(at(5, b"f", false), Err(InputError::Ended));
     }
 }

@@ -287,11 +287,7 @@ impl Sessions {
         let mut from = known.0.min(now.0);
         let mut again = from > 0;
         loop {
-            let (mut bytes, mut ended) = log.contents_from(from);
-            if bytes.len() > FORWARD_PIECE {
-                bytes.truncate(FORWARD_PIECE);
-                ended = false;
-            }
+            let (bytes, ended) = log.contents_from(from, FORWARD_PIECE);
             let len = from + bytes.len() as u64;
             match peer.standby_input(&info.id, info.epoch, from, &bytes, ended) {
                 Ok(_) => {

@@ -433,8 +433,7 @@ impl Sessions {
                     && let Ok(view) = o.standby_view(&info.id, o.me())
                 {
                     if let Some(now) = &view.owner
-                        && now.owner.space != o.me()
-                        && now.owner.epoch > info.epoch
+                        && now.owner.supersedes(o.me(), info.epoch)
                     {
                         return Err(Unsent::Superseded(now.owner.clone()));
                     }
@@ -459,7 +458,7 @@ impl Sessions {
         let view = o.standby_view(&info.id, o.me()).ok()?;
         view.owner
             .map(|r| r.owner)
-            .filter(|now| now.space != o.me() && now.epoch > info.epoch)
+            .filter(|now| now.supersedes(o.me(), info.epoch))
     }
 
     /// Etcd names `owner` as the session's owner now, not this space at the session's epoch:
@@ -498,9 +497,7 @@ impl Sessions {
             }
             match result {
                 Ok(EndStandby::Ended) => return true,
-                Ok(EndStandby::Superseded(Some(owner)))
-                    if owner.space != o.me() && owner.epoch > info.epoch =>
-                {
+                Ok(EndStandby::Superseded(Some(owner))) if owner.supersedes(o.me(), info.epoch) => {
                     self.fence_taken_over(live, &owner);
                     return false;
                 }
@@ -742,7 +739,7 @@ impl Sessions {
         // otherwise the standby took it over: fenced.
         let superseded = |now: Option<Owner>| -> ApiError {
             match now {
-                Some(owner) if owner.space != o.me() && owner.epoch > info.epoch => {
+                Some(owner) if owner.supersedes(o.me(), info.epoch) => {
                     self.fence_taken_over(&live, &owner);
                     ApiError::conflict(format!(
                         "session `{id}` was taken over by {} (epoch {}); it is not this \
@@ -1142,8 +1139,7 @@ impl Sessions {
             // The session moved on (a migration carried its standby along): the copy now
             // watches the new owner, until that one sends a checkpoint of its own.
             if let (Some(r), Some((s, _))) = (&view.owner, &view.standby)
-                && r.owner.epoch > info.epoch
-                && r.owner.space != o.me()
+                && r.owner.supersedes(o.me(), info.epoch)
                 && s.space == o.me()
                 && s.epoch == r.owner.epoch
             {
