@@ -588,6 +588,15 @@ impl SpaceProc {
             .replace("0.0.0.0", "127.0.0.1");
         self.port = self.url.rsplit(':').next().unwrap().parse().unwrap();
         self.child = Some(child);
+        // A space of a fleet announces itself in etcd on a thread of its own, after it
+        // listens: a test that asks the fleet for its spaces at once must find it there.
+        if self.extra.iter().any(|a| a == "--etcd") {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while self.ready().1.contains("not yet announced") && std::time::Instant::now() < until
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
     }
 
     /// Stops the server (its store stays; [`SpaceProc::spawn`] starts it again).
