@@ -1352,8 +1352,9 @@ fn in_a_fleet_an_owner_dying_while_it_changes_its_standby_is_taken_over_by_the_o
 
 /// The owner dies right after etcd names the new standby C (`FERRY_FAULT=standby-named`),
 /// before its own record does, and comes back before its lease runs out: its record still
-/// names B. Its next checkpoint, refused by B (etcd names C), goes to C instead, and the
-/// output held back since catches up; the session ends once.
+/// names B. The checkpoint it sends next (its last snapshot, sent again as it comes back, or
+/// the next one), refused by B (etcd names C), goes to C instead, and the output held back
+/// since catches up; the session ends once.
 #[test]
 fn in_a_fleet_an_owner_back_from_a_crash_sends_its_checkpoints_to_the_standby_etcd_names() {
     let Some((etcd, mut a, b, c, plain)) =
@@ -1367,12 +1368,10 @@ fn in_a_fleet_an_owner_back_from_a_crash_sends_its_checkpoints_to_the_standby_et
         standby_record(&etcd, "named"),
         json!({"space": c.url, "epoch": 1})
     );
+    // Its record from before the crash names B; the last snapshot it sends B again as it
+    // comes back (`recover`) may already have been refused and sent to C by the time it
+    // answers, so which one the record names now is not asserted.
     a.spawn(None);
-    assert_eq!(
-        a.session("named").unwrap()["standby"],
-        json!(b.url),
-        "the record from before the crash"
-    );
     ok(&here, &a.url, &["resume", "named"]);
     eventually(
         "the owner sends its checkpoints to the standby etcd names",
