@@ -115,6 +115,7 @@ export function capture(g) {
     stdin_bytes: wasi.stdinAt,
     sleep_deadline_ns: wasi.suspendedSleep,
     stdin_input: state.stdinInput ? fromHex(state.stdinInput) : undefined,
+    stdin_chunked: state.stdinChunked || undefined,
     inodes: inodes.length ? inodes.slice(0, MAX_INODES) : undefined,
   };
   let output;

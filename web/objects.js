@@ -288,7 +288,7 @@ export async function memory(source, k) {
 export async function wasiState(source, k) {
   const m = structured(await source.get(k, MAX_STRUCTURED), k, "ferry.wasi", [1],
     ["args", "env", "mounts", "fds", "monotonic_ns", "stdout_bytes", "stderr_bytes", "stdin_bytes", "sleep_deadline_ns"],
-    ["unshown_stdout", "unshown_stderr", "stdin_input", "stdin_open", "inodes"]);
+    ["unshown_stdout", "unshown_stderr", "stdin_input", "stdin_open", "stdin_chunked", "inodes"]);
   if (m.get("stdin_open") === true) {
     throw new Refused("the guest reads input sent to its interactive session while it runs, which this " +
       "JavaScript space cannot give it: resume it with a native ferry (`ferry resume`, or a space)");
@@ -345,6 +345,8 @@ export async function wasiState(source, k) {
     unshownStdout: bytesOr("unshown_stdout"),
     unshownStderr: bytesOr("unshown_stderr"),
     stdinInput: m.has("stdin_input") ? kappaOf(m.get("stdin_input"), "stdin_input") : null,
+    // The input in 1 MiB pieces (a `ferry.file`), not a blob.
+    stdinChunked: m.get("stdin_chunked") === true,
     inodes,
   };
 }

@@ -105,7 +105,9 @@ export async function resume(source, kappa, io) {
       return [im.chunks[j][0], b];
     });
   }));
-  const stdin = state.stdinInput ? await source.get(state.stdinInput) : io.stdin ?? null;
+  const stdin = !state.stdinInput ? io.stdin ?? null
+    : state.stdinChunked ? await fileBytes(source, { mode: "file-chunks", object: state.stdinInput })
+    : await source.get(state.stdinInput);
   // A space session's earlier output: shown first (`io.history`), and carried on, with what
   // follows, by a snapshot written here.
   const history = snap.output && (io.sink || io.history) ? await obj.outputLogBytes(source, snap.output) : null;

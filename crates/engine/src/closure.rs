@@ -124,7 +124,14 @@ fn one_closure(
             tree_closure(store, t, out, 0)?;
         }
     }
-    out.extend(w.stdin_input);
+    if let Some(k) = w.stdin_input {
+        out.insert(k);
+        // Input over 1 MiB, in pieces.
+        if w.stdin_chunked {
+            let f: ferry_object::FileChunks = decode(store, &k)?;
+            out.extend(f.chunks);
+        }
+    }
     Ok(s.parent.filter(|p| store.has(p).unwrap_or(false)))
 }
 

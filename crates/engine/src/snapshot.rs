@@ -394,10 +394,31 @@ pub fn load_leaving_module(store: &dyn Store, k: Kappa) -> Result<Loaded, Engine
             check_tree(store, t, 0)?;
         }
     }
-    if let Some(i) = &wasi.stdin_input
-        && !store.has(i)?
-    {
-        return Err(EngineError::missing(Stage::Resolving, "stdin input", i));
+    if let Some(i) = &wasi.stdin_input {
+        if !store.has(i)? {
+            return Err(EngineError::missing(Stage::Resolving, "stdin input", i));
+        }
+        if wasi.stdin_chunked {
+            let f: ferry_object::FileChunks = get_object(store, i, "stdin input")?;
+            f.check().map_err(|why| {
+                EngineError::refused(Stage::Verifying, format!("stdin input {i}: {why}"))
+            })?;
+            if f.len > ferry_wasi::input::MAX_INPUT {
+                return Err(EngineError::refused(
+                    Stage::Verifying,
+                    format!(
+                        "stdin input {i} holds {} bytes, more than ferry takes ({})",
+                        f.len,
+                        ferry_wasi::input::MAX_INPUT
+                    ),
+                ));
+            }
+            for c in &f.chunks {
+                if !store.has(c)? {
+                    return Err(EngineError::missing(Stage::Resolving, "stdin input", c));
+                }
+            }
+        }
     }
     let output = match &snapshot.output {
         Some(o) => {

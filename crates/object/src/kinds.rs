@@ -331,6 +331,13 @@ pub struct WasiState {
     /// encode as before; a ferry that predates the field refuses an object carrying it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stdin_open: bool,
+    /// `stdin_input` names a [`FileChunks`] (the input in 1 MiB pieces), not a blob: input
+    /// sent to an interactive session over 1 MiB, so a snapshot taken after more arrived
+    /// stores (and a standby or move sends) only the pieces that are new. Absent when false,
+    /// so other snapshots encode as before; a ferry that predates the field refuses an
+    /// object carrying it (rather than reading the list of pieces as the input).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin_chunked: bool,
     /// The device and inode numbers the guest was shown for files and directories of its
     /// mounts, by where they are at capture: a resume shows the same numbers for them,
     /// whatever the destination's own are. Sorted by mount and path, at most

@@ -20,7 +20,8 @@ use ferry_engine::{
 };
 use ferry_kappa::Kappa;
 use ferry_store::{RefValue, Store, write_durably};
-use ferry_wasi::{HostClock, MountSpec, OutputBuffer, Stdio, WasiCtx};
+use ferry_wasi::input::StoredInputError;
+use ferry_wasi::{HostClock, MountSpec, OutputBuffer, Stdio, StoredInput, WasiCtx};
 use tracing::{info, warn};
 
 use crate::api::{
@@ -859,7 +860,7 @@ impl Sessions {
         &self,
         id: &str,
         log: &OutputBuffer,
-        input: Option<Kappa>,
+        input: Option<StoredInput>,
         consumed: u64,
         open: bool,
         control: &Arc<Control>,
@@ -876,10 +877,14 @@ impl Sessions {
         let Some(k) = input else {
             return Ok(stdio);
         };
-        let data = self.store.get(&k).map_err(|e| match e {
-            ferry_store::StoreError::NotFound(_) => {
-                ApiError::unprocessable(format!("stdin {k} is not in the store (send it first)"))
+        let data = k.read(self.store.as_ref()).map_err(|e| match e {
+            StoredInputError::Store(ferry_store::StoreError::NotFound(_)) => {
+                ApiError::unprocessable(format!(
+                    "stdin {} is not in the store (send it first)",
+                    k.kappa
+                ))
             }
+            StoredInputError::Malformed(..) => ApiError::unprocessable(e.to_string()),
             e => ApiError::internal(e),
         })?;
         Ok(stdio.with_input(data, k, consumed))
@@ -1062,7 +1067,7 @@ impl Sessions {
         let stdio = self.stdio(
             id,
             &log,
-            loaded.wasi.stdin_input,
+            StoredInput::of(&loaded.wasi),
             loaded.wasi.stdin_bytes,
             loaded.wasi.stdin_open,
             control,
@@ -1114,6 +1119,7 @@ impl Sessions {
                     .prepare_kappa(store, module, &progress)
                     .map_err(|e| engine_refusal(&e))?;
                 let log = OutputBuffer::default();
+                let stdin = stdin.map(StoredInput::blob);
                 let stdio = self.stdio(id, &log, stdin, 0, interactive, control)?;
                 let wasi = WasiCtx::new(
                     args,

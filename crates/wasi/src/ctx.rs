@@ -57,11 +57,11 @@ pub struct Stdio {
     /// When stdout and stderr are recorded in an output log (sessions of a space), that log:
     /// snapshots then carry it.
     pub log: Option<crate::OutputBuffer>,
-    /// When stdin is data stored as a blob rather than a stream (see [`Stdio::logged_input`]),
-    /// its κ: snapshots then carry it.
-    pub input: Option<Kappa>,
+    /// When stdin is data stored rather than a stream ([`Stdio::with_input`]), or input sent
+    /// while the guest runs as the last snapshot stored it: snapshots then carry it.
+    pub input: Option<crate::input::StoredInput>,
     /// When stdin is input sent while the guest runs ([`Stdio::with_input_log`]): snapshots
-    /// carry what it holds then, as a blob, and that it is still open.
+    /// carry what it holds then ([`crate::input::store_log`]) and that it is still open.
     pub input_log: Option<crate::InputLog>,
 }
 
@@ -130,9 +130,14 @@ impl Stdio {
         }
     }
 
-    /// This with `data` (blob κ `input`) as stdin instead, read from byte `consumed` on (what
-    /// a resumed guest had read), then end of file.
-    pub fn with_input(self, data: Vec<u8>, input: Kappa, consumed: u64) -> Self {
+    /// This with `data` (stored as `input`) as stdin instead, read from byte `consumed` on
+    /// (what a resumed guest had read), then end of file.
+    pub fn with_input(
+        self,
+        data: Vec<u8>,
+        input: crate::input::StoredInput,
+        consumed: u64,
+    ) -> Self {
         let mut stdin = std::io::Cursor::new(data);
         stdin.set_position(consumed);
         let [_, out, err] = self.terminals;
@@ -147,8 +152,13 @@ impl Stdio {
 
     /// This with `log` as stdin instead, read from byte `consumed` on (what a resumed guest
     /// had read): input that arrives while the guest runs, until the log is ended. `input` is
-    /// the blob a resumed snapshot carried the log in (a prefix of `log`).
-    pub fn with_input_log(self, log: crate::InputLog, input: Option<Kappa>, consumed: u64) -> Self {
+    /// where a resumed snapshot carried the log (a prefix of `log`).
+    pub fn with_input_log(
+        self,
+        log: crate::InputLog,
+        input: Option<crate::input::StoredInput>,
+        consumed: u64,
+    ) -> Self {
         let [_, out, err] = self.terminals;
         Self {
             stdin: Box::new(log.reader(consumed)),
@@ -399,6 +409,9 @@ pub struct WasiCtx {
     pub(crate) name_changes: u64,
     /// The device and inode numbers the guest is shown.
     pub(crate) inodes: crate::inodes::Inodes,
+    /// The full 1 MiB pieces of the input log ([`Stdio::input_log`]) already stored, from
+    /// its start: a snapshot stores only the pieces after them ([`crate::input::store_log`]).
+    pub(crate) input_pieces: Vec<Kappa>,
 }
 
 impl std::fmt::Debug for WasiCtx {
@@ -439,6 +452,7 @@ impl WasiCtx {
             recorded: Default::default(),
             name_changes: 0,
             inodes: Default::default(),
+            input_pieces: Vec::new(),
         };
         for (i, kind) in [FdKind::Stdin, FdKind::Stdout, FdKind::Stderr]
             .into_iter()
@@ -481,7 +495,7 @@ impl WasiCtx {
             }
             _ => {}
         }
-        if state.stdin_input != stdio.input {
+        if crate::input::StoredInput::of(state) != stdio.input {
             return Err(match state.stdin_input {
                 Some(k) => format!(
                     "the guest reads its stdin from the stored input {k}, which this resume \
@@ -540,6 +554,11 @@ impl WasiCtx {
                 }
             }
             rt.not_carried = m.not_carried.iter().cloned().collect();
+        }
+        if state.stdin_open {
+            ctx.input_pieces = crate::input::StoredInput::of(state)
+                .map(|i| i.full_pieces(store))
+                .unwrap_or_default();
         }
         ctx.fds.clear();
         for (n, fs) in &state.fds {
@@ -713,15 +732,20 @@ impl WasiCtx {
         }
         let roots: Vec<&Path> = self.mounts.iter().map(|m| m.root.as_path()).collect();
         let inodes = self.inodes.capture(&roots);
-        // Input sent while the guest runs: all of it so far, read or not, as a blob.
+        // Input sent while the guest runs: all of it so far, read or not, as a blob (up to
+        // 1 MiB) or in pieces, of which only the new ones are stored.
         let (stdin_input, stdin_open) = match &self.stdio.input_log {
             Some(log) => {
-                let (data, ended) = log.contents();
-                let k = store.put(&data).map_err(|e| format!("stdin: {e}"))?;
-                self.stdio.input = Some(k);
-                (Some(k), !ended)
+                let (input, ended) = crate::input::store_log(store, log, &mut self.input_pieces)
+                    .map_err(|e| format!("stdin: {e}"))?;
+                self.stdio.input = Some(input);
+                (Some(input), !ended)
             }
             None => (self.stdio.input, false),
+        };
+        let (stdin_input, stdin_chunked) = match stdin_input {
+            Some(i) => (Some(i.kappa), i.chunked),
+            None => (None, false),
         };
         let (kind, v) = ferry_object::header::<WasiState>();
         Ok(WasiState {
@@ -752,6 +776,7 @@ impl WasiCtx {
             unshown_stderr: self.unshown[1].clone(),
             stdin_input,
             stdin_open,
+            stdin_chunked,
             inodes,
         })
     }

@@ -5,18 +5,159 @@
 //! An [`InputLog`] holds every byte sent so far, in order, and whether the sender has ended
 //! it. The guest reads it from its position ([`WasiCtx`](crate::WasiCtx)'s `stdin_bytes`);
 //! a read with nothing there waits — and can be suspended meanwhile, as a wait for a
-//! terminal can. A snapshot carries the whole log received so far as a blob
-//! (`WasiState::stdin_input`, with `stdin_open` while more may come), so input sent but not
-//! yet read goes with the guest wherever it moves: nothing the sender was told arrived is
-//! lost by a suspend.
+//! terminal can. A snapshot carries the whole log received so far (`WasiState::stdin_input`,
+//! with `stdin_open` while more may come) — up to 1 MiB as a blob, over it as a
+//! [`FileChunks`] of 1 MiB pieces ([`store_log`], `stdin_chunked`), so a snapshot taken after
+//! more input arrived stores only the new pieces —, so input sent but not yet read goes with
+//! the guest wherever it moves: nothing the sender was told arrived is lost by a suspend.
 
 use std::io::Read;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use ferry_kappa::Kappa;
+use ferry_object::{FILE_CHUNK_SIZE, FileChunks};
+use ferry_store::{Store, StoreError};
+
 /// The most input one session's stdin takes in all (as `run --stdin FILE`): every snapshot
 /// carries it whole.
 pub const MAX_INPUT: u64 = 1 << 30;
+
+/// Why the input a snapshot carries cannot be read ([`read_stored`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StoredInputError {
+    #[error("the stored input cannot be read: {0}")]
+    Store(#[from] StoreError),
+    #[error("the stored input {0} is malformed: {1}")]
+    Malformed(Kappa, String),
+}
+
+/// Where a snapshot's stdin input is stored (`WasiState::stdin_input`, `stdin_chunked`): a
+/// blob, or a [`FileChunks`] of 1 MiB pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredInput {
+    pub kappa: Kappa,
+    pub chunked: bool,
+}
+
+impl StoredInput {
+    /// The input `state` carries, if any.
+    pub fn of(state: &ferry_object::WasiState) -> Option<Self> {
+        state.stdin_input.map(|kappa| Self {
+            kappa,
+            chunked: state.stdin_chunked,
+        })
+    }
+
+    /// A blob's.
+    pub fn blob(kappa: Kappa) -> Self {
+        Self {
+            kappa,
+            chunked: false,
+        }
+    }
+
+    /// The bytes: the blob, or the pieces joined. Refuses more than [`MAX_INPUT`] bytes and
+    /// pieces that do not add up to the length their list gives.
+    pub fn read(&self, store: &dyn Store) -> Result<Vec<u8>, StoredInputError> {
+        let malformed = |why: String| StoredInputError::Malformed(self.kappa, why);
+        if !self.chunked {
+            let data = store.get(&self.kappa)?;
+            if data.len() as u64 > MAX_INPUT {
+                return Err(malformed(format!("over {MAX_INPUT} bytes")));
+            }
+            return Ok(data);
+        }
+        let file: FileChunks =
+            ferry_object::decode(&store.get(&self.kappa)?).map_err(|e| malformed(e.to_string()))?;
+        file.check().map_err(malformed)?;
+        if file.len > MAX_INPUT {
+            return Err(malformed(format!("{} bytes, over {MAX_INPUT}", file.len)));
+        }
+        let mut data = Vec::with_capacity(file.len as usize);
+        for (i, c) in file.chunks.iter().enumerate() {
+            let piece = store.get(c)?;
+            if piece.len() as u64 != file.chunk_len(i) {
+                return Err(malformed(format!(
+                    "piece {i} has {} bytes, not {}",
+                    piece.len(),
+                    file.chunk_len(i)
+                )));
+            }
+            data.extend_from_slice(&piece);
+        }
+        Ok(data)
+    }
+
+    /// Its full pieces (every piece but a shorter last one): what [`store_log`] need not
+    /// store again for a run resumed from it. Empty for a blob, or when the list cannot be
+    /// read (every piece is then stored afresh).
+    pub fn full_pieces(&self, store: &dyn Store) -> Vec<Kappa> {
+        if !self.chunked {
+            return Vec::new();
+        }
+        let Some(file) = store
+            .get(&self.kappa)
+            .ok()
+            .and_then(|b| ferry_object::decode::<FileChunks>(&b).ok())
+            .filter(|f| f.check().is_ok())
+        else {
+            return Vec::new();
+        };
+        let full = (file.len / u64::from(FILE_CHUNK_SIZE)) as usize;
+        file.chunks.into_iter().take(full).collect()
+    }
+}
+
+/// Stores what `log` holds now for a snapshot; returns where (a [`FileChunks`] over 1 MiB)
+/// and whether the log was ended. `pieces` are the κ of full 1 MiB pieces
+/// already stored, from the start of the log (by this run's snapshots, or carried by the
+/// snapshot it resumed): each is kept if the store still has it, and the full pieces beyond
+/// them are stored and added. Only the log's new bytes (and a shorter last piece) are hashed,
+/// whatever its length. The log only grows, so the pieces of its first bytes never change.
+pub fn store_log(
+    store: &dyn Store,
+    log: &InputLog,
+    pieces: &mut Vec<Kappa>,
+) -> Result<(StoredInput, bool), StoreError> {
+    let (len, ended) = log.len();
+    let size = u64::from(FILE_CHUNK_SIZE);
+    if len <= size {
+        let (data, _) = log.contents_from(0, len as usize);
+        return Ok((StoredInput::blob(store.put(&data)?), ended));
+    }
+    let full = (len / size) as usize;
+    pieces.truncate(full);
+    // A piece the store lost (a collection that did not see this run) is stored again.
+    if let Some(gone) = pieces.iter().position(|p| !store.has(p).unwrap_or(false)) {
+        pieces.truncate(gone);
+    }
+    while pieces.len() < full {
+        let (piece, _) = log.contents_from(pieces.len() as u64 * size, size as usize);
+        pieces.push(store.put(&piece)?);
+    }
+    let mut chunks = pieces.clone();
+    if len % size != 0 {
+        let (piece, _) = log.contents_from(full as u64 * size, (len % size) as usize);
+        chunks.push(store.put(&piece)?);
+    }
+    let (kind, v) = ferry_object::header::<FileChunks>();
+    let file = FileChunks {
+        kind,
+        v,
+        len,
+        chunk_size: FILE_CHUNK_SIZE,
+        chunks,
+    };
+    let kappa = store.put(&ferry_object::encode(&file))?;
+    Ok((
+        StoredInput {
+            kappa,
+            chunked: true,
+        },
+        ended,
+    ))
+}
 
 /// Why input was not taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -347,5 +488,154 @@ mod tests {
             "not up to the end"
         );
         assert_eq!(at(5, b"f", false), Err(InputError::Ended));
+    }
+
+    /// A store that counts the bytes put into it.
+    #[derive(Debug, Default)]
+    struct Counting {
+        inner: ferry_store::MemStore,
+        put: std::sync::atomic::AtomicU64,
+    }
+
+    impl Store for Counting {
+        fn put(&self, bytes: &[u8]) -> Result<Kappa, StoreError> {
+            self.put
+                .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::SeqCst);
+            self.inner.put(bytes)
+        }
+        fn get(&self, kappa: &Kappa) -> Result<Vec<u8>, StoreError> {
+            self.inner.get(kappa)
+        }
+        fn has(&self, kappa: &Kappa) -> Result<bool, StoreError> {
+            self.inner.has(kappa)
+        }
+        fn list(&self) -> Result<Vec<Kappa>, StoreError> {
+            self.inner.list()
+        }
+        fn remove(&self, kappa: &Kappa) -> Result<(), StoreError> {
+            self.inner.remove(kappa)
+        }
+        fn get_ref(&self, name: &str) -> Result<Option<ferry_store::RefValue>, StoreError> {
+            self.inner.get_ref(name)
+        }
+        fn cas_ref(
+            &self,
+            name: &str,
+            expected: Option<ferry_store::RefValue>,
+            new: Option<ferry_store::RefValue>,
+        ) -> Result<(), StoreError> {
+            self.inner.cas_ref(name, expected, new)
+        }
+        fn list_refs(&self) -> Result<Vec<(String, ferry_store::RefValue)>, StoreError> {
+            self.inner.list_refs()
+        }
+    }
+
+    impl Counting {
+        /// Bytes put since the last call.
+        fn taken(&self) -> u64 {
+            self.put.swap(0, std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    const MIB: usize = 1 << 20;
+
+    /// `n` bytes of a pattern that differs from piece to piece.
+    fn bytes(from: usize, n: usize) -> Vec<u8> {
+        (from..from + n)
+            .map(|i| (i % 251) as u8 ^ (i / MIB) as u8)
+            .collect()
+    }
+
+    #[test]
+    fn input_up_to_1_mib_is_stored_as_a_blob() {
+        let store = Counting::default();
+        let log = InputLog::new(bytes(0, MIB), true);
+        let mut pieces = Vec::new();
+        let (stored, ended) = store_log(&store, &log, &mut pieces).unwrap();
+        assert!(ended);
+        assert!(!stored.chunked);
+        assert_eq!(stored, StoredInput::blob(Kappa::of(&bytes(0, MIB))));
+        assert_eq!(stored.read(&store).unwrap(), bytes(0, MIB));
+        assert!(pieces.is_empty());
+    }
+
+    /// Over 1 MiB the input is stored in pieces, and a later snapshot stores only the
+    /// pieces that are new (the full ones before are neither hashed nor stored again); a
+    /// run resumed from it starts from its full pieces.
+    #[test]
+    fn input_over_1_mib_is_stored_in_pieces_and_only_new_ones_again() {
+        let store = Counting::default();
+        let log = InputLog::new(bytes(0, 3 * MIB + 10), false);
+        let mut pieces = Vec::new();
+        let (first, ended) = store_log(&store, &log, &mut pieces).unwrap();
+        assert!(!ended);
+        assert!(first.chunked);
+        assert_eq!(pieces.len(), 3);
+        assert_eq!(first.read(&store).unwrap(), bytes(0, 3 * MIB + 10));
+        assert!(store.taken() >= 3 * MIB as u64 + 10);
+
+        // Unchanged: the short last piece and the list again, nothing else.
+        let (same, _) = store_log(&store, &log, &mut pieces).unwrap();
+        assert_eq!(same, first);
+        assert!(
+            store.taken() < 1024,
+            "only the list and the 10-byte last piece"
+        );
+
+        // 1 MiB more: one full piece (the old short one grown) and a new short one.
+        take(&log, &bytes(3 * MIB + 10, MIB), true).unwrap();
+        let (second, ended) = store_log(&store, &log, &mut pieces).unwrap();
+        assert!(ended);
+        assert_eq!(pieces.len(), 4);
+        let put = store.taken();
+        assert!(put > MIB as u64 && put < MIB as u64 + 1024, "{put}");
+        assert_eq!(second.read(&store).unwrap(), bytes(0, 4 * MIB + 10));
+
+        // Resumed from it: its full pieces need not be stored again; a piece the store lost
+        // meanwhile is.
+        let mut resumed = second.full_pieces(&store);
+        assert_eq!(resumed, pieces);
+        store.remove(&resumed[2]).unwrap();
+        let (again, _) = store_log(&store, &log, &mut resumed).unwrap();
+        assert_eq!(again, second);
+        let put = store.taken();
+        assert!(
+            put >= 2 * MIB as u64 && put < 2 * MIB as u64 + 1024,
+            "{put}"
+        );
+        assert_eq!(again.read(&store).unwrap(), bytes(0, 4 * MIB + 10));
+    }
+
+    /// A list of pieces that does not add up is refused, not read as input.
+    #[test]
+    fn stored_input_whose_pieces_do_not_add_up_is_refused() {
+        let store = ferry_store::MemStore::new();
+        let (kind, v) = ferry_object::header::<FileChunks>();
+        let short = store.put(b"short").unwrap();
+        let file = FileChunks {
+            kind,
+            v,
+            len: 2 * MIB as u64,
+            chunk_size: FILE_CHUNK_SIZE,
+            chunks: vec![short, short],
+        };
+        let k = store.put(&ferry_object::encode(&file)).unwrap();
+        let chunked = StoredInput {
+            kappa: k,
+            chunked: true,
+        };
+        let err = chunked.read(&store).unwrap_err().to_string();
+        assert!(err.contains("piece 0 has 5 bytes"), "{err}");
+        // The same κ read as a blob would be the list's bytes: the flag decides.
+        assert_ne!(StoredInput::blob(k).read(&store).unwrap(), b"short");
+        let not_a_list = StoredInput {
+            kappa: short,
+            chunked: true,
+        };
+        assert!(matches!(
+            not_a_list.read(&store),
+            Err(StoredInputError::Malformed(..))
+        ));
     }
 }

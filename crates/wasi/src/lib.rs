@@ -28,7 +28,7 @@ mod tests;
 pub use calls::{FUNCTIONS, Signature};
 pub use ctx::{Clock, HostClock, MountSpec, Stdio, WasiCtx};
 pub use errno::Errno;
-pub use input::{InputError, InputLog};
+pub use input::{InputError, InputLog, StoredInput};
 pub use output::{AppendAtError, OutputBuffer};
 
 /// A host-level outcome of a WASI call (not a guest-visible errno).

@@ -394,7 +394,7 @@ fn input_sent_while_the_guest_runs_goes_with_its_snapshot() {
     let again = InputLog::new(ferry_store::Store::get(&store, &k).unwrap(), false);
     let stdio = stdio_to(Box::new(std::io::sink())).with_input_log(
         again.clone(),
-        Some(k),
+        Some(crate::StoredInput::blob(k)),
         state.stdin_bytes,
     );
     let mut r = WasiCtx::restore(

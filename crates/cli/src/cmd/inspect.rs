@@ -68,7 +68,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         "open_fds": w.fds.iter().map(|(n, f)| json!({"fd": n, "kind": f.what, "path": f.path, "offset": f.offset,
             "unnamed": f.unnamed.map(|k| k.to_string())})).collect::<Vec<_>>(),
         "stdio": {"stdout_bytes": w.stdout_bytes, "stderr_bytes": w.stderr_bytes, "stdin_bytes": w.stdin_bytes,
-            "stdin_input": w.stdin_input.map(|k| k.to_string()), "stdin_open": w.stdin_open},
+            "stdin_input": w.stdin_input.map(|k| k.to_string()), "stdin_open": w.stdin_open,
+            "stdin_chunked": w.stdin_chunked},
         "monotonic_ns": w.monotonic_ns,
         "sleeping_until_ns": w.sleep_deadline_ns,
     });
@@ -167,8 +168,13 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     );
     if let Some(k) = w.stdin_input {
         println!(
-            "             stdin is the stored input {}: a resume reads on from byte {}{}",
+            "             stdin is the stored input {}{}: a resume reads on from byte {}{}",
             k.fmt_short(),
+            if w.stdin_chunked {
+                " (in 1 MiB pieces)"
+            } else {
+                ""
+            },
             w.stdin_bytes,
             if w.stdin_open {
                 ", then waits for input sent to the session (interactive; more may come)"

@@ -358,19 +358,19 @@ fn admit_and_run(
         loaded.wasi.env.push((key, value));
     }
 
-    let mut stdio = match loaded.wasi.stdin_input {
+    let mut stdio = match ferry_wasi::StoredInput::of(&loaded.wasi) {
         // Input sent to an interactive session of a space: the guest reads on in what was
         // sent, then this process's stdin (taken as it comes, so that a snapshot carries
         // what the guest has not read yet).
         Some(k) if loaded.wasi.stdin_open => {
-            let data = store.get(&k).map_err(|e| refused(Stage::Verifying, e))?;
+            let data = k.read(store).map_err(|e| refused(Stage::Verifying, e))?;
             let input = ferry_wasi::InputLog::new(data, false);
             pump_stdin(input.clone());
             ferry_wasi::Stdio::inherit().with_input_log(input, Some(k), loaded.wasi.stdin_bytes)
         }
         // Stdin given as data (a space's `run --stdin FILE`): the guest reads on in it.
         Some(k) => {
-            let data = store.get(&k).map_err(|e| refused(Stage::Verifying, e))?;
+            let data = k.read(store).map_err(|e| refused(Stage::Verifying, e))?;
             ferry_wasi::Stdio::inherit().with_input(data, k, loaded.wasi.stdin_bytes)
         }
         None => ferry_wasi::Stdio::inherit_resumed(loaded.wasi.stdin_bytes),

@@ -282,12 +282,13 @@ pub fn serve(settings: &Settings, a: ServeArgs) -> Result<ExitCode> {
             .await??;
             Some(s)
         };
-        // The first line on stdout names the address (scripts and tests read it).
-        println!("listening on {scheme}://{addr}");
+        // The first line on stdout names the address (scripts and tests read it); the note
+        // for the user comes first, so one who reads the address sees it written too.
         eprintln!(
             "ferry: serving {} (Ctrl-C to stop); console: {scheme}://{addr}/console/",
             settings.store_dir.display()
         );
+        println!("listening on {scheme}://{addr}");
         ferry_space::serve(
             listener,
             Arc::new(Space {

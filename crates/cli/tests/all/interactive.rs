@@ -293,6 +293,120 @@ fn an_interactive_session_with_a_standby_loses_no_input_when_its_space_dies() {
     assert_eq!(out.as_bytes(), &plain[..]);
 }
 
+/// Lines of 150 to 200 bytes for the `lines` guest, `from..to`.
+fn long_lines(from: usize, to: usize) -> String {
+    (from..to)
+        .map(|i| format!("{i:05} {}\n", "z".repeat(144 + i % 50)))
+        .collect()
+}
+
+/// Writes what is sent on the channel to `stdin`, in order, on a thread of its own (closing
+/// it when the sender is dropped): a megabyte of input fills the pipe, and a session that
+/// stopped taking it must make the test time out in `eventually`, not block in a write.
+fn typist(mut stdin: std::process::ChildStdin) -> std::sync::mpsc::Sender<String> {
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for s in rx {
+            if stdin.write_all(s.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    tx
+}
+
+/// The stdin the snapshot of session `id` at `space` carries, as `inspect --json` tells it
+/// (the snapshot pulled into `here`'s store).
+fn carried_stdin(here: &Env, space: &crate::harness::SpaceProc, id: &str) -> serde_json::Value {
+    let k = space.session(id).unwrap()["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, err, code) = here.output(&["pull", &k, "--from", &space.url]);
+    assert_eq!(code, 0, "{err}");
+    here.inspect_json(&k)["stdio"].clone()
+}
+
+/// Input over 1 MiB is carried in 1 MiB pieces (`stdin_chunked`), so each snapshot stores
+/// only what is new: the guest reads on in it, line by line and once, through a checkpoint,
+/// a move, a suspend, and a local `ferry resume` of the pulled snapshot that reads the rest
+/// from its own stdin — what it prints, after what the session printed, is a plain run's.
+#[test]
+fn input_over_1_mib_travels_in_pieces_and_is_read_once() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start(&[]);
+    let g = guest("wasm/lines.wasm");
+    let g = g.to_str().unwrap();
+    let all = here.path("all.txt");
+    std::fs::write(&all, long_lines(0, 24_000)).unwrap();
+    let plain = client().with_stdin(all).plain(&[g, "0"]);
+    assert_eq!(plain.code, 0);
+    assert!(String::from_utf8_lossy(&plain.stdout).ends_with("done 24000 lines\n"));
+
+    let (mut child, reader) = attached(
+        &here,
+        &a.url,
+        &["run", "-i", "--session", "big", g, "--", "0"],
+    );
+    let typed = typist(child.stdin.take().unwrap());
+    typed.send(long_lines(0, 4_000)).unwrap();
+    eventually("it reads the first lines", || {
+        shows(&here, &a.url, "big", "line 4000:")
+    });
+    // Under 1 MiB: one blob.
+    ok(&here, &a.url, &["checkpoint", "big"]);
+    let wasi = carried_stdin(&here, &a, "big");
+    assert_eq!(wasi["stdin_open"], true, "{wasi}");
+    assert_eq!(wasi["stdin_chunked"], false, "{wasi}");
+
+    typed.send(long_lines(4_000, 10_000)).unwrap();
+    eventually("it reads on", || shows(&here, &a.url, "big", "line 10000:"));
+    ok(&here, &a.url, &["checkpoint", "big"]);
+    let wasi = carried_stdin(&here, &a, "big");
+    assert_eq!(wasi["stdin_chunked"], true, "{wasi}");
+
+    typed.send(long_lines(10_000, 14_000)).unwrap();
+    ok(&here, &a.url, &["migrate", "big", "--to", &b.url]);
+    typed.send(long_lines(14_000, 18_000)).unwrap();
+    eventually("it reads on at B", || {
+        shows(&here, &b.url, "big", "line 18000:")
+    });
+    ok(&here, &b.url, &["suspend", "big"]);
+    // SAFETY: kill(2) on the pid of a child this test started and has not waited for.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    child.wait().unwrap();
+    drop(typed);
+    let shown = reader.join().unwrap();
+    let wasi = carried_stdin(&here, &b, "big");
+    assert_eq!(wasi["stdin_chunked"], true, "{wasi}");
+    assert_eq!(wasi["stdin_open"], true, "{wasi}");
+
+    // Resumed here: what was sent is read on from where the guest was, then this ferry's
+    // own stdin.
+    let k = b.session("big").unwrap()["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (before, _, _) = cli(&here, &b.url, &["logs", "big"]);
+    let (_, err, code) = here.output(&["pull", &k, "--from", &b.url]);
+    assert_eq!(code, 0, "{err}");
+    let rest = here.path("rest.txt");
+    std::fs::write(&rest, long_lines(18_000, 24_000)).unwrap();
+    let local = here.with_stdin(rest);
+    let (after, err, code) = local.output(&["resume", &k]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        format!("{before}{after}"),
+        String::from_utf8_lossy(&plain.stdout),
+        "each line read once, in order"
+    );
+    assert!(
+        String::from_utf8_lossy(&plain.stdout).starts_with(&*String::from_utf8_lossy(&shown)),
+        "run -i showed the session's output"
+    );
+}
+
 /// What is refused: `--interactive` locally and with a standby outside a fleet, attaching to
 /// a session that takes no input, and input to an unknown session.
 #[test]

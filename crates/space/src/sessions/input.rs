@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use ferry_engine::Control;
 use ferry_kappa::Kappa;
 use ferry_store::write_durably;
-use ferry_wasi::{InputError, InputLog, OutputBuffer};
+use ferry_wasi::{InputError, InputLog, OutputBuffer, StoredInput};
 use tracing::warn;
 
 use super::{Live, Sessions, lock, parse_kappa};
@@ -69,7 +69,11 @@ impl Sessions {
     /// holds for the session (in memory, else on its disk) when it starts with what the
     /// snapshot carried — it may hold more: what arrived after that snapshot, or while the
     /// session was suspended — else a new one holding what the snapshot carried.
-    pub(super) fn input_log(&self, id: &str, carried: Option<Kappa>) -> Result<InputLog, ApiError> {
+    pub(super) fn input_log(
+        &self,
+        id: &str,
+        carried: Option<StoredInput>,
+    ) -> Result<InputLog, ApiError> {
         let carried = match carried {
             Some(k) => self.read_input(k)?,
             None => Vec::new(),
@@ -94,10 +98,13 @@ impl Sessions {
         Ok(log)
     }
 
-    /// The bytes of input blob `k`.
-    fn read_input(&self, k: Kappa) -> Result<Vec<u8>, ApiError> {
-        self.store.get(&k).map_err(|e| {
-            ApiError::unprocessable(format!("the session's input {k} cannot be read: {e}"))
+    /// The bytes of stored input `k`.
+    fn read_input(&self, k: StoredInput) -> Result<Vec<u8>, ApiError> {
+        k.read(self.store.as_ref()).map_err(|e| {
+            ApiError::unprocessable(format!(
+                "the session's input {} cannot be read: {e}",
+                k.kappa
+            ))
         })
     }
 
@@ -141,7 +148,7 @@ impl Sessions {
         let Some(k) = &req.input else {
             return Ok(());
         };
-        let data = self.read_input(parse_kappa(k, "input")?)?;
+        let data = self.read_input(StoredInput::blob(parse_kappa(k, "input")?))?;
         self.write_input(&req.session, &data, req.input_ended)?;
         lock(&self.inputs).insert(req.session.clone(), InputLog::new(data, req.input_ended));
         Ok(())
@@ -371,8 +378,8 @@ impl Sessions {
         self.input_log(&info.id, carried)
     }
 
-    /// The stdin blob snapshot `k` carries, if its stdin is input sent to the session.
-    fn carried_input(&self, k: &Kappa) -> Result<Option<Kappa>, ApiError> {
+    /// The stored input snapshot `k` carries, if its stdin is input sent to the session.
+    fn carried_input(&self, k: &Kappa) -> Result<Option<StoredInput>, ApiError> {
         let snap: ferry_object::Snapshot = ferry_object::decode(
             &self
                 .store
@@ -387,7 +394,7 @@ impl Sessions {
                 .map_err(|e| ApiError::internal(format!("reading snapshot {k}: {e}")))?,
         )
         .map_err(|e| ApiError::internal(format!("snapshot {k}: {e}")))?;
-        Ok(wasi.stdin_input.filter(|_| wasi.stdin_open))
+        Ok(StoredInput::of(&wasi).filter(|_| wasi.stdin_open))
     }
 }
 
