@@ -1,6 +1,6 @@
 // Memory that changes slowly: fill MiB of heap with pseudo-random bytes, print "ready", then
 // every tick rewrite `permille`/1000 of its 64 KiB pages and sleep 100 ms.
-// usage: dirty [MiB] [ticks] [permille]
+// usage: dirty [MiB] [ticks] [permille] [seed] (a seed other than 0 makes other bytes)
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -18,6 +18,7 @@ int main(int argc, char **argv) {
     size_t mib = argc > 1 ? (size_t)atoi(argv[1]) : 64;
     int ticks = argc > 2 ? atoi(argv[2]) : 50;
     int permille = argc > 3 ? atoi(argv[3]) : 10;
+    if (argc > 4 && atoi(argv[4]) != 0) state ^= (uint64_t)atoi(argv[4]) * 0x9E3779B97F4A7C15ull;
     size_t bytes = mib << 20;
     uint64_t *mem = malloc(bytes);
     if (!mem) { fprintf(stderr, "cannot allocate %zu MiB\n", mib); return 2; }

@@ -260,6 +260,18 @@ pub struct FileChunks {
 kind!(FileChunks, "ferry.file", 1, |s| s.chunks.clone());
 
 impl FileChunks {
+    /// The `len` bytes whose consecutive [`FILE_CHUNK_SIZE`] pieces are `chunks`.
+    pub fn new(len: u64, chunks: Vec<Kappa>) -> Self {
+        let (kind, v) = header::<Self>();
+        Self {
+            kind,
+            v,
+            len,
+            chunk_size: FILE_CHUNK_SIZE,
+            chunks,
+        }
+    }
+
     /// Refuses a chunk size other than [`FILE_CHUNK_SIZE`], a length over
     /// [`MAX_CHUNKED_FILE`] or a chunk count that does not match the length.
     pub fn check(&self) -> Result<(), String> {

@@ -141,15 +141,7 @@ pub fn store_log(
         let (piece, _) = log.contents_from(full as u64 * size, (len % size) as usize);
         chunks.push(store.put(&piece)?);
     }
-    let (kind, v) = ferry_object::header::<FileChunks>();
-    let file = FileChunks {
-        kind,
-        v,
-        len,
-        chunk_size: FILE_CHUNK_SIZE,
-        chunks,
-    };
-    let kappa = store.put(&ferry_object::encode(&file))?;
+    let kappa = store.put(&ferry_object::encode(&FileChunks::new(len, chunks)))?;
     Ok((
         StoredInput {
             kappa,
@@ -611,15 +603,8 @@ mod tests {
     #[test]
     fn stored_input_whose_pieces_do_not_add_up_is_refused() {
         let store = ferry_store::MemStore::new();
-        let (kind, v) = ferry_object::header::<FileChunks>();
         let short = store.put(b"short").unwrap();
-        let file = FileChunks {
-            kind,
-            v,
-            len: 2 * MIB as u64,
-            chunk_size: FILE_CHUNK_SIZE,
-            chunks: vec![short, short],
-        };
+        let file = FileChunks::new(2 * MIB as u64, vec![short, short]);
         let k = store.put(&ferry_object::encode(&file)).unwrap();
         let chunked = StoredInput {
             kappa: k,

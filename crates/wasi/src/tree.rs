@@ -1081,15 +1081,7 @@ pub(crate) fn patch_chunked(
 
 /// Stores the [`FileChunks`] of a `len`-byte file whose pieces are `chunks`; its κ.
 fn put_file_chunks(store: Sink<'_>, len: u64, chunks: Vec<Kappa>) -> Result<Kappa, TreeError> {
-    let (kind, v) = ferry_object::header::<FileChunks>();
-    let file = FileChunks {
-        kind,
-        v,
-        len,
-        chunk_size: FILE_CHUNK_SIZE,
-        chunks,
-    };
-    Ok(store.put(&ferry_object::encode(&file))?)
+    Ok(store.put(&ferry_object::encode(&FileChunks::new(len, chunks)))?)
 }
 
 /// Imports `dir`, at path `rel` from the tree's root (`""` at the root, names joined by

@@ -1007,10 +1007,16 @@ pub struct DrainArgs {
     /// chosen as a standby). Moves nothing.
     #[arg(long)]
     undo: bool,
+    /// How many sessions move at a time. More than one ends sooner when moves wait — small
+    /// sessions, a slow network or etcd — but each guest's pause grows, and sessions with
+    /// much memory gain nothing on few cores (docs/benchmarks.md, "Draining a space").
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    parallel: u16,
 }
 
 /// `ferry --space URL drain [--to URL2|auto]`: every running or suspended session of the
-/// space moved elsewhere, one at a time, each as `migrate` moves it (a refused move leaves
+/// space moved elsewhere, `--parallel` at a time, each as `migrate` moves it (a refused move leaves
 /// the session where it was, running as before). Progress on stderr; on stdout one JSON
 /// object: `moved` (session, to) and `stayed` (session, why). Exit code 1 when any stayed.
 pub fn drain(settings: &Settings, a: DrainArgs) -> Result<ExitCode> {
@@ -1069,68 +1075,34 @@ pub fn drain(settings: &Settings, a: DrainArgs) -> Result<ExitCode> {
         vec![a.to.trim_end_matches('/').to_owned()]
     };
     let total = sessions.len();
-    let (mut moved, mut stayed) = (Vec::new(), Vec::new());
-    for (n, s) in sessions.iter().enumerate() {
-        let at = format!("[{}/{total}] session {}", n + 1, s.id);
-        if s.state == State::Lent {
-            let why = format!(
-                "lent to {} (`ferry --space {} reclaim {}` first)",
-                s.lent_to.as_deref().unwrap_or("a client"),
-                c.base(),
-                s.id
-            );
-            eprintln!("ferry: {at} stays: {why}");
-            stayed.push(serde_json::json!({ "session": s.id, "why": why }));
-            continue;
-        }
-        // Its standby first (it holds most of the session already), then the others from
-        // a place the id picks.
-        let mut order = spaces.clone();
-        ferry_space::sessions::start_where_id_picks(&s.id, &mut order);
-        if let Some(standby) = &s.standby
-            && let Some(i) = order.iter().position(|o| o == standby)
-        {
-            let standby = order.remove(i);
-            order.insert(0, standby);
-        }
-        let mut refusals = Vec::new();
-        let mut went = None;
-        for to in &order {
-            eprintln!("ferry: {at} ({}): moving to {to}", s.state.name());
-            let mut req = MigrateRequest::to(to);
-            req.max_rounds = a.max_rounds;
-            match c.migrate(&s.id, &req) {
-                Ok(r) => {
-                    eprintln!(
-                        "ferry: {at} moved to {to}: paused {} ms, {} ms in all",
-                        r.downtime_ms, r.total_ms
-                    );
-                    went = Some(to.clone());
-                    break;
-                }
-                Err(e) => {
-                    eprintln!("ferry: {at}: {to} did not take it: {}", e.msg);
-                    refusals.push(format!("{to}: {}", e.msg));
-                    // An answer lost (not a refusal): the move may still be going on, so
-                    // no other space is tried for it.
-                    if e.status == 0 {
-                        refusals.push(format!(
-                            "the move may still be going on: `ferry --space {} ps` says \
-                             where it is",
-                            c.base()
-                        ));
-                        break;
+    // Each session's outcome, in the order listed: where it went, or why it stayed.
+    let outcomes: Vec<Mutex<Option<Result<String, String>>>> =
+        sessions.iter().map(|_| Mutex::new(None)).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..usize::from(a.parallel).min(total) {
+            scope.spawn(|| {
+                loop {
+                    let n = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(s) = sessions.get(n) else {
+                        return;
+                    };
+                    let at = format!("[{}/{total}] session {}", n + 1, s.id);
+                    let outcome = drain_one(&c, s, &spaces, a.max_rounds, &at);
+                    if let Err(why) = &outcome {
+                        eprintln!("ferry: {at} stays at {}: {why}", c.base());
                     }
+                    *outcomes[n].lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
                 }
-            }
+            });
         }
-        match went {
-            Some(to) => moved.push(serde_json::json!({ "session": s.id, "to": to })),
-            None => {
-                let why = refusals.join("; ");
-                eprintln!("ferry: {at} stays at {}: {why}", c.base());
-                stayed.push(serde_json::json!({ "session": s.id, "why": why }));
-            }
+    });
+    let (mut moved, mut stayed) = (Vec::new(), Vec::new());
+    for (s, outcome) in sessions.iter().zip(outcomes) {
+        match outcome.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(Ok(to)) => moved.push(serde_json::json!({ "session": s.id, "to": to })),
+            Some(Err(why)) => stayed.push(serde_json::json!({ "session": s.id, "why": why })),
+            None => unreachable!("every session is taken by a mover"),
         }
     }
     eprintln!(
@@ -1161,6 +1133,64 @@ pub fn drain(settings: &Settings, a: DrainArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Moves session `s` off the space `c` speaks to for `drain`: to its standby first (it holds
+/// most of the session already), then to the other `spaces` from a place its id picks, each
+/// refusal giving way to the next. Where it went, or why it stays. Progress on stderr,
+/// each line starting with `at`.
+fn drain_one(
+    c: &SpaceClient,
+    s: &ferry_space::api::SessionInfo,
+    spaces: &[String],
+    max_rounds: u32,
+    at: &str,
+) -> Result<String, String> {
+    if s.state == State::Lent {
+        return Err(format!(
+            "lent to {} (`ferry --space {} reclaim {}` first)",
+            s.lent_to.as_deref().unwrap_or("a client"),
+            c.base(),
+            s.id
+        ));
+    }
+    let mut order = spaces.to_vec();
+    ferry_space::sessions::start_where_id_picks(&s.id, &mut order);
+    if let Some(standby) = &s.standby
+        && let Some(i) = order.iter().position(|o| o == standby)
+    {
+        let standby = order.remove(i);
+        order.insert(0, standby);
+    }
+    let mut refusals = Vec::new();
+    for to in &order {
+        eprintln!("ferry: {at} ({}): moving to {to}", s.state.name());
+        let mut req = MigrateRequest::to(to);
+        req.max_rounds = max_rounds;
+        match c.migrate(&s.id, &req) {
+            Ok(r) => {
+                eprintln!(
+                    "ferry: {at} moved to {to}: paused {} ms, {} ms in all",
+                    r.downtime_ms, r.total_ms
+                );
+                return Ok(to.clone());
+            }
+            Err(e) => {
+                eprintln!("ferry: {at}: {to} did not take it: {}", e.msg);
+                refusals.push(format!("{to}: {}", e.msg));
+                // An answer lost (not a refusal): the move may still be going on, so no
+                // other space is tried for it.
+                if e.status == 0 {
+                    refusals.push(format!(
+                        "the move may still be going on: `ferry --space {} ps` says where it is",
+                        c.base()
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+    Err(refusals.join("; "))
 }
 
 #[derive(Debug, clap::Args)]

@@ -1170,8 +1170,9 @@ fn in_a_fleet_a_session_that_ends_while_etcd_is_out_of_reach_says_its_end_waits(
 
 /// `drain` moves every running or suspended session off a space: refused by an unreachable
 /// `--to`, each session stays running where it was (exit code 1, each one's reason); with
-/// `--to auto` a session with a standby goes to its standby and the others to the other live
-/// spaces of the fleet, each ending there with an uninterrupted run's output (a suspended one
+/// `--to auto` (and `--parallel 3`: all three moved at once) a session with a standby goes to
+/// its standby and the others to the other live spaces of the fleet, each ending there with
+/// an uninterrupted run's output (a suspended one
 /// stays suspended there until resumed). Drained again, the space has nothing to move; while
 /// drained it runs no new session, no space chooses it as a standby and naming it as one is
 /// refused — also after it is restarted —, until `drain --undo`.
@@ -1199,7 +1200,8 @@ fn in_a_fleet_drain_moves_every_session_off_a_space() {
     assert_eq!(a.state("kept").as_deref(), Some("running"));
     assert_eq!(a.state("asleep").as_deref(), Some("suspended"));
 
-    let (out, err, code) = cli(&here, &a.url, &["drain"]);
+    // All three at once.
+    let (out, err, code) = cli(&here, &a.url, &["drain", "--parallel", "3"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("moved 3 of 3 session(s) off"), "{err}");
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();

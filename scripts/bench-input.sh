@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# What a checkpoint of an interactive session costs once it has received a lot of input
+# (docs/migration.md, "Interactive sessions"): one `ferry serve`, the `lines` guest run with
+# `ferry --space A run -i --stdin FILE` (FILE: MIB MiB of 200-byte lines, which the guest reads
+# a line every ~30 ms, so nearly all of it stays unread — and carried), then ROUNDS
+# `ferry --space A checkpoint` in a row, each timed from the request until the snapshot is
+# written. The session's input then ends (this script's stdin is /dev/null), which changes
+# nothing here: a snapshot carries the input received, read or not.
+# With FERRYS="OLD NEW" (two ferry binaries) both are measured, one after the other, on the
+# same input; default: the one built here.
+# usage: scripts/bench-input.sh [MIB=256] [ROUNDS=5]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mib=${1:-256}
+rounds=${2:-5}
+ferrys=${FERRYS:-${CARGO_TARGET_DIR:-target}/release/ferry}
+for f in $ferrys; do
+    [ -x "$f" ] || { echo "build first: cargo build --release ($f missing)" >&2; exit 1; }
+done
+guest=guests/wasm/lines.wasm
+work=$(mktemp -d /var/tmp/ferry-input.XXXXXX)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+export FERRY_TOKEN=bench-input
+python3 - "$work/input.txt" "$mib" <<'EOF'
+import sys
+path, mib = sys.argv[1], int(sys.argv[2])
+line = lambda i: f"{i:08} {'z' * (180 + i % 11)}\n".encode()
+with open(path, "wb") as f:
+    n, i = 0, 0
+    while n < mib << 20:
+        b = line(i)
+        f.write(b)
+        n, i = n + len(b), i + 1
+EOF
+echo "input: $(du -m "$work/input.txt" | cut -f1) MiB"
+for ferry in $ferrys; do
+    store="$work/space-$(date +%s%N)"
+    FERRY_STORE="$store" "$ferry" serve --listen 127.0.0.1:0 >"$store.out" 2>"$store.log" &
+    pids+=($!)
+    until grep -q '^listening on' "$store.out" 2>/dev/null; do sleep 0.1; done
+    url=$(sed -n 's/^listening on //p' "$store.out")
+    export FERRY_STORE="$work/client"
+    "$ferry" --space "$url" run -i --stdin "$work/input.txt" --session s \
+        --checkpoint-every 1h "$guest" </dev/null >/dev/null 2>"$store.run" &
+    pids+=($!)
+    until "$ferry" --space "$url" ps 2>/dev/null | grep -q 'running'; do sleep 0.1; done
+    took=()
+    for _ in $(seq "$rounds"); do
+        t0=$(date +%s%N)
+        "$ferry" --space "$url" checkpoint s >/dev/null
+        took+=($(( ($(date +%s%N) - t0) / 1000000 )))
+    done
+    echo "$ferry: checkpoints (ms, first to last): ${took[*]}"
+    kill "${pids[@]}" 2>/dev/null || true
+    wait 2>/dev/null || true
+    pids=()
+done
