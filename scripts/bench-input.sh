@@ -4,8 +4,9 @@
 # `ferry --space A run -i --stdin FILE` (FILE: MIB MiB of 200-byte lines, which the guest reads
 # a line every ~30 ms, so nearly all of it stays unread — and carried), then ROUNDS
 # `ferry --space A checkpoint` in a row, each timed from the request until the snapshot is
-# written. The session's input then ends (this script's stdin is /dev/null), which changes
-# nothing here: a snapshot carries the input received, read or not.
+# written, and a move to a second space B (`migrate`: its pause, and its time in all). The
+# session's input ends at once (this script's stdin is /dev/null), which changes nothing
+# here: a snapshot carries the input received, read or not.
 # With FERRYS="OLD NEW" (two ferry binaries) both are measured, one after the other, on the
 # same input; default: the one built here.
 # usage: scripts/bench-input.sh [MIB=256] [ROUNDS=5]
@@ -34,15 +35,21 @@ with open(path, "wb") as f:
         n, i = n + len(b), i + 1
 EOF
 echo "input: $(du -m "$work/input.txt" | cut -f1) MiB"
-for ferry in $ferrys; do
+serve() { # serve FERRY: starts a space, sets `url`
+    local store
     store="$work/space-$(date +%s%N)"
-    FERRY_STORE="$store" "$ferry" serve --listen 127.0.0.1:0 >"$store.out" 2>"$store.log" &
+    FERRY_STORE="$store" "$1" serve --listen 127.0.0.1:0 >"$store.out" 2>"$store.log" &
     pids+=($!)
     until grep -q '^listening on' "$store.out" 2>/dev/null; do sleep 0.1; done
     url=$(sed -n 's/^listening on //p' "$store.out")
+}
+for ferry in $ferrys; do
+    serve "$ferry"
+    b=$url
+    serve "$ferry"
     export FERRY_STORE="$work/client"
     "$ferry" --space "$url" run -i --stdin "$work/input.txt" --session s \
-        --checkpoint-every 1h "$guest" </dev/null >/dev/null 2>"$store.run" &
+        --checkpoint-every 1h "$guest" </dev/null >/dev/null 2>/dev/null &
     pids+=($!)
     until "$ferry" --space "$url" ps 2>/dev/null | grep -q 'running'; do sleep 0.1; done
     took=()
@@ -51,7 +58,8 @@ for ferry in $ferrys; do
         "$ferry" --space "$url" checkpoint s >/dev/null
         took+=($(( ($(date +%s%N) - t0) / 1000000 )))
     done
-    echo "$ferry: checkpoints (ms, first to last): ${took[*]}"
+    moved=$("$ferry" --space "$url" migrate s --to "$b" 2>&1 | sed -n 's/.*\(paused .*\)/\1/p')
+    echo "$ferry: checkpoints (ms, first to last): ${took[*]}; a move: $moved"
     kill "${pids[@]}" 2>/dev/null || true
     wait 2>/dev/null || true
     pids=()

@@ -2217,8 +2217,16 @@ impl Sessions {
         // 2. Pause at a safe point: the final snapshot. From here until the commit the
         //    guest runs nowhere. An interactive session's input is sealed first (input sent
         //    meanwhile is refused, to be sent again where the session is then), so the
-        //    destination gets all that was taken.
+        //    destination gets all that was taken — sent before the pause (the guest reads
+        //    on meanwhile; nothing is added to it), so that its bytes add nothing to it.
         let sealed = self.seal_input(live)?;
+        if let Some((ik, _)) = &sealed
+            && let Err(e) = send_objects(self.store.as_ref(), dest_store, &[*ik], &mut |_, _| {})
+        {
+            abort_in_etcd();
+            let _ = dest.abort(&id, Decision { epoch });
+            return Err(unreachable("the session's input", &e));
+        }
         let paused = Instant::now();
         // Held until this function returns (commit or abort): see `Live::defer_teardown`.
         let (_teardown, rx) = mpsc::channel::<()>();
@@ -2260,11 +2268,6 @@ impl Sessions {
         report.final_objects = s.moved;
         report.final_bytes = s.bytes;
         report.total_bytes += s.bytes;
-        if let Some((ik, _)) = &sealed
-            && let Err(e) = send_objects(self.store.as_ref(), dest_store, &[*ik], &mut |_, _| {})
-        {
-            return Err(abort_here(self, unreachable("the session's input", &e)));
-        }
         let t_delta = t.elapsed();
         fault("final-delta");
         // 4. Prepare: the destination verifies, admits and restores (or brings its held copy

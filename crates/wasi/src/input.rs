@@ -132,9 +132,13 @@ pub fn store_log(
     if let Some(gone) = pieces.iter().position(|p| !store.has(p).unwrap_or(false)) {
         pieces.truncate(gone);
     }
+    // New full pieces go to the store 16 at a time (packed, hashed on both cores).
     while pieces.len() < full {
-        let (piece, _) = log.contents_from(pieces.len() as u64 * size, size as usize);
-        pieces.push(store.put(&piece)?);
+        let batch: Vec<Vec<u8>> = (pieces.len()..full.min(pieces.len() + 16))
+            .map(|i| log.contents_from(i as u64 * size, size as usize).0)
+            .collect();
+        let batch: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+        pieces.extend(store.put_many(&batch)?);
     }
     let mut chunks = pieces.clone();
     if len % size != 0 {
