@@ -13,23 +13,15 @@ n=${1:-8}
 mib=${2:-64}
 rounds=${3:-2}
 parallel=${PARALLEL:-1 2 4}
-ferry=${FERRY:-${CARGO_TARGET_DIR:-target}/release/ferry}
-[ -x "$ferry" ] || { echo "build first: cargo build --release ($ferry missing)" >&2; exit 1; }
+. scripts/bench-lib.sh
 guest=guests/wasm/dirty.wasm
 work=$(mktemp -d /var/tmp/ferry-drain.XXXXXX)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 export FERRY_TOKEN=bench-drain FERRY_STORE="$work/client"
-serve() { # serve NAME: starts a space, sets `url`
-    local out="$work/$1.out"
-    FERRY_STORE="$work/$1" "$ferry" serve --listen 127.0.0.1:0 >"$out" 2>"$work/$1.log" &
-    pids+=($!)
-    until grep -q '^listening on' "$out" 2>/dev/null; do sleep 0.1; done
-    url=$(sed -n 's/^listening on //p' "$out")
-}
-serve a
+serve_space "$work/a"
 a=$url
-serve b
+serve_space "$work/b"
 b=$url
 seed=0
 median() { tr ' ' '\n' | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }

@@ -15,8 +15,8 @@ cd "$(dirname "$0")/.."
 mib=${1:-256}
 rounds=${2:-5}
 ferrys=${FERRYS:-${CARGO_TARGET_DIR:-target}/release/ferry}
-for f in $ferrys; do
-    [ -x "$f" ] || { echo "build first: cargo build --release ($f missing)" >&2; exit 1; }
+for FERRY in $ferrys; do
+    . scripts/bench-lib.sh # checks that $FERRY is there, and sets `ferry` to it
 done
 guest=guests/wasm/lines.wasm
 work=$(mktemp -d /var/tmp/ferry-input.XXXXXX)
@@ -35,18 +35,12 @@ with open(path, "wb") as f:
         n, i = n + len(b), i + 1
 EOF
 echo "input: $(du -m "$work/input.txt" | cut -f1) MiB"
-serve() { # serve FERRY: starts a space, sets `url`
-    local store
-    store="$work/space-$(date +%s%N)"
-    FERRY_STORE="$store" "$1" serve --listen 127.0.0.1:0 >"$store.out" 2>"$store.log" &
-    pids+=($!)
-    until grep -q '^listening on' "$store.out" 2>/dev/null; do sleep 0.1; done
-    url=$(sed -n 's/^listening on //p' "$store.out")
-}
-for ferry in $ferrys; do
-    serve "$ferry"
+ferry_n=0
+for FERRY in $ferrys; do
+    . scripts/bench-lib.sh
+    serve_space "$work/b-$ferry_n"
     b=$url
-    serve "$ferry"
+    serve_space "$work/a-$((ferry_n += 1))"
     export FERRY_STORE="$work/client"
     "$ferry" --space "$url" run -i --stdin "$work/input.txt" --session s \
         --checkpoint-every 1h "$guest" </dev/null >/dev/null 2>/dev/null &

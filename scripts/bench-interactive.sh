@@ -11,8 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lines=${1:-20}
-ferry=${FERRY:-${CARGO_TARGET_DIR:-target}/release/ferry}
-[ -x "$ferry" ] || { echo "build first: cargo build --release ($ferry missing)" >&2; exit 1; }
+. scripts/bench-lib.sh
 . scripts/etcd-lib.sh
 work=$(mktemp -d /var/tmp/ferry-interactive.XXXXXX)
 pids=()
@@ -20,17 +19,9 @@ trap 'kill "${pids[@]}" $etcd_pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"'
 start_etcd "$work"
 export FERRY_TOKEN=bench-interactive FERRY_STORE="$work/client"
 "$ferry" python install 3.12 >/dev/null 2>&1 || { echo "cannot install Python 3.12" >&2; exit 1; }
-serve() { # serve NAME: starts a space, sets `url`
-    local out="$work/$1.out"
-    FERRY_STORE="$work/$1" "$ferry" serve --listen 127.0.0.1:0 --etcd "$etcd_url" \
-        >"$out" 2>"$work/$1.log" &
-    pids+=($!)
-    until grep -q '^listening on' "$out" 2>/dev/null; do sleep 0.1; done
-    url=$(sed -n 's/^listening on //p' "$out")
-}
-serve a
+serve_space "$work/a" --etcd "$etcd_url"
 a=$url
-serve b
+serve_space "$work/b" --etcd "$etcd_url"
 b=$url
 mkdir "$work/script"
 cat >"$work/script/answer.py" <<'EOF'

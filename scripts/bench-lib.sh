@@ -1,5 +1,5 @@
 # Shared by the bench-*.sh scripts (sourced, from the checkout's root): the ferry binary they
-# run, and a `dirty` guest suspended into a store.
+# run, a `dirty` guest suspended into a store, and spaces started for them.
 
 ferry=${FERRY:-${CARGO_TARGET_DIR:-target}/release/ferry}
 [ -x "$ferry" ] || { echo "build first: cargo build --release ($ferry missing)" >&2; exit 1; }
@@ -38,4 +38,16 @@ self_signed_cert() {
     openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
         -subj /CN=bench -addext basicConstraints=critical,CA:FALSE \
         -addext subjectAltName=IP:127.0.0.1 -keyout "$1/key.pem" -out "$1/cert.pem" 2>/dev/null
+}
+
+# serve_space STORE [ARGS...]: starts `$ferry serve --listen 127.0.0.1:0 ARGS` on the store
+# STORE (its stdout in STORE.out, its log in STORE.log), adds its pid to `pids` and sets
+# `url` once it listens.
+serve_space() {
+    local store=$1
+    shift
+    FERRY_STORE="$store" "$ferry" serve --listen 127.0.0.1:0 "$@" >"$store.out" 2>"$store.log" &
+    pids+=($!)
+    until grep -q '^listening on' "$store.out" 2>/dev/null; do sleep 0.1; done
+    url=$(sed -n 's/^listening on //p' "$store.out")
 }
