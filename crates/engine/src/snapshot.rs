@@ -399,10 +399,7 @@ pub fn load_leaving_module(store: &dyn Store, k: Kappa) -> Result<Loaded, Engine
             return Err(EngineError::missing(Stage::Resolving, "stdin input", i));
         }
         if wasi.stdin_chunked {
-            let f: ferry_object::FileChunks = get_object(store, i, "stdin input")?;
-            f.check().map_err(|why| {
-                EngineError::refused(Stage::Verifying, format!("stdin input {i}: {why}"))
-            })?;
+            let f = check_pieces(store, i, "stdin input")?;
             if f.len > ferry_wasi::input::MAX_INPUT {
                 return Err(EngineError::refused(
                     Stage::Verifying,
@@ -412,11 +409,6 @@ pub fn load_leaving_module(store: &dyn Store, k: Kappa) -> Result<Loaded, Engine
                         ferry_wasi::input::MAX_INPUT
                     ),
                 ));
-            }
-            for c in &f.chunks {
-                if !store.has(c)? {
-                    return Err(EngineError::missing(Stage::Resolving, "stdin input", c));
-                }
             }
         }
     }
@@ -531,24 +523,33 @@ fn check_tree(store: &dyn Store, k: &Kappa, depth: usize) -> Result<(), EngineEr
             check_tree(store, &e.object, depth + 1)?;
             continue;
         }
-        let missing =
-            |k: &Kappa| EngineError::missing(Stage::Resolving, &format!("file `{name}`"), k);
+        let what = format!("file `{name}`");
         if !store.has(&e.object)? {
-            return Err(missing(&e.object));
+            return Err(EngineError::missing(Stage::Resolving, &what, &e.object));
         }
         if e.chunked() {
-            let f: ferry_object::FileChunks = get_object(store, &e.object, "chunked file")?;
-            f.check().map_err(|why| {
-                EngineError::refused(Stage::Verifying, format!("file `{name}`: {why}"))
-            })?;
-            for c in &f.chunks {
-                if !store.has(c)? {
-                    return Err(missing(c));
-                }
-            }
+            check_pieces(store, &e.object, &what)?;
         }
     }
     Ok(())
+}
+
+/// Verifying a [`ferry_object::FileChunks`] (`what`, for the messages): its list adds up and
+/// every piece is in the store. Returns it.
+fn check_pieces(
+    store: &dyn Store,
+    k: &Kappa,
+    what: &str,
+) -> Result<ferry_object::FileChunks, EngineError> {
+    let f: ferry_object::FileChunks = get_object(store, k, what)?;
+    f.check()
+        .map_err(|why| EngineError::refused(Stage::Verifying, format!("{what}: {why}")))?;
+    for c in &f.chunks {
+        if !store.has(c)? {
+            return Err(EngineError::missing(Stage::Resolving, what, c));
+        }
+    }
+    Ok(f)
 }
 
 fn check_image(m: &MemoryImage) -> Result<(), String> {

@@ -23,7 +23,7 @@ use ferry_store::{Store, StoreError};
 /// carries it whole.
 pub const MAX_INPUT: u64 = 1 << 30;
 
-/// Why the input a snapshot carries cannot be read ([`read_stored`]).
+/// Why the input a snapshot carries cannot be read ([`StoredInput::read`]).
 #[derive(Debug, thiserror::Error)]
 pub enum StoredInputError {
     #[error("the stored input cannot be read: {0}")]
@@ -68,12 +68,7 @@ impl StoredInput {
             }
             return Ok(data);
         }
-        let file: FileChunks =
-            ferry_object::decode(&store.get(&self.kappa)?).map_err(|e| malformed(e.to_string()))?;
-        file.check().map_err(malformed)?;
-        if file.len > MAX_INPUT {
-            return Err(malformed(format!("{} bytes, over {MAX_INPUT}", file.len)));
-        }
+        let file = self.pieces(store)?;
         let mut data = Vec::with_capacity(file.len as usize);
         for (i, c) in file.chunks.iter().enumerate() {
             let piece = store.get(c)?;
@@ -89,6 +84,19 @@ impl StoredInput {
         Ok(data)
     }
 
+    /// The list of pieces of chunked input, checked to add up and to hold at most
+    /// [`MAX_INPUT`] bytes.
+    fn pieces(&self, store: &dyn Store) -> Result<FileChunks, StoredInputError> {
+        let malformed = |why: String| StoredInputError::Malformed(self.kappa, why);
+        let file: FileChunks =
+            ferry_object::decode(&store.get(&self.kappa)?).map_err(|e| malformed(e.to_string()))?;
+        file.check().map_err(malformed)?;
+        if file.len > MAX_INPUT {
+            return Err(malformed(format!("{} bytes, over {MAX_INPUT}", file.len)));
+        }
+        Ok(file)
+    }
+
     /// Its full pieces (every piece but a shorter last one): what [`store_log`] need not
     /// store again for a run resumed from it. Empty for a blob, or when the list cannot be
     /// read (every piece is then stored afresh).
@@ -96,12 +104,7 @@ impl StoredInput {
         if !self.chunked {
             return Vec::new();
         }
-        let Some(file) = store
-            .get(&self.kappa)
-            .ok()
-            .and_then(|b| ferry_object::decode::<FileChunks>(&b).ok())
-            .filter(|f| f.check().is_ok())
-        else {
+        let Ok(file) = self.pieces(store) else {
             return Vec::new();
         };
         let full = (file.len / u64::from(FILE_CHUNK_SIZE)) as usize;
