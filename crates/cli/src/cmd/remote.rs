@@ -1075,34 +1075,41 @@ pub fn drain(settings: &Settings, a: DrainArgs) -> Result<ExitCode> {
         vec![a.to.trim_end_matches('/').to_owned()]
     };
     let total = sessions.len();
-    // Each session's outcome, in the order listed: where it went, or why it stayed.
-    let outcomes: Vec<Mutex<Option<Result<String, String>>>> =
-        sessions.iter().map(|_| Mutex::new(None)).collect();
+    // Movers take the sessions in the order listed; each outcome (where it went, or why it
+    // stayed) is reported in that order.
     let next = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        for _ in 0..usize::from(a.parallel).min(total) {
-            scope.spawn(|| {
-                loop {
-                    let n = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(s) = sessions.get(n) else {
-                        return;
-                    };
-                    let at = format!("[{}/{total}] session {}", n + 1, s.id);
-                    let outcome = drain_one(&c, s, &spaces, a.max_rounds, &at);
-                    if let Err(why) = &outcome {
-                        eprintln!("ferry: {at} stays at {}: {why}", c.base());
+    let mut outcomes: Vec<(usize, Result<String, String>)> = std::thread::scope(|scope| {
+        let movers: Vec<_> = (0..usize::from(a.parallel).min(total))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let n = next.fetch_add(1, Ordering::SeqCst);
+                        let Some(s) = sessions.get(n) else {
+                            return mine;
+                        };
+                        let at = format!("[{}/{total}] session {}", n + 1, s.id);
+                        let outcome = drain_one(&c, s, &spaces, a.max_rounds, &at);
+                        if let Err(why) = &outcome {
+                            eprintln!("ferry: {at} stays at {}: {why}", c.base());
+                        }
+                        mine.push((n, outcome));
                     }
-                    *outcomes[n].lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
-                }
-            });
-        }
+                })
+            })
+            .collect();
+        movers
+            .into_iter()
+            .flat_map(|m| m.join().expect("a mover panicked"))
+            .collect()
     });
+    outcomes.sort_by_key(|(n, _)| *n);
     let (mut moved, mut stayed) = (Vec::new(), Vec::new());
-    for (s, outcome) in sessions.iter().zip(outcomes) {
-        match outcome.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(Ok(to)) => moved.push(serde_json::json!({ "session": s.id, "to": to })),
-            Some(Err(why)) => stayed.push(serde_json::json!({ "session": s.id, "why": why })),
-            None => unreachable!("every session is taken by a mover"),
+    for (n, outcome) in outcomes {
+        let id = &sessions[n].id;
+        match outcome {
+            Ok(to) => moved.push(serde_json::json!({ "session": id, "to": to })),
+            Err(why) => stayed.push(serde_json::json!({ "session": id, "why": why })),
         }
     }
     eprintln!(
