@@ -675,6 +675,14 @@ impl SpaceProc {
         self.port
     }
 
+    /// The κ of session `id`'s latest snapshot, as the space's API shows it (it must have one).
+    pub fn snapshot(&self, id: &str) -> String {
+        self.session(id).expect("no such session")["snapshot"]
+            .as_str()
+            .expect("no snapshot yet")
+            .to_owned()
+    }
+
     pub fn state(&self, id: &str) -> Option<String> {
         self.session(id)
             .map(|s| s["state"].as_str().unwrap().to_owned())

@@ -318,10 +318,7 @@ fn typist(mut stdin: std::process::ChildStdin) -> std::sync::mpsc::Sender<String
 /// The stdin the snapshot of session `id` at `space` carries, as `inspect --json` tells it
 /// (the snapshot pulled into `here`'s store).
 fn carried_stdin(here: &Env, space: &crate::harness::SpaceProc, id: &str) -> serde_json::Value {
-    let k = space.session(id).unwrap()["snapshot"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let k = space.snapshot(id);
     let (_, err, code) = here.output(&["pull", &k, "--from", &space.url]);
     assert_eq!(code, 0, "{err}");
     here.inspect_json(&k)["stdio"].clone()
@@ -382,15 +379,10 @@ fn input_over_1_mib_travels_in_pieces_and_is_read_once() {
     assert_eq!(wasi["stdin_chunked"], true, "{wasi}");
     assert_eq!(wasi["stdin_open"], true, "{wasi}");
 
-    // Resumed here: what was sent is read on from where the guest was, then this ferry's
-    // own stdin.
-    let k = b.session("big").unwrap()["snapshot"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    // Resumed here (`carried_stdin` pulled the suspended snapshot): what was sent is read on
+    // from where the guest was, then this ferry's own stdin.
+    let k = b.snapshot("big");
     let (before, _, _) = cli(&here, &b.url, &["logs", "big"]);
-    let (_, err, code) = here.output(&["pull", &k, "--from", &b.url]);
-    assert_eq!(code, 0, "{err}");
     let rest = here.path("rest.txt");
     std::fs::write(&rest, long_lines(18_000, 24_000)).unwrap();
     let local = here.with_stdin(rest);

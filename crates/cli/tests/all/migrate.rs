@@ -1040,10 +1040,7 @@ fn spaces_collect_garbage_while_guests_checkpoint_and_move() {
             assert_eq!(code, 0, "{err}");
             assert!(out.starts_with("deleted "), "{out}");
         }
-        let last = s.session("gc").unwrap()["snapshot"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let last = s.snapshot("gc");
         let (out, err, code) = s.env.output(&["inspect", "--history", "--json", &last]);
         assert_eq!(code, 0, "{err}");
         let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
@@ -1533,10 +1530,7 @@ fn a_sessions_stdin_goes_with_it() {
         !before.contains("done"),
         "it finished before the suspend: {before}"
     );
-    let k = b.session("in").unwrap()["snapshot"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let k = b.snapshot("in");
     let (_, err, code) = here.output(&["pull", &k, "--from", &b.url]);
     assert_eq!(code, 0, "{err}");
     let (out, err, code) = here.output(&["inspect", &k]);

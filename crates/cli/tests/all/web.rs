@@ -587,10 +587,7 @@ fn a_space_session_suspended_in_v8_carries_its_output_log_on() {
     std::thread::sleep(std::time::Duration::from_millis(800));
     let (_, err, code) = here.output(&["--space", &space.url, "suspend", &id]);
     assert_eq!(code, 0, "{err}");
-    let k = space.session(&id).unwrap()["snapshot"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let k = space.snapshot(&id);
     let (out, k2) = suspend_in_v8(&space, &k, 800);
     let k2 = k2.unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(&out.stderr)));
 
