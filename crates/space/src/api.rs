@@ -694,6 +694,22 @@ pub struct PrepareRequest {
     pub input_ended: bool,
 }
 
+/// The request header with which a caller of `POST /v1/migrations` asks for progress: the
+/// space then answers `200` with this header at once, sends a space (`0x20`) every
+/// [`crate::net::PROGRESS_EVERY`] while it prepares, and ends with a [`Prepared`] — so the
+/// caller can tell a prepare that takes long from a process that hung.
+pub const PROGRESS: &str = "ferry-progress";
+
+/// How a prepare answered with progress ([`PROGRESS`]) ended, after its spaces:
+/// `{"ok": SessionInfo}` or `{"error": {"status": 409, "message": "…"}}` (the status and
+/// reason the call answers without progress).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prepared {
+    Ok(Box<SessionInfo>),
+    Error { status: u16, message: String },
+}
+
 /// `POST /v1/migrations/{id}/commit` and `/abort`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

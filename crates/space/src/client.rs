@@ -9,13 +9,14 @@ use ferry_store::{RefValue, Store, StoreError};
 use tracing::info;
 
 use crate::api::{
-    ApiError, Decision, GcReport, GcRequest, MigrateRequest, MigrationReport, PrepareRequest,
-    ResumeRequest, RunRequest, SessionInfo, session_id,
+    ApiError, Decision, GcReport, GcRequest, MigrateRequest, MigrationReport, PROGRESS,
+    PrepareRequest, Prepared, ResumeRequest, RunRequest, SessionInfo, session_id,
 };
 use crate::{MAX_BODY, MAX_OBJECT, MAX_QUERY};
 
 /// A space at `base` (e.g. `http://127.0.0.1:7070`), authenticated with `token`. Reads are
-/// verified like any store's: an object that does not hash to its κ is an error.
+/// verified like any store's: an object that does not hash to its κ is an error. A space
+/// that sends nothing for [`crate::net::peer_stall`] while a call waits is given up.
 pub struct RemoteStore {
     base: String,
     token: String,
@@ -30,8 +31,26 @@ pub(crate) fn agent() -> ureq::Agent {
     agent_with(crate::tls::client_config())
 }
 
+/// [`agent`] for calls whose answer is due soon (store calls, a migration's steps): a peer
+/// that sends nothing for [`crate::net::peer_stall`] while one waits is given up — its
+/// machine answers, but its process has hung.
+pub(crate) fn answering_agent() -> ureq::Agent {
+    build_agent(
+        crate::tls::client_config(),
+        crate::net::PeerConnector::answering(),
+    )
+}
+
 /// [`agent`] with the TLS settings `tls` (etcd's: [`crate::tls::etcd_client_config`]).
 pub(crate) fn agent_with(tls: ureq::tls::TlsConfig) -> ureq::Agent {
+    build_agent(tls, crate::net::PeerConnector::default())
+}
+
+/// An agent over `connector` (which bounds how long a peer may stall) with `tls`.
+pub(crate) fn build_agent(
+    tls: ureq::tls::TlsConfig,
+    connector: crate::net::PeerConnector,
+) -> ureq::Agent {
     use ureq::unversioned::transport::Connector;
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -40,7 +59,7 @@ pub(crate) fn agent_with(tls: ureq::tls::TlsConfig) -> ureq::Agent {
         .build();
     ureq::Agent::with_parts(
         config,
-        crate::net::PeerConnector.chain(ureq::unversioned::transport::RustlsConnector::default()),
+        connector.chain(ureq::unversioned::transport::RustlsConnector::default()),
         ureq::unversioned::resolver::DefaultResolver::default(),
     )
 }
@@ -62,7 +81,7 @@ impl RemoteStore {
         Self {
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
-            agent: agent(),
+            agent: answering_agent(),
         }
     }
 
@@ -487,6 +506,8 @@ pub struct SpaceClient {
     base: String,
     token: String,
     agent: ureq::Agent,
+    /// For a migration's steps, whose answers are due soon ([`answering_agent`]).
+    answering: ureq::Agent,
 }
 
 impl std::fmt::Debug for SpaceClient {
@@ -524,6 +545,7 @@ impl SpaceClient {
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
             agent: agent(),
+            answering: answering_agent(),
         }
     }
 
@@ -572,9 +594,17 @@ impl SpaceClient {
         path: &str,
         body: &B,
     ) -> Result<R, ApiError> {
+        self.post_with(&self.agent, path, body)
+    }
+
+    fn post_with<B: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        agent: &ureq::Agent,
+        path: &str,
+        body: &B,
+    ) -> Result<R, ApiError> {
         let body = serde_json::to_vec(body).expect("request bodies serialize");
-        let r = self
-            .agent
+        let r = agent
             .post(format!("{}{path}", self.base))
             .header("Authorization", format!("Bearer {}", self.token))
             .header("Content-Type", "application/json")
@@ -850,7 +880,7 @@ impl SpaceClient {
         req: &crate::api::StandbyRequest,
     ) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;
-        self.post(&format!("/v1/sessions/{id}/standby"), req)
+        self.post_with(&self.answering, &format!("/v1/sessions/{id}/standby"), req)
     }
 
     /// Gives session `id` another standby, or none.
@@ -871,19 +901,45 @@ impl SpaceClient {
         self.post("/v1/admission", req)
     }
 
+    /// `POST /v1/migrations`, asking for progress (`Ferry-Progress: 1`): the destination
+    /// sends a byte every [`crate::net::PROGRESS_EVERY`] while it prepares, then its
+    /// [`Prepared`] answer; one that sends nothing for [`crate::net::peer_stall`] is given
+    /// up. (A space that predates progress answers as other calls do.)
     pub fn prepare(&self, req: &PrepareRequest) -> Result<SessionInfo, ApiError> {
-        self.post("/v1/migrations", req)
+        let body = serde_json::to_vec(req).expect("request bodies serialize");
+        let r = self
+            .answering
+            .post(format!("{}/v1/migrations", self.base))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .header("Content-Type", "application/json")
+            .header(PROGRESS, "1")
+            .send(&body[..]);
+        let progress = r
+            .as_ref()
+            .is_ok_and(|r| r.status().is_success() && r.headers().contains_key(PROGRESS));
+        let b = self.answer(r)?;
+        if !progress {
+            return self.json(&b);
+        }
+        match self.json(&b)? {
+            Prepared::Ok(info) => Ok(*info),
+            Prepared::Error { status, message } => Err(ApiError::new(status, message)),
+        }
     }
 
     pub fn commit(&self, id: &str, d: Decision) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;
-        self.post(&format!("/v1/migrations/{id}/commit"), &d)
+        self.post_with(&self.answering, &format!("/v1/migrations/{id}/commit"), &d)
     }
 
     pub fn abort(&self, id: &str, d: Decision) -> Result<(), ApiError> {
         let id = session_id(id)?;
-        self.post::<_, serde_json::Value>(&format!("/v1/migrations/{id}/abort"), &d)
-            .map(drop)
+        self.post_with::<_, serde_json::Value>(
+            &self.answering,
+            &format!("/v1/migrations/{id}/abort"),
+            &d,
+        )
+        .map(drop)
     }
 }
 

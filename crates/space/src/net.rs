@@ -8,6 +8,14 @@
 //! after [`peer_silence`] (15 s; `FERRY_PEER_SILENCE_MS`). A live peer's kernel answers the
 //! probes while its process works, so a long request (a prepare restoring a big snapshot, a
 //! long poll) is never cut for being slow.
+//!
+//! A peer whose machine lives but whose process hangs (stopped, frozen, swapped out) goes on
+//! answering probes and acknowledging data until its buffers fill, so the kernel never gives
+//! it up. What ferry bounds itself: a write that the peer takes nothing of for the peer
+//! silence fails on every connection; and on connections made for calls that expect the
+//! peer's answer soon ([`PeerConnector::answering`]: store calls, a migration's steps), a
+//! read that gets nothing for [`peer_stall`] fails — a prepare, which may work for long,
+//! sends a byte every [`PROGRESS_EVERY`] while it works.
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -39,6 +47,17 @@ pub fn peer_silence() -> Duration {
     })
 }
 
+/// How long a peer's process may go without sending a byte while a call that expects its
+/// answer soon waits: twice [`peer_silence`] (30 s by default).
+pub fn peer_stall() -> Duration {
+    peer_silence() * 2
+}
+
+/// How often a space sends a byte of progress while it works on a request that asked for it
+/// (`Ferry-Progress`: a migration's prepare), so that the waiting peer can tell a slow answer
+/// from a hung process.
+pub const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+
 /// Sets keep-alive probes and `TCP_USER_TIMEOUT` on `s` so that a peer silent for `silence`
 /// is given up: the first probe after a third of it idle, then four more, a sixth apart.
 pub fn watch_peer(s: socket2::SockRef<'_>, silence: Duration) -> io::Result<()> {
@@ -60,8 +79,35 @@ pub(crate) fn watch_accepted(s: socket2::SockRef<'_>) {
 }
 
 /// Connects plain TCP like ureq's own connector, then watches the peer ([`watch_peer`]).
-#[derive(Debug, Default)]
-pub(crate) struct PeerConnector;
+/// Every write is bounded by [`peer_silence`] (a peer that takes no byte for that long is
+/// given up); reads by [`peer_stall`] too when made [`PeerConnector::answering`].
+#[derive(Debug)]
+pub(crate) struct PeerConnector {
+    /// How long one read may get nothing (`None`: as long as the request allows).
+    read_stall: Option<Duration>,
+    /// How long one write may hand the kernel nothing.
+    write_stall: Duration,
+}
+
+impl Default for PeerConnector {
+    fn default() -> Self {
+        Self {
+            read_stall: None,
+            write_stall: peer_silence(),
+        }
+    }
+}
+
+impl PeerConnector {
+    /// A connector for calls whose answer is due soon: a read that gets nothing for
+    /// [`peer_stall`] fails (the peer's process is taken to have hung).
+    pub(crate) fn answering() -> Self {
+        Self {
+            read_stall: Some(peer_stall()),
+            ..Self::default()
+        }
+    }
+}
 
 impl<In: Transport> Connector<In> for PeerConnector {
     type Out = PeerTransport;
@@ -93,6 +139,8 @@ impl<In: Transport> Connector<In> for PeerConnector {
                         buffers,
                         read_timeout: None,
                         write_timeout: None,
+                        read_stall: self.read_stall,
+                        write_stall: self.write_stall,
                     };
                     let handle: Arc<dyn ShutdownHandle> = t.stream.clone();
                     (details.register_shutdown)(Arc::downgrade(&handle))?;
@@ -127,6 +175,20 @@ pub(crate) struct PeerTransport {
     /// transfer's many reads and writes set them only when they change.
     read_timeout: Option<Option<Duration>>,
     write_timeout: Option<Option<Duration>>,
+    /// How long one read may get nothing, when bounded ([`PeerConnector::answering`]).
+    read_stall: Option<Duration>,
+    /// How long one write may hand the kernel nothing ([`peer_silence`]).
+    write_stall: Duration,
+}
+
+/// One read's or write's socket timeout: the request's own (ureq's, `None` when it has none)
+/// or the stall bound, whichever is shorter — and whether it is the stall bound.
+fn bound(request: Option<Duration>, stall: Option<Duration>) -> (Option<Duration>, bool) {
+    match (request, stall) {
+        (Some(r), Some(s)) if s < r => (Some(s), true),
+        (None, Some(s)) => (Some(s), true),
+        (r, _) => (r, false),
+    }
 }
 
 /// Sets a socket timeout through `set` unless it is already `want`.
@@ -150,12 +212,40 @@ impl fmt::Debug for PeerTransport {
     }
 }
 
-/// An I/O error: a read or write past the request's own timeout (the socket's, `EAGAIN`)
-/// reported as that timeout; the kernel giving the connection up (`ETIMEDOUT`: probes
-/// unanswered, data unacknowledged) as a silent peer.
-fn io_error(e: io::Error, timeout: &NextTimeout) -> ureq::Error {
+/// What a read or write that hit its stall bound says, with that bound.
+#[derive(Debug, Clone, Copy)]
+enum Stalled {
+    Read(Duration),
+    Write(Duration),
+}
+
+/// An I/O error: a read or write past its stall bound reported as a peer that stopped
+/// answering or reading; one past the request's own timeout (the socket's, `EAGAIN`) as that
+/// timeout; the kernel giving the connection up (`ETIMEDOUT`: probes unanswered, data
+/// unacknowledged) as a silent peer.
+fn io_error(e: io::Error, timeout: &NextTimeout, stalled: Option<Stalled>) -> ureq::Error {
     match e.kind() {
-        io::ErrorKind::WouldBlock => ureq::Error::Timeout(timeout.reason),
+        io::ErrorKind::WouldBlock => match stalled {
+            Some(Stalled::Read(d)) => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the peer stopped answering: nothing came for {} s while its machine still \
+                     answered (its process hung or stopped?)",
+                    d.as_secs()
+                ),
+            )
+            .into(),
+            Some(Stalled::Write(d)) => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the peer stopped reading: it took nothing for {} s while its machine still \
+                     answered (its process hung or stopped?)",
+                    d.as_secs()
+                ),
+            )
+            .into(),
+            None => ureq::Error::Timeout(timeout.reason),
+        },
         io::ErrorKind::TimedOut => io::Error::new(
             io::ErrorKind::TimedOut,
             format!(
@@ -179,15 +269,13 @@ impl Transport for PeerTransport {
             return Err(ureq::Error::Timeout(timeout.reason));
         }
         let s = &self.stream.0;
-        set_timeout(
-            &mut self.write_timeout,
-            timeout.not_zero().map(|t| *t),
-            |t| s.set_write_timeout(t),
-        )?;
+        let (t, stall) = bound(timeout.not_zero().map(|t| *t), Some(self.write_stall));
+        set_timeout(&mut self.write_timeout, t, |t| s.set_write_timeout(t))?;
+        let stalled = stall.then_some(Stalled::Write(self.write_stall));
         let out = &self.buffers.output()[..amount];
         (&self.stream.0)
             .write_all(out)
-            .map_err(|e| io_error(e, &timeout))
+            .map_err(|e| io_error(e, &timeout, stalled))
     }
 
     fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, ureq::Error> {
@@ -196,16 +284,14 @@ impl Transport for PeerTransport {
             return Err(ureq::Error::Timeout(timeout.reason));
         }
         let s = &self.stream.0;
-        set_timeout(
-            &mut self.read_timeout,
-            timeout.not_zero().map(|t| *t),
-            |t| s.set_read_timeout(t),
-        )?;
+        let (t, stall) = bound(timeout.not_zero().map(|t| *t), self.read_stall);
+        set_timeout(&mut self.read_timeout, t, |t| s.set_read_timeout(t))?;
+        let stalled = self.read_stall.filter(|_| stall).map(Stalled::Read);
         let input = self.buffers.input_append_buf();
         let n = loop {
             match (&self.stream.0).read(input) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                r => break r.map_err(|e| io_error(e, &timeout))?,
+                r => break r.map_err(|e| io_error(e, &timeout, stalled))?,
             }
         };
         self.buffers.input_appended(n);
@@ -228,6 +314,64 @@ impl Transport for PeerTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An agent whose connections give a peer up after `read` without a byte, or `write`
+    /// without taking one.
+    fn stalling(read: Duration, write: Duration) -> ureq::Agent {
+        crate::client::build_agent(
+            crate::tls::client_config(),
+            PeerConnector {
+                read_stall: Some(read),
+                write_stall: write,
+            },
+        )
+    }
+
+    /// A listener whose connections are accepted (the kernel does it) and never served.
+    fn hung_peer() -> (std::net::TcpListener, String) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/", l.local_addr().unwrap());
+        (l, url)
+    }
+
+    #[test]
+    fn a_peer_that_sends_nothing_is_given_up_after_the_read_stall() {
+        let (_l, url) = hung_peer();
+        let t = std::time::Instant::now();
+        let e = stalling(Duration::from_millis(300), Duration::from_secs(60))
+            .get(&url)
+            .call()
+            .unwrap_err();
+        assert!(e.to_string().contains("stopped answering"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_peer_that_reads_nothing_is_given_up_after_the_write_stall() {
+        let (_l, url) = hung_peer();
+        // Far more than the two kernels' buffers hold: the writes stop being taken.
+        let body = vec![7u8; 256 << 20];
+        let t = std::time::Instant::now();
+        let e = stalling(Duration::from_secs(60), Duration::from_millis(300))
+            .post(&url)
+            .send(&body[..])
+            .unwrap_err();
+        assert!(e.to_string().contains("stopped reading"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_request_timeout_shorter_than_the_stall_is_reported_as_itself() {
+        let (_l, url) = hung_peer();
+        let e = stalling(Duration::from_secs(60), Duration::from_secs(60))
+            .get(&url)
+            .config()
+            .timeout_global(Some(Duration::from_millis(300)))
+            .build()
+            .call()
+            .unwrap_err();
+        assert!(matches!(e, ureq::Error::Timeout(_)), "{e}");
+    }
 
     #[test]
     fn a_connection_watches_its_peer() {

@@ -16,8 +16,10 @@ use tracing::{info, warn};
 
 use crate::api::{
     ApiError, CheckpointedRequest, Decision, GcReport, GcRequest, LOG_LEN_HEADER, LendRequest,
-    LogLength, MigrateRequest, PrepareRequest, ResumeRequest, ReturnRequest, RunRequest,
+    LogLength, MigrateRequest, PROGRESS, PrepareRequest, Prepared, ResumeRequest, ReturnRequest,
+    RunRequest,
 };
+use crate::net::PROGRESS_EVERY;
 use crate::sessions::{OutputRefusal, Sessions};
 use crate::{MAX_BODY, MAX_OBJECT, MAX_QUERY};
 
@@ -770,8 +772,66 @@ async fn reclaim_session(State(s): State<Shared>, Path(id): Path<String>) -> Res
     session_call(s, move |ss| ss.reclaim(&id)).await
 }
 
-async fn prepare_migration(State(s): State<Shared>, Json(req): Json<PrepareRequest>) -> Response {
-    session_call(s, move |ss| ss.prepare(req)).await
+/// `POST /v1/migrations`. Asked for progress ([`PROGRESS`]): `200` at once, a space every
+/// [`PROGRESS_EVERY`] while the prepare works, then its [`Prepared`] outcome.
+async fn prepare_migration(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    Json(req): Json<PrepareRequest>,
+) -> Response {
+    if !headers.contains_key(PROGRESS) {
+        return session_call(s, move |ss| ss.prepare(req)).await;
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(2);
+    tokio::spawn(async move {
+        let work = tokio::task::spawn_blocking(move || sessions(&s)?.prepare(req));
+        tokio::pin!(work);
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let outcome = loop {
+            tokio::select! {
+                r = &mut work => break r.unwrap_or_else(|e| Err(ApiError::internal(e))),
+                // A caller gone away is not told; the prepare still ends as without progress.
+                _ = tick.tick() => {
+                    let _ = tx.try_send(Bytes::from_static(b" "));
+                }
+            }
+        };
+        let outcome = match outcome {
+            Ok(info) => Prepared::Ok(Box::new(info)),
+            Err(e) => Prepared::Error {
+                status: e.status,
+                message: e.msg,
+            },
+        };
+        let json = serde_json::to_vec(&outcome).expect("an outcome serializes");
+        let _ = tx.send(Bytes::from(json)).await;
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::HeaderName::from_static(PROGRESS), "1"),
+        ],
+        Body::new(Frames(rx)),
+    )
+        .into_response()
+}
+
+/// A response body whose data frames come from a channel, ending when its sender is dropped.
+struct Frames(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Frames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|b| b.map(|b| Ok(http_body::Frame::data(b))))
+    }
 }
 
 async fn commit_migration(

@@ -619,6 +619,16 @@ impl SpaceProc {
         (r.status().as_u16(), body)
     }
 
+    /// Sends the server `sig` (`SIGSTOP`: its process hangs, its kernel still answering for
+    /// it; `SIGCONT`: it goes on).
+    pub fn signal(&self, sig: i32) {
+        let c = self.child.as_ref().expect("a running server");
+        // SAFETY: kill(2) on the pid of a child this harness started and has not waited for.
+        unsafe {
+            libc::kill(c.id() as i32, sig);
+        }
+    }
+
     /// Asks the server to stop as an init system does (SIGTERM) and waits for it to exit;
     /// returns its exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {

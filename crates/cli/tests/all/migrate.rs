@@ -792,6 +792,74 @@ fn a_destination_that_goes_silent_after_the_pause_is_given_up_and_the_guest_runs
     assert_finished_like(&client(), &a.url, "bh", &plain);
 }
 
+/// B's process hangs once A has paused the guest (SIGSTOP: its kernel still answers probes
+/// and takes the final delta in, so the connection never goes silent). A gives B up after
+/// the peer stall (twice the silence) — the final delta's answer or the prepare's progress
+/// stops — and the guest runs on at A; B, going on, drops what it prepared. One copy
+/// finishes, as an uninterrupted run does.
+#[test]
+fn a_destination_whose_process_hangs_after_the_pause_is_given_up_and_the_guest_runs_on() {
+    let here = client();
+    let a = SpaceProc::start_with_vars(
+        &[
+            ("FERRY_FAULT_PAUSE", "suspended:2000"),
+            ("FERRY_PEER_SILENCE_MS", "2000"),
+        ],
+        &[],
+    );
+    let b = SpaceProc::start(&[]);
+    let plain = run_cpu_guest(&here, &a.url, "hung", "400");
+    let rx = migrate_in_background(&[], &a.url, "hung", &b.url);
+    eventually("the source holds after the pause", || {
+        a.state("hung").as_deref() == Some("suspended")
+    });
+    b.signal(libc::SIGSTOP);
+    let t = Instant::now();
+    let done = rx.recv_timeout(Duration::from_secs(60));
+    let took = t.elapsed();
+    b.signal(libc::SIGCONT);
+    let (_, err, code) = done.expect("migrate still waits on a hung destination after 60 s");
+    assert!(
+        took < Duration::from_secs(20),
+        "migrate took {took:?} to give the destination up"
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("migration aborted"), "{err}");
+    assert!(err.contains("stopped answering"), "{err}");
+    let at_a = a.state("hung");
+    assert!(
+        matches!(at_a.as_deref(), Some("running" | "exited")),
+        "{at_a:?}"
+    );
+    eventually("the destination drops its held copy", || {
+        b.state("hung").is_none()
+    });
+    assert_finished_like(&here, &a.url, "hung", &plain.stdout);
+    assert_eq!(a.state("hung").as_deref(), Some("exited"));
+    stores_verify(&[&a, &b]);
+}
+
+/// B takes longer to prepare each round than A's peer stall (held 5 s at the start of each
+/// prepare; A gives a peer up after 2 s without a byte): B's progress bytes keep A waiting,
+/// and the move commits — a slow destination is not mistaken for a hung one.
+#[test]
+fn a_destination_slow_to_prepare_is_waited_for_while_it_sends_progress() {
+    let here = client();
+    let a = SpaceProc::start_with_vars(&[("FERRY_PEER_SILENCE_MS", "1000")], &[]);
+    let b = SpaceProc::start_with_vars(&[("FERRY_FAULT_PAUSE", "dest-prepare:5000")], &[]);
+    let plain = run_cpu_guest(&here, &a.url, "slow", "400");
+    let (out, err, code) = migrate_in_background(&[], &a.url, "slow", &b.url)
+        .recv_timeout(Duration::from_secs(90))
+        .expect("migrate still waits after 90 s");
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(report["outcome"], "committed", "{report}");
+    assert!(report["downtime_ms"].as_u64().unwrap() >= 5000, "{report}");
+    assert_finished_like(&here, &a.url, "slow", &plain.stdout);
+    assert_eq!(b.state("slow").as_deref(), Some("exited"));
+    stores_verify(&[&a, &b]);
+}
+
 /// B goes silent right after A recorded the move (A cannot deliver the commit): `migrate`
 /// still returns, the move committed; B learns the outcome by asking A and runs the guest —
 /// once, its output continuing A's.
