@@ -444,6 +444,11 @@ pub struct MigrateRequest {
     /// Engine on the destination (default: the same).
     #[serde(default)]
     pub engine: Option<String>,
+    /// The longest the guest may stay paused, in ms: a move whose final snapshot, final
+    /// delta and prepare have not ended by then is aborted, and the guest runs on here
+    /// (default: no bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pause_ms: Option<u64>,
 }
 
 fn default_rounds() -> u32 {
@@ -461,6 +466,7 @@ impl MigrateRequest {
             max_rounds: default_rounds(),
             stop_bytes: default_stop_bytes(),
             engine: None,
+            max_pause_ms: None,
         }
     }
 }

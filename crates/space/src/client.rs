@@ -906,10 +906,22 @@ impl SpaceClient {
     /// [`Prepared`] answer; one that sends nothing for [`crate::net::peer_stall`] is given
     /// up. (A space that predates progress answers as other calls do.)
     pub fn prepare(&self, req: &PrepareRequest) -> Result<SessionInfo, ApiError> {
+        self.prepare_within(req, None)
+    }
+
+    /// [`SpaceClient::prepare`], given up (status 0) unless answered `within`.
+    pub fn prepare_within(
+        &self,
+        req: &PrepareRequest,
+        within: Option<std::time::Duration>,
+    ) -> Result<SessionInfo, ApiError> {
         let body = serde_json::to_vec(req).expect("request bodies serialize");
         let r = self
             .answering
             .post(format!("{}/v1/migrations", self.base))
+            .config()
+            .timeout_global(within)
+            .build()
             .header("Authorization", format!("Bearer {}", self.token))
             .header("Content-Type", "application/json")
             .header(PROGRESS, "1")

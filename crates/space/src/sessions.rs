@@ -2028,6 +2028,9 @@ impl Sessions {
         if to == self.cfg.advertise.trim_end_matches('/') {
             return Err(ApiError::bad_request("the destination is this space"));
         }
+        if req.max_pause_ms == Some(0) {
+            return Err(ApiError::bad_request("max_pause_ms must be at least 1"));
+        }
         let engine = parse_engine(req.engine.as_deref(), engine_of(&live))?;
         let dest = SpaceClient::new(&to, &self.cfg.peer_token);
         let dest_store = dest.store();
@@ -2259,6 +2262,29 @@ impl Sessions {
             let _ = dest.abort(&id, Decision { epoch });
             e
         };
+        // With `max_pause_ms`: what is left of the pause the caller allows after `what`, or
+        // the reason to abort once it is spent.
+        let max_pause = req.max_pause_ms.map(Duration::from_millis);
+        let pause_left = |what: &str| -> Result<Option<Duration>, ApiError> {
+            let Some(max) = max_pause else {
+                return Ok(None);
+            };
+            let spent = paused.elapsed();
+            max.checked_sub(spent)
+                .filter(|d| !d.is_zero())
+                .map(Some)
+                .ok_or_else(|| {
+                    ApiError::unavailable(format!(
+                        "the guest had been paused {} ms by the end of {what}: past the \
+                         --max-pause of {} ms",
+                        spent.as_millis(),
+                        max.as_millis()
+                    ))
+                })
+        };
+        if let Err(e) = pause_left("the final snapshot") {
+            return Err(abort_here(self, e));
+        }
         // 3. Final delta.
         let t = Instant::now();
         let s = match send_closure(self.store.as_ref(), dest_store, k, &mut |_, _| {}) {
@@ -2272,12 +2298,19 @@ impl Sessions {
         fault("final-delta");
         // 4. Prepare: the destination verifies, admits and restores (or brings its held copy
         //    forward to κ), then holds.
+        let within = match pause_left("the final delta") {
+            Ok(w) => w,
+            Err(e) => return Err(abort_here(self, e)),
+        };
         let t = Instant::now();
-        let prepared = dest.prepare(&PrepareRequest {
-            input: sealed.map(|(ik, _)| ik.to_string()),
-            input_ended: sealed.is_some_and(|(_, ended)| ended),
-            ..prepare_at(k)
-        });
+        let prepared = dest.prepare_within(
+            &PrepareRequest {
+                input: sealed.map(|(ik, _)| ik.to_string()),
+                input_ended: sealed.is_some_and(|(_, ended)| ended),
+                ..prepare_at(k)
+            },
+            within,
+        );
         let t_prepare = t.elapsed();
         // The standby the session keeps there (none if the destination was its standby).
         let standby_after = match prepared {
@@ -2285,7 +2318,17 @@ impl Sessions {
                 dest_name = a.space.or(dest_name);
                 a.standby
             }
-            Err(e) => return Err(abort_here(self, refused(e))),
+            Err(e) => {
+                // Unanswered once the pause was spent: the bound cut the prepare.
+                let e = match pause_left("the prepare") {
+                    Err(spent) if e.status == 0 => ApiError::unavailable(format!(
+                        "the destination had not prepared in time: {}",
+                        spent.msg
+                    )),
+                    _ => refused(e),
+                };
+                return Err(abort_here(self, e));
+            }
         };
         fault("prepared");
         // 5. Commit point: in a fleet, the transaction in etcd that moves the owner record

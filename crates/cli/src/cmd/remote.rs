@@ -1216,6 +1216,11 @@ pub struct MigrateArgs {
     /// Most pre-copy rounds before the guest is paused.
     #[arg(long, default_value_t = 8)]
     max_rounds: u32,
+    /// The longest the guest may stay paused (e.g. 5s): if the final snapshot, final delta
+    /// and the destination's prepare have not ended by then, the move is aborted and the
+    /// guest runs on where it is. Default: no bound.
+    #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
+    max_pause: Option<Duration>,
 }
 
 /// Prints the pre-copy rounds after the first `shown` on stderr; returns how many are shown.
@@ -1238,6 +1243,7 @@ pub fn migrate(settings: &Settings, a: MigrateArgs) -> Result<ExitCode> {
     let mut req = MigrateRequest::to(&a.to);
     req.max_rounds = a.max_rounds;
     req.engine = a.engine.map(|e| e.name().into());
+    req.max_pause_ms = a.max_pause.map(|d| d.as_millis() as u64);
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = a.progress.then(|| {
         let (c, id, done) = (c.elsewhere(c.base()), a.session.clone(), done.clone());

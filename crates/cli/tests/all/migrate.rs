@@ -847,7 +847,7 @@ fn a_destination_slow_to_prepare_is_waited_for_while_it_sends_progress() {
     let here = client();
     let a = SpaceProc::start_with_vars(&[("FERRY_PEER_SILENCE_MS", "1000")], &[]);
     let b = SpaceProc::start_with_vars(&[("FERRY_FAULT_PAUSE", "dest-prepare:5000")], &[]);
-    let plain = run_cpu_guest(&here, &a.url, "slow", "400");
+    let plain = run_cpu_guest(&here, &a.url, "slow", "1200");
     let (out, err, code) = migrate_in_background(&[], &a.url, "slow", &b.url)
         .recv_timeout(Duration::from_secs(90))
         .expect("migrate still waits after 90 s");
@@ -858,6 +858,41 @@ fn a_destination_slow_to_prepare_is_waited_for_while_it_sends_progress() {
     assert_finished_like(&here, &a.url, "slow", &plain.stdout);
     assert_eq!(b.state("slow").as_deref(), Some("exited"));
     stores_verify(&[&a, &b]);
+}
+
+/// `migrate --max-pause 1s` to a destination that takes 4 s over each prepare (held at its
+/// start): the pre-copy round is waited for (the guest runs meanwhile), the final prepare is
+/// cut once the guest has been paused 1 s — the move aborts and the guest runs on here; the
+/// destination, done later, drops the copy it prepared.
+#[test]
+fn a_move_that_would_pause_the_guest_past_max_pause_is_aborted_and_the_guest_runs_on() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start_with_vars(&[("FERRY_FAULT_PAUSE", "dest-prepare:4000")], &[]);
+    let plain = run_cpu_guest(&here, &a.url, "mp", "1200");
+    let args = ["migrate", "mp", "--to", &b.url, "--max-rounds", "1"];
+    let (_, err, code) = cli(&here, &a.url, &[&args[..], &["--max-pause", "1s"]].concat());
+    assert_ne!(code, 0);
+    assert!(err.contains("migration aborted"), "{err}");
+    assert!(
+        err.contains("had not prepared in time") && err.contains("--max-pause of 1000 ms"),
+        "{err}"
+    );
+    let at_a = a.state("mp");
+    assert!(
+        matches!(at_a.as_deref(), Some("running" | "exited")),
+        "{at_a:?}"
+    );
+    eventually("the destination drops its prepared copy", || {
+        b.state("mp").is_none()
+    });
+    assert_finished_like(&here, &a.url, "mp", &plain.stdout);
+    assert_eq!(a.state("mp").as_deref(), Some("exited"));
+    stores_verify(&[&a, &b]);
+    // A bound of nothing is refused before anything moves.
+    let (_, err, code) = cli(&here, &a.url, &[&args[..], &["--max-pause", "0s"]].concat());
+    assert_ne!(code, 0);
+    assert!(err.contains("must be positive"), "{err}");
 }
 
 /// B goes silent right after A recorded the move (A cannot deliver the commit): `migrate`
