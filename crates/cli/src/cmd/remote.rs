@@ -1003,6 +1003,10 @@ pub struct DrainArgs {
     /// Most pre-copy rounds before each guest is paused.
     #[arg(long, default_value_t = 8)]
     max_rounds: u32,
+    /// The longest each guest may stay paused (as `migrate --max-pause`): a move that would
+    /// pause it longer is aborted, and the next space is tried.
+    #[arg(long, value_name = "DURATION", value_parser = crate::cmd::run::parse_duration)]
+    max_pause: Option<Duration>,
     /// End the draining: the space runs new sessions and takes moves again (and may be
     /// chosen as a standby). Moves nothing.
     #[arg(long)]
@@ -1075,6 +1079,12 @@ pub fn drain(settings: &Settings, a: DrainArgs) -> Result<ExitCode> {
         vec![a.to.trim_end_matches('/').to_owned()]
     };
     let total = sessions.len();
+    // Each move as `migrate` would make it (its destination set per try).
+    let how = MigrateRequest {
+        max_rounds: a.max_rounds,
+        max_pause_ms: a.max_pause.map(|d| d.as_millis() as u64),
+        ..MigrateRequest::to("")
+    };
     // Movers take the sessions in the order listed; each outcome (where it went, or why it
     // stayed) is reported in that order.
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -1089,7 +1099,7 @@ pub fn drain(settings: &Settings, a: DrainArgs) -> Result<ExitCode> {
                             return mine;
                         };
                         let at = format!("[{}/{total}] session {}", n + 1, s.id);
-                        let outcome = drain_one(&c, s, &spaces, a.max_rounds, &at);
+                        let outcome = drain_one(&c, s, &spaces, &how, &at);
                         if let Err(why) = &outcome {
                             eprintln!("ferry: {at} stays at {}: {why}", c.base());
                         }
@@ -1150,7 +1160,7 @@ fn drain_one(
     c: &SpaceClient,
     s: &ferry_space::api::SessionInfo,
     spaces: &[String],
-    max_rounds: u32,
+    how: &MigrateRequest,
     at: &str,
 ) -> Result<String, String> {
     if s.state == State::Lent {
@@ -1172,8 +1182,10 @@ fn drain_one(
     let mut refusals = Vec::new();
     for to in &order {
         eprintln!("ferry: {at} ({}): moving to {to}", s.state.name());
-        let mut req = MigrateRequest::to(to);
-        req.max_rounds = max_rounds;
+        let req = MigrateRequest {
+            to: to.clone(),
+            ..how.clone()
+        };
         match c.migrate(&s.id, &req) {
             Ok(r) => {
                 eprintln!(

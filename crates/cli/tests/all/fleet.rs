@@ -1201,7 +1201,11 @@ fn in_a_fleet_drain_moves_every_session_off_a_space() {
     assert_eq!(a.state("asleep").as_deref(), Some("suspended"));
 
     // All three at once.
-    let (out, err, code) = cli(&here, &a.url, &["drain", "--parallel", "3"]);
+    let (out, err, code) = cli(
+        &here,
+        &a.url,
+        &["drain", "--parallel", "3", "--max-pause", "60s"],
+    );
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("moved 3 of 3 session(s) off"), "{err}");
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
