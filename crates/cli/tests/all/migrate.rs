@@ -767,6 +767,21 @@ fn move_to_a_destination_that_goes_silent(
     Some((a, b, plain.stdout, done))
 }
 
+/// After a move of session `id` from `a` to `b` that aborted once the guest was paused: the
+/// guest runs on at `a` (or has ended there), `b` drops any copy it held, and the session
+/// ends once, at `a`, with the output `plain` of an uninterrupted run; both stores verify.
+fn stayed_at_the_source(here: &Env, a: &SpaceProc, b: &SpaceProc, id: &str, plain: &[u8]) {
+    let at_a = a.state(id);
+    assert!(
+        matches!(at_a.as_deref(), Some("running" | "exited")),
+        "{at_a:?}"
+    );
+    eventually("the destination drops its copy", || b.state(id).is_none());
+    assert_finished_like(here, &a.url, id, plain);
+    assert_eq!(a.state(id).as_deref(), Some("exited"));
+    stores_verify(&[a, b]);
+}
+
 /// B goes silent once A has paused the guest (the final delta and prepare then get no
 /// answer): A gives B up, the guest runs on at A, and B, heard again, drops the copy it was
 /// holding from the pre-copy rounds. One copy finishes, as an uninterrupted run does.
@@ -780,16 +795,7 @@ fn a_destination_that_goes_silent_after_the_pause_is_given_up_and_the_guest_runs
     assert!(err.contains("migration aborted"), "{err}");
     assert!(err.contains("silent") || err.contains("timeout"), "{err}");
     eprintln!("migrate: {err}");
-    // Resumed at A (it may have ended by now).
-    let at_a = a.state("bh");
-    assert!(
-        matches!(at_a.as_deref(), Some("running" | "exited")),
-        "{at_a:?}"
-    );
-    eventually("the destination drops its held copy", || {
-        b.state("bh").is_none()
-    });
-    assert_finished_like(&client(), &a.url, "bh", &plain);
+    stayed_at_the_source(&client(), &a, &b, "bh", &plain);
 }
 
 /// B's process hangs once A has paused the guest (SIGSTOP: its kernel still answers probes
@@ -826,17 +832,7 @@ fn a_destination_whose_process_hangs_after_the_pause_is_given_up_and_the_guest_r
     assert_ne!(code, 0);
     assert!(err.contains("migration aborted"), "{err}");
     assert!(err.contains("stopped answering"), "{err}");
-    let at_a = a.state("hung");
-    assert!(
-        matches!(at_a.as_deref(), Some("running" | "exited")),
-        "{at_a:?}"
-    );
-    eventually("the destination drops its held copy", || {
-        b.state("hung").is_none()
-    });
-    assert_finished_like(&here, &a.url, "hung", &plain.stdout);
-    assert_eq!(a.state("hung").as_deref(), Some("exited"));
-    stores_verify(&[&a, &b]);
+    stayed_at_the_source(&here, &a, &b, "hung", &plain.stdout);
 }
 
 /// B takes longer to prepare each round than A's peer stall (held 5 s at the start of each
@@ -878,17 +874,7 @@ fn a_move_that_would_pause_the_guest_past_max_pause_is_aborted_and_the_guest_run
         err.contains("had not prepared in time") && err.contains("--max-pause of 1000 ms"),
         "{err}"
     );
-    let at_a = a.state("mp");
-    assert!(
-        matches!(at_a.as_deref(), Some("running" | "exited")),
-        "{at_a:?}"
-    );
-    eventually("the destination drops its prepared copy", || {
-        b.state("mp").is_none()
-    });
-    assert_finished_like(&here, &a.url, "mp", &plain.stdout);
-    assert_eq!(a.state("mp").as_deref(), Some("exited"));
-    stores_verify(&[&a, &b]);
+    stayed_at_the_source(&here, &a, &b, "mp", &plain.stdout);
     // A bound of nothing is refused before anything moves.
     let (_, err, code) = cli(&here, &a.url, &[&args[..], &["--max-pause", "0s"]].concat());
     assert_ne!(code, 0);
