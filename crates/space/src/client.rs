@@ -25,25 +25,25 @@ pub struct RemoteStore {
 
 /// An HTTP agent for talking to a space: non-2xx answers are returned, not errors (their
 /// reason is read and reported), connecting gives up after 5 s, a connection whose peer
-/// goes silent is given up after [`crate::net::peer_silence`], and `https://` spaces are
-/// trusted as [`crate::tls::client_config`] says.
+/// goes silent — or takes nothing of a write — for [`crate::net::peer_silence`] is given up,
+/// and `https://` spaces are trusted as [`crate::tls::client_config`] says.
 pub(crate) fn agent() -> ureq::Agent {
-    agent_with(crate::tls::client_config())
-}
-
-/// [`agent`] for calls whose answer is due soon (store calls, a migration's steps): a peer
-/// that sends nothing for [`crate::net::peer_stall`] while one waits is given up — its
-/// machine answers, but its process has hung.
-pub(crate) fn answering_agent() -> ureq::Agent {
     build_agent(
         crate::tls::client_config(),
-        crate::net::PeerConnector::answering(),
+        crate::net::PeerConnector::default(),
     )
 }
 
-/// [`agent`] with the TLS settings `tls` (etcd's: [`crate::tls::etcd_client_config`]).
-pub(crate) fn agent_with(tls: ureq::tls::TlsConfig) -> ureq::Agent {
-    build_agent(tls, crate::net::PeerConnector::default())
+/// [`agent`] for calls whose answer is due soon (store calls, a migration's steps, etcd): a
+/// peer that sends nothing for [`crate::net::peer_stall`] while one waits is given up — its
+/// machine answers, but its process has hung.
+pub(crate) fn answering_agent() -> ureq::Agent {
+    answering_agent_with(crate::tls::client_config())
+}
+
+/// [`answering_agent`] with the TLS settings `tls` (etcd's: [`crate::tls::etcd_client_config`]).
+pub(crate) fn answering_agent_with(tls: ureq::tls::TlsConfig) -> ureq::Agent {
+    build_agent(tls, crate::net::PeerConnector::answering())
 }
 
 /// An agent over `connector` (which bounds how long a peer may stall) with `tls`.

@@ -293,7 +293,7 @@ impl Owners {
             prefix: prefix.trim_end_matches('/').to_owned(),
             me: me.trim_end_matches('/').to_owned(),
             zone: None,
-            agent: crate::client::agent(),
+            agent: crate::client::answering_agent(),
             draining: Default::default(),
             lease: Default::default(),
             renewed: Mutex::new(None),
@@ -315,7 +315,7 @@ impl Owners {
     /// Speaks HTTPS to etcd with `tls` ([`crate::tls::etcd_client_config`]: the CA that
     /// signed etcd's certificate, and a client certificate when etcd asks for one).
     pub fn with_tls(mut self, tls: ureq::tls::TlsConfig) -> Self {
-        self.agent = crate::client::agent_with(tls);
+        self.agent = crate::client::answering_agent_with(tls);
         self
     }
 

@@ -388,6 +388,43 @@ fn a_fleet_goes_on_while_its_etcd_cluster_keeps_a_quorum() {
     stores_verify(&[&a, &b]);
 }
 
+/// A fleet given every member of a three-member etcd cluster, with the member it asks first
+/// hung (`SIGSTOP`: its machine still answers, so the connection never goes silent): each
+/// space gives that member up once it has sent nothing for the peer stall (2 s here) and asks
+/// the next, so a move is decided as before and the session ends once, at its destination.
+#[test]
+fn a_fleet_goes_on_while_the_etcd_member_it_asks_first_hangs() {
+    let Some(etcd) = EtcdCluster::start() else {
+        return;
+    };
+    let here = client();
+    let endpoints = etcd.endpoints();
+    let silence = [("FERRY_PEER_SILENCE_MS", "1000")];
+    let a = SpaceProc::start_with_vars(&silence, &["--etcd", &endpoints]);
+    let b = SpaceProc::start_with_vars(&silence, &["--etcd", &endpoints]);
+    let g = crate::harness::guest("wasm/sleepy.wasm");
+    let g = g.to_str().unwrap();
+    let plain = here.plain(&[g, "--", "400", "0"]).stdout;
+    ok(
+        &here,
+        &a.url,
+        &["run", "--session", "hung", g, "--", "400", "0"],
+    );
+    etcd.signal_member(0, libc::SIGSTOP);
+    let done =
+        migrate_in_background(&[], &a.url, "hung", &b.url).recv_timeout(Duration::from_secs(60));
+    etcd.signal_member(0, libc::SIGCONT);
+    let (_, err, code) = done.expect("migrate still waits after 60 s with an etcd member hung");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        etcd.owner("hung"),
+        Some(json!({"space": b.url, "epoch": 2}))
+    );
+    assert_finished_like(&here, &a.url, "hung", &plain);
+    finished_once(&[&a, &b], "hung", &b);
+    stores_verify(&[&a, &b]);
+}
+
 /// `sleepy STEPS 0` run on `space` as session `id`, checkpointed every 200 ms with `standby`
 /// (a space's URL, or `auto`) as its standby; returns what an uninterrupted run shows.
 fn run_with_standby(

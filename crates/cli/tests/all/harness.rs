@@ -1183,6 +1183,16 @@ impl EtcdCluster {
         }
     }
 
+    /// Sends member `i` `sig` (`SIGSTOP`: its process hangs while its machine answers for
+    /// it; `SIGCONT`: it goes on).
+    pub fn signal_member(&self, i: usize, sig: i32) {
+        let c = self.members[i].as_ref().expect("a running member");
+        // SAFETY: kill(2) on the pid of a child this harness started and has not waited for.
+        unsafe {
+            libc::kill(c.id() as i32, sig);
+        }
+    }
+
     /// Every client URL, comma-separated (`ferry serve --etcd`).
     pub fn endpoints(&self) -> String {
         self.urls.join(",")
