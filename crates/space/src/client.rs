@@ -506,7 +506,9 @@ pub struct SpaceClient {
     base: String,
     token: String,
     agent: ureq::Agent,
-    /// For a migration's steps, whose answers are due soon ([`answering_agent`]).
+    /// For calls whose answers are due soon ([`answering_agent`]): a migration's steps, a
+    /// standby's checkpoint, the health check and the session records (which a destination
+    /// asks a source for, to learn how a move ended).
     answering: ureq::Agent,
 }
 
@@ -614,8 +616,15 @@ impl SpaceClient {
     }
 
     fn get_json<R: serde::de::DeserializeOwned>(&self, path: &str) -> Result<R, ApiError> {
-        let r = self
-            .agent
+        self.get_json_with(&self.agent, path)
+    }
+
+    fn get_json_with<R: serde::de::DeserializeOwned>(
+        &self,
+        agent: &ureq::Agent,
+        path: &str,
+    ) -> Result<R, ApiError> {
+        let r = agent
             .get(format!("{}{path}", self.base))
             .header("Authorization", format!("Bearer {}", self.token))
             .call();
@@ -623,14 +632,18 @@ impl SpaceClient {
         self.json(&b)
     }
 
-    /// `GET /v1/health`.
+    /// `GET /v1/health`. (This call and the session records are answered at once: a space
+    /// that sends nothing for [`crate::net::peer_stall`] is given up.)
     pub fn health(&self) -> Result<(), ApiError> {
-        let r = self.agent.get(format!("{}/v1/health", self.base)).call();
+        let r = self
+            .answering
+            .get(format!("{}/v1/health", self.base))
+            .call();
         self.answer(r).map(drop)
     }
 
     pub fn sessions(&self) -> Result<Vec<SessionInfo>, ApiError> {
-        self.get_json("/v1/sessions")
+        self.get_json_with(&self.answering, "/v1/sessions")
     }
 
     /// `POST /v1/drain`.
@@ -657,7 +670,7 @@ impl SpaceClient {
 
     pub fn session(&self, id: &str) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;
-        self.get_json(&format!("/v1/sessions/{id}"))
+        self.get_json_with(&self.answering, &format!("/v1/sessions/{id}"))
     }
 
     pub fn run(&self, req: &RunRequest) -> Result<SessionInfo, ApiError> {

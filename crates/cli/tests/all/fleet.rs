@@ -162,6 +162,57 @@ fn in_a_fleet_a_destination_gives_up_a_move_whose_source_is_gone() {
     stores_verify(&[&a, &b]);
 }
 
+/// The source's process hangs (`SIGSTOP`: its machine still answers, so the connection never
+/// goes silent) once it has paused the guest and the destination holds a prepared copy: the
+/// destination's questions to the source get nothing for the peer stall (2 s here), so after
+/// `--prepared-timeout` it gives the move up in etcd and drops its copy; the source, going on,
+/// finds the move aborted and runs the guest on — one copy, output unchanged.
+#[test]
+fn in_a_fleet_a_source_whose_process_hangs_before_its_commit_runs_the_guest_on() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let here = client();
+    let a = SpaceProc::start_with_vars(
+        &[("FERRY_FAULT_PAUSE", "prepared:3000")],
+        &["--etcd", &etcd.url],
+    );
+    let b = SpaceProc::start_with_vars(
+        &[("FERRY_PEER_SILENCE_MS", "1000")],
+        &["--etcd", &etcd.url, "--prepared-timeout", "1s"],
+    );
+    let plain = run_cpu_guest(&here, &a.url, "froze", "1200");
+    let rx = migrate_in_background(&[], &a.url, "froze", &b.url);
+    eventually(
+        "the guest is paused and the destination holds a copy",
+        || {
+            a.state("froze").as_deref() == Some("suspended")
+                && b.state("froze").as_deref() == Some("prepared")
+        },
+    );
+    a.signal(libc::SIGSTOP);
+    let t = std::time::Instant::now();
+    let mut dropped = false;
+    while !dropped && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+        dropped = b.state("froze").is_none();
+    }
+    a.signal(libc::SIGCONT);
+    assert!(
+        dropped,
+        "the destination still holds its copy 30 s into the hang"
+    );
+    let (_, err, code) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("migrate still waits after 60 s");
+    assert_ne!(code, 0, "the move committed: {err}");
+    assert!(err.contains("migration aborted"), "{err}");
+    assert_eq!(etcd.values("/ferry/moves/froze/2/"), vec!["aborted"]);
+    assert_finished_like(&here, &a.url, "froze", &plain.stdout);
+    finished_once(&[&a, &b], "froze", &a);
+    stores_verify(&[&a, &b]);
+}
+
 /// The destination cannot reach the source (every packet between them on the source's peer
 /// address dropped; clients still reach it) while the source holds just before its commit
 /// (`FERRY_FAULT_PAUSE`): the destination gives the move up in etcd, so the source's commit
