@@ -13,9 +13,9 @@
 //! answering probes and acknowledging data until its buffers fill, so the kernel never gives
 //! it up. What ferry bounds itself: a write that the peer takes nothing of for the peer
 //! silence fails on every connection; and on connections made for calls that expect the
-//! peer's answer soon ([`PeerConnector::answering`]: store calls, a migration's steps), a
-//! read that gets nothing for [`peer_stall`] fails — a prepare, which may work for long,
-//! sends a byte every [`PROGRESS_EVERY`] while it works.
+//! peer's answer soon ([`PeerConnector::answering`]: store calls, a migration's steps, session
+//! records, etcd), a read that gets nothing for [`peer_stall`] fails — a prepare, which may
+//! work for long, sends a byte every [`PROGRESS_EVERY`] while it works.
 
 use std::fmt;
 use std::io::{self, Read, Write};
