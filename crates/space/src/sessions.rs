@@ -1992,8 +1992,14 @@ impl Sessions {
         Ok(live.wait_while(timeout, |i| {
             // A standby copy: until it is taken over (and then ends here) or dropped. A new
             // standby ends the wait too: a waiter following the session learns which space
-            // would take it over.
+            // would take it over. A session this space suspended when it stopped is about
+            // to be resumed now that it runs again (unless that fails, which clears the
+            // mark); while the space is stopping, the mark ends the wait instead.
+            let to_resume = i.state == State::Suspended
+                && i.resume_on_start
+                && !self.stopping.load(Ordering::SeqCst);
             (i.state.is_live()
+                || to_resume
                 || i.state == State::Standby
                 || (i.migrating_to.is_some() && i.state != State::Moved))
                 && i.standby == standby
