@@ -31,6 +31,21 @@ pub use prepare::{OtherVersions, Prepared, Runtime};
 pub use run::{Outcome, PlainModule, SnapshotMeta, Start};
 pub use seam::{EngineKind, Stop, TrapFrame, TrapReport, Value};
 
+/// Holds this thread `ms` milliseconds when `FERRY_FAULT_PAUSE=<step>:<ms>` names `step`: the
+/// fault-injection tests use it to act inside a window that is otherwise short (the space's
+/// migration steps, and `check-mapped`: the check of the chunks a resume mapped, which then
+/// starts that much after the guest runs).
+pub fn fault_pause(step: &str) {
+    if let Ok(v) = std::env::var("FERRY_FAULT_PAUSE")
+        && let Some((at, ms)) = v.split_once(':')
+        && at == step
+        && let Ok(ms) = ms.parse()
+    {
+        tracing::warn!(step, ms, "fault injection: pausing");
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
 /// Host contract version recorded in every snapshot's profile.
 pub const HOST_CONTRACT: &str = "ferry-host/1";
 /// Engine class every ferry snapshot needs: core Wasm 2.0 (SIMD included) plus multi-memory

@@ -458,6 +458,7 @@ fn spawn_check(check: snapshot::DeferredCheck, control: &Arc<Control>) {
     let chunks = check.chunks();
     let started = std::time::Instant::now();
     let work = move || {
+        crate::fault_pause("check-mapped");
         let r = check.run();
         let ms = started.elapsed().as_millis() as u64;
         match &r {

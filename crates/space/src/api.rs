@@ -700,21 +700,25 @@ pub struct PrepareRequest {
     pub input_ended: bool,
 }
 
-/// The request header with which a caller of `POST /v1/migrations` asks for progress: the
-/// space then answers `200` with this header at once, sends a space (`0x20`) every
-/// [`crate::net::PROGRESS_EVERY`] while it prepares, and ends with a [`Prepared`] — so the
-/// caller can tell a prepare that takes long from a process that hung.
+/// The request header with which a caller asks for progress on a call that may work long — a
+/// migration's prepare (`POST /v1/migrations`), a `migrate`, a `run` or a `resume`: the space
+/// then answers `200` with this header at once, sends a space (`0x20`) every
+/// [`crate::net::PROGRESS_EVERY`] while it works, and ends with a [`Progressed`] — so the
+/// caller can tell a call that takes long from a process that hung.
 pub const PROGRESS: &str = "ferry-progress";
 
-/// How a prepare answered with progress ([`PROGRESS`]) ended, after its spaces:
-/// `{"ok": SessionInfo}` or `{"error": {"status": 409, "message": "…"}}` (the status and
+/// How a call answered with progress ([`PROGRESS`]) ended, after its spaces:
+/// `{"ok": <the answer>}` or `{"error": {"status": 409, "message": "…"}}` (the status and
 /// reason the call answers without progress).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Prepared {
-    Ok(Box<SessionInfo>),
+pub enum Progressed<T> {
+    Ok(Box<T>),
     Error { status: u16, message: String },
 }
+
+/// How a prepare answered with progress ended.
+pub type Prepared = Progressed<SessionInfo>;
 
 /// `POST /v1/migrations/{id}/commit` and `/abort`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

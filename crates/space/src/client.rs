@@ -10,17 +10,20 @@ use tracing::info;
 
 use crate::api::{
     ApiError, Decision, GcReport, GcRequest, MigrateRequest, MigrationReport, PROGRESS,
-    PrepareRequest, Prepared, ResumeRequest, RunRequest, SessionInfo, session_id,
+    PrepareRequest, Progressed, ResumeRequest, RunRequest, SessionInfo, session_id,
 };
 use crate::{MAX_BODY, MAX_OBJECT, MAX_QUERY};
 
 /// A space at `base` (e.g. `http://127.0.0.1:7070`), authenticated with `token`. Reads are
 /// verified like any store's: an object that does not hash to its κ is an error. A space
 /// that sends nothing for [`crate::net::peer_stall`] while a call waits is given up.
+#[derive(Clone)]
 pub struct RemoteStore {
     base: String,
     token: String,
     agent: ureq::Agent,
+    /// Every call is given up once this has passed ([`RemoteStore::until`]).
+    deadline: Option<std::time::Instant>,
 }
 
 /// An HTTP agent for talking to a space: non-2xx answers are returned, not errors (their
@@ -82,11 +85,41 @@ impl RemoteStore {
             base: base.trim_end_matches('/').to_owned(),
             token: token.to_owned(),
             agent: answering_agent(),
+            deadline: None,
+        }
+    }
+
+    /// This store with every call — the ones under way included — given up once `deadline`
+    /// has passed: a migration's final delta, sent while the guest is paused, within what is
+    /// left of `--max-pause`.
+    pub fn until(&self, deadline: std::time::Instant) -> Self {
+        Self {
+            deadline: Some(deadline),
+            ..self.clone()
         }
     }
 
     fn auth(&self) -> String {
         format!("Bearer {}", self.token)
+    }
+
+    /// A `POST` to `path`, authorized, bounded by the deadline if there is one.
+    fn post(
+        &self,
+        path: &str,
+    ) -> Result<ureq::RequestBuilder<ureq::typestate::WithBody>, StoreError> {
+        let b = self
+            .agent
+            .post(format!("{}{path}", self.base))
+            .header("Authorization", self.auth());
+        let Some(deadline) = self.deadline else {
+            return Ok(b);
+        };
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(remote(format!("{}: past the deadline", self.base)));
+        }
+        Ok(b.config().timeout_global(Some(left)).build())
     }
 
     /// Turns a non-2xx answer into an error carrying the server's reason.
@@ -122,9 +155,7 @@ impl RemoteStore {
         for part in ks.chunks(MAX_QUERY) {
             let body: Vec<u8> = part.iter().flat_map(|k| *k.as_bytes()).collect();
             let r = self
-                .agent
-                .post(format!("{}/v1/objects/missing", self.base))
-                .header("Authorization", self.auth())
+                .post("/v1/objects/missing")?
                 .send(&body[..])
                 .map_err(remote)?;
             let mut r = self.check("asking what is missing", r)?;
@@ -156,9 +187,7 @@ impl RemoteStore {
     ) -> Result<u64, StoreError> {
         let body: Vec<u8> = ks.iter().flat_map(|k| *k.as_bytes()).collect();
         let r = self
-            .agent
-            .post(format!("{}/v1/objects/fetch", self.base))
-            .header("Authorization", self.auth())
+            .post("/v1/objects/fetch")?
             .send(&body[..])
             .map_err(remote)?;
         let mut r = self.check("fetching objects", r)?;
@@ -180,21 +209,14 @@ impl RemoteStore {
 
     /// Sends a batch built by `batch::push` (`POST /v1/objects`).
     pub(crate) fn put_batch(&self, body: &[u8]) -> Result<(), StoreError> {
-        let r = self
-            .agent
-            .post(format!("{}/v1/objects", self.base))
-            .header("Authorization", self.auth())
-            .send(body)
-            .map_err(remote)?;
+        let r = self.post("/v1/objects")?.send(body).map_err(remote)?;
         self.check("sending objects", r).map(drop)
     }
 
     /// Asks the space to verify snapshot κ's closure and name it `snapshot/<hex>`.
     pub fn name_snapshot(&self, k: &Kappa) -> Result<(), StoreError> {
         let r = self
-            .agent
-            .post(format!("{}/v1/snapshots/{k}", self.base))
-            .header("Authorization", self.auth())
+            .post(&format!("/v1/snapshots/{k}"))?
             .send_empty()
             .map_err(remote)?;
         self.check("naming the snapshot", r).map(drop)
@@ -632,6 +654,39 @@ impl SpaceClient {
         self.json(&b)
     }
 
+    /// A `GET` of `path` that the space may hold `wait_ms` before it answers: given up if its
+    /// answer has not begun [`crate::net::peer_stall`] after that.
+    fn long_poll(
+        &self,
+        path: &str,
+        wait_ms: u64,
+    ) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
+        let within = std::time::Duration::from_millis(wait_ms) + crate::net::peer_stall();
+        self.agent
+            .get(format!("{}{path}", self.base))
+            .config()
+            .timeout_recv_response(Some(within))
+            .build()
+            .header("Authorization", format!("Bearer {}", self.token))
+    }
+
+    /// A long poll's error (status 0), said plainly when the space did not answer in time.
+    fn unanswered(&self, e: ureq::Error, wait_ms: u64) -> ApiError {
+        match e {
+            ureq::Error::Timeout(_) => ApiError::new(
+                0,
+                format!(
+                    "{} stopped answering: nothing came {} s past the {} ms it was asked to \
+                     wait (its process may have hung)",
+                    self.base,
+                    crate::net::peer_stall().as_secs(),
+                    wait_ms
+                ),
+            ),
+            e => unreachable_err(&self.base, e),
+        }
+    }
+
     /// `GET /v1/health`. (This call and the session records are answered at once: a space
     /// that sends nothing for [`crate::net::peer_stall`] is given up.)
     pub fn health(&self) -> Result<(), ApiError> {
@@ -673,13 +728,16 @@ impl SpaceClient {
         self.get_json_with(&self.answering, &format!("/v1/sessions/{id}"))
     }
 
+    /// `POST /v1/sessions`, with progress (a space that hangs while it prepares the module is
+    /// given up: [`SpaceClient::post_progress`]).
     pub fn run(&self, req: &RunRequest) -> Result<SessionInfo, ApiError> {
-        self.post("/v1/sessions", req)
+        self.post_progress("/v1/sessions", req, None)
     }
 
+    /// `POST /v1/sessions/{id}/resume`, with progress.
     pub fn resume(&self, id: &str, req: &ResumeRequest) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;
-        self.post(&format!("/v1/sessions/{id}/resume"), req)
+        self.post_progress(&format!("/v1/sessions/{id}/resume"), req, None)
     }
 
     /// `DELETE /v1/sessions/{id}`: forget a finished session (a suspended one with `force`).
@@ -773,29 +831,40 @@ impl SpaceClient {
         )
     }
 
+    /// `POST /v1/sessions/{id}/migrate`, with progress: a source that hangs mid-move is given
+    /// up (the move itself goes on or ends there as it would).
     pub fn migrate(&self, id: &str, req: &MigrateRequest) -> Result<MigrationReport, ApiError> {
         let id = session_id(id)?;
-        self.post(&format!("/v1/sessions/{id}/migrate"), req)
+        self.post_progress(&format!("/v1/sessions/{id}/migrate"), req, None)
     }
 
     /// Waits (at most `timeout_ms` on the space's side) until the session is no longer live.
+    /// A space that has not begun to answer [`crate::net::peer_stall`] after that is given up
+    /// (status 0): its machine answers, but its process has hung.
     pub fn wait(&self, id: &str, timeout_ms: u64) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;
-        self.get_json(&format!("/v1/sessions/{id}/wait?timeout_ms={timeout_ms}"))
+        let r = self
+            .long_poll(
+                &format!("/v1/sessions/{id}/wait?timeout_ms={timeout_ms}"),
+                timeout_ms,
+            )
+            .call()
+            .map_err(|e| self.unanswered(e, timeout_ms))?;
+        let b = self.answer(Ok(r))?;
+        self.json(&b)
     }
 
-    /// The output log from byte `from` on; waits up to `wait_ms` for more while it is live.
+    /// The output log from byte `from` on; waits up to `wait_ms` for more while it is live
+    /// (bounded as [`SpaceClient::wait`] is).
     pub fn logs(&self, id: &str, from: u64, wait_ms: u64) -> Result<LogChunk, ApiError> {
         let id = session_id(id)?;
         let r = self
-            .agent
-            .get(format!(
-                "{}/v1/sessions/{id}/logs?from={from}&wait_ms={wait_ms}",
-                self.base
-            ))
-            .header("Authorization", format!("Bearer {}", self.token))
-            .call();
-        let r = r.map_err(|e| unreachable_err(&self.base, e))?;
+            .long_poll(
+                &format!("/v1/sessions/{id}/logs?from={from}&wait_ms={wait_ms}"),
+                wait_ms,
+            )
+            .call()
+            .map_err(|e| self.unanswered(e, wait_ms))?;
         let header = |name: &str| {
             r.headers()
                 .get(name)
@@ -916,7 +985,7 @@ impl SpaceClient {
 
     /// `POST /v1/migrations`, asking for progress (`Ferry-Progress: 1`): the destination
     /// sends a byte every [`crate::net::PROGRESS_EVERY`] while it prepares, then its
-    /// [`Prepared`] answer; one that sends nothing for [`crate::net::peer_stall`] is given
+    /// [`crate::api::Prepared`] answer; one that sends nothing for [`crate::net::peer_stall`] is given
     /// up. (A space that predates progress answers as other calls do.)
     pub fn prepare(&self, req: &PrepareRequest) -> Result<SessionInfo, ApiError> {
         self.prepare_within(req, None)
@@ -928,10 +997,24 @@ impl SpaceClient {
         req: &PrepareRequest,
         within: Option<std::time::Duration>,
     ) -> Result<SessionInfo, ApiError> {
-        let body = serde_json::to_vec(req).expect("request bodies serialize");
+        self.post_progress("/v1/migrations", req, within)
+    }
+
+    /// Posts `body` to `path` asking for progress ([`PROGRESS`]): the space answers at once
+    /// and sends a byte every [`crate::net::PROGRESS_EVERY`] while it works, so a space that
+    /// sends nothing for [`crate::net::peer_stall`] has hung and is given up (status 0), as is
+    /// one that has not answered `within`. A space that predates progress answers as other
+    /// calls do (and is given up the same way if it works longer than the stall).
+    fn post_progress<B: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+        within: Option<std::time::Duration>,
+    ) -> Result<R, ApiError> {
+        let body = serde_json::to_vec(body).expect("request bodies serialize");
         let r = self
             .answering
-            .post(format!("{}/v1/migrations", self.base))
+            .post(format!("{}{path}", self.base))
             .config()
             .timeout_global(within)
             .build()
@@ -947,8 +1030,8 @@ impl SpaceClient {
             return self.json(&b);
         }
         match self.json(&b)? {
-            Prepared::Ok(info) => Ok(*info),
-            Prepared::Error { status, message } => Err(ApiError::new(status, message)),
+            Progressed::Ok(v) => Ok(*v),
+            Progressed::Error { status, message } => Err(ApiError::new(status, message)),
         }
     }
 

@@ -10,12 +10,16 @@
 //! long poll) is never cut for being slow.
 //!
 //! A peer whose machine lives but whose process hangs (stopped, frozen, swapped out) goes on
-//! answering probes and acknowledging data until its buffers fill, so the kernel never gives
-//! it up. What ferry bounds itself: a write that the peer takes nothing of for the peer
-//! silence fails on every connection; and on connections made for calls that expect the
-//! peer's answer soon ([`PeerConnector::answering`]: store calls, a migration's steps, session
-//! records, etcd), a read that gets nothing for [`peer_stall`] fails — a prepare, which may
-//! work for long, sends a byte every [`PROGRESS_EVERY`] while it works.
+//! answering probes and acknowledging data until its buffers fill. Once its window has stayed
+//! shut for the silence while there is data to send, the kernel gives the connection up
+//! (`TCP_USER_TIMEOUT` covers a zero window since Linux 5.11): that is what bounds a space's
+//! writes to a client that stops reading. ferry bounds its clients' writes itself as well (a
+//! write the peer takes nothing of for the silence fails, whatever the kernel). What no kernel
+//! sees is a peer that has all it was sent and never answers: on connections made for calls
+//! that expect the peer's answer soon ([`PeerConnector::answering`]: store calls, a
+//! migration's steps, session records, etcd), a read that gets nothing for [`peer_stall`]
+//! fails — a prepare, which may work for long, sends a byte every [`PROGRESS_EVERY`] while it
+//! works — and a long poll (`wait`, `logs`) is given up the stall after the wait it asked for.
 
 use std::fmt;
 use std::io::{self, Read, Write};

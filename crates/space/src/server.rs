@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::api::{
     ApiError, CheckpointedRequest, Decision, GcReport, GcRequest, LOG_LEN_HEADER, LendRequest,
-    LogLength, MigrateRequest, PROGRESS, PrepareRequest, Prepared, ResumeRequest, ReturnRequest,
+    LogLength, MigrateRequest, PROGRESS, PrepareRequest, Progressed, ResumeRequest, ReturnRequest,
     RunRequest,
 };
 use crate::net::PROGRESS_EVERY;
@@ -192,6 +192,7 @@ async fn put_objects(State(s): State<Shared>, headers: HeaderMap, body: Body) ->
         Err(e) => return e.into_response(),
     };
     let r = blocking(move || {
+        crate::sessions::fault("store-objects");
         let refuse = |e| text(StatusCode::UNPROCESSABLE_ENTITY, e);
         let stored = (|| {
             let batch = ferry_store::batch::decode(&body).map_err(refuse)?;
@@ -441,8 +442,12 @@ async fn list_sessions(State(s): State<Shared>) -> Response {
     session_call(s, |ss| Ok(ss.list())).await
 }
 
-async fn run_session(State(s): State<Shared>, Json(req): Json<RunRequest>) -> Response {
-    session_call(s, move |ss| ss.run(req)).await
+async fn run_session(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    Json(req): Json<RunRequest>,
+) -> Response {
+    with_progress(s, &headers, move |ss| ss.run(req)).await
 }
 
 async fn get_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
@@ -452,9 +457,10 @@ async fn get_session(State(s): State<Shared>, Path(id): Path<String>) -> Respons
 async fn resume_session(
     State(s): State<Shared>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     Json(req): Json<ResumeRequest>,
 ) -> Response {
-    session_call(s, move |ss| ss.resume(&id, req)).await
+    with_progress(s, &headers, move |ss| ss.resume(&id, req)).await
 }
 
 /// `GET /v1/sessions/{id}/files`: the trees of the session's mounts (`SessionFiles`).
@@ -509,9 +515,10 @@ async fn kill_session(State(s): State<Shared>, Path(id): Path<String>) -> Respon
 async fn migrate_session(
     State(s): State<Shared>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     Json(req): Json<MigrateRequest>,
 ) -> Response {
-    session_call(s, move |ss| ss.migrate(&id, req)).await
+    with_progress(s, &headers, move |ss| ss.migrate(&id, req)).await
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -772,34 +779,43 @@ async fn reclaim_session(State(s): State<Shared>, Path(id): Path<String>) -> Res
     session_call(s, move |ss| ss.reclaim(&id)).await
 }
 
-/// `POST /v1/migrations`. Asked for progress ([`PROGRESS`]): `200` at once, a space every
-/// [`PROGRESS_EVERY`] while the prepare works, then its [`Prepared`] outcome.
+/// `POST /v1/migrations`, with progress when asked ([`with_progress`]).
 async fn prepare_migration(
     State(s): State<Shared>,
     headers: HeaderMap,
     Json(req): Json<PrepareRequest>,
 ) -> Response {
+    with_progress(s, &headers, move |ss| ss.prepare(req)).await
+}
+
+/// [`session_call`], or — asked for progress ([`PROGRESS`]) — `200` at once, a space every
+/// [`PROGRESS_EVERY`] while `f` works on a thread of its own, then its [`Progressed`] outcome.
+/// A caller gone away is not told; the work still ends as it would without progress.
+async fn with_progress<T: serde::Serialize + Send + 'static>(
+    s: Shared,
+    headers: &HeaderMap,
+    f: impl FnOnce(Arc<Sessions>) -> Result<T, ApiError> + Send + 'static,
+) -> Response {
     if !headers.contains_key(PROGRESS) {
-        return session_call(s, move |ss| ss.prepare(req)).await;
+        return session_call(s, f).await;
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(2);
     tokio::spawn(async move {
-        let work = tokio::task::spawn_blocking(move || sessions(&s)?.prepare(req));
+        let work = tokio::task::spawn_blocking(move || f(sessions(&s)?));
         tokio::pin!(work);
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let outcome = loop {
             tokio::select! {
                 r = &mut work => break r.unwrap_or_else(|e| Err(ApiError::internal(e))),
-                // A caller gone away is not told; the prepare still ends as without progress.
                 _ = tick.tick() => {
                     let _ = tx.try_send(Bytes::from_static(b" "));
                 }
             }
         };
         let outcome = match outcome {
-            Ok(info) => Prepared::Ok(Box::new(info)),
-            Err(e) => Prepared::Error {
+            Ok(v) => Progressed::Ok(Box::new(v)),
+            Err(e) => Progressed::Error {
                 status: e.status,
                 message: e.msg,
             },

@@ -80,16 +80,9 @@ pub struct Config {
 /// Dies like `kill -9` at `step` when `FERRY_FAULT` names it: the fault-injection tests use
 /// this to stop a space at each step of the migration protocol, and a local run while it
 /// records a snapshot (`recording-<n>`). `FERRY_FAULT_PAUSE=<step>:<ms>` instead holds the
-/// thread there that long: the tests use it to act inside a window that is otherwise short.
+/// thread there that long ([`ferry_engine::fault_pause`]).
 pub fn fault(step: &str) {
-    if let Ok(v) = std::env::var("FERRY_FAULT_PAUSE")
-        && let Some((at, ms)) = v.split_once(':')
-        && at == step
-        && let Ok(ms) = ms.parse()
-    {
-        warn!(step, ms, "fault injection: pausing");
-        std::thread::sleep(Duration::from_millis(ms));
-    }
+    ferry_engine::fault_pause(step);
     if std::env::var("FERRY_FAULT").is_ok_and(|f| f == step) {
         warn!(step, "fault injection: dying now");
         // SAFETY: sending SIGKILL to ourselves; nothing after this runs.
@@ -2291,11 +2284,28 @@ impl Sessions {
         if let Err(e) = pause_left("the final snapshot") {
             return Err(abort_here(self, e));
         }
-        // 3. Final delta.
+        // 3. Final delta, cut once the pause the caller allows is spent.
         let t = Instant::now();
-        let s = match send_closure(self.store.as_ref(), dest_store, k, &mut |_, _| {}) {
+        let bounded;
+        let delta_store = match max_pause {
+            Some(max) => {
+                bounded = dest_store.until(paused + max);
+                &bounded
+            }
+            None => dest_store,
+        };
+        let s = match send_closure(self.store.as_ref(), delta_store, k, &mut |_, _| {}) {
             Ok(s) => s,
-            Err(e) => return Err(abort_here(self, unreachable("final delta", &e))),
+            Err(e) => {
+                let e = match pause_left("the final delta") {
+                    Err(spent) => ApiError::unavailable(format!(
+                        "the final delta had not reached the destination in time: {}",
+                        spent.msg
+                    )),
+                    Ok(_) => unreachable("final delta", &e),
+                };
+                return Err(abort_here(self, e));
+            }
         };
         report.final_objects = s.moved;
         report.final_bytes = s.bytes;

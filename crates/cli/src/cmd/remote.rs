@@ -404,6 +404,13 @@ fn unanswered(
     Ok(None)
 }
 
+/// How long one long poll (`wait`, `logs --follow`) asks the space to hold its answer: `want`,
+/// but no longer than the peer silence, so that a space whose process hangs is noticed at most
+/// the silence plus the peer stall after the call (45 s by default; `SpaceClient::wait`).
+fn long_poll_ms(want: u64) -> u64 {
+    want.min(ferry_space::net::peer_silence().as_millis() as u64)
+}
+
 /// A client of `standby` if it took session `session` over — it holds the session as its
 /// own now, not as a standby copy — when the space `c` speaks to does not answer.
 fn taken_over(c: &SpaceClient, session: &str, standby: Option<&str>) -> Option<SpaceClient> {
@@ -444,7 +451,12 @@ fn print_logs(
         }
     };
     loop {
-        let chunk = match c.logs(session, from, if follow == Follow::No { 0 } else { 10_000 }) {
+        let wait = if follow == Follow::No {
+            0
+        } else {
+            long_poll_ms(10_000)
+        };
+        let chunk = match c.logs(session, from, wait) {
             Ok(chunk) => {
                 unreachable_since = None;
                 chunk
@@ -535,7 +547,7 @@ fn wait_at(mut c: SpaceClient, session: &str) -> Result<ExitCode> {
     let mut standby = c.session(session).ok().and_then(|i| i.standby);
     let mut unreachable_since: Option<std::time::Instant> = None;
     loop {
-        let s = match c.wait(session, 20_000) {
+        let s = match c.wait(session, long_poll_ms(20_000)) {
             Ok(s) => {
                 unreachable_since = None;
                 s

@@ -144,8 +144,10 @@ fn the_interpreter_maps_snapshots_and_tracks_what_the_guest_writes() {
     let plain = env.plain(&args);
     assert_eq!(plain.code, 0);
     let (first, k) = crate::harness::suspend_after_output(&env, "run", &args, 1500);
+    // The check of the mapped chunks starts 300 ms late, so the guest surely runs beside it.
     let out = env
         .ferry()
+        .env("FERRY_FAULT_PAUSE", "check-mapped:300")
         .args([
             "-v",
             "resume",

@@ -856,6 +856,32 @@ fn a_destination_slow_to_prepare_is_waited_for_while_it_sends_progress() {
     stores_verify(&[&a, &b]);
 }
 
+/// The space asked to move a session hangs (SIGSTOP) in the middle of the move: `migrate`,
+/// which asks it for progress, gives it up after the peer stall, saying that the move may
+/// still be going on there, instead of waiting for ever; once the space goes on, the move
+/// ends there as it would have, and the guest finishes once, as an uninterrupted run.
+#[test]
+fn a_migrate_whose_source_hangs_mid_move_gives_it_up() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start_with_vars(&[("FERRY_FAULT_PAUSE", "dest-prepare:3000")], &[]);
+    let plain = run_cpu_guest(&here, &a.url, "hs", "1200");
+    let rx = migrate_in_background(&[("FERRY_PEER_SILENCE_MS", "1000")], &a.url, "hs", &b.url);
+    // A is then waiting on B's first prepare (3 s).
+    std::thread::sleep(Duration::from_millis(1000));
+    a.signal(libc::SIGSTOP);
+    let answer = rx.recv_timeout(Duration::from_secs(30));
+    a.signal(libc::SIGCONT);
+    let (_, err, code) = answer.expect("migrate still waits on the hung source after 30 s");
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("stopped answering") && err.contains("may still be going on"),
+        "{err}"
+    );
+    assert_finished_like(&here, &a.url, "hs", &plain.stdout);
+    stores_verify(&[&a, &b]);
+}
+
 /// `migrate --max-pause 1s` to a destination that takes 4 s over each prepare (held at its
 /// start): the pre-copy round is waited for (the guest runs meanwhile), the final prepare is
 /// cut once the guest has been paused 1 s — the move aborts and the guest runs on here; the
@@ -879,6 +905,71 @@ fn a_move_that_would_pause_the_guest_past_max_pause_is_aborted_and_the_guest_run
     let (_, err, code) = cli(&here, &a.url, &[&args[..], &["--max-pause", "0s"]].concat());
     assert_ne!(code, 0);
     assert!(err.contains("must be positive"), "{err}");
+}
+
+/// `migrate --max-pause 1s` to a destination that holds every batch of objects it is sent
+/// 4 s before it stores it: the pre-copy round is waited for (the guest runs meanwhile), but
+/// the final delta, sent while the guest is paused, is cut once the pause reaches 1 s — not
+/// when the batch is stored at last — and the guest runs on here.
+#[test]
+fn a_final_delta_slower_than_max_pause_is_cut_and_the_guest_runs_on() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start_with_vars(&[("FERRY_FAULT_PAUSE", "store-objects:4000")], &[]);
+    let plain = run_cpu_guest(&here, &a.url, "md", "1200");
+    let args = ["migrate", "md", "--to", &b.url, "--max-rounds", "1"];
+    let (_, err, code) = cli(&here, &a.url, &[&args[..], &["--max-pause", "1s"]].concat());
+    assert_ne!(code, 0);
+    assert!(err.contains("migration aborted"), "{err}");
+    assert!(
+        err.contains("the final delta had not reached the destination in time")
+            && err.contains("--max-pause of 1000 ms"),
+        "{err}"
+    );
+    // Cut at the bound: the error names a pause of about 1 s, not the 4 s the batch took.
+    let ms: u64 = err
+        .split("paused ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no pause named: {err}"));
+    assert!((1000..2500).contains(&ms), "paused {ms} ms: {err}");
+    stayed_at_the_source(&here, &a, &b, "md", &plain.stdout);
+}
+
+/// A space whose process hangs (SIGSTOP: its kernel still answers) while a client waits on
+/// one of its sessions: `wait` and `logs --follow` give it up — their long poll, no longer
+/// than the peer silence, plus the peer stall after they asked — saying it stopped answering,
+/// instead of waiting for ever; once the space goes on, both end as an uninterrupted run.
+#[test]
+fn waiting_on_a_space_whose_process_hangs_gives_it_up() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let plain = run_cpu_guest(&here, &a.url, "hw", "1200");
+    a.signal(libc::SIGSTOP);
+    for args in [&["wait", "hw"][..], &["logs", "hw", "--follow"]] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (url, argv) = (
+            a.url.clone(),
+            args.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        );
+        std::thread::spawn(move || {
+            let asker = client().with_var("FERRY_PEER_SILENCE_MS", "1000");
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            let _ = tx.send(cli(&asker, &url, &argv));
+        });
+        // A session record (2 s), then one long poll of 1 s and the stall of 2 s.
+        let (_, err, code) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("{args:?} still waits on the hung space after 30 s"));
+        assert_ne!(code, 0, "{args:?}: {err}");
+        assert!(
+            err.contains("stopped answering") && err.contains("may have hung"),
+            "{args:?}: {err}"
+        );
+    }
+    a.signal(libc::SIGCONT);
+    assert_finished_like(&here, &a.url, "hw", &plain.stdout);
 }
 
 /// B goes silent right after A recorded the move (A cannot deliver the commit): `migrate`

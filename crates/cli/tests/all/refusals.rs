@@ -1100,8 +1100,10 @@ fn a_guest_running_while_its_chunks_are_checked_is_stopped_if_one_fails() {
     let (before, k) = crate::harness::run_and_suspend(&env, &[m.to_str().unwrap()], 1500);
     assert_eq!(String::from_utf8_lossy(&before), "ready\n");
     let (pack, good) = damage_memory_pack(&env, 8 << 20);
+    // The check starts 300 ms after the restore, so the guest surely runs before it fails.
     let child = env
         .ferry()
+        .env("FERRY_FAULT_PAUSE", "check-mapped:300")
         .args(["-v", "resume", &k])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

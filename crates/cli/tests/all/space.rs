@@ -98,6 +98,58 @@ fn no_token_no_access_and_damaged_objects_are_refused() {
     assert_eq!(r.status(), 409);
 }
 
+/// A client that asks a space for a big object and then reads nothing (its process hung)
+/// does not hold the space's connection for good: the space's kernel gives the connection up
+/// once the client's window has stayed shut for the peer silence (`TCP_USER_TIMEOUT` on every
+/// accepted connection, which covers a zero window on Linux ≥ 5.11), so what the client reads
+/// afterwards stops short of the object, and the space answers on.
+#[test]
+fn a_space_gives_up_a_client_that_stops_reading() {
+    use std::io::{Read, Write};
+    let server = SpaceProc::start_with_vars(&[("FERRY_PEER_SILENCE_MS", "1000")], &[]);
+    // 64 MiB that do not compress: more than the socket buffers of both sides hold.
+    let mut blob = vec![0u8; 64 << 20];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for c in blob.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+    let k = ferry_kappa::Kappa::of(&blob);
+    let r = ureq::put(format!("{}/v1/objects/{k}", server.url))
+        .header("Authorization", format!("Bearer {SPACE_TOKEN}"))
+        .send(&blob[..])
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let addr = server.url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /v1/objects/{k} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {SPACE_TOKEN}\r\n\
+         Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    // Nothing read for 6 s: the space's writes fill both sides' buffers, then wait on a
+    // shut window.
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+        .unwrap();
+    let (mut got, mut buf) = (0usize, vec![0u8; 1 << 20]);
+    while let Ok(n @ 1..) = s.read(&mut buf) {
+        got += n;
+    }
+    assert!(
+        got < blob.len(),
+        "the space held the connection: {got} bytes came"
+    );
+    assert!(got > 0, "nothing came at all");
+    let r = ureq::get(format!("{}/v1/health", server.url))
+        .call()
+        .unwrap();
+    assert!(r.status().is_success());
+}
+
 /// The number of runs a `-v resume` says it mapped memory from (0 if it mapped none).
 fn mapped_runs(err: &str) -> usize {
     err.lines()
