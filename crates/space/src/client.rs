@@ -613,12 +613,14 @@ impl SpaceClient {
             .map_err(|e| ApiError::internal(format!("malformed answer from {}: {e}", self.base)))
     }
 
+    /// A `POST` asking for progress ([`SpaceClient::post_progress`]): a space that hangs while
+    /// it works on it is given up.
     fn post<B: serde::Serialize, R: serde::de::DeserializeOwned>(
         &self,
         path: &str,
         body: &B,
     ) -> Result<R, ApiError> {
-        self.post_with(&self.agent, path, body)
+        self.post_progress(path, body, None)
     }
 
     fn post_with<B: serde::Serialize, R: serde::de::DeserializeOwned>(
@@ -637,8 +639,10 @@ impl SpaceClient {
         self.json(&b)
     }
 
+    /// A `GET` that the space answers from what it holds: one that sends nothing for
+    /// [`crate::net::peer_stall`] is given up.
     fn get_json<R: serde::de::DeserializeOwned>(&self, path: &str) -> Result<R, ApiError> {
-        self.get_json_with(&self.agent, path)
+        self.get_json_with(&self.answering, path)
     }
 
     fn get_json_with<R: serde::de::DeserializeOwned>(
@@ -706,15 +710,16 @@ impl SpaceClient {
         self.post("/v1/drain", &crate::api::Draining { draining: on })
     }
 
-    /// `GET /v1/fleet`.
+    /// `GET /v1/fleet` (not bounded by the stall: the space asks etcd, whose members it gives
+    /// up one stall each).
     pub fn fleet(&self) -> Result<crate::api::Fleet, ApiError> {
-        self.get_json("/v1/fleet")
+        self.get_json_with(&self.agent, "/v1/fleet")
     }
 
     /// `GET /v1/metrics`: the space's counters and gauges, in Prometheus' text format.
     pub fn metrics(&self) -> Result<String, ApiError> {
         let r = self
-            .agent
+            .answering
             .get(format!("{}/v1/metrics", self.base))
             .header("Authorization", format!("Bearer {}", self.token))
             .call();
@@ -744,7 +749,7 @@ impl SpaceClient {
     pub fn forget(&self, id: &str, force: bool) -> Result<(), ApiError> {
         let id = session_id(id)?;
         let r = self
-            .agent
+            .answering
             .delete(format!("{}/v1/sessions/{id}?force={force}", self.base))
             .header("Authorization", format!("Bearer {}", self.token))
             .call();
@@ -757,9 +762,10 @@ impl SpaceClient {
         self.get_json(&format!("/v1/sessions/{id}/files"))
     }
 
-    /// `POST /v1/gc`.
+    /// `POST /v1/gc` (not bounded: a collection of a big store may work long and sends no
+    /// progress).
     pub fn gc(&self, req: &GcRequest) -> Result<GcReport, ApiError> {
-        self.post("/v1/gc", req)
+        self.post_with(&self.agent, "/v1/gc", req)
     }
 
     /// `suspend`, `checkpoint` or `kill`.

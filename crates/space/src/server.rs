@@ -468,15 +468,23 @@ async fn session_files(State(s): State<Shared>, Path(id): Path<String>) -> Respo
     session_call(s, move |ss| ss.files(&id)).await
 }
 
-async fn suspend_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    session_call(s, move |ss| {
+async fn suspend_session(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    with_progress(s, &headers, move |ss| {
         ss.stop(&id, ferry_engine::Request::Suspend, false)
     })
     .await
 }
 
-async fn checkpoint_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    session_call(s, move |ss| {
+async fn checkpoint_session(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    with_progress(s, &headers, move |ss| {
         ss.stop(&id, ferry_engine::Request::Checkpoint, false)
     })
     .await
@@ -505,8 +513,12 @@ struct ForgetQuery {
     force: bool,
 }
 
-async fn kill_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    session_call(s, move |ss| {
+async fn kill_session(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    with_progress(s, &headers, move |ss| {
         ss.stop(&id, ferry_engine::Request::Suspend, true)
     })
     .await
@@ -606,9 +618,10 @@ async fn standby_session(
 async fn set_standby(
     State(s): State<Shared>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     Json(req): Json<crate::api::SetStandby>,
 ) -> Response {
-    session_call(s, move |ss| ss.set_standby(&id, req)).await
+    with_progress(s, &headers, move |ss| ss.set_standby(&id, req)).await
 }
 
 /// `POST /v1/admission`: whether this space's policy would admit a guest.
@@ -620,8 +633,12 @@ async fn admission(
 }
 
 /// `POST /v1/drain`: this space is being drained, or not any more.
-async fn drain(State(s): State<Shared>, Json(req): Json<crate::api::Draining>) -> Response {
-    session_call(s, move |ss| ss.set_draining(req.draining)).await
+async fn drain(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    Json(req): Json<crate::api::Draining>,
+) -> Response {
+    with_progress(s, &headers, move |ss| ss.set_draining(req.draining)).await
 }
 
 /// `GET /v1/fleet`: the live spaces of this space's etcd fleet.
@@ -670,9 +687,10 @@ async fn fleet(State(s): State<Shared>) -> Response {
 async fn lend_session(
     State(s): State<Shared>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     Json(req): Json<LendRequest>,
 ) -> Response {
-    session_call(s, move |ss| ss.lend(&id, req)).await
+    with_progress(s, &headers, move |ss| ss.lend(&id, req)).await
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -775,8 +793,12 @@ async fn lent_checkpoint(
 }
 
 /// `POST /v1/sessions/{id}/reclaim`: the session comes back from its holder, which is fenced.
-async fn reclaim_session(State(s): State<Shared>, Path(id): Path<String>) -> Response {
-    session_call(s, move |ss| ss.reclaim(&id)).await
+async fn reclaim_session(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    with_progress(s, &headers, move |ss| ss.reclaim(&id)).await
 }
 
 /// `POST /v1/migrations`, with progress when asked ([`with_progress`]).
