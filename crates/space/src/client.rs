@@ -553,6 +553,9 @@ pub struct LogChunk {
     pub migrating_to: Option<String>,
     /// The session's standby, which takes it over if its space is gone.
     pub standby: Option<String>,
+    /// Where `records` start: the offset asked for, unless it fell inside a record of output
+    /// the guest redid otherwise after a crash (then the next record boundary).
+    pub start: u64,
 }
 
 /// The longest a standby may take to answer for a piece of input
@@ -881,6 +884,17 @@ impl SpaceClient {
         let moved_to = header("x-ferry-moved-to");
         let migrating_to = header("x-ferry-migrating-to");
         let standby = header("x-ferry-standby");
+        // A start before what was asked for would show records twice: refused.
+        let start = match header("x-ferry-log-start") {
+            None => from,
+            Some(v) => v
+                .parse::<u64>()
+                .ok()
+                .filter(|&s| s >= from)
+                .ok_or_else(|| {
+                    ApiError::internal(format!("malformed log start from {}: {v}", self.base))
+                })?,
+        };
         let records = self.answer(Ok(r))?;
         let state = serde_json::from_value(serde_json::Value::String(state.unwrap_or_default()))
             .map_err(|e| ApiError::internal(format!("malformed state from {}: {e}", self.base)))?;
@@ -890,6 +904,7 @@ impl SpaceClient {
             moved_to,
             migrating_to,
             standby,
+            start,
         })
     }
 

@@ -562,20 +562,27 @@ struct LogQuery {
 /// `GET /v1/sessions/{id}/logs?from=N&wait_ms=M`: the output log's records from byte `N`
 /// (whole records, at most about 1 MiB); headers `x-ferry-state`, `x-ferry-moved-to`,
 /// `x-ferry-migrating-to` and `x-ferry-standby` say where the session is (and which space
-/// would take it over).
+/// would take it over); `x-ferry-log-start` says where the records start when that is not `N`
+/// (`N` fell inside a record: the reader followed an earlier run of the guest, whose output
+/// past its last snapshot came out otherwise when the guest redid it).
 async fn session_logs(
     State(s): State<Shared>,
     Path(id): Path<String>,
     Query(q): Query<LogQuery>,
 ) -> Response {
     let t = std::time::Duration::from_millis(q.wait_ms.min(MAX_WAIT_MS));
-    let r = tokio::task::spawn_blocking(move || sessions(&s)?.logs(&id, q.from, t))
+    let from = q.from;
+    let r = tokio::task::spawn_blocking(move || sessions(&s)?.logs(&id, from, t))
         .await
         .unwrap_or_else(|e| Err(ApiError::internal(e)));
     match r {
-        Ok((bytes, info)) => {
+        Ok((start, bytes, info)) => {
             let mut resp = bytes.into_response();
             let h = resp.headers_mut();
+            if start != from {
+                // `from` fell inside a record of output the guest redid otherwise.
+                h.insert("x-ferry-log-start", header::HeaderValue::from(start));
+            }
             h.insert(
                 "x-ferry-state",
                 header::HeaderValue::from_static(info.state.name()),

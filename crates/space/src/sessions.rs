@@ -1912,13 +1912,16 @@ impl Sessions {
     }
 
     /// The output log from `from` on (whole records), waiting up to `wait` for more while the
-    /// session is live.
+    /// session is live, and where those records start: `from`, unless `from` falls inside a
+    /// record — a reader that followed an earlier run of the guest, whose output past its last
+    /// snapshot came out otherwise when the guest redid it after a crash —, then the next
+    /// record boundary ([`OutputBuffer::read_on`]).
     pub fn logs(
         &self,
         id: &str,
         from: u64,
         wait: Duration,
-    ) -> Result<(Vec<u8>, SessionInfo), ApiError> {
+    ) -> Result<(u64, Vec<u8>, SessionInfo), ApiError> {
         let live = self.get(id)?;
         let log = live.log();
         // Read before the hold is: a hold set meanwhile (`set-standby` giving a session its
@@ -1931,8 +1934,8 @@ impl Sessions {
             let log = self.read_log(&info).map_err(|e| {
                 ApiError::internal(format!("the output of standby copy `{id}`: {e}"))
             })?;
-            let (bytes, _) = log.read_from(from, 1 << 20);
-            return Ok((bytes, info));
+            let (start, bytes, _) = log.read_on(from, 1 << 20);
+            return Ok((start, bytes, info));
         }
         if let Some(shown) = info.released {
             // With a standby: only what a checkpoint it holds covers.
@@ -1948,10 +1951,10 @@ impl Sessions {
                 })
             };
             let shown = info.released.unwrap_or(0);
-            let (mut bytes, _) = log.read_from(from, 1 << 20);
-            // `shown` is a record boundary (a snapshot's log length), as `from` is.
-            bytes.truncate(usize::try_from(shown.saturating_sub(from)).unwrap_or(usize::MAX));
-            return Ok((bytes, info));
+            let (start, mut bytes, _) = log.read_on(from, 1 << 20);
+            // `shown` is a record boundary (a snapshot's log length), as `start` is.
+            bytes.truncate(usize::try_from(shown.saturating_sub(start)).unwrap_or(usize::MAX));
+            return Ok((start, bytes, info));
         }
         if !wait.is_zero() && len <= from && info.state.is_live() {
             // Looking every second whether the session was given a standby meanwhile.
@@ -1972,9 +1975,9 @@ impl Sessions {
             }
             return self.logs(id, from, Duration::ZERO);
         }
-        let (mut bytes, _) = log.read_from(from, 1 << 20);
-        bytes.truncate(usize::try_from(len.saturating_sub(from)).unwrap_or(usize::MAX));
-        Ok((bytes, info))
+        let (start, mut bytes, _) = log.read_on(from, 1 << 20);
+        bytes.truncate(usize::try_from(len.saturating_sub(start)).unwrap_or(usize::MAX));
+        Ok((start, bytes, info))
     }
 
     /// Waits (at most `timeout`) until the session is no longer live here (nor a standby

@@ -19,7 +19,17 @@ struct Inner {
     bytes: Vec<u8>,
     /// Set once no more output will come (the guest stopped); wakes followers.
     closed: bool,
+    /// Length of the log this one started from (a snapshot's): what follows was written in
+    /// this run, and may differ from what an earlier run of the guest wrote past it.
+    base: usize,
+    /// Record boundaries past `base`, at least [`MARK_EVERY`] apart, found while placing
+    /// readers ([`OutputBuffer::read_on`]): placing one scans from the mark before it.
+    marks: Vec<usize>,
 }
+
+/// Bytes between two of a log's marks (1 MiB): placing a reader reads at most about that many
+/// bytes' record headers.
+const MARK_EVERY: usize = 1 << 20;
 
 /// The log: cheap to clone (all clones share it).
 #[derive(Debug, Clone, Default)]
@@ -29,7 +39,10 @@ impl OutputBuffer {
     /// A log that starts with `bytes` (the output recorded in a snapshot).
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
         let b = Self::default();
-        b.lock().bytes = bytes;
+        let mut g = b.lock();
+        g.base = bytes.len();
+        g.bytes = bytes;
+        drop(g);
         b
     }
 
@@ -118,6 +131,44 @@ impl OutputBuffer {
             end = at + RECORD_HEADER + r;
         }
         (rest[..end].to_vec(), g.closed)
+    }
+
+    /// [`OutputBuffer::read_from`] for a reader that read up to `from` before — perhaps from
+    /// an earlier run of the guest, whose output past this log's start (its snapshot) came
+    /// out otherwise when the guest redid it (a crash, a reclaim), so that `from` may fall
+    /// inside a record here. Returns where the reader goes on — `from` itself when it is a
+    /// record boundary here, else the first boundary past it (at most the log's end) — with
+    /// the records from there and whether the log is closed.
+    pub fn read_on(&self, from: u64, max: usize) -> (u64, Vec<u8>, bool) {
+        let start = self.place(from);
+        let (bytes, closed) = self.read_from(start, max);
+        (start, bytes, closed)
+    }
+
+    /// The first record boundary at or past `from` (`from` itself past the end).
+    fn place(&self, from: u64) -> u64 {
+        let mut g = self.lock();
+        let len = g.bytes.len();
+        let Ok(from) = usize::try_from(from) else {
+            return from;
+        };
+        if from <= g.base || from >= len {
+            return from as u64;
+        }
+        // Every boundary from `base` on is one of this run's records.
+        let before = g.marks.partition_point(|&m| m <= from);
+        let mut at = before.checked_sub(1).map_or(g.base, |i| g.marks[i]);
+        while at < from {
+            let header: [u8; 4] = g.bytes[at + 1..at + RECORD_HEADER]
+                .try_into()
+                .expect("a whole record header");
+            at += RECORD_HEADER + u32::from_le_bytes(header) as usize;
+            let last = g.marks.last().copied().unwrap_or(g.base);
+            if at >= last + MARK_EVERY && at < len {
+                g.marks.push(at);
+            }
+        }
+        at.min(len) as u64
     }
 
     /// Waits until the log is longer than `len` or closed, or `timeout` passes.
@@ -269,6 +320,63 @@ mod tests {
         assert!(Records::check(&[9, 0, 0, 0, 0]).is_err());
         log.close();
         assert!(log.read_from(0, 10).1);
+    }
+
+    #[test]
+    fn a_reader_placed_inside_a_record_of_a_redone_run_goes_on_at_the_next_boundary() {
+        // A snapshot's log, then this run's records.
+        let log = OutputBuffer::from_bytes(record(STDOUT, b"before\n"));
+        let base = log.len();
+        log.writer(STDOUT)
+            .write_all(b"redone, longer\n")
+            .expect("write");
+        log.writer(STDERR).write_all(b"then this\n").expect("write");
+        let second = base + (RECORD_HEADER + 15) as u64;
+        // At a boundary (or up to the snapshot's end): read on from there.
+        for at in [0, base, second] {
+            let (start, bytes, _) = log.read_on(at, 1 << 20);
+            assert_eq!(start, at);
+            assert_eq!(bytes.len() as u64, log.len() - at);
+        }
+        // Inside a record this run wrote: the next boundary, whole records from it.
+        for at in [base + 1, base + 7, second - 1] {
+            let (start, bytes, _) = log.read_on(at, 1 << 20);
+            assert_eq!(start, second, "from {at}");
+            assert_eq!(
+                Records::new(&bytes).collect::<Vec<_>>(),
+                vec![(STDERR, &b"then this\n"[..])]
+            );
+        }
+        // Inside the last record: the end, nothing to show yet.
+        let (start, bytes, _) = log.read_on(log.len() - 2, 1 << 20);
+        assert_eq!((start, bytes.len()), (log.len(), 0));
+        // Past the end: as asked (the reader waits for more).
+        assert_eq!(log.read_on(log.len() + 9, 1 << 20).0, log.len() + 9);
+        // Placed after a reader further on: scanned from the snapshot's end again.
+        assert_eq!(log.read_on(base + 2, 1 << 20).0, second);
+        // A long run: readers are placed from the mark before them.
+        let big = OutputBuffer::from_bytes(Vec::new());
+        let mut w = big.writer(STDOUT);
+        for i in 0..200_000u32 {
+            w.write_all(format!("line {i}\n").as_bytes())
+                .expect("write");
+        }
+        let all = big.bytes();
+        let bounds: Vec<u64> = Records::new(&all)
+            .offsets()
+            .map(|(at, _)| at as u64)
+            .collect();
+        for &b in bounds
+            .iter()
+            .rev()
+            .step_by(997)
+            .chain(bounds.iter().step_by(1009))
+        {
+            assert_eq!(big.read_on(b, 64).0, b);
+            let next = bounds.get(bounds.partition_point(|&x| x <= b + 3));
+            assert_eq!(big.read_on(b + 3, 64).0, next.copied().unwrap_or(big.len()));
+        }
+        assert!(big.lock().marks.len() >= 2, "{}", big.lock().marks.len());
     }
 
     fn record(stream: u8, data: &[u8]) -> Vec<u8> {

@@ -478,6 +478,20 @@ fn print_logs(
             }
             Err(e) => return Err(api(e)),
         };
+        if chunk.start != from {
+            // What was shown past the guest's last snapshot came out otherwise when it redid
+            // it (its space crashed): the rest goes on from the next record of the new run.
+            out.flush()?;
+            eprintln!(
+                "ferry: session {session}'s output past its last snapshot came out otherwise \
+                 when the guest redid it after its space stopped; what is shown here goes on \
+                 at byte {} of the redone log (`ferry --space {} logs {session}` shows the log \
+                 as the space holds it)",
+                chunk.start,
+                c.base()
+            );
+            from = chunk.start;
+        }
         from += chunk.records.len() as u64;
         standby = chunk.standby.clone();
         for (stream, data) in ferry_wasi::output::Records::new(&chunk.records) {
