@@ -89,9 +89,10 @@ impl RemoteStore {
         }
     }
 
-    /// This store with every call — the ones under way included — given up once `deadline`
-    /// has passed: a migration's final delta, sent while the guest is paused, within what is
-    /// left of `--max-pause`.
+    /// This store with its batch calls (`missing`, batches sent or fetched, naming a snapshot)
+    /// given up once `deadline` has passed, the ones under way included: a migration's final
+    /// delta, sent while the guest is paused, within what is left of `--max-pause`. (Single
+    /// objects, `put` and `get`, are not bounded by it.)
     pub fn until(&self, deadline: std::time::Instant) -> Self {
         Self {
             deadline: Some(deadline),
