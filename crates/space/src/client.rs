@@ -714,10 +714,10 @@ impl SpaceClient {
         self.post("/v1/drain", &crate::api::Draining { draining: on })
     }
 
-    /// `GET /v1/fleet` (not bounded by the stall: the space asks etcd, whose members it gives
-    /// up one stall each).
+    /// `GET /v1/fleet`, with progress (the space asks etcd, whose members it gives up one
+    /// stall each).
     pub fn fleet(&self) -> Result<crate::api::Fleet, ApiError> {
-        self.get_json_with(&self.agent, "/v1/fleet")
+        self.get_progress("/v1/fleet")
     }
 
     /// `GET /v1/metrics`: the space's counters and gauges, in Prometheus' text format.
@@ -766,10 +766,9 @@ impl SpaceClient {
         self.get_json(&format!("/v1/sessions/{id}/files"))
     }
 
-    /// `POST /v1/gc` (not bounded: a collection of a big store may work long and sends no
-    /// progress).
+    /// `POST /v1/gc`, with progress (a collection of a big store may work long).
     pub fn gc(&self, req: &GcRequest) -> Result<GcReport, ApiError> {
-        self.post_with(&self.agent, "/v1/gc", req)
+        self.post("/v1/gc", req)
     }
 
     /// `suspend`, `checkpoint` or `kill`.
@@ -1044,6 +1043,26 @@ impl SpaceClient {
             .header("Content-Type", "application/json")
             .header(PROGRESS, "1")
             .send(&body[..]);
+        self.progressed(r)
+    }
+
+    /// `GET path` asking for progress, as [`SpaceClient::post_progress`].
+    fn get_progress<R: serde::de::DeserializeOwned>(&self, path: &str) -> Result<R, ApiError> {
+        let r = self
+            .answering
+            .get(format!("{}{path}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .header(PROGRESS, "1")
+            .call();
+        self.progressed(r)
+    }
+
+    /// The answer of a call that asked for progress: its [`Progressed`] outcome, or — from a
+    /// space that predates progress — the answer itself.
+    fn progressed<R: serde::de::DeserializeOwned>(
+        &self,
+        r: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<R, ApiError> {
         let progress = r
             .as_ref()
             .is_ok_and(|r| r.status().is_success() && r.headers().contains_key(PROGRESS));

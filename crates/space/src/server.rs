@@ -354,8 +354,13 @@ fn accepts_zstd(headers: &HeaderMap) -> bool {
 
 /// `POST /v1/snapshots/{κ}`: the snapshot's closure must be complete and verify; then the
 /// ref `snapshot/<hex>` names it.
-/// `POST /v1/gc`: collects what no ref reaches, sparing recent objects (`crate::gc`).
-async fn collect_garbage(State(s): State<Shared>, Json(req): Json<GcRequest>) -> Response {
+/// `POST /v1/gc`: collects what no ref reaches, sparing recent objects (`crate::gc`); with
+/// progress when asked ([`PROGRESS`]).
+async fn collect_garbage(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    Json(req): Json<GcRequest>,
+) -> Response {
     let Some(rec) = s.gc.clone() else {
         return text(
             StatusCode::NOT_FOUND,
@@ -367,7 +372,7 @@ async fn collect_garbage(State(s): State<Shared>, Json(req): Json<GcRequest>) ->
         return text(StatusCode::BAD_REQUEST, "keep must be at least 1").into_response();
     }
     let keep = ferry_engine::gc::snapshots_kept(req.keep);
-    let r = blocking(move || match rec.collect(req.dry_run, keep) {
+    let work = move || match rec.collect(req.dry_run, keep) {
         Ok(Some(c)) => {
             info!(
                 removed = c.removed,
@@ -383,9 +388,11 @@ async fn collect_garbage(State(s): State<Shared>, Json(req): Json<GcRequest>) ->
             "another ferry process has this space's store open; try again when it is done",
         )),
         Err(e) => Err(internal(e)),
-    })
-    .await;
-    match r {
+    };
+    if headers.contains_key(PROGRESS) {
+        return progress_of(move || work().map_err(|r| ApiError::new(r.0.as_u16(), r.1)));
+    }
+    match blocking(work).await {
         Ok(report) => Json(report).into_response(),
         Err(e) => e.into_response(),
     }
@@ -686,8 +693,8 @@ async fn metrics(State(s): State<Shared>) -> Response {
     }
 }
 
-async fn fleet(State(s): State<Shared>) -> Response {
-    session_call(s, |ss| ss.fleet()).await
+async fn fleet(State(s): State<Shared>, headers: HeaderMap) -> Response {
+    with_progress(s, &headers, |ss| ss.fleet()).await
 }
 
 /// `POST /v1/sessions/{id}/lend`: a client outside the space takes the session over.
@@ -828,9 +835,17 @@ async fn with_progress<T: serde::Serialize + Send + 'static>(
     if !headers.contains_key(PROGRESS) {
         return session_call(s, f).await;
     }
+    progress_of(move || f(sessions(&s)?))
+}
+
+/// `200` at once with [`PROGRESS`], a space every [`PROGRESS_EVERY`] while `work` runs on a
+/// blocking thread, then its [`Progressed`] outcome.
+fn progress_of<T: serde::Serialize + Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(2);
     tokio::spawn(async move {
-        let work = tokio::task::spawn_blocking(move || f(sessions(&s)?));
+        let work = tokio::task::spawn_blocking(work);
         tokio::pin!(work);
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

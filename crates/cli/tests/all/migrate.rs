@@ -940,8 +940,9 @@ fn a_final_delta_slower_than_max_pause_is_cut_and_the_guest_runs_on() {
 /// A space whose process hangs (SIGSTOP: its kernel still answers) while a client waits on
 /// one of its sessions: `wait` and `logs --follow` give it up — their long poll, no longer
 /// than the peer silence, plus the peer stall after they asked — saying it stopped answering,
-/// instead of waiting for ever, and so do `checkpoint` (which asks for progress) and `files`
-/// after the stall; once the space goes on, the session ends as an uninterrupted run.
+/// instead of waiting for ever, and so do `checkpoint`, `fleet` and `store gc` (which ask for
+/// progress) and `files` after the stall; once the space goes on, the session ends as an
+/// uninterrupted run.
 #[test]
 fn waiting_on_a_space_whose_process_hangs_gives_it_up() {
     let here = client();
@@ -953,6 +954,8 @@ fn waiting_on_a_space_whose_process_hangs_gives_it_up() {
         &["logs", "hw", "--follow"],
         &["checkpoint", "hw"],
         &["files", "hw"],
+        &["fleet"],
+        &["store", "gc"],
     ] {
         let (tx, rx) = std::sync::mpsc::channel();
         let (url, argv) = (
