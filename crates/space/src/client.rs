@@ -930,7 +930,16 @@ impl SpaceClient {
         } else {
             format!("?{}", query.join("&"))
         };
-        self.post_input(&format!("/v1/sessions/{id}/stdin{query}"), bytes, None)
+        // The space may hold the answer while a standby takes the input too: with progress, so
+        // that a space that hangs meanwhile is given up.
+        let r = self
+            .answering
+            .post(format!("{}/v1/sessions/{id}/stdin{query}", self.base))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .header("Content-Type", "application/octet-stream")
+            .header(PROGRESS, "1")
+            .send(bytes);
+        self.progressed(r)
     }
 
     /// `POST /v1/sessions/{id}/standby/stdin?epoch=E&at=N[&end=true]` (space to space): the
@@ -947,26 +956,14 @@ impl SpaceClient {
         let id = session_id(id)?;
         // The owner waits for this with the session's input held: a standby that takes
         // connections but does not answer must not keep it waiting for ever.
-        self.post_input(
-            &format!("/v1/sessions/{id}/standby/stdin?epoch={epoch}&at={at}&end={end}"),
-            bytes,
-            Some(STANDBY_INPUT_TIMEOUT),
-        )
-    }
-
-    /// Posts input `bytes` to `path` (with its query), waiting at most `timeout` for the
-    /// whole answer when given.
-    fn post_input(
-        &self,
-        path: &str,
-        bytes: &[u8],
-        timeout: Option<std::time::Duration>,
-    ) -> Result<crate::api::StdinAnswer, ApiError> {
         let r = self
             .agent
-            .post(format!("{}{path}", self.base))
+            .post(format!(
+                "{}/v1/sessions/{id}/standby/stdin?epoch={epoch}&at={at}&end={end}",
+                self.base
+            ))
             .config()
-            .timeout_global(timeout)
+            .timeout_global(Some(STANDBY_INPUT_TIMEOUT))
             .build()
             .header("Authorization", format!("Bearer {}", self.token))
             .header("Content-Type", "application/octet-stream")

@@ -760,9 +760,13 @@ async fn session_stdin(
     State(s): State<Shared>,
     Path(id): Path<String>,
     Query(q): Query<StdinQuery>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    session_call(s, move |ss| ss.send_input(&id, q.at, &body, q.end)).await
+    with_progress(s, &headers, move |ss| {
+        ss.send_input(&id, q.at, &body, q.end)
+    })
+    .await
 }
 
 #[derive(Debug, serde::Deserialize)]
