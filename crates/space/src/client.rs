@@ -627,14 +627,16 @@ impl SpaceClient {
         self.post_progress(path, body, None)
     }
 
-    fn post_with<B: serde::Serialize, R: serde::de::DeserializeOwned>(
+    /// A `POST` whose answer is due at once (no progress asked): a space that sends nothing
+    /// for [`crate::net::peer_stall`] is given up.
+    fn post_answered<B: serde::Serialize, R: serde::de::DeserializeOwned>(
         &self,
-        agent: &ureq::Agent,
         path: &str,
         body: &B,
     ) -> Result<R, ApiError> {
         let body = serde_json::to_vec(body).expect("request bodies serialize");
-        let r = agent
+        let r = self
+            .answering
             .post(format!("{}{path}", self.base))
             .header("Authorization", format!("Bearer {}", self.token))
             .header("Content-Type", "application/json")
@@ -646,15 +648,8 @@ impl SpaceClient {
     /// A `GET` that the space answers from what it holds: one that sends nothing for
     /// [`crate::net::peer_stall`] is given up.
     fn get_json<R: serde::de::DeserializeOwned>(&self, path: &str) -> Result<R, ApiError> {
-        self.get_json_with(&self.answering, path)
-    }
-
-    fn get_json_with<R: serde::de::DeserializeOwned>(
-        &self,
-        agent: &ureq::Agent,
-        path: &str,
-    ) -> Result<R, ApiError> {
-        let r = agent
+        let r = self
+            .answering
             .get(format!("{}{path}", self.base))
             .header("Authorization", format!("Bearer {}", self.token))
             .call();
@@ -706,7 +701,7 @@ impl SpaceClient {
     }
 
     pub fn sessions(&self) -> Result<Vec<SessionInfo>, ApiError> {
-        self.get_json_with(&self.answering, "/v1/sessions")
+        self.get_json("/v1/sessions")
     }
 
     /// `POST /v1/drain`.
@@ -734,7 +729,7 @@ impl SpaceClient {
 
     pub fn session(&self, id: &str) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;
-        self.get_json_with(&self.answering, &format!("/v1/sessions/{id}"))
+        self.get_json(&format!("/v1/sessions/{id}"))
     }
 
     /// `POST /v1/sessions`, with progress (a space that hangs while it prepares the module is
@@ -980,7 +975,7 @@ impl SpaceClient {
         req: &crate::api::StandbyRequest,
     ) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;
-        self.post_with(&self.answering, &format!("/v1/sessions/{id}/standby"), req)
+        self.post_answered(&format!("/v1/sessions/{id}/standby"), req)
     }
 
     /// Gives session `id` another standby, or none.
@@ -1075,17 +1070,13 @@ impl SpaceClient {
 
     pub fn commit(&self, id: &str, d: Decision) -> Result<SessionInfo, ApiError> {
         let id = session_id(id)?;
-        self.post_with(&self.answering, &format!("/v1/migrations/{id}/commit"), &d)
+        self.post_answered(&format!("/v1/migrations/{id}/commit"), &d)
     }
 
     pub fn abort(&self, id: &str, d: Decision) -> Result<(), ApiError> {
         let id = session_id(id)?;
-        self.post_with::<_, serde_json::Value>(
-            &self.answering,
-            &format!("/v1/migrations/{id}/abort"),
-            &d,
-        )
-        .map(drop)
+        self.post_answered::<_, serde_json::Value>(&format!("/v1/migrations/{id}/abort"), &d)
+            .map(drop)
     }
 }
 

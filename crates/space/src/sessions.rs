@@ -2289,15 +2289,9 @@ impl Sessions {
         }
         // 3. Final delta, cut once the pause the caller allows is spent.
         let t = Instant::now();
-        let bounded;
-        let delta_store = match max_pause {
-            Some(max) => {
-                bounded = dest_store.until(paused + max);
-                &bounded
-            }
-            None => dest_store,
-        };
-        let s = match send_closure(self.store.as_ref(), delta_store, k, &mut |_, _| {}) {
+        let delta_store =
+            max_pause.map_or_else(|| dest_store.clone(), |max| dest_store.until(paused + max));
+        let s = match send_closure(self.store.as_ref(), &delta_store, k, &mut |_, _| {}) {
             Ok(s) => s,
             Err(e) => {
                 let e = match pause_left("the final delta") {
