@@ -86,16 +86,31 @@ pub(crate) fn migrate_in_background(
     id: &str,
     to: &str,
 ) -> std::sync::mpsc::Receiver<(String, String, i32)> {
+    cli_in_background(
+        vars,
+        from,
+        &["migrate", id, "--to", to, "--max-rounds", "1"],
+    )
+}
+
+/// `ferry --space SPACE ARGS` on a thread of its own, by a client with `vars` set: its
+/// stdout, stderr and exit code arrive on the receiver.
+pub(crate) fn cli_in_background(
+    vars: &[(&str, &str)],
+    space: &str,
+    args: &[&str],
+) -> std::sync::mpsc::Receiver<(String, String, i32)> {
     let (tx, rx) = std::sync::mpsc::channel();
+    let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let vars: Vec<(String, String)> = vars
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let (from, id, to) = (from.to_owned(), id.to_owned(), to.to_owned());
+    let (space, args) = (space.to_owned(), owned(args));
     std::thread::spawn(move || {
         let asker = vars.iter().fold(client(), |e, (k, v)| e.with_var(k, v));
-        let args = ["migrate", &id, "--to", &to, "--max-rounds", "1"];
-        let _ = tx.send(cli(&asker, &from, &args));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let _ = tx.send(cli(&asker, &space, &args));
     });
     rx
 }
@@ -882,27 +897,52 @@ fn a_migrate_whose_source_hangs_mid_move_gives_it_up() {
     stores_verify(&[&a, &b]);
 }
 
+/// `migrate ID --max-pause 1s` of a `cpu` guest from a fresh space A to a fresh space B held
+/// by `FERRY_FAULT_PAUSE=<b_fault>`: the move must abort on the bound, the guest running on at
+/// A ([`stayed_at_the_source`]). Returns the client, A, B and `migrate`'s stderr.
+fn aborted_past_max_pause(b_fault: &str, id: &str) -> (Env, SpaceProc, SpaceProc, String) {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start_with_vars(&[("FERRY_FAULT_PAUSE", b_fault)], &[]);
+    let plain = run_cpu_guest(&here, &a.url, id, "1200");
+    let args = [
+        "migrate",
+        id,
+        "--to",
+        &b.url,
+        "--max-rounds",
+        "1",
+        "--max-pause",
+        "1s",
+    ];
+    let (_, err, code) = cli(&here, &a.url, &args);
+    assert_ne!(code, 0);
+    assert!(err.contains("migration aborted"), "{err}");
+    assert!(err.contains("--max-pause of 1000 ms"), "{err}");
+    stayed_at_the_source(&here, &a, &b, id, &plain.stdout);
+    (here, a, b, err)
+}
+
 /// `migrate --max-pause 1s` to a destination that takes 4 s over each prepare (held at its
 /// start): the pre-copy round is waited for (the guest runs meanwhile), the final prepare is
 /// cut once the guest has been paused 1 s — the move aborts and the guest runs on here; the
 /// destination, done later, drops the copy it prepared.
 #[test]
 fn a_move_that_would_pause_the_guest_past_max_pause_is_aborted_and_the_guest_runs_on() {
-    let here = client();
-    let a = SpaceProc::start(&[]);
-    let b = SpaceProc::start_with_vars(&[("FERRY_FAULT_PAUSE", "dest-prepare:4000")], &[]);
-    let plain = run_cpu_guest(&here, &a.url, "mp", "1200");
-    let args = ["migrate", "mp", "--to", &b.url, "--max-rounds", "1"];
-    let (_, err, code) = cli(&here, &a.url, &[&args[..], &["--max-pause", "1s"]].concat());
-    assert_ne!(code, 0);
-    assert!(err.contains("migration aborted"), "{err}");
-    assert!(
-        err.contains("had not prepared in time") && err.contains("--max-pause of 1000 ms"),
-        "{err}"
-    );
-    stayed_at_the_source(&here, &a, &b, "mp", &plain.stdout);
+    let (here, a, b, err) = aborted_past_max_pause("dest-prepare:4000", "mp");
+    assert!(err.contains("had not prepared in time"), "{err}");
     // A bound of nothing is refused before anything moves.
-    let (_, err, code) = cli(&here, &a.url, &[&args[..], &["--max-pause", "0s"]].concat());
+    let args = [
+        "migrate",
+        "mp",
+        "--to",
+        &b.url,
+        "--max-rounds",
+        "1",
+        "--max-pause",
+        "0s",
+    ];
+    let (_, err, code) = cli(&here, &a.url, &args);
     assert_ne!(code, 0);
     assert!(err.contains("must be positive"), "{err}");
 }
@@ -913,17 +953,9 @@ fn a_move_that_would_pause_the_guest_past_max_pause_is_aborted_and_the_guest_run
 /// when the batch is stored at last — and the guest runs on here.
 #[test]
 fn a_final_delta_slower_than_max_pause_is_cut_and_the_guest_runs_on() {
-    let here = client();
-    let a = SpaceProc::start(&[]);
-    let b = SpaceProc::start_with_vars(&[("FERRY_FAULT_PAUSE", "store-objects:4000")], &[]);
-    let plain = run_cpu_guest(&here, &a.url, "md", "1200");
-    let args = ["migrate", "md", "--to", &b.url, "--max-rounds", "1"];
-    let (_, err, code) = cli(&here, &a.url, &[&args[..], &["--max-pause", "1s"]].concat());
-    assert_ne!(code, 0);
-    assert!(err.contains("migration aborted"), "{err}");
+    let (_, _, _, err) = aborted_past_max_pause("store-objects:4000", "md");
     assert!(
-        err.contains("the final delta had not reached the destination in time")
-            && err.contains("--max-pause of 1000 ms"),
+        err.contains("the final delta had not reached the destination in time"),
         "{err}"
     );
     // Cut at the bound: the error names a pause of about 1 s, not the 4 s the batch took.
@@ -934,7 +966,6 @@ fn a_final_delta_slower_than_max_pause_is_cut_and_the_guest_runs_on() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no pause named: {err}"));
     assert!((1000..2500).contains(&ms), "paused {ms} ms: {err}");
-    stayed_at_the_source(&here, &a, &b, "md", &plain.stdout);
 }
 
 /// A space whose process hangs (SIGSTOP: its kernel still answers) while a client waits on
@@ -957,16 +988,7 @@ fn waiting_on_a_space_whose_process_hangs_gives_it_up() {
         &["fleet"],
         &["store", "gc"],
     ] {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (url, argv) = (
-            a.url.clone(),
-            args.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-        );
-        std::thread::spawn(move || {
-            let asker = client().with_var("FERRY_PEER_SILENCE_MS", "1000");
-            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-            let _ = tx.send(cli(&asker, &url, &argv));
-        });
+        let rx = cli_in_background(&[("FERRY_PEER_SILENCE_MS", "1000")], &a.url, args);
         // A session record (2 s), then one long poll of 1 s and the stall of 2 s.
         let (_, err, code) = rx
             .recv_timeout(Duration::from_secs(30))
