@@ -16,6 +16,12 @@ command -v make >/dev/null || need+=(make) # jemalloc, ferry's allocator, is bui
 command -v skopeo >/dev/null || need+=(skopeo)
 # The JavaScript space's tests run on Node 24, fetched with npm (scripts/fetch-node.sh).
 command -v npm >/dev/null || need+=(npm)
+# Another CPU: the JavaScript space's tests also resume snapshots in Node for arm64 under
+# qemu-user (tests `other_cpu::*`), with the arm64 C and C++ runtime libraries it links.
+command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
+[ -e /usr/aarch64-linux-gnu/lib/libstdc++.so.6 ] || need+=(libstdc++6-arm64-cross)
+[ -e /usr/aarch64-linux-gnu/lib/libgcc_s.so.1 ] || need+=(libgcc-s1-arm64-cross)
+[ -e /usr/aarch64-linux-gnu/lib/libc.so.6 ] || need+=(libc6-arm64-cross)
 # A peer that goes silent mid-migration (tests `migrate::a_destination_that_goes_silent_*`):
 # nftables drops every packet to and from one port, as a powered-off machine would.
 command -v nft >/dev/null || need+=(nftables)

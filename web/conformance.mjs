@@ -31,12 +31,16 @@ const knownPath = opt("--known-failures");
 // Where each snapshot is resumed: here, in Node's V8 (ferry-resume.mjs), or in a browser tab
 // (browser.mjs: a headless Chromium opening the space's console).
 const runner = opt("--in") ?? "node";
+// The command that runs each resume: this Node by default; `--node "qemu-aarch64 -L
+// /usr/aarch64-linux-gnu …/node"` runs the snapshots in a Node built for another CPU
+// (words split on spaces).
+const nodeCmd = (opt("--node") ?? process.execPath).split(" ").filter((w) => w !== "");
 if (runner !== "node" && runner !== "browser") {
   console.error("--in is node or browser");
   process.exit(64);
 }
 if (!space || !manifestPath) {
-  console.error("usage: conformance.mjs --space URL [--token-file F] [--kit DIR] --manifest DIR/manifest.json [--in node|browser] [--only TEXT] [--known-failures FILE]");
+  console.error("usage: conformance.mjs --space URL [--token-file F] [--kit DIR] --manifest DIR/manifest.json [--in node|browser] [--node CMD] [--only TEXT] [--known-failures FILE]");
   process.exit(64);
 }
 
@@ -57,7 +61,16 @@ let passed = 0;
 let failed = 0;
 let expectedFailures = 0;
 const surprises = [];
-console.log(`kit ${kitDir} (ferry-conformance v${kit.version}), resumed in ${runner === "node" ? `Node's V8 ${process.versions.v8}` : "a browser tab (headless Chromium)"}`);
+// Which V8, on which CPU, the snapshots run in (the `--node` command may be another Node).
+const where = () => {
+  const r = spawnSync(nodeCmd[0], [...nodeCmd.slice(1), "-p", "`Node's V8 ${process.versions.v8} on ${process.arch}`"]);
+  if (r.status !== 0) {
+    console.error(`\`${nodeCmd.join(" ")}\` does not run: ${r.error?.message ?? r.stderr.toString().trim()}`);
+    process.exit(64);
+  }
+  return r.stdout.toString().trim();
+};
+console.log(`kit ${kitDir} (ferry-conformance v${kit.version}), resumed in ${runner === "node" ? where() : "a browser tab (headless Chromium)"}`);
 for (const s of manifest.snapshots) {
   if (only && !s.case.includes(only)) continue;
   const c = cases.get(s.case);
@@ -65,7 +78,7 @@ for (const s of manifest.snapshots) {
   const stdout = read(c.stdout).subarray(s.stdout_offset);
   const stderr = read(c.stderr).subarray(s.stderr_offset);
   const script = runner === "node" ? "ferry-resume.mjs" : "browser.mjs";
-  const run = spawnSync(process.execPath, [join(here, script), "--space", space, ...(tokenFile ? ["--token-file", tokenFile] : []), s.snapshot], { maxBuffer: 1 << 30 });
+  const run = spawnSync(nodeCmd[0], [...nodeCmd.slice(1), join(here, script), "--space", space, ...(tokenFile ? ["--token-file", tokenFile] : []), s.snapshot], { maxBuffer: 1 << 30 });
   const why = [];
   let err = run.stderr;
   if (c.trap) {

@@ -141,7 +141,7 @@ if (isMainThread) {
     const t1 = performance.now();
     try {
       const leaseMs = opts.lease === 0 ? null : (opts.lease ?? 120) * 1000;
-      lease = await Lease.take(opts.space, opts.token, opts.session, `node ${process.version} (pid ${process.pid}) on ${hostname()}`, { leaseMs });
+      lease = await Lease.take(opts.space, opts.token, opts.session, `node ${process.version} (${process.arch}, pid ${process.pid}) on ${hostname()}`, { leaseMs });
     } catch (e) {
       say(`refused: ${e.message}`);
       process.exit(EX_REFUSED);

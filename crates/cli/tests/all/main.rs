@@ -11,6 +11,7 @@ mod fleet;
 mod harness;
 mod interactive;
 mod migrate;
+mod other_cpu;
 mod python;
 mod refusals;
 mod space;

@@ -15,7 +15,7 @@ use crate::harness::{
 use crate::web::node;
 
 /// `ferry --space URL run --session ID ARGS…` on the space, which must start it.
-fn run_on(here: &Env, space: &SpaceProc, id: &str, args: &[&str]) {
+pub(crate) fn run_on(here: &Env, space: &SpaceProc, id: &str, args: &[&str]) {
     let mut all = vec!["--space", &space.url, "run", "--session", id];
     all.extend_from_slice(args);
     let (_, err, code) = here.output(&all);
@@ -28,8 +28,17 @@ fn take_over_in_v8(space: &SpaceProc, id: &str) -> Child {
 }
 
 fn take_over_in_v8_with(space: &SpaceProc, id: &str, extra: &[&str]) -> Child {
-    Command::new(node())
-        .arg(repo().join("web/ferry-resume.mjs"))
+    take_over_by(Command::new(node()), space, id, extra)
+}
+
+/// `NODE web/ferry-resume.mjs --session ID EXTRA…`, running, its stdout and stderr piped.
+pub(crate) fn take_over_by(
+    mut node: Command,
+    space: &SpaceProc,
+    id: &str,
+    extra: &[&str],
+) -> Child {
+    node.arg(repo().join("web/ferry-resume.mjs"))
         .args(["--space", &space.url, "--session", id])
         .args(extra)
         .env("FERRY_TOKEN", SPACE_TOKEN)
@@ -39,13 +48,18 @@ fn take_over_in_v8_with(space: &SpaceProc, id: &str, extra: &[&str]) -> Child {
         .expect("spawn node")
 }
 
-fn interrupt(child: &Child) {
+pub(crate) fn interrupt(child: &Child) {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
 }
 
 /// Waits until `pred` holds of the session's record (at most 30 s).
-fn until(space: &SpaceProc, id: &str, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
+pub(crate) fn until(
+    space: &SpaceProc,
+    id: &str,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) {
     for _ in 0..600 {
         if space.session(id).as_ref().is_some_and(&pred) {
             return;
@@ -56,7 +70,7 @@ fn until(space: &SpaceProc, id: &str, what: &str, pred: impl Fn(&serde_json::Val
 }
 
 /// The session's whole output, as `ferry --space URL logs` prints it: (stdout, stderr).
-fn logs(here: &Env, space: &SpaceProc, id: &str) -> (String, String) {
+pub(crate) fn logs(here: &Env, space: &SpaceProc, id: &str) -> (String, String) {
     let (out, err, code) = here.output(&["--space", &space.url, "logs", id]);
     assert_eq!(code, 0, "{err}");
     (out, err)
@@ -77,12 +91,18 @@ fn same_log(here: &Env, space: &SpaceProc, id: &str, plain: &Seen) {
 }
 
 /// Resumes the suspended session on its space: it ends as `plain` did (exit code and log).
-fn resumed_ends_as(here: &Env, space: &SpaceProc, id: &str, plain: &Seen) {
+pub(crate) fn resumed_ends_as(here: &Env, space: &SpaceProc, id: &str, plain: &Seen) {
     assert_eq!(resume_and_wait(here, space, id), plain.code, "{id}");
     same_log(here, space, id, plain);
 }
 
-fn check_files(here: &Env, space: &SpaceProc, id: &str, plain: &std::path::Path, what: &str) {
+pub(crate) fn check_files(
+    here: &Env,
+    space: &SpaceProc,
+    id: &str,
+    plain: &std::path::Path,
+    what: &str,
+) {
     let out = here.path(&format!("{id}-files"));
     let (_, err, code) = here.output(&[
         "--space",

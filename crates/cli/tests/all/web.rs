@@ -32,6 +32,37 @@ pub(crate) fn node() -> PathBuf {
     p
 }
 
+/// Node 24 for arm64 (what `scripts/fetch-node.sh` puts beside the x64 one), run by qemu-user
+/// with the arm64 runtime libraries `scripts/setup.sh` installs: the words of the command.
+pub(crate) fn node_arm64() -> Vec<String> {
+    let tools = std::env::var_os("FERRY_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/ferry/tools")
+        });
+    let node = tools.join("node-arm64-24.22.3/bin/node");
+    assert!(
+        node.exists(),
+        "{} is missing: run scripts/setup.sh (scripts/fetch-node.sh)",
+        node.display()
+    );
+    [
+        "qemu-aarch64",
+        "-L",
+        "/usr/aarch64-linux-gnu",
+        node.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// A command from its words (`node()` alone, or [`node_arm64`]'s).
+pub(crate) fn command(words: &[String]) -> Command {
+    let mut c = Command::new(&words[0]);
+    c.args(&words[1..]);
+    c
+}
+
 /// `ferry push k --to` the space, which must succeed.
 fn push(env: &Env, k: &str, space: &SpaceProc) {
     let (_, err, code) = env.output(&["push", k, "--to", &space.url]);
@@ -67,9 +98,9 @@ fn resume_in_v8(space: &SpaceProc, args: &[&str]) -> Output {
 }
 
 /// A space serving the snapshots `ferry conformance --engine ENGINE --keep` takes of kit
-/// v5 (kept in the space's own store), then `web/conformance.mjs --in RUNNER` over them: its
-/// table, once it has exited 0.
-fn kit_in(engine: &str, runner: &str) -> String {
+/// v5 (kept in the space's own store), then `web/conformance.mjs --in RUNNER` over them (each
+/// resume run by the command `resume_by` when given: `--node`): its table, once it has exited 0.
+pub(crate) fn kit_in(engine: &str, runner: &str, resume_by: Option<&[String]>) -> String {
     let mut space = SpaceProc::start(&[]);
     space.stop();
     let store = space.env.store();
@@ -95,6 +126,9 @@ fn kit_in(engine: &str, runner: &str) -> String {
         .arg(store.join("manifest.json"))
         .arg("--kit")
         .arg(&kit);
+    if let Some(words) = resume_by {
+        c.arg("--node").arg(words.join(" "));
+    }
     if runner == "browser" {
         c.arg("--known-failures")
             .arg(repo().join("conformance/browser-known-failures.txt"));
@@ -113,7 +147,7 @@ fn kit_in(engine: &str, runner: &str) -> String {
 #[test]
 fn conformance_kit_snapshots_resume_in_v8() {
     // The kit's snapshots, taken on both engines.
-    let table = kit_in("all", "node");
+    let table = kit_in("all", "node", None);
     // Every case of the kit, from both engines (CPython too, when setup fetched it).
     let summary = table.lines().last().unwrap();
     let n: usize = summary.split(' ').next().unwrap().parse().unwrap();
@@ -142,7 +176,7 @@ fn conformance_kit_snapshots_resume_in_v8() {
 /// console (`/console/`), the guest in a worker of the page.
 #[test]
 fn conformance_kit_snapshots_resume_in_a_browser_tab() {
-    let table = kit_in("jit", "browser");
+    let table = kit_in("jit", "browser", None);
     let summary = table.lines().last().unwrap();
     // deep-recursion is a known failure there (conformance/browser-known-failures.txt).
     assert!(
