@@ -41,9 +41,10 @@ fn the_conformance_kit_taken_on_x86_64_resumes_in_v8_on_arm64() {
 }
 
 /// Takes the suspended session `id` over in V8 on arm64, lets its guest run there for a
-/// while, and suspends it (Ctrl-C), which gives it back to the space suspended at a new
-/// snapshot: what the Node process wrote on stderr.
-fn a_trip_to_arm64(space: &SpaceProc, id: &str) -> String {
+/// while (with `printed`, until it printed on stdout there), and suspends it (Ctrl-C), which
+/// gives it back to the space suspended at a new snapshot: what the Node process wrote on
+/// stderr.
+fn a_trip_to_arm64(space: &SpaceProc, id: &str, printed: bool) -> String {
     let before = space.session(id).unwrap()["snapshot"].clone();
     let mut node = take_over_by(command(&node_arm64()), space, id, &["-v"]);
     until(space, id, "was lent", |s| s["state"] == "lent");
@@ -69,10 +70,19 @@ fn a_trip_to_arm64(space: &SpaceProc, id: &str) -> String {
         all
     });
     let mut stdout = node.stdout.take().unwrap();
+    let (out_tx, out_rx) = mpsc::channel();
     let out = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        stdout.read_to_end(&mut b).unwrap();
-        b
+        let mut all = Vec::new();
+        let mut b = [0u8; 4096];
+        loop {
+            match stdout.read(&mut b).unwrap() {
+                0 => return all,
+                n => {
+                    all.extend_from_slice(&b[..n]);
+                    let _ = out_tx.send(());
+                }
+            }
+        }
     });
     if rx.recv_timeout(Duration::from_secs(120)).is_err() {
         let _ = node.kill();
@@ -81,7 +91,14 @@ fn a_trip_to_arm64(space: &SpaceProc, id: &str) -> String {
             reader.join().unwrap()
         );
     }
-    std::thread::sleep(Duration::from_millis(1500));
+    if printed && out_rx.recv_timeout(Duration::from_secs(120)).is_err() {
+        let _ = node.kill();
+        panic!(
+            "{id}: the guest printed nothing on arm64: {}",
+            reader.join().unwrap()
+        );
+    }
+    std::thread::sleep(Duration::from_millis(if printed { 300 } else { 1500 }));
     interrupt(&node);
     let code = wait(&mut node);
     let err = reader.join().unwrap();
@@ -136,7 +153,7 @@ fn a_session_goes_from_x86_64_to_arm64_and_back_and_ends_as_an_uninterrupted_run
             std::thread::sleep(Duration::from_millis(300));
             let (_, err, code) = here.output(&["--space", &space.url, "suspend", id]);
             assert_eq!(code, 0, "{id}, trip {trip}: {err}");
-            let err = a_trip_to_arm64(&space, id);
+            let err = a_trip_to_arm64(&space, id, false);
             // The sleeper's stderr is unbuffered: it said something while on arm64.
             assert!(id != "sleepy" || err.contains("\nwarn "), "{err}");
             if trip == 0 {
@@ -147,4 +164,40 @@ fn a_session_goes_from_x86_64_to_arm64_and_back_and_ends_as_an_uninterrupted_run
         resumed_ends_as(&here, &space, id, &plain);
         check_files(&here, &space, id, &plain_dir, id);
     }
+}
+
+/// CPython 3.12 running a pure-Python loop on this machine's space is suspended here, taken
+/// over by V8 on arm64, suspended there mid-loop, and resumed here: the session's log is an
+/// uninterrupted run's.
+#[test]
+fn a_cpython_session_suspended_on_arm64_goes_on_on_x86_64() {
+    let py = crate::python::python312();
+    let here = Env::new().with_var("FERRY_TOKEN", SPACE_TOKEN);
+    let space = SpaceProc::start(&[]);
+    let mount = crate::harness::loop_py_app(&here);
+    let args = [
+        "--dir",
+        mount.as_str(),
+        py.to_str().unwrap(),
+        "--",
+        "/app/loop.py",
+        "30",
+    ];
+    let plain = here.plain(&args);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    run_on(&here, &space, "py", &args);
+    // Let it get going (the space prepares CPython first): its first line in the log.
+    for _ in 0..600 {
+        let (out, _, _) = here.output(&["--space", &space.url, "logs", "py"]);
+        if !out.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, err, code) = here.output(&["--space", &space.url, "suspend", "py"]);
+    assert_eq!(code, 0, "{err}");
+    // It prints a line a step (flushed): it ran Python on arm64 before it was suspended.
+    a_trip_to_arm64(&space, "py", true);
+    resumed_ends_as(&here, &space, "py", &plain);
 }
