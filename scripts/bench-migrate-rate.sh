@@ -2,7 +2,8 @@
 # Live migration over a link of a given rate: `ferry bench --only migrate` (two `ferry serve`
 # processes on loopback, the `dirty` guest moved while it runs) with loopback's traffic held to
 # each RATE by an HTB qdisc (tc), as a link between two machines would hold it; then without.
-# This kernel has no netem, so the link adds no delay: rate only. Needs root; the qdisc is
+# This kernel has no netem, so the link adds no delay: rate only. FERRY_BENCH_MAX_PAUSE_MS=N
+# gives each move that --max-pause (a move given up for it is a row saying why). Needs root; the qdisc is
 # removed at the end (and on Ctrl-C). Do not run it beside the tests: they use loopback too.
 # usage: scripts/bench-migrate-rate.sh [RATES=1gbit,100mbit] [SIZES=256] [ROUNDS=1]
 set -euo pipefail

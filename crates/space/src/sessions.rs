@@ -36,6 +36,7 @@ use crate::policy::Policy;
 
 mod input;
 mod lend;
+mod precopy;
 mod standby;
 pub use lend::OutputRefusal;
 
@@ -2181,8 +2182,10 @@ impl Sessions {
         //    destination restores it (first round) or brings its held copy forward to it, so
         //    the final prepare only applies the last delta — and a destination that will
         //    refuse the guest says so before the guest is paused.
+        let max_pause = req.max_pause_ms.map(Duration::from_millis);
         if was_running {
             let mut previous = u64::MAX;
+            let mut measured = Vec::new();
             for _ in 0..req.max_rounds {
                 let t = Instant::now();
                 let info = self.stop(&id, Request::Checkpoint, false)?;
@@ -2193,8 +2196,14 @@ impl Sessions {
                     )));
                 }
                 let k = parse_kappa(info.snapshot.as_deref().unwrap_or(""), "snapshot")?;
+                let at = Instant::now();
                 let s = send_closure(self.store.as_ref(), dest_store, k, &mut |_, _| {})
                     .map_err(|e| unreachable("pre-copy", &e))?;
+                measured.push(precopy::Measured {
+                    at,
+                    bytes: s.bytes,
+                    send: at.elapsed(),
+                });
                 report.rounds.push(Round {
                     snapshot: k.to_string(),
                     objects: s.moved,
@@ -2217,6 +2226,26 @@ impl Sessions {
                     break;
                 }
                 previous = s.bytes;
+            }
+            // With a bound on the pause: a final delta that sending alone would make longer
+            // is not tried (the guest never stops here).
+            if let Some(max) = max_pause
+                && let Some(f) = precopy::foresee(&measured, Instant::now())
+                && f.time > max
+            {
+                abort_in_etcd();
+                let _ = dest.abort(&id, Decision { epoch });
+                return Err(ApiError::unavailable(format!(
+                    "the guest writes its memory about as fast as the link to the destination \
+                     carries it: after {} pre-copy rounds ~{:.1} MiB would be left to send \
+                     with the guest paused, ~{} ms at the {:.1} MB/s the rounds reached, past \
+                     the --max-pause of {} ms; given up before pausing it (it never stopped)",
+                    measured.len(),
+                    f.bytes as f64 / (1 << 20) as f64,
+                    f.time.as_millis(),
+                    f.rate / 1e6,
+                    max.as_millis()
+                )));
             }
         }
         // 2. Pause at a safe point: the final snapshot. From here until the commit the
@@ -2266,7 +2295,6 @@ impl Sessions {
         };
         // With `max_pause_ms`: what is left of the pause the caller allows after `what`, or
         // the reason to abort once it is spent.
-        let max_pause = req.max_pause_ms.map(Duration::from_millis);
         let pause_left = |what: &str| -> Result<Option<Duration>, ApiError> {
             let Some(max) = max_pause else {
                 return Ok(None);

@@ -968,6 +968,59 @@ fn a_final_delta_slower_than_max_pause_is_cut_and_the_guest_runs_on() {
     assert!((1000..2500).contains(&ms), "paused {ms} ms: {err}");
 }
 
+/// `migrate --max-pause 300ms` of a guest that rewrites its memory about as fast as the link
+/// carries it (a destination that holds every batch of objects 1.5 s before it stores it):
+/// after the pre-copy rounds the move foresees a final delta far past the bound and is given
+/// up without pausing the guest — no final snapshot is taken — and the guest runs on here to
+/// an uninterrupted run's end.
+#[test]
+fn a_move_whose_final_delta_would_outlast_max_pause_is_given_up_before_the_pause() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start_with_vars(&[("FERRY_FAULT_PAUSE", "store-objects:1500")], &[]);
+    // 32 MiB, a tenth of its pages rewritten every 100 ms, for 12 s.
+    let g = guest("wasm/dirty.wasm");
+    let args = [g.to_str().unwrap(), "--", "32", "120", "100"];
+    let plain = here.plain(&args);
+    ok(
+        &here,
+        &a.url,
+        &[&["run", "--session", "dw"][..], &args].concat(),
+    );
+    eventually("the guest fills its memory", || {
+        cli(&here, &a.url, &["logs", "dw"]).0.contains("ready")
+    });
+    let (_, err, code) = cli(
+        &here,
+        &a.url,
+        &[
+            "migrate",
+            "dw",
+            "--to",
+            &b.url,
+            "--max-rounds",
+            "2",
+            "--max-pause",
+            "300ms",
+        ],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("migration aborted"), "{err}");
+    assert!(err.contains("given up before pausing it"), "{err}");
+    assert!(err.contains("past the --max-pause of 300 ms"), "{err}");
+    let report = &a.session("dw").unwrap()["migration"];
+    assert_eq!(
+        report["rounds"].as_array().map(Vec::len),
+        Some(2),
+        "{report}"
+    );
+    assert!(
+        report["final_snapshot"].is_null(),
+        "paused after all: {report}"
+    );
+    stayed_at_the_source(&here, &a, &b, "dw", &plain.stdout);
+}
+
 /// A space whose process hangs (SIGSTOP: its kernel still answers) while a client waits on
 /// one of its sessions: `wait` and `logs --follow` give it up — their long poll, no longer
 /// than the peer silence, plus the peer stall after they asked — saying it stopped answering,
