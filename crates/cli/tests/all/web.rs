@@ -11,19 +11,17 @@ use crate::harness::{
     suspend_after_output, suspended_kappa,
 };
 
-/// Node 24: `FERRY_NODE`, else where `scripts/fetch-node.sh` puts it.
-pub(crate) fn node() -> PathBuf {
-    let p = std::env::var_os("FERRY_NODE")
+/// Where `scripts/fetch-node.sh` puts the Nodes it fetches.
+fn tools() -> PathBuf {
+    std::env::var_os("FERRY_TOOLS")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            let tools = std::env::var_os("FERRY_TOOLS")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                        .join(".cache/ferry/tools")
-                });
-            tools.join("node-24.22.3/bin/node")
-        });
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/ferry/tools")
+        })
+}
+
+/// `p`, which `scripts/setup.sh` must have fetched.
+fn fetched(p: PathBuf) -> PathBuf {
     assert!(
         p.exists(),
         "{} is missing: run scripts/setup.sh (scripts/fetch-node.sh)",
@@ -32,20 +30,19 @@ pub(crate) fn node() -> PathBuf {
     p
 }
 
+/// Node 24: `FERRY_NODE`, else where `scripts/fetch-node.sh` puts it.
+pub(crate) fn node() -> PathBuf {
+    fetched(
+        std::env::var_os("FERRY_NODE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| tools().join("node-24.22.3/bin/node")),
+    )
+}
+
 /// Node 24 for arm64 (what `scripts/fetch-node.sh` puts beside the x64 one), run by qemu-user
 /// with the arm64 runtime libraries `scripts/setup.sh` installs: the words of the command.
 pub(crate) fn node_arm64() -> Vec<String> {
-    let tools = std::env::var_os("FERRY_TOOLS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/ferry/tools")
-        });
-    let node = tools.join("node-arm64-24.22.3/bin/node");
-    assert!(
-        node.exists(),
-        "{} is missing: run scripts/setup.sh (scripts/fetch-node.sh)",
-        node.display()
-    );
+    let node = fetched(tools().join("node-arm64-24.22.3/bin/node"));
     [
         "qemu-aarch64",
         "-L",
@@ -95,6 +92,17 @@ fn resume_in_v8(space: &SpaceProc, args: &[&str]) -> Output {
         .env("FERRY_TOKEN", SPACE_TOKEN)
         .output()
         .expect("spawn node")
+}
+
+/// That `conformance.mjs`'s `table` ends saying all of its (at least `least`) snapshots passed.
+pub(crate) fn all_passed(table: &str, least: usize) {
+    let summary = table.lines().last().unwrap();
+    let n: usize = summary.split(' ').next().unwrap().parse().unwrap();
+    assert!(n >= least, "{table}");
+    assert!(
+        summary.ends_with(&format!("{n} passed, 0 failed, 0 known failures")),
+        "{table}"
+    );
 }
 
 /// A space serving the snapshots `ferry conformance --engine ENGINE --keep` takes of kit
@@ -149,13 +157,7 @@ fn conformance_kit_snapshots_resume_in_v8() {
     // The kit's snapshots, taken on both engines.
     let table = kit_in("all", "node", None);
     // Every case of the kit, from both engines (CPython too, when setup fetched it).
-    let summary = table.lines().last().unwrap();
-    let n: usize = summary.split(' ').next().unwrap().parse().unwrap();
-    assert!(n >= 50, "{table}");
-    assert!(
-        summary.ends_with(&format!("{n} passed, 0 failed, 0 known failures")),
-        "{table}"
-    );
+    all_passed(&table, 50);
     for case in [
         "deep-recursion",
         "cpython",
