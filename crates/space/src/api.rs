@@ -445,7 +445,8 @@ pub struct MigrateRequest {
     #[serde(default)]
     pub engine: Option<String>,
     /// The longest the guest may stay paused, in ms: a move whose final snapshot, final
-    /// delta and prepare have not ended by then is aborted, and the guest runs on here
+    /// delta and prepare have not ended by then is aborted, and the guest runs on here — or
+    /// not paused at all, when the pre-copy rounds foresee a final delta longer than that
     /// (default: no bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pause_ms: Option<u64>,
@@ -480,6 +481,14 @@ pub struct Round {
     /// Bytes sent, before compression.
     pub bytes: u64,
     pub ms: u64,
+    /// How long sending the final delta would have kept the guest paused had it been paused
+    /// right after this round, as foreseen from the rounds so far (from the second round on;
+    /// docs/migration.md, "A bound on the pause").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub foreseen_pause_ms: Option<u64>,
+    /// The final delta so foreseen, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub foreseen_bytes: Option<u64>,
 }
 
 /// What a migration did.

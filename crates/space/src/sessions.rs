@@ -2209,6 +2209,8 @@ impl Sessions {
                     objects: s.moved,
                     bytes: s.bytes,
                     ms: t.elapsed().as_millis() as u64,
+                    foreseen_pause_ms: None,
+                    foreseen_bytes: None,
                 });
                 report.total_bytes += s.bytes;
                 match dest.prepare(&prepare_at(k)) {
@@ -2219,7 +2221,12 @@ impl Sessions {
                         return Err(refused(e));
                     }
                 }
-                report.rounds.last_mut().expect("pushed above").ms = t.elapsed().as_millis() as u64;
+                let round = report.rounds.last_mut().expect("pushed above");
+                round.ms = t.elapsed().as_millis() as u64;
+                if let Some(f) = precopy::foresee(&measured, Instant::now()) {
+                    round.foreseen_pause_ms = Some(f.time.as_millis() as u64);
+                    round.foreseen_bytes = Some(f.bytes);
+                }
                 self.update(live, |i| i.migration = Some(report.clone()));
                 fault("precopy");
                 if s.bytes <= req.stop_bytes || s.bytes >= previous {

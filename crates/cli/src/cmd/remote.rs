@@ -1264,8 +1264,17 @@ pub struct MigrateArgs {
 /// Prints the pre-copy rounds after the first `shown` on stderr; returns how many are shown.
 fn show_rounds(rounds: &[ferry_space::api::Round], shown: usize) -> usize {
     for (i, r) in rounds.iter().enumerate().skip(shown) {
+        let foreseen = match (r.foreseen_bytes, r.foreseen_pause_ms) {
+            (Some(b), Some(ms)) => {
+                format!(
+                    " (paused now, ~{:.1} MiB would be left to send: ~{ms} ms)",
+                    mib(b)
+                )
+            }
+            _ => String::new(),
+        };
         eprintln!(
-            "ferry: pre-copy round {}: {} objects, {:.1} MiB, {} ms",
+            "ferry: pre-copy round {}: {} objects, {:.1} MiB, {} ms{foreseen}",
             i + 1,
             r.objects,
             mib(r.bytes),
@@ -1301,6 +1310,15 @@ pub fn migrate(settings: &Settings, a: MigrateArgs) -> Result<ExitCode> {
     let r = c.migrate(&a.session, &req);
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     let shown = watcher.map_or(0, |w| w.join().unwrap_or(0));
+    if a.progress
+        && r.is_err()
+        && let Ok(s) = c.session(&a.session)
+        && let Some(m) = s.migration
+    {
+        // A move given up after rounds the watcher had not seen yet: they are in the
+        // session's record.
+        show_rounds(&m.rounds, shown);
+    }
     let report = r.map_err(|e| {
         if e.status == 0 {
             // The answer was lost, not refused: the space may still be moving it.

@@ -1002,6 +1002,7 @@ fn a_move_whose_final_delta_would_outlast_max_pause_is_given_up_before_the_pause
             "2",
             "--max-pause",
             "300ms",
+            "--progress",
         ],
     );
     assert_ne!(code, 0);
@@ -1017,6 +1018,23 @@ fn a_move_whose_final_delta_would_outlast_max_pause_is_given_up_before_the_pause
     assert!(
         report["final_snapshot"].is_null(),
         "paused after all: {report}"
+    );
+    // `--progress` shows what a pause would have cost after each round from the second on.
+    let second = &report["rounds"][1];
+    assert!(
+        second["foreseen_pause_ms"].as_u64().unwrap() > 300,
+        "{report}"
+    );
+    assert!(
+        report["rounds"][0].get("foreseen_pause_ms").is_none(),
+        "{report}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("ferry: pre-copy round 2: ")
+                && l.contains("(paused now, ~")
+                && l.contains(" would be left to send: ~")),
+        "{err}"
     );
     stayed_at_the_source(&here, &a, &b, "dw", &plain.stdout);
 }
