@@ -537,6 +537,7 @@ fn migrate_section(
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let token = "bench-token".to_owned();
     let exe = std::env::current_exe()?;
+    let mut foresight = Vec::new();
     let tls: Vec<String> = match (
         std::env::var("FERRY_BENCH_TLS_CERT"),
         std::env::var("FERRY_BENCH_TLS_KEY"),
@@ -658,7 +659,23 @@ fn migrate_section(
             r.steps,
             r.total_ms
         );
+        // How well the last round foresaw the final delta (docs/migration.md, "A bound on
+        // the pause"): printed under the table.
+        if let Some(last) = r.rounds.last()
+            && let (Some(b), Some(ms)) = (last.foreseen_bytes, last.foreseen_pause_ms)
+        {
+            let sent_ms = r.steps.split(" + ").nth(1).unwrap_or("?");
+            foresight.push(format!(
+                "{mib} MiB: foreseen after the last pre-copy round ~{:.1} MiB, ~{ms} ms; \
+                 the final delta sent {:.1} MiB in {sent_ms} ms",
+                b as f64 / (1 << 20) as f64,
+                r.final_bytes as f64 / (1 << 20) as f64,
+            ));
+        }
         drop(servers);
+    }
+    for line in foresight {
+        println!("\n{line}");
     }
     Ok(())
 }
