@@ -2186,6 +2186,8 @@ impl Sessions {
         if was_running {
             let mut previous = u64::MAX;
             let mut measured = Vec::new();
+            // What pausing after the latest round would cost, foreseen from the rounds so far.
+            let mut foreseen = None;
             for _ in 0..req.max_rounds {
                 let t = Instant::now();
                 let info = self.stop(&id, Request::Checkpoint, false)?;
@@ -2223,7 +2225,8 @@ impl Sessions {
                 }
                 let round = report.rounds.last_mut().expect("pushed above");
                 round.ms = t.elapsed().as_millis() as u64;
-                if let Some(f) = precopy::foresee(&measured, Instant::now()) {
+                foreseen = precopy::foresee(&measured, Instant::now());
+                if let Some(f) = foreseen {
                     round.foreseen_pause_ms = Some(f.time.as_millis() as u64);
                     round.foreseen_bytes = Some(f.bytes);
                 }
@@ -2237,7 +2240,7 @@ impl Sessions {
             // With a bound on the pause: a final delta that sending alone would make longer
             // is not tried (the guest never stops here).
             if let Some(max) = max_pause
-                && let Some(f) = precopy::foresee(&measured, Instant::now())
+                && let Some(f) = foreseen
                 && f.time > max
             {
                 abort_in_etcd();

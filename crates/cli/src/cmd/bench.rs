@@ -538,6 +538,13 @@ fn migrate_section(
     let token = "bench-token".to_owned();
     let exe = std::env::current_exe()?;
     let mut foresight = Vec::new();
+    let max_pause_ms = match std::env::var("FERRY_BENCH_MAX_PAUSE_MS") {
+        Ok(ms) => Some(
+            ms.parse::<u64>()
+                .context("FERRY_BENCH_MAX_PAUSE_MS must be a number of milliseconds")?,
+        ),
+        Err(_) => None,
+    };
     let tls: Vec<String> = match (
         std::env::var("FERRY_BENCH_TLS_CERT"),
         std::env::var("FERRY_BENCH_TLS_KEY"),
@@ -626,13 +633,6 @@ fn migrate_section(
             anyhow::ensure!(Instant::now() < deadline, "the dirty guest never got ready");
         }
         std::thread::sleep(Duration::from_secs(1));
-        let max_pause_ms = match std::env::var("FERRY_BENCH_MAX_PAUSE_MS") {
-            Ok(ms) => Some(
-                ms.parse::<u64>()
-                    .context("FERRY_BENCH_MAX_PAUSE_MS must be a number of milliseconds")?,
-            ),
-            Err(_) => None,
-        };
         let r = match a.migrate(
             &id,
             &MigrateRequest {

@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::harness::{Env, SPACE_TOKEN, SpaceProc, guest};
+use crate::migrate::eventually;
 use crate::takeover::{check_files, interrupt, resumed_ends_as, run_on, take_over_by, until};
 use crate::web::{all_passed, command, kit_in, node_arm64};
 
@@ -181,13 +182,12 @@ fn a_cpython_session_suspended_on_arm64_goes_on_on_x86_64() {
     assert_eq!(plain.code, 0, "{}", plain.stderr);
     run_on(&here, &space, "py", &args);
     // Let it get going (the space prepares CPython first): its first line in the log.
-    for _ in 0..600 {
-        let (out, _, _) = here.output(&["--space", &space.url, "logs", "py"]);
-        if !out.is_empty() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually("the session prints", || {
+        !here
+            .output(&["--space", &space.url, "logs", "py"])
+            .0
+            .is_empty()
+    });
     std::thread::sleep(Duration::from_millis(300));
     let (_, err, code) = here.output(&["--space", &space.url, "suspend", "py"]);
     assert_eq!(code, 0, "{err}");

@@ -44,9 +44,7 @@ pub(super) fn foresee(rounds: &[Measured], now: Instant) -> Option<Foreseen> {
         .iter()
         .filter(|r| r.bytes >= MIN_MEASURED && !r.send.is_zero())
         .map(|r| r.bytes as f64 / r.send.as_secs_f64())
-        .fold(None, |best: Option<f64>, r| {
-            Some(best.map_or(r, |b| b.max(r)))
-        })?;
+        .max_by(f64::total_cmp)?;
     let between = last.at.saturating_duration_since(before.at).as_secs_f64();
     let since = now.saturating_duration_since(last.at).as_secs_f64();
     let written = if between > 0.0 {
