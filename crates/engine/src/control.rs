@@ -81,6 +81,8 @@ pub struct Control {
     last_write: Mutex<Option<Duration>>,
     /// Bytes of mounted files the snapshot being written has read so far.
     files_read: Arc<AtomicU64>,
+    /// Holding the guest back to a share of its time (see [`Control::throttle`]).
+    pub(crate) throttle: crate::throttle::Throttle,
 }
 
 /// Marks a snapshot as being written (see [`Control::writing`]) until dropped.
@@ -389,6 +391,7 @@ impl Control {
     }
 
     pub(crate) fn mark_running(&self) {
+        self.running_again();
         let now = Instant::now();
         let mut t = self.timing();
         t.running_at = Some(now);
@@ -526,7 +529,7 @@ impl Control {
         self.flag.store(0, Ordering::SeqCst);
     }
 
-    fn raise_flag(&self) {
+    pub(crate) fn raise_flag(&self) {
         let addr = self.flag.load(Ordering::SeqCst);
         if addr != 0 {
             // SAFETY: `addr` is the start of a live, 4-byte-aligned, one-page Wasm memory that

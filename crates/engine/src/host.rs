@@ -74,7 +74,7 @@ fn finish_rewind(cx: &mut impl HostCx) -> Result<(), HostStop> {
 /// looking again after lowering raises it back, so no request waits for a later one.
 fn lower_flag(cx: &mut impl HostCx, control: &Control) {
     cx.set_flag(control.counting());
-    if control.pending() != Request::None {
+    if control.pending() != Request::None || control.throttle_due() {
         cx.set_flag(true);
     }
     keep_failed_raised(cx, control);
@@ -124,6 +124,10 @@ pub(crate) fn poll(cx: &mut impl HostCx) -> Result<(), HostStop> {
     {
         control.saw_memory(memory);
     }
+    if control.throttle_due() {
+        // Held here, without unwinding (a request made meanwhile ends the hold: below).
+        control.settle();
+    }
     match control.pending() {
         Request::None => lower_flag(cx, &control),
         Request::Probe => {
@@ -171,8 +175,19 @@ pub(crate) fn wasi_call(
         host.control.saw_memory(mem);
     }
     host.wasi.rewinding = rewinding;
+    let called = std::time::Instant::now();
     let r = host.wasi.call(name, mem, args);
     host.wasi.rewinding = false;
+    // A throttled guest (`Control::throttle`) is held here when a tick asked for it, and
+    // after each sleep (which so lasts longer); the wait for input is not charged.
+    if host.control.throttled() != 0 && r.is_ok() {
+        if name == "fd_read" {
+            host.control.not_charged(called);
+        }
+        if name == "poll_oneoff" || host.control.throttle_due() {
+            host.control.settle();
+        }
+    }
     match r {
         Ok(v) => Ok(v),
         Err(HostError::Exit(code)) => Err(HostStop::Exit(code)),

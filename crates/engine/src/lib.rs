@@ -23,6 +23,7 @@ mod prepare;
 mod run;
 mod seam;
 pub mod snapshot;
+mod throttle;
 
 pub use control::{Control, Hold, Request};
 pub use error::{EXIT_TRAPPED, EngineError, Stage};
@@ -30,6 +31,7 @@ pub use imports::ImportError;
 pub use prepare::{OtherVersions, Prepared, Runtime};
 pub use run::{Outcome, PlainModule, SnapshotMeta, Start};
 pub use seam::{EngineKind, Stop, TrapFrame, TrapReport, Value};
+pub use throttle::MAX_PERCENT as MAX_THROTTLE;
 
 /// Holds this thread `ms` milliseconds when `FERRY_FAULT_PAUSE=<step>:<ms>` names `step`: the
 /// fault-injection tests use it to act inside a window that is otherwise short (the space's

@@ -327,7 +327,15 @@ impl Runtime {
                         }
                         // Serve whatever was asked (the request stays pending until the unwind
                         // reaches here: see `host::start_unwind`).
-                        let reason = control.take();
+                        let mut reason = control.take();
+                        if reason == Request::None && control.throttle_due() {
+                            // A throttle's tick: held here, then on — or, if a snapshot was
+                            // asked for meanwhile, it is written now (the guest is unwound).
+                            control.settle();
+                            if matches!(control.pending(), Request::Checkpoint | Request::Suspend) {
+                                reason = control.take();
+                            }
+                        }
                         if matches!(reason, Request::None | Request::Probe) {
                             // Nothing to write (a probe, or a request already served): go on.
                             begin_rewind(inst)?;

@@ -450,6 +450,13 @@ pub struct MigrateRequest {
     /// (default: no bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pause_ms: Option<u64>,
+    /// Hold the guest back to a share of its time while it is copied when the pre-copy
+    /// rounds foresee a final delta that would not fit (`max_pause_ms`, else `stop_bytes`):
+    /// from 20% of its time up to 99%, more each round that still does not fit (QEMU's
+    /// auto-converge). The guest runs at full speed again once paused here or when the move
+    /// is given up (docs/migration.md, "Converging by holding the guest back").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_converge: bool,
 }
 
 fn default_rounds() -> u32 {
@@ -468,6 +475,7 @@ impl MigrateRequest {
             stop_bytes: default_stop_bytes(),
             engine: None,
             max_pause_ms: None,
+            auto_converge: false,
         }
     }
 }
@@ -489,6 +497,10 @@ pub struct Round {
     /// The final delta so foreseen, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub foreseen_bytes: Option<u64>,
+    /// With `auto_converge`: the share of its time (percent) the guest was held while it
+    /// wrote what this round sent (absent: not held).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_percent: Option<u32>,
 }
 
 /// What a migration did.
@@ -515,6 +527,10 @@ pub struct MigrationReport {
     pub total_ms: u64,
     /// `in progress`, `committed`, or `aborted: <reason>`.
     pub outcome: String,
+    /// With `auto_converge`: how long the guest was held back in all while it was copied
+    /// (ms; absent: it never was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_ms: Option<u64>,
     /// The session's standby, which follows it to the destination (absent when it had none,
     /// or when the destination was its standby: the session runs there without one).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -157,6 +157,7 @@ async fn put_object(
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes() == b"zstd");
     let r = blocking(move || {
+        crate::sessions::fault_link(body.len());
         let bytes = if zstd {
             zstd::bulk::decompress(&body, MAX_OBJECT).map_err(|e| {
                 text(
@@ -193,6 +194,7 @@ async fn put_objects(State(s): State<Shared>, headers: HeaderMap, body: Body) ->
     };
     let r = blocking(move || {
         crate::sessions::fault("store-objects");
+        crate::sessions::fault_link(body.len());
         let refuse = |e| text(StatusCode::UNPROCESSABLE_ENTITY, e);
         let stored = (|| {
             let batch = ferry_store::batch::decode(&body).map_err(refuse)?;

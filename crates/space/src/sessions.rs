@@ -82,6 +82,28 @@ pub struct Config {
 /// this to stop a space at each step of the migration protocol, and a local run while it
 /// records a snapshot (`recording-<n>`). `FERRY_FAULT_PAUSE=<step>:<ms>` instead holds the
 /// thread there that long ([`ferry_engine::fault_pause`]).
+/// Holds a batch of `bytes` received as a link of `FERRY_FAULT_LINK` bytes a second would
+/// (batches in turn, as on one link): the tests of moves over a slow network use it (the
+/// kernel of the test machine has no netem).
+pub fn fault_link(bytes: usize) {
+    static FREE_AT: Mutex<Option<Instant>> = Mutex::new(None);
+    let Some(rate) = std::env::var("FERRY_FAULT_LINK")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|r| *r > 0.0)
+    else {
+        return;
+    };
+    let until = {
+        let mut free = lock(&FREE_AT);
+        let start = free.map_or_else(Instant::now, |f| f.max(Instant::now()));
+        let until = start + Duration::from_secs_f64(bytes as f64 / rate);
+        *free = Some(until);
+        until
+    };
+    std::thread::sleep(until.saturating_duration_since(Instant::now()));
+}
+
 pub fn fault(step: &str) {
     ferry_engine::fault_pause(step);
     if std::env::var("FERRY_FAULT").is_ok_and(|f| f == step) {
@@ -2057,6 +2079,7 @@ impl Sessions {
             total_ms: 0,
             outcome: "in progress".into(),
             standby: None,
+            held_ms: None,
         };
         self.update(&live, |i| {
             i.migrating_to = Some(to.clone());
@@ -2183,13 +2206,25 @@ impl Sessions {
         //    the final prepare only applies the last delta — and a destination that will
         //    refuse the guest says so before the guest is paused.
         let max_pause = req.max_pause_ms.map(Duration::from_millis);
+        // With `auto_converge`: the guest's control, to hold it back through (lifted however
+        // this ends; a guest paused here and resumed after an abort runs with a new control).
+        let throttle = if req.auto_converge && was_running {
+            lock(&live.control).clone().map(Unthrottle)
+        } else {
+            None
+        };
         if was_running {
             let mut previous = u64::MAX;
             let mut measured = Vec::new();
             // What pausing after the latest round would cost, foreseen from the rounds so far.
             let mut foreseen = None;
+            // The share of its time the guest is held now (`auto_converge`), in percent; and
+            // as it was held while it wrote what this round sends (since the last checkpoint).
+            let mut held = 0;
+            let mut held_at_checkpoint = 0;
             for _ in 0..req.max_rounds {
                 let t = Instant::now();
+                let under = std::mem::replace(&mut held_at_checkpoint, held);
                 let info = self.stop(&id, Request::Checkpoint, false)?;
                 if info.state != State::Running {
                     return Err(ApiError::conflict(format!(
@@ -2213,6 +2248,7 @@ impl Sessions {
                     ms: t.elapsed().as_millis() as u64,
                     foreseen_pause_ms: None,
                     foreseen_bytes: None,
+                    held_percent: (under > 0).then_some(under),
                 });
                 report.total_bytes += s.bytes;
                 match dest.prepare(&prepare_at(k)) {
@@ -2230,9 +2266,41 @@ impl Sessions {
                     round.foreseen_pause_ms = Some(f.time.as_millis() as u64);
                     round.foreseen_bytes = Some(f.bytes);
                 }
+                // Converging by holding the guest back: a delta that would not fit (the bound
+                // on the pause, with room for the rest of it; else what `stop_bytes` takes)
+                // holds the guest more for the next round, and one that fits ends the rounds.
+                let mut raised = false;
+                let mut fits = false;
+                if let (Some(Unthrottle(control)), Some(f)) = (&throttle, foreseen) {
+                    let goal = max_pause.map_or_else(
+                        || Duration::from_secs_f64(req.stop_bytes as f64 / f.rate),
+                        |max| max / 2,
+                    );
+                    fits = f.time <= goal;
+                    let next = precopy::next_throttle(&f, goal, under, held);
+                    if next != held {
+                        info!(session = %id, round = measured.len(), from = held, to = next,
+                              foreseen_ms = f.time.as_millis() as u64, goal_ms = goal.as_millis() as u64,
+                              "holding the guest back for the move to converge");
+                        control.throttle(next);
+                        raised = next > held;
+                        held = next;
+                    }
+                    report.held_ms = Some(control.held().as_millis() as u64).filter(|&ms| ms > 0);
+                }
                 self.update(live, |i| i.migration = Some(report.clone()));
                 fault("precopy");
-                if s.bytes <= req.stop_bytes || s.bytes >= previous {
+                // Held back, the rounds end when the delta is foreseen to fit (a round under
+                // `stop_bytes` may still leave one that does not), or stop shrinking unless
+                // the guest is now held more — not before a second round, the first to foresee
+                // anything; else when a round is small or stops shrinking.
+                let done = if throttle.is_some() {
+                    // (Not before the delta can be foreseen: a second round.)
+                    foreseen.is_some() && (fits || (s.bytes >= previous && !raised))
+                } else {
+                    s.bytes <= req.stop_bytes || s.bytes >= previous
+                };
+                if done {
                     break;
                 }
                 previous = s.bytes;
@@ -2245,9 +2313,14 @@ impl Sessions {
             {
                 abort_in_etcd();
                 let _ = dest.abort(&id, Decision { epoch });
+                // As held while it wrote what the last round sent.
+                let even = match report.rounds.last().and_then(|r| r.held_percent) {
+                    Some(p) => format!(", even held {p}% of its time"),
+                    None => String::new(),
+                };
                 return Err(ApiError::unavailable(format!(
                     "the guest writes its memory about as fast as the link to the destination \
-                     carries it: after {} pre-copy rounds ~{:.1} MiB would be left to send \
+                     carries it{even}: after {} pre-copy rounds ~{:.1} MiB would be left to send \
                      with the guest paused, ~{} ms at the {:.1} MB/s the rounds reached, past \
                      the --max-pause of {} ms; given up before pausing it (it never stopped)",
                     measured.len(),
@@ -2288,6 +2361,9 @@ impl Sessions {
             parse_kappa(live.info().snapshot.as_deref().unwrap_or(""), "snapshot")?
         };
         let t_paused = paused.elapsed();
+        if let Some(Unthrottle(control)) = &throttle {
+            report.held_ms = Some(control.held().as_millis() as u64).filter(|&ms| ms > 0);
+        }
         report.final_snapshot = Some(k.to_string());
         report.memory_bytes = nonzero_memory(self.store.as_ref(), &k);
         fault("suspended");
@@ -2964,6 +3040,17 @@ struct Move<'a> {
 
 /// Asks run `mine` of a session for a checkpoint every `every` while it runs (not while a
 /// migration moves it: its rounds are checkpoints already), until that run stops.
+/// Lets a guest held back for a move (`auto_converge`) run at full speed again when dropped.
+struct Unthrottle(Arc<Control>);
+
+impl Drop for Unthrottle {
+    fn drop(&mut self) {
+        if self.0.throttled() != 0 {
+            self.0.throttle(0);
+        }
+    }
+}
+
 fn spawn_checkpointer(live: Arc<Live>, mine: u64, control: Arc<Control>, every: Duration) {
     let spawned = std::thread::Builder::new()
         .name("checkpointer".into())

@@ -1039,6 +1039,78 @@ fn a_move_whose_final_delta_would_outlast_max_pause_is_given_up_before_the_pause
     stayed_at_the_source(&here, &a, &b, "dw", &plain.stdout);
 }
 
+/// A guest that writes its memory about as fast as the link to the destination carries it
+/// (B takes objects at 2 MB/s, `FERRY_FAULT_LINK`; a 4 MiB guest rewriting 8% of its pages
+/// every 100 ms): with `--max-pause 600ms` its move is given up before the pause; with
+/// `--auto-converge` as well the guest is held back more each round until the final delta
+/// fits, the move commits within the bound, and the guest ends at B as an uninterrupted run.
+#[test]
+fn auto_converge_holds_back_a_guest_too_fast_for_the_link_until_its_move_fits_max_pause() {
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start_with_vars(&[("FERRY_FAULT_LINK", "2000000")], &[]);
+    let g = guest("wasm/dirty.wasm");
+    let args = [g.to_str().unwrap(), "--", "4", "250", "80"];
+    let plain = here.plain(&args);
+    ok(
+        &here,
+        &a.url,
+        &[&["run", "--session", "ac"][..], &args].concat(),
+    );
+    eventually("the guest fills its memory", || {
+        cli(&here, &a.url, &["logs", "ac"]).0.contains("ready")
+    });
+    let migrate = ["migrate", "ac", "--to", &b.url, "--max-pause", "600ms"];
+    let err = refused(&here, &a.url, &migrate);
+    assert!(err.contains("given up before pausing it"), "{err}");
+    assert!(!err.contains("even held"), "{err}");
+    eventually("the destination drops its copy", || b.state("ac").is_none());
+    let (out, err, code) = cli(
+        &here,
+        &a.url,
+        &[&migrate[..], &["--auto-converge", "--progress"]].concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    eprintln!("{err}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(
+        report["downtime_ms"].as_u64().unwrap() <= 600,
+        "paused past the bound: {report}"
+    );
+    let rounds = report["rounds"].as_array().unwrap();
+    // Not held in the first two rounds (the first foresight comes after the second; what a
+    // round sends was written while the one before it was sent), then held at least 20%.
+    assert!(
+        rounds[..2].iter().all(|r| r.get("held_percent").is_none()),
+        "{report}"
+    );
+    assert!(
+        rounds
+            .iter()
+            .any(|r| r["held_percent"].as_u64().is_some_and(|p| p >= 20)),
+        "{report}"
+    );
+    assert!(report["held_ms"].as_u64().unwrap() > 0, "{report}");
+    assert!(
+        err.lines().any(|l| l.starts_with("ferry: pre-copy round ")
+            && l.contains(", the guest held ")
+            && l.contains("% of its time")),
+        "{err}"
+    );
+    // The last move's rounds (given up) are not shown as this one's.
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.starts_with("ferry: pre-copy round 1: "))
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("the guest was held back "), "{err}");
+    assert_eq!(b.state("ac").as_deref(), Some("running"));
+    assert_finished_like(&here, &a.url, "ac", &plain.stdout);
+    stores_verify(&[&a, &b]);
+}
+
 /// A space whose process hangs (SIGSTOP: its kernel still answers) while a client waits on
 /// one of its sessions: `wait` and `logs --follow` give it up — their long poll, no longer
 /// than the peer silence, plus the peer stall after they asked — saying it stopped answering,

@@ -22,6 +22,13 @@ impl Write for Buf {
     }
 }
 
+impl Buf {
+    /// What was written, as text.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
 pub(crate) fn stdio(out: &Buf) -> Stdio {
     Stdio {
         stdin: Box::new(std::io::empty()),

@@ -4,3 +4,4 @@
 
 mod every_safe_point;
 mod pauses;
+mod throttle;

@@ -28,6 +28,8 @@ pub(super) struct Foreseen {
     pub rate: f64,
     /// How long sending `bytes` at `rate` takes.
     pub time: Duration,
+    /// Bytes a second the guest wrote (new since the round before) in the last round.
+    pub writes: f64,
 }
 
 /// The final delta if the guest is paused `now`, after `rounds` (in order): what the guest
@@ -57,7 +59,50 @@ pub(super) fn foresee(rounds: &[Measured], now: Instant) -> Option<Foreseen> {
         bytes,
         rate,
         time: Duration::from_secs_f64(bytes as f64 / rate),
+        writes: if between > 0.0 {
+            last.bytes as f64 / between
+        } else {
+            0.0
+        },
     })
+}
+
+/// What a held guest is to write, as a share of what the link carries: each round then
+/// sends at most about that share of the one before. (Half was tried first: a guest that
+/// rewrites the same pages writes fewer *new* bytes the longer a round, so holding it back
+/// shrinks the rounds less than in proportion, and such a move took 10 rounds instead of 6.)
+const AIM: f64 = 0.25;
+
+/// The first throttle of a move that converges by holding its guest back (`auto_converge`).
+const FIRST_THROTTLE: u32 = 20;
+/// How much more a throttle that did not bring the delta within the goal is raised at least.
+const THROTTLE_STEP: u32 = 10;
+
+/// The share of its time (percent) the guest is to be held from now on, in a move that
+/// converges by holding it back, after a round foreseen `f` — aiming at a final delta sent
+/// within `goal` — whose bytes the guest wrote held `under` percent (the throttle set a round
+/// earlier: what a round sends was written while the round before it was sent), and held
+/// `now` percent since the round before. Kept while the delta fits the goal; else raised so
+/// that the guest writes at most [`AIM`] of what the link carries (each round then at most
+/// that share of the one before) — and at least [`THROTTLE_STEP`] more when `now` was measured and still
+/// does not fit (a guest whose writes do not slow as it is held is held ever more);
+/// [`FIRST_THROTTLE`] at first, at most [`ferry_engine::MAX_THROTTLE`].
+pub(super) fn next_throttle(f: &Foreseen, goal: Duration, under: u32, now: u32) -> u32 {
+    if f.time <= goal || f.writes <= 0.0 {
+        return now;
+    }
+    let ran = f64::from(100 - under.min(100)) / 100.0;
+    let may_run = (AIM * f.rate / f.writes).min(1.0) * ran;
+    // (Less a hair, so that 40.000000001 is 40.)
+    let wanted = ((1.0 - may_run) * 100.0 - 1e-6).ceil() as u32;
+    let least = if now == 0 {
+        FIRST_THROTTLE
+    } else if under == now {
+        now + THROTTLE_STEP
+    } else {
+        now
+    };
+    wanted.max(least).min(ferry_engine::MAX_THROTTLE)
 }
 
 #[cfg(test)]
@@ -107,6 +152,50 @@ mod tests {
         let f = foresee(&rounds, t + Duration::from_secs(60)).unwrap();
         assert_eq!(f.bytes, 64 * MIB);
         assert!(f.time >= Duration::from_secs(7) && f.time <= Duration::from_secs(9));
+    }
+
+    fn foreseen(ms: u64, rate: f64, writes: f64) -> Foreseen {
+        Foreseen {
+            bytes: (rate * ms as f64 / 1000.0) as u64,
+            rate,
+            time: Duration::from_millis(ms),
+            writes,
+        }
+    }
+
+    #[test]
+    fn a_delta_within_the_goal_keeps_the_throttle() {
+        let goal = Duration::from_millis(500);
+        assert_eq!(next_throttle(&foreseen(400, 12e6, 10e6), goal, 0, 0), 0);
+        assert_eq!(next_throttle(&foreseen(400, 12e6, 10e6), goal, 40, 40), 40);
+    }
+
+    #[test]
+    fn a_guest_writing_near_the_links_rate_is_held_to_write_a_quarter_of_it() {
+        let goal = Duration::from_millis(500);
+        let f = foreseen(7_000, 12e6, 10e6);
+        // Writes 10 MB/s, the link carries 12 MB/s: it may run 30% of its time.
+        assert_eq!(next_throttle(&f, goal, 0, 0), 70);
+        // The next round was written before the throttle took effect: it is kept.
+        assert_eq!(next_throttle(&f, goal, 0, 70), 70);
+        // Held 70% it still wrote 10 MB/s (as measured while held): it may run 9%.
+        assert_eq!(next_throttle(&f, goal, 70, 70), 91);
+        // A guest writing far slower than the link is held the first step only…
+        let slow = foreseen(7_000, 12e6, 1e6);
+        assert_eq!(next_throttle(&slow, goal, 0, 0), 20);
+        assert_eq!(next_throttle(&slow, goal, 0, 20), 20);
+        // …and one step more once its writes, measured held, still do not fit.
+        assert_eq!(next_throttle(&slow, goal, 20, 20), 30);
+    }
+
+    #[test]
+    fn the_throttle_never_holds_the_guest_all_of_its_time() {
+        let goal = Duration::from_millis(500);
+        let f = foreseen(60_000, 1e6, 1e9);
+        let most = ferry_engine::MAX_THROTTLE;
+        assert_eq!(next_throttle(&f, goal, 0, 0), most);
+        assert_eq!(next_throttle(&f, goal, 95, 95), most);
+        assert_eq!(next_throttle(&f, goal, most, most), most);
     }
 
     #[test]
