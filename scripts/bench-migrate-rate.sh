@@ -3,7 +3,8 @@
 # processes on loopback, the `dirty` guest moved while it runs) with loopback's traffic held to
 # each RATE by an HTB qdisc (tc), as a link between two machines would hold it; then without.
 # This kernel has no netem, so the link adds no delay: rate only. FERRY_BENCH_MAX_PAUSE_MS=N
-# gives each move that --max-pause (a move given up for it is a row saying why). Needs root; the qdisc is
+# gives each move that --max-pause (a move given up for it is a row saying why),
+# FERRY_BENCH_AUTO_CONVERGE=1 --auto-converge. Needs root; the qdisc is
 # removed at the end (and on Ctrl-C). Do not run it beside the tests: they use loopback too.
 # usage: scripts/bench-migrate-rate.sh [RATES=1gbit,100mbit] [SIZES=256] [ROUNDS=1]
 set -euo pipefail
@@ -26,6 +27,6 @@ for r in $(seq "$rounds"); do
     for rate in ${rates//,/ } unlimited; do
         echo "### round $r, loopback at $rate"
         if [ "$rate" = unlimited ]; then unlimit; else limit "$rate"; fi
-        "$ferry" bench --only migrate --sizes "$sizes" | grep '^| [0-9]\|foreseen' || true
+        "$ferry" bench --only migrate --sizes "$sizes" | grep '^| [0-9]\|foreseen\|held back' || true
     done
 done

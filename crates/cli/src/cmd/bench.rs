@@ -520,7 +520,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
 /// record owners in that etcd (`--etcd`, a prefix of their own per size), so the commit is an
 /// etcd transaction (`scripts/bench-migrate-etcd.sh`). With `FERRY_BENCH_MAX_PAUSE_MS=N` each
 /// move has that `--max-pause`, and a move given up for it is a row saying why
-/// (`scripts/bench-migrate-rate.sh`).
+/// (`scripts/bench-migrate-rate.sh`); with `FERRY_BENCH_AUTO_CONVERGE=1` each move has
+/// `--auto-converge`, and how the guest was held back is printed under the table.
 fn migrate_section(
     settings: &Settings,
     dir: &std::path::Path,
@@ -545,6 +546,8 @@ fn migrate_section(
         ),
         Err(_) => None,
     };
+    // Held back while copied (`migrate --auto-converge`) when set to anything but 0.
+    let auto_converge = std::env::var("FERRY_BENCH_AUTO_CONVERGE").is_ok_and(|v| v != "0");
     let tls: Vec<String> = match (
         std::env::var("FERRY_BENCH_TLS_CERT"),
         std::env::var("FERRY_BENCH_TLS_KEY"),
@@ -637,6 +640,7 @@ fn migrate_section(
             &id,
             &MigrateRequest {
                 max_pause_ms,
+                auto_converge,
                 ..MigrateRequest::to(&urls[1])
             },
         ) {
@@ -670,6 +674,20 @@ fn migrate_section(
                  the final delta sent {:.1} MiB in {sent_ms} ms",
                 b as f64 / (1 << 20) as f64,
                 r.final_bytes as f64 / (1 << 20) as f64,
+            ));
+        }
+        // How the guest was held back (`FERRY_BENCH_AUTO_CONVERGE`), under the table too.
+        if let Some(ms) = r.held_ms {
+            let shares: Vec<String> = r
+                .rounds
+                .iter()
+                .map(|r| format!("{}%", r.held_percent.unwrap_or(0)))
+                .collect();
+            foresight.push(format!(
+                "{mib} MiB: the guest was held back {:.1} s in all; held while it wrote each \
+                 round: {}",
+                ms as f64 / 1000.0,
+                shares.join(", ")
             ));
         }
         drop(servers);
