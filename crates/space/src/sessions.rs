@@ -2276,6 +2276,16 @@ impl Sessions {
                         || Duration::from_secs_f64(req.stop_bytes as f64 / f.rate),
                         |max| max / 2,
                     );
+                    // Fitting is judged by the larger of the foresight and what this round
+                    // sent: the rounds shrinking, the final delta is written in less time
+                    // than this round's bytes were, so it is no larger — a bound the
+                    // foresight (the last round's rate, scaled to the time since) lacks for
+                    // a guest that rewrites the same pages, which writes less that is new
+                    // per second the longer it is watched.
+                    let f = precopy::Foreseen {
+                        time: f.time.max(Duration::from_secs_f64(s.bytes as f64 / f.rate)),
+                        ..f
+                    };
                     fits = f.time <= goal;
                     let next = precopy::next_throttle(&f, goal, under, held);
                     if next != held {
@@ -2291,12 +2301,15 @@ impl Sessions {
                 self.update(live, |i| i.migration = Some(report.clone()));
                 fault("precopy");
                 // Held back, the rounds end when the delta is foreseen to fit (a round under
-                // `stop_bytes` may still leave one that does not), or stop shrinking unless
-                // the guest is now held more — not before a second round, the first to foresee
-                // anything; else when a round is small or stops shrinking.
+                // `stop_bytes` may still leave one that does not), or stop shrinking though
+                // written under the share now in place; else when a round is small or stops
+                // shrinking.
                 let done = if throttle.is_some() {
-                    // (Not before the delta can be foreseen: a second round.)
-                    foreseen.is_some() && (fits || (s.bytes >= previous && !raised))
+                    // (Not before the delta can be foreseen: a second round; nor while the
+                    // share now in place has not yet been measured — this round was written
+                    // under the one before, `under`.)
+                    let measured_now = under == held && !raised;
+                    foreseen.is_some() && (fits || (s.bytes >= previous && measured_now))
                 } else {
                     s.bytes <= req.stop_bytes || s.bytes >= previous
                 };

@@ -75,30 +75,33 @@ const AIM: f64 = 0.25;
 
 /// The first throttle of a move that converges by holding its guest back (`auto_converge`).
 const FIRST_THROTTLE: u32 = 20;
-/// How much more a throttle that did not bring the delta within the goal is raised at least.
-const THROTTLE_STEP: u32 = 10;
 
 /// The share of its time (percent) the guest is to be held from now on, in a move that
-/// converges by holding it back, after a round foreseen `f` — aiming at a final delta sent
-/// within `goal` — whose bytes the guest wrote held `under` percent (the throttle set a round
+/// converges by holding it back, after a round foreseen `f` (its `time`: the longer of the
+/// foresight and the round itself, see `migrate_steps`) — aiming at a final delta sent within
+/// `goal` — whose bytes the guest wrote held `under` percent (the throttle set a round
 /// earlier: what a round sends was written while the round before it was sent), and held
-/// `now` percent since the round before. Kept while the delta fits the goal; else raised so
-/// that the guest writes at most [`AIM`] of what the link carries (each round then at most
-/// that share of the one before) — and at least [`THROTTLE_STEP`] more when `now` was measured and still
-/// does not fit (a guest whose writes do not slow as it is held is held ever more);
-/// [`FIRST_THROTTLE`] at first, at most [`ferry_engine::MAX_THROTTLE`].
+/// `now` percent since the round before. Kept while the delta fits the goal. Else the share
+/// of its time the guest runs is cut, from what it ran while it wrote the round, to what
+/// makes it write at most [`AIM`] of what the link carries, and at least by as much as the
+/// delta overruns the goal (a guest that rewrites the same pages writes less that is new per
+/// second the longer it is watched, so its measured rate says too little); and at least
+/// halved when `now` was measured and still does not fit (a guest whose writes do not slow
+/// as it is held is held ever more): [`FIRST_THROTTLE`] at first, at most
+/// [`ferry_engine::MAX_THROTTLE`].
 pub(super) fn next_throttle(f: &Foreseen, goal: Duration, under: u32, now: u32) -> u32 {
     if f.time <= goal || f.writes <= 0.0 {
         return now;
     }
     let ran = f64::from(100 - under.min(100)) / 100.0;
-    let may_run = (AIM * f.rate / f.writes).min(1.0) * ran;
+    let cut = (AIM * f.rate / f.writes).min(goal.as_secs_f64() / f.time.as_secs_f64());
+    let may_run = cut.min(1.0) * ran;
     // (Less a hair, so that 40.000000001 is 40.)
     let wanted = ((1.0 - may_run) * 100.0 - 1e-6).ceil() as u32;
     let least = if now == 0 {
         FIRST_THROTTLE
     } else if under == now {
-        now + THROTTLE_STEP
+        100 - (100 - now.min(100)) / 2
     } else {
         now
     };
@@ -173,19 +176,38 @@ mod tests {
     #[test]
     fn a_guest_writing_near_the_links_rate_is_held_to_write_a_quarter_of_it() {
         let goal = Duration::from_millis(500);
-        let f = foreseen(7_000, 12e6, 10e6);
+        let f = foreseen(1_000, 12e6, 10e6);
         // Writes 10 MB/s, the link carries 12 MB/s: it may run 30% of its time.
         assert_eq!(next_throttle(&f, goal, 0, 0), 70);
         // The next round was written before the throttle took effect: it is kept.
         assert_eq!(next_throttle(&f, goal, 0, 70), 70);
         // Held 70% it still wrote 10 MB/s (as measured while held): it may run 9%.
         assert_eq!(next_throttle(&f, goal, 70, 70), 91);
-        // A guest writing far slower than the link is held the first step only…
-        let slow = foreseen(7_000, 12e6, 1e6);
+    }
+
+    #[test]
+    fn a_delta_far_past_the_goal_cuts_the_guests_time_as_much() {
+        let goal = Duration::from_millis(500);
+        // It writes a tenth of what the link carries — as measured over a long round, less
+        // than it writes over a short one — yet the delta is 4x the goal: it runs a quarter.
+        let f = foreseen(2_000, 12e6, 1.2e6);
+        assert_eq!(next_throttle(&f, goal, 0, 0), 75);
+        // Held 50% while it wrote the round: it may run 12.5% of its time.
+        assert_eq!(next_throttle(&f, goal, 50, 50), 88);
+    }
+
+    #[test]
+    fn a_guest_that_still_does_not_fit_runs_at_most_half_as_much_as_before() {
+        let goal = Duration::from_millis(500);
+        // Barely past the goal, writing little: 20% at first…
+        let slow = foreseen(520, 12e6, 1e6);
         assert_eq!(next_throttle(&slow, goal, 0, 0), 20);
         assert_eq!(next_throttle(&slow, goal, 0, 20), 20);
-        // …and one step more once its writes, measured held, still do not fit.
-        assert_eq!(next_throttle(&slow, goal, 20, 20), 30);
+        // …then, measured at 20% and still past the goal, it runs half as much as before:
+        // held 60%, then 80%, 90%.
+        assert_eq!(next_throttle(&slow, goal, 20, 20), 60);
+        assert_eq!(next_throttle(&slow, goal, 60, 60), 80);
+        assert_eq!(next_throttle(&slow, goal, 80, 80), 90);
     }
 
     #[test]
