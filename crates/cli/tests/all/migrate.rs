@@ -1111,6 +1111,70 @@ fn auto_converge_holds_back_a_guest_too_fast_for_the_link_until_its_move_fits_ma
     stores_verify(&[&a, &b]);
 }
 
+/// CPython 3.12 rewriting a 24 MiB buffer at one place per step of pure-Python work
+/// (`guests/python/churn.py`) moves to a space that takes objects at 32 MB/s with
+/// `--auto-converge` and no bound on the pause: it is held back (its interpreter unwound and
+/// rewound at every tick while held) until its final delta is foreseen within 4 MiB, and it
+/// ends at B as an uninterrupted run.
+#[test]
+fn a_cpython_program_held_back_while_it_moves_ends_as_an_uninterrupted_run() {
+    let py = crate::python::python312();
+    let here = client();
+    let a = SpaceProc::start(&[]);
+    let b = SpaceProc::start_with_vars(&[("FERRY_FAULT_LINK", "32000000")], &[]);
+    let app = here.path("app");
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::copy(
+        crate::harness::repo().join("guests/python/churn.py"),
+        app.join("churn.py"),
+    )
+    .unwrap();
+    let mount = format!("{}::/app", app.display());
+    let args = [
+        "--dir",
+        mount.as_str(),
+        py.to_str().unwrap(),
+        "--",
+        "/app/churn.py",
+        "12000",
+    ];
+    let plain = here.plain(&args);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    ok(
+        &here,
+        &a.url,
+        &[&["run", "--session", "cp"][..], &args].concat(),
+    );
+    eventually("the guest has filled its buffer", || {
+        cli(&here, &a.url, &["logs", "cp"]).0.contains("\n")
+    });
+    let (out, err, code) = cli(
+        &here,
+        &a.url,
+        &[
+            "migrate",
+            "cp",
+            "--to",
+            &b.url,
+            "--auto-converge",
+            "--progress",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    eprintln!("{err}");
+    let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(
+        report["rounds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["held_percent"].as_u64().is_some_and(|p| p >= 20)),
+        "never held: {report}"
+    );
+    assert!(report["held_ms"].as_u64().unwrap() > 0, "{report}");
+    assert_finished_like(&here, &a.url, "cp", &plain.stdout);
+}
+
 /// A space whose process hangs (SIGSTOP: its kernel still answers) while a client waits on
 /// one of its sessions: `wait` and `logs --follow` give it up — their long poll, no longer
 /// than the peer silence, plus the peer stall after they asked — saying it stopped answering,
