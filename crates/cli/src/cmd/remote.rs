@@ -1219,8 +1219,12 @@ fn drain_one(
         };
         match c.migrate(&s.id, &req) {
             Ok(r) => {
+                let held = r
+                    .held_ms
+                    .map(|ms| format!(" (held back {:.1} s)", ms as f64 / 1000.0))
+                    .unwrap_or_default();
                 eprintln!(
-                    "ferry: {at} moved to {to}: paused {} ms, {} ms in all",
+                    "ferry: {at} moved to {to}: paused {} ms, {} ms in all{held}",
                     r.downtime_ms, r.total_ms
                 );
                 return Ok(to.clone());
