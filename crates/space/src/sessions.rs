@@ -2209,7 +2209,7 @@ impl Sessions {
         // With `auto_converge`: the guest's control, to hold it back through (lifted however
         // this ends; a guest paused here and resumed after an abort runs with a new control).
         let throttle = if req.auto_converge && was_running {
-            lock(&live.control).clone().map(Unthrottle)
+            lock(&live.control).clone().map(Unthrottle::new)
         } else {
             None
         };
@@ -2271,7 +2271,7 @@ impl Sessions {
                 // holds the guest more for the next round, and one that fits ends the rounds.
                 let mut raised = false;
                 let mut fits = false;
-                if let (Some(Unthrottle(control)), Some(f)) = (&throttle, foreseen) {
+                if let (Some(t), Some(f)) = (&throttle, foreseen) {
                     let goal = max_pause.map_or_else(
                         || Duration::from_secs_f64(req.stop_bytes as f64 / f.rate),
                         |max| max / 2,
@@ -2292,11 +2292,11 @@ impl Sessions {
                         info!(session = %id, round = measured.len(), from = held, to = next,
                               foreseen_ms = f.time.as_millis() as u64, goal_ms = goal.as_millis() as u64,
                               "holding the guest back for the move to converge");
-                        control.throttle(next);
+                        t.0.throttle(next);
                         raised = next > held;
                         held = next;
                     }
-                    report.held_ms = Some(control.held().as_millis() as u64).filter(|&ms| ms > 0);
+                    report.held_ms = t.held_ms();
                 }
                 self.update(live, |i| i.migration = Some(report.clone()));
                 fault("precopy");
@@ -2374,8 +2374,8 @@ impl Sessions {
             parse_kappa(live.info().snapshot.as_deref().unwrap_or(""), "snapshot")?
         };
         let t_paused = paused.elapsed();
-        if let Some(Unthrottle(control)) = &throttle {
-            report.held_ms = Some(control.held().as_millis() as u64).filter(|&ms| ms > 0);
+        if let Some(t) = &throttle {
+            report.held_ms = t.held_ms();
         }
         report.final_snapshot = Some(k.to_string());
         report.memory_bytes = nonzero_memory(self.store.as_ref(), &k);
@@ -3051,10 +3051,21 @@ struct Move<'a> {
     dest: &'a SpaceClient,
 }
 
-/// Asks run `mine` of a session for a checkpoint every `every` while it runs (not while a
-/// migration moves it: its rounds are checkpoints already), until that run stops.
-/// Lets a guest held back for a move (`auto_converge`) run at full speed again when dropped.
-struct Unthrottle(Arc<Control>);
+/// Lets a guest held back for a move (`auto_converge`) run at full speed again when dropped;
+/// with how long it had been held before (by an earlier move), which is not this move's.
+struct Unthrottle(Arc<Control>, Duration);
+
+impl Unthrottle {
+    fn new(control: Arc<Control>) -> Self {
+        let before = control.held();
+        Self(control, before)
+    }
+
+    /// How long this move has held the guest back, in ms (`None`: not at all).
+    fn held_ms(&self) -> Option<u64> {
+        Some(self.0.held().saturating_sub(self.1).as_millis() as u64).filter(|&ms| ms > 0)
+    }
+}
 
 impl Drop for Unthrottle {
     fn drop(&mut self) {
@@ -3064,6 +3075,8 @@ impl Drop for Unthrottle {
     }
 }
 
+/// Asks run `mine` of a session for a checkpoint every `every` while it runs (not while a
+/// migration moves it: its rounds are checkpoints already), until that run stops.
 fn spawn_checkpointer(live: Arc<Live>, mine: u64, control: Arc<Control>, every: Duration) {
     let spawned = std::thread::Builder::new()
         .name("checkpointer".into())

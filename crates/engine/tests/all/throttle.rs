@@ -11,6 +11,13 @@ use ferry_wasi::{HostClock, WasiCtx};
 
 use crate::every_safe_point::{Buf, stdio};
 
+/// Prints "done\n" (fd_write on fd 1; the module imports it as `$fd_write`).
+const DONE: &str = r#"(i32.store (i32.const 100) (i32.const 0x656e6f64))
+    (i32.store8 (i32.const 104) (i32.const 10))
+    (i32.store (i32.const 0) (i32.const 100))
+    (i32.store (i32.const 4) (i32.const 5))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))"#;
+
 /// Counts to `n` in a loop, prints "done", exits.
 fn spinner(n: u64) -> Vec<u8> {
     wat::parse_str(format!(
@@ -21,12 +28,7 @@ fn spinner(n: u64) -> Vec<u8> {
     (loop $l
       (local.set $i (i64.add (local.get $i) (i64.const 1)))
       (br_if $l (i64.lt_u (local.get $i) (i64.const {n}))))
-    ;; "done\n"
-    (i32.store (i32.const 100) (i32.const 0x656e6f64))
-    (i32.store8 (i32.const 104) (i32.const 10))
-    (i32.store (i32.const 0) (i32.const 100))
-    (i32.store (i32.const 4) (i32.const 5))
-    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#
+    {DONE}))"#
     ))
     .unwrap()
 }
@@ -49,11 +51,7 @@ fn sleeper(n: u32) -> Vec<u8> {
       (drop (call $poll (i32.const 200) (i32.const 300) (i32.const 1) (i32.const 400)))
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br_if $l (i32.lt_u (local.get $i) (i32.const {n}))))
-    (i32.store (i32.const 100) (i32.const 0x656e6f64))
-    (i32.store8 (i32.const 104) (i32.const 10))
-    (i32.store (i32.const 0) (i32.const 100))
-    (i32.store (i32.const 4) (i32.const 5))
-    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#
+    {DONE}))"#
     ))
     .unwrap()
 }
