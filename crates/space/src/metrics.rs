@@ -77,6 +77,8 @@ pub struct Metrics {
     pub moves_aborted: AtomicU64,
     /// How long each committed move out paused its guest.
     pub move_pause: Histogram,
+    /// How long guests were held back (`auto_converge`) while moves out copied them, in ms.
+    pub move_held_ms: AtomicU64,
     /// Moves into this space committed.
     pub moves_in: AtomicU64,
     /// Sessions this space took over as their standby; sessions of this space that their
@@ -228,6 +230,16 @@ impl Metrics {
             &mut out,
             "ferry_migration_pause_seconds",
             "How long each committed move out of this space paused its guest.",
+        );
+        out.head(
+            "ferry_migration_held_seconds_total",
+            "counter",
+            "How long guests were held back (--auto-converge) while moves out of this space \
+             copied them, whatever the moves' outcome.",
+        );
+        out.line(
+            "ferry_migration_held_seconds_total",
+            n(&self.move_held_ms) / 1000.0,
         );
         out.head(
             "ferry_migrations_in_total",

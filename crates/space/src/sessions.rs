@@ -2102,6 +2102,12 @@ impl Sessions {
             started,
         );
         report.total_ms = started.elapsed().as_millis() as u64;
+        if let Some(ms) = report.held_ms {
+            self.cfg
+                .metrics
+                .move_held_ms
+                .fetch_add(ms, Ordering::Relaxed);
+        }
         // The input sealed for the move went with it, or is taken here again.
         if r.is_ok() {
             self.drop_input(id);

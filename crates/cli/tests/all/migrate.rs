@@ -1106,6 +1106,12 @@ fn auto_converge_holds_back_a_guest_too_fast_for_the_link_until_its_move_fits_ma
         "{err}"
     );
     assert!(err.contains("the guest was held back "), "{err}");
+    let (metrics, _, _) = cli(&here, &a.url, &["metrics"]);
+    let held = metric(&metrics, "ferry_migration_held_seconds_total");
+    assert!(
+        (held * 1000.0 - report["held_ms"].as_f64().unwrap()).abs() < 1.0,
+        "{held} s held by the metrics: {report}"
+    );
     assert_eq!(b.state("ac").as_deref(), Some("running"));
     assert_finished_like(&here, &a.url, "ac", &plain.stdout);
     stores_verify(&[&a, &b]);
