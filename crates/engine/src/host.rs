@@ -175,13 +175,16 @@ pub(crate) fn wasi_call(
         host.control.saw_memory(mem);
     }
     host.wasi.rewinding = rewinding;
-    let called = std::time::Instant::now();
+    // (The clock is read only for a throttled guest: WASI calls are a hot path.)
+    let called = (host.control.throttled() != 0).then(std::time::Instant::now);
     let r = host.wasi.call(name, mem, args);
     host.wasi.rewinding = false;
     // A throttled guest (`Control::throttle`) is held here when a tick asked for it, and
     // after each sleep (which so lasts longer); the wait for input is not charged.
     if host.control.throttled() != 0 && r.is_ok() {
-        if name == "fd_read" {
+        if name == "fd_read"
+            && let Some(called) = called
+        {
             host.control.not_charged(called);
         }
         if name == "poll_oneoff" || host.control.throttle_due() {

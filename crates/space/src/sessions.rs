@@ -2275,7 +2275,6 @@ impl Sessions {
                 // Converging by holding the guest back: a delta that would not fit (the bound
                 // on the pause, with room for the rest of it; else what `stop_bytes` takes)
                 // holds the guest more for the next round, and one that fits ends the rounds.
-                let mut raised = false;
                 let mut fits = false;
                 if let (Some(t), Some(f)) = (&throttle, foreseen) {
                     let goal = max_pause.map_or_else(
@@ -2299,7 +2298,6 @@ impl Sessions {
                               foreseen_ms = f.time.as_millis() as u64, goal_ms = goal.as_millis() as u64,
                               "holding the guest back for the move to converge");
                         t.0.throttle(next);
-                        raised = next > held;
                         held = next;
                     }
                     report.held_ms = t.held_ms();
@@ -2313,9 +2311,9 @@ impl Sessions {
                 let done = if throttle.is_some() {
                     // (Not before the delta can be foreseen: a second round; nor while the
                     // share now in place has not yet been measured — this round was written
-                    // under the one before, `under`.)
-                    let measured_now = under == held && !raised;
-                    foreseen.is_some() && (fits || (s.bytes >= previous && measured_now))
+                    // under the one before, `under`; a share only rises, so one raised just
+                    // now differs from `under` too.)
+                    foreseen.is_some() && (fits || (s.bytes >= previous && under == held))
                 } else {
                     s.bytes <= req.stop_bytes || s.bytes >= previous
                 };
