@@ -9,6 +9,8 @@ command -v wasm-ld >/dev/null || command -v wasm-ld-14 >/dev/null || need+=(lld)
 [ -d /usr/include/wasm32-wasi ] || [ -d /usr/lib/wasm32-wasi ] || need+=(wasi-libc)
 ls /usr/lib/llvm-14/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev-wasm32)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# The S3 server of the tests (scripts/fetch-moto.sh) runs in a virtual environment.
+python3 -c "import ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 command -v make >/dev/null || need+=(make) # jemalloc, ferry's allocator, is built from C
 # A snapshot through a container registry (test `capsule::a_snapshot_moves_through_a_container_registry`):
 # skopeo, and the registry's binary (below: unpacked, not installed, so no registry service
@@ -72,3 +74,4 @@ done
 "$root/scripts/fetch-zstd.sh"
 "$root/scripts/fetch-programs.sh"
 "$root/scripts/fetch-node.sh"
+"$root/scripts/fetch-moto.sh"

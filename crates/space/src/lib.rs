@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod net;
 pub mod owners;
 pub mod policy;
+pub mod s3;
 mod server;
 pub mod sessions;
 pub mod tls;

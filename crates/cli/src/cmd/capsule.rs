@@ -22,8 +22,15 @@ pub struct ExportArgs {
     snapshot: String,
     /// The capsule file to write; `-` writes it to stdout, to pipe it
     /// (`ferry export κ -o - | ssh HOST ferry import -`); `oci:DIR[:TAG]` writes an OCI image
-    /// layout that `skopeo copy oci:DIR:TAG docker://…` (or oras, crane) takes to a registry.
-    #[arg(short, long, value_name = "FILE|oci:DIR[:TAG]")]
+    /// layout that `skopeo copy oci:DIR:TAG docker://…` (or oras, crane) takes to a registry;
+    /// `s3://BUCKET/PREFIX[:TAG]` writes that layout into an S3-compatible bucket, sending only
+    /// the layers it lacks (endpoint and credentials from AWS_ENDPOINT_URL, AWS_REGION,
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or ~/.aws/credentials; docs/format.md).
+    #[arg(
+        short,
+        long,
+        value_name = "FILE|oci:DIR[:TAG]|s3://BUCKET/PREFIX[:TAG]"
+    )]
     output: PathBuf,
     /// Also carry the snapshot's ancestors (parents) that this store still has.
     #[arg(long)]
@@ -33,8 +40,9 @@ pub struct ExportArgs {
 #[derive(Debug, clap::Args)]
 pub struct ImportArgs {
     /// The capsule file written by `ferry export`; `-` reads it from stdin; `oci:DIR[:TAG]`
-    /// reads an OCI image layout (`ferry export -o oci:…`, or `skopeo copy docker://… oci:DIR:TAG`).
-    #[arg(value_name = "FILE|oci:DIR[:TAG]")]
+    /// reads an OCI image layout (`ferry export -o oci:…`, or `skopeo copy docker://… oci:DIR:TAG`);
+    /// `s3://BUCKET/PREFIX[:TAG]` reads one from an S3-compatible bucket (`ferry export -o s3://…`).
+    #[arg(value_name = "FILE|oci:DIR[:TAG]|s3://BUCKET/PREFIX[:TAG]")]
     capsule: PathBuf,
 }
 
@@ -126,6 +134,7 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     let mut objects: Vec<_> = closure.into_iter().collect();
     moving_order(&root, loaded.chunks().copied(), &mut objects);
     if let Some(r) = super::oci::OciRef::parse(a.output.as_os_str()) {
+        let r = r?;
         // The program (the same for every snapshot of it: a registry keeps it once), the
         // memory region by region (a region that did not change is the same layer), then
         // the rest.
@@ -156,34 +165,57 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
         let mut progress = Progress::new("exported", None);
         let mut done = 0;
         let started = Instant::now();
-        let (stats, manifest, tag) = super::oci::export(&r, &root, &parts, |part, w| {
-            let (part_root, part_objects) = match part {
-                super::oci::Part::Program => (loaded.snapshot.module, &program),
-                super::oci::Part::Memory(n) => {
-                    let chunks = &regions[n as usize];
-                    (chunks[0], chunks)
-                }
-                super::oci::Part::Files(n) => {
-                    let group = &files[n as usize];
-                    (group[0], group)
-                }
-                super::oci::Part::State => (root, &state),
-            };
-            let s = capsule::export(&store, part_root, part_objects, w, &mut |b| {
-                progress.tick(done + b)
-            })?;
-            done += s.stored_bytes;
-            Ok(s)
-        })
+        let mut sending = Progress::new("sent", None);
+        let exported = super::oci::export(
+            &r,
+            &root,
+            &parts,
+            |part, w| {
+                let (part_root, part_objects) = match part {
+                    super::oci::Part::Program => (loaded.snapshot.module, &program),
+                    super::oci::Part::Memory(n) => {
+                        let chunks = &regions[n as usize];
+                        (chunks[0], chunks)
+                    }
+                    super::oci::Part::Files(n) => {
+                        let group = &files[n as usize];
+                        (group[0], group)
+                    }
+                    super::oci::Part::State => (root, &state),
+                };
+                let s = capsule::export(&store, part_root, part_objects, w, &mut |b| {
+                    progress.tick(done + b)
+                })?;
+                done += s.stored_bytes;
+                Ok(s)
+            },
+            &mut |b| sending.tick(b),
+        )
         .with_context(|| format!("cannot export {root} to {}", a.output.display()))?;
         let mut total = capsule::CapsuleStats::default();
-        for s in stats {
-            total += s;
+        for s in &exported.results {
+            total += *s;
         }
+        // In a bucket, what it held already was not sent again.
+        let sent = match r.place {
+            super::oci::Place::Dir(_) => String::new(),
+            super::oci::Place::Bucket(_) => match (exported.sent_layers, exported.results.len()) {
+                (0, n) => format!("; the bucket held all {n} layers already: none sent"),
+                (k, n) if k == n => format!(
+                    "; sent all {n} layers ({:.1} MiB)",
+                    crate::cmd::mib(exported.sent_bytes)
+                ),
+                (k, n) => format!(
+                    "; sent {k} of its {n} layers ({:.1} MiB), the bucket held the rest",
+                    crate::cmd::mib(exported.sent_bytes)
+                ),
+            },
+        };
         eprintln!(
-            "ferry: exported {root} to the OCI layout {}, tag `{tag}` (manifest {manifest}): \
-             {} objects, {:.1} MiB of data in {:.1} MiB, {:.1} s",
-            r.dir.display(),
+            "ferry: exported {root} to {} (manifest {}): {} objects, {:.1} MiB of data in \
+             {:.1} MiB{sent}, {:.1} s",
+            r.describe(&exported.tag),
+            exported.manifest,
             total.objects,
             crate::cmd::mib(total.bytes),
             crate::cmd::mib(total.stored_bytes),
@@ -389,6 +421,7 @@ fn file_groups(
 pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
     if let Some(r) = super::oci::OciRef::parse(a.capsule.as_os_str()) {
+        let r = r?;
         let name = a.capsule.display().to_string();
         let artifact = super::oci::open(&r).with_context(|| format!("cannot import {name}"))?;
         let mut progress = Progress::new("imported", Some(artifact.size()));

@@ -8,6 +8,11 @@
 //! the way checkpoint images are shipped today — with their own transport and credentials
 //! (docs/format.md, "Snapshots in OCI registries").
 //!
+//! The same layout can live in an S3-compatible bucket instead of a directory: `ferry export
+//! κ -o s3://BUCKET/PREFIX[:TAG]` writes it under the key prefix (a layer the bucket already
+//! holds is not sent again) and `ferry import s3://BUCKET/PREFIX[:TAG]` reads it back
+//! ([`ferry_space::s3`] says where the bucket is and how requests are signed).
+//!
 //! The layout is untrusted on import: every file is bounded before it is read, every digest
 //! must be a SHA-256 of 64 hex digits (it becomes a file name) and must match the bytes, and
 //! the capsule inside is checked as any capsule is.
@@ -16,6 +21,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use ferry_space::s3::{Body, Bucket, Condition, S3Ref};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -34,27 +40,218 @@ pub const SNAPSHOT_ANNOTATION: &str = "dev.ferry.snapshot";
 /// Largest `index.json`, `oci-layout` or manifest read.
 const MAX_JSON: u64 = 4 << 20;
 
-/// `oci:DIR[:TAG]`, as `skopeo` writes it.
+/// Where a layout lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    /// A directory (`oci:DIR`).
+    Dir(PathBuf),
+    /// A key prefix of an S3-compatible bucket (`s3://BUCKET/PREFIX`).
+    Bucket(S3Ref),
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Dir(d) => write!(f, "{}", d.display()),
+            Place::Bucket(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+/// `oci:DIR[:TAG]`, as `skopeo` writes it, or `s3://BUCKET[/PREFIX][:TAG]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OciRef {
-    pub dir: PathBuf,
+    pub place: Place,
     pub tag: Option<String>,
 }
 
 impl OciRef {
-    /// `oci:DIR[:TAG]`; `None` for anything else (a plain file name).
-    pub fn parse(s: &std::ffi::OsStr) -> Option<Self> {
-        let s = s.to_str()?.strip_prefix("oci:")?;
+    /// `oci:DIR[:TAG]` or `s3://BUCKET[/PREFIX][:TAG]`; `None` for anything else (a plain
+    /// file name), an error for an `s3://` reference that names no valid bucket.
+    pub fn parse(s: &std::ffi::OsStr) -> Option<Result<Self>> {
+        let s = s.to_str()?;
         // The tag is what follows the last colon, unless that part holds a `/` (a path).
-        let (dir, tag) = match s.rsplit_once(':') {
-            Some((d, t)) if !t.contains('/') && !d.is_empty() => (d, Some(t.to_owned())),
-            _ => (s, None),
+        let split = |s: &str| match s.rsplit_once(':') {
+            Some((d, t)) if !t.contains('/') && !d.is_empty() && !d.ends_with(':') => {
+                (d.to_owned(), Some(t.to_owned()))
+            }
+            _ => (s.to_owned(), None),
         };
-        Some(Self {
-            dir: PathBuf::from(dir),
-            tag,
+        if let Some(rest) = s.strip_prefix("oci:") {
+            let (dir, tag) = split(rest);
+            return Some(Ok(Self {
+                place: Place::Dir(PathBuf::from(dir)),
+                tag,
+            }));
+        }
+        s.strip_prefix("s3://")?;
+        let (place, tag) = split(s);
+        Some(
+            S3Ref::parse(&place)
+                .expect("an s3:// reference")
+                .map(|b| Self {
+                    place: Place::Bucket(b),
+                    tag,
+                })
+                .map_err(anyhow::Error::from),
+        )
+    }
+
+    /// How it is named to the user: `oci:DIR:TAG` or `s3://BUCKET/PREFIX:TAG`.
+    pub fn describe(&self, tag: &str) -> String {
+        match &self.place {
+            Place::Dir(d) => format!("the OCI layout {}, tag `{tag}`", d.display()),
+            Place::Bucket(b) => format!("the OCI layout in {b}, tag `{tag}`"),
+        }
+    }
+}
+
+/// A JSON file of a layout: its bytes, what they say, and its ETag (in a bucket).
+type Json = (Vec<u8>, Value, Option<String>);
+
+/// A layout opened for reading or writing: a directory, or a bucket and the prefix in it.
+enum Layout {
+    Dir(PathBuf),
+    Bucket(Box<Bucket>, S3Ref),
+}
+
+impl Layout {
+    fn open(place: &Place) -> Result<Self> {
+        Ok(match place {
+            Place::Dir(d) => Layout::Dir(d.clone()),
+            Place::Bucket(r) => Layout::Bucket(Box::new(Bucket::from_env(&r.bucket)?), r.clone()),
         })
     }
+
+    /// How file `name` of the layout is named in messages.
+    fn name(&self, name: &str) -> String {
+        match self {
+            Layout::Dir(d) => d.join(name).display().to_string(),
+            Layout::Bucket(_, r) => format!("s3://{}/{}", r.bucket, r.key(name)),
+        }
+    }
+
+    /// The JSON file `name` of the layout (at most [`MAX_JSON`] bytes) and, in a bucket, its
+    /// ETag; `None` if it is not there.
+    fn read_json(&self, name: &str) -> Result<Option<Json>> {
+        let (bytes, etag) = match self {
+            Layout::Dir(d) => {
+                let path = d.join(name);
+                let f = match std::fs::File::open(&path) {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => {
+                        return Err(e).with_context(|| format!("cannot open {}", path.display()));
+                    }
+                };
+                let mut bytes = Vec::new();
+                f.take(MAX_JSON + 1)
+                    .read_to_end(&mut bytes)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                (bytes, None)
+            }
+            Layout::Bucket(b, r) => match b.get_small(&r.key(name), MAX_JSON) {
+                Ok(Some(got)) => got,
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        if bytes.len() as u64 > MAX_JSON {
+            bail!("{} is over {} MiB", self.name(name), MAX_JSON >> 20);
+        }
+        let v = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is not JSON", self.name(name)))?;
+        Ok(Some((bytes, v, etag)))
+    }
+
+    /// [`Layout::read_json`] of a file that must be there.
+    fn need_json(&self, name: &str) -> Result<(Vec<u8>, Value)> {
+        match self.read_json(name)? {
+            Some((bytes, v, _)) => Ok((bytes, v)),
+            None => bail!("{} is not there", self.name(name)),
+        }
+    }
+
+    /// Writes the small file `name` if `condition` holds (a directory has no conditions:
+    /// written through a temporary file, durably); `false` if it did not.
+    fn write_small(&self, name: &str, bytes: &[u8], condition: Condition<'_>) -> Result<bool> {
+        match self {
+            Layout::Dir(d) => {
+                write_atomic(&d.join(name), bytes)?;
+                Ok(true)
+            }
+            Layout::Bucket(b, r) => Ok(b.put(
+                &r.key(name),
+                Body::Bytes(bytes),
+                &sha256_hex(bytes),
+                condition,
+                &mut |_| {},
+            )?),
+        }
+    }
+
+    /// `oci-layout` checked, or written where there is none.
+    fn start(&self) -> Result<()> {
+        if let Layout::Dir(d) = self {
+            let blobs = d.join("blobs").join("sha256");
+            std::fs::create_dir_all(&blobs)
+                .with_context(|| format!("cannot create {}", blobs.display()))?;
+        }
+        match self.read_json("oci-layout")? {
+            Some((_, v, _)) => check_layout_version(&v, &self.name("")),
+            None => {
+                // Another writer may have written it meanwhile: then it is checked.
+                if !self.write_small("oci-layout", LAYOUT_MARKER, Condition::Absent)? {
+                    let (_, v) = self.need_json("oci-layout")?;
+                    check_layout_version(&v, &self.name(""))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A reader of blob `hex`, which must be `size` bytes (read no further).
+    fn blob(&self, hex: &str, size: u64) -> Result<Box<dyn Read + Send>> {
+        let name = format!("blobs/sha256/{hex}");
+        match self {
+            Layout::Dir(d) => {
+                let path = d.join(&name);
+                let file = std::fs::File::open(&path)
+                    .with_context(|| format!("cannot open blob sha256:{hex}"))?;
+                let on_disk = file.metadata()?.len();
+                if on_disk != size {
+                    bail!(
+                        "blob sha256:{hex} is {on_disk} bytes, not the {size} its descriptor \
+                         says: the layout is damaged"
+                    );
+                }
+                Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, file)))
+            }
+            Layout::Bucket(b, r) => match b.get(&r.key(&name))? {
+                Some((reader, _)) => Ok(Box::new(std::io::BufReader::with_capacity(
+                    1 << 20,
+                    reader.take(size),
+                ))),
+                None => bail!(
+                    "{} is not there: the layout is incomplete",
+                    self.name(&name)
+                ),
+            },
+        }
+    }
+}
+
+/// What `oci-layout` holds.
+const LAYOUT_MARKER: &[u8] = br#"{"imageLayoutVersion":"1.0.0"}"#;
+
+fn check_layout_version(v: &Value, place: &str) -> Result<()> {
+    if v["imageLayoutVersion"] != "1.0.0" {
+        bail!(
+            "{place} is an OCI layout of version {}, not 1.0.0",
+            v["imageLayoutVersion"]
+        );
+    }
+    Ok(())
 }
 
 /// Whether `tag` is a valid OCI tag (`[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`).
@@ -120,42 +317,6 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// Reads a JSON file of the layout, at most [`MAX_JSON`] bytes.
-fn read_json(path: &Path) -> Result<(Vec<u8>, Value)> {
-    let f = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut bytes = Vec::new();
-    f.take(MAX_JSON + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    if bytes.len() as u64 > MAX_JSON {
-        bail!("{} is over {} MiB", path.display(), MAX_JSON >> 20);
-    }
-    let v = serde_json::from_slice(&bytes)
-        .with_context(|| format!("{} is not JSON", path.display()))?;
-    Ok((bytes, v))
-}
-
-/// A layout directory being written: `oci-layout` checked or written, `blobs/sha256` there.
-fn open_layout(dir: &Path) -> Result<PathBuf> {
-    let blobs = dir.join("blobs").join("sha256");
-    std::fs::create_dir_all(&blobs)
-        .with_context(|| format!("cannot create {}", blobs.display()))?;
-    let marker = dir.join("oci-layout");
-    if marker.exists() {
-        let (_, v) = read_json(&marker)?;
-        if v["imageLayoutVersion"] != "1.0.0" {
-            bail!(
-                "{} is an OCI layout of version {}, not 1.0.0",
-                dir.display(),
-                v["imageLayoutVersion"]
-            );
-        }
-    } else {
-        write_atomic(&marker, br#"{"imageLayoutVersion":"1.0.0"}"#)?;
-    }
-    Ok(blobs)
-}
-
 /// One layer of a snapshot's artifact: a capsule, and what it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
@@ -197,17 +358,30 @@ impl Part {
 /// The annotation naming a layer's [`Part`].
 const PART_ANNOTATION: &str = "dev.ferry.part";
 
+/// What [`export`] wrote.
+#[derive(Debug)]
+pub struct Exported<T> {
+    /// What `write` returned for each part.
+    pub results: Vec<T>,
+    /// The manifest's digest.
+    pub manifest: String,
+    pub tag: String,
+    /// Layers sent, and their bytes: in a bucket, those it did not hold already.
+    pub sent_layers: usize,
+    pub sent_bytes: u64,
+}
+
 /// Writes a snapshot's capsules into the OCI layout `r` (created, or added to: a manifest of
 /// the same tag is replaced), one layer per part of `parts`, in order: `write` writes the
-/// part's capsule to the writer it is given. Returns what `write` returned for each, the
-/// manifest's digest and the tag (by default `blake3-` and the first 16 hex digits of the
-/// snapshot's κ).
+/// part's capsule to the writer it is given. `sending` is told the bytes sent to a bucket so
+/// far. The tag is by default `blake3-` and the first 16 hex digits of the snapshot's κ.
 pub fn export<T>(
     r: &OciRef,
     root: &ferry_kappa::Kappa,
     parts: &[Part],
     mut write: impl FnMut(Part, &mut dyn Write) -> Result<T>,
-) -> Result<(Vec<T>, String, String)> {
+    sending: &mut dyn FnMut(u64),
+) -> Result<Exported<T>> {
     if parts.is_empty() || parts.len() > MAX_LAYERS {
         bail!(
             "a snapshot artifact has 1 to {MAX_LAYERS} layers, not {}",
@@ -221,34 +395,61 @@ pub fn export<T>(
     if !valid_tag(&tag) {
         bail!("`{tag}` is not an OCI tag (letters, digits, `_`, `.`, `-`; at most 128)");
     }
-    let blobs = open_layout(&r.dir)?;
+    let layout = Layout::open(&r.place)?;
+    layout.start()?;
+    // A capsule is written to a temporary file first, hashed as it goes, then named by its
+    // digest: renamed into a directory's `blobs/sha256`, or sent to a bucket that lacks it.
+    let tmp_dir = match &layout {
+        Layout::Dir(d) => d.join("blobs").join("sha256"),
+        Layout::Bucket(..) => std::env::temp_dir(),
+    };
     let mut results = Vec::new();
     let mut layers = Vec::new();
+    let (mut sent_layers, mut sent_bytes) = (0, 0);
     for &part in parts {
-        // The capsule, hashed as it is written, then named by its digest.
-        let tmp = blobs.join(format!(".ferry-partial-{}", std::process::id()));
-        let file = std::fs::File::create(&tmp)
-            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        let tmp = tempfile::Builder::new()
+            .prefix(".ferry-partial-")
+            .tempfile_in(&tmp_dir)
+            .with_context(|| format!("cannot create a file in {}", tmp_dir.display()))?;
         let mut w = Sha256Writer {
-            inner: std::io::BufWriter::with_capacity(1 << 20, &file),
+            inner: std::io::BufWriter::with_capacity(1 << 20, tmp.as_file().try_clone()?),
             hasher: Sha256::new(),
             len: 0,
         };
-        let written = write(part, &mut w).and_then(|t| {
+        let t = write(part, &mut w).and_then(|t| {
             w.flush()?;
-            file.sync_all()?;
-            Ok(t)
-        });
-        let t = match written {
-            Ok(t) => t,
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
+            if let Layout::Dir(_) = layout {
+                tmp.as_file().sync_all()?;
             }
-        };
-        let (hex, len) = (hex::encode(w.hasher.finalize()), w.len);
-        std::fs::rename(&tmp, blobs.join(&hex))
-            .with_context(|| format!("cannot write into {}", blobs.display()))?;
+            Ok(t)
+        })?;
+        let Sha256Writer { hasher, len, .. } = w;
+        let hex = hex::encode(hasher.finalize());
+        match &layout {
+            Layout::Dir(_) => {
+                tmp.persist(tmp_dir.join(&hex))
+                    .with_context(|| format!("cannot write into {}", tmp_dir.display()))?;
+                sent_layers += 1;
+                sent_bytes += len;
+            }
+            Layout::Bucket(b, r) => {
+                let key = r.key(&format!("blobs/sha256/{hex}"));
+                // Named by its digest: a blob of that name and size is these bytes (and an
+                // import checks them anyway).
+                if b.head(&key)? != Some(len) {
+                    let before = sent_bytes;
+                    b.put(
+                        &key,
+                        Body::File(tmp.path(), len),
+                        &hex,
+                        Condition::Always,
+                        &mut |n| sending(before + n),
+                    )?;
+                    sent_layers += 1;
+                    sent_bytes += len;
+                }
+            }
+        }
         results.push(t);
         layers.push(json!({
             "mediaType": CAPSULE_MEDIA_TYPE,
@@ -261,7 +462,11 @@ pub fn export<T>(
         }));
     }
     let empty_hex = sha256_hex(EMPTY);
-    write_atomic(&blobs.join(&empty_hex), EMPTY)?;
+    layout.write_small(
+        &format!("blobs/sha256/{empty_hex}"),
+        EMPTY,
+        Condition::Always,
+    )?;
     let manifest = json!({
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,
@@ -272,37 +477,65 @@ pub fn export<T>(
     });
     let manifest = serde_json::to_vec(&manifest)?;
     let manifest_hex = sha256_hex(&manifest);
-    write_atomic(&blobs.join(&manifest_hex), &manifest)?;
-    // The index: this manifest under its tag, other tags kept.
-    let index_path = r.dir.join("index.json");
-    let mut manifests: Vec<Value> = if index_path.exists() {
-        let (_, v) = read_json(&index_path)?;
-        v["manifests"].as_array().cloned().unwrap_or_default()
-    } else {
-        Vec::new()
-    };
-    manifests.retain(|m| m["annotations"][REF_NAME] != tag.as_str());
-    manifests.push(json!({
-        "mediaType": MANIFEST_MEDIA_TYPE,
-        "artifactType": ARTIFACT_TYPE,
-        "digest": format!("sha256:{manifest_hex}"),
-        "size": manifest.len(),
-        "annotations": {REF_NAME: tag},
-    }));
-    let index = json!({"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": manifests});
-    write_atomic(&index_path, &serde_json::to_vec(&index)?)?;
-    Ok((results, format!("sha256:{manifest_hex}"), tag))
+    layout.write_small(
+        &format!("blobs/sha256/{manifest_hex}"),
+        &manifest,
+        Condition::Always,
+    )?;
+    // The index: this manifest under its tag, other tags kept. In a bucket, written only if
+    // no other export changed it since it was read (else read again), so that two exports
+    // to the same prefix do not lose each other's tag.
+    for _ in 0..INDEX_TRIES {
+        let read = layout.read_json("index.json")?;
+        let mut manifests: Vec<Value> = match &read {
+            Some((_, v, _)) => v["manifests"].as_array().cloned().unwrap_or_default(),
+            None => Vec::new(),
+        };
+        manifests.retain(|m| m["annotations"][REF_NAME] != tag.as_str());
+        manifests.push(json!({
+            "mediaType": MANIFEST_MEDIA_TYPE,
+            "artifactType": ARTIFACT_TYPE,
+            "digest": format!("sha256:{manifest_hex}"),
+            "size": manifest.len(),
+            "annotations": {REF_NAME: tag},
+        }));
+        let index =
+            json!({"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": manifests});
+        let condition = match &read {
+            None => Condition::Absent,
+            Some((_, _, Some(etag))) => Condition::Unchanged(etag),
+            Some((_, _, None)) => Condition::Always,
+        };
+        if layout.write_small("index.json", &serde_json::to_vec(&index)?, condition)? {
+            return Ok(Exported {
+                results,
+                manifest: format!("sha256:{manifest_hex}"),
+                tag,
+                sent_layers,
+                sent_bytes,
+            });
+        }
+    }
+    bail!(
+        "{} kept changing while this export wrote it ({INDEX_TRIES} tries): the layers are \
+         there, but tag `{tag}` is not; export again",
+        layout.name("index.json")
+    )
 }
+
+/// Tries to write `index.json` while other exports change it.
+const INDEX_TRIES: usize = 8;
 
 /// A blob of the layout, checked against its descriptor's digest and size (read whole: for
 /// the small JSON blobs).
-fn small_blob(dir: &Path, desc: &Value) -> Result<Vec<u8>> {
+fn small_blob(layout: &Layout, desc: &Value) -> Result<Vec<u8>> {
     let digest = desc["digest"]
         .as_str()
         .context("a descriptor without a digest")?;
     let hex = digest_hex(digest)?;
-    let path = dir.join("blobs").join("sha256").join(hex);
-    let (bytes, _) = read_json(&path).with_context(|| format!("blob {digest}"))?;
+    let (bytes, _) = layout
+        .need_json(&format!("blobs/sha256/{hex}"))
+        .with_context(|| format!("blob {digest}"))?;
     if sha256_hex(&bytes) != hex {
         bail!("blob {digest} does not hash to its digest: the layout is damaged");
     }
@@ -319,13 +552,13 @@ fn small_blob(dir: &Path, desc: &Value) -> Result<Vec<u8>> {
 /// One capsule of the layout: a reader of it that checks its SHA-256 (call
 /// [`CapsuleIn::check`] once it has been read to its end), and its size.
 pub struct CapsuleIn {
-    pub reader: Sha256Reader<std::io::BufReader<std::fs::File>>,
+    pub reader: Sha256Reader<Box<dyn Read + Send>>,
     pub size: u64,
     digest: String,
 }
 
 impl CapsuleIn {
-    /// Refuses a capsule whose bytes do not hash to the layer's digest.
+    /// Refuses a capsule whose bytes do not hash to the layer's digest (or that ended early).
     pub fn check(self) -> Result<()> {
         let got = hex::encode(self.reader.hasher.finalize());
         if digest_hex(&self.digest)? != got {
@@ -341,7 +574,7 @@ impl CapsuleIn {
 
 /// The snapshot artifact of a layout, as [`open`] found it.
 pub struct Artifact {
-    dir: PathBuf,
+    layout: Layout,
     /// The layers' (digest, size), in order: each a capsule.
     layers: Vec<(String, u64)>,
     /// The snapshot the manifest names.
@@ -359,26 +592,12 @@ impl Artifact {
         self.layers.iter().map(|(_, n)| n).sum()
     }
 
-    /// Capsule `i`, opened and its size checked.
+    /// Capsule `i`, opened (its size checked, where the layout tells it beforehand).
     pub fn capsule(&self, i: usize) -> Result<CapsuleIn> {
         let (digest, size) = &self.layers[i];
-        let path = self
-            .dir
-            .join("blobs")
-            .join("sha256")
-            .join(digest_hex(digest)?);
-        let file =
-            std::fs::File::open(&path).with_context(|| format!("cannot open blob {digest}"))?;
-        let on_disk = file.metadata()?.len();
-        if on_disk != *size {
-            bail!(
-                "blob {digest} is {on_disk} bytes, not the {size} its descriptor says: the \
-                 layout is damaged"
-            );
-        }
         Ok(CapsuleIn {
             reader: Sha256Reader {
-                inner: std::io::BufReader::with_capacity(1 << 20, file),
+                inner: self.layout.blob(digest_hex(digest)?, *size)?,
                 hasher: Sha256::new(),
             },
             size: *size,
@@ -394,44 +613,41 @@ pub const MAX_LAYERS: usize = 1024;
 
 /// The snapshot artifact of the manifest tagged `r.tag` (or the layout's only manifest).
 pub fn open(r: &OciRef) -> Result<Artifact> {
-    let dir = &r.dir;
-    let (_, layout) = read_json(&dir.join("oci-layout"))
-        .with_context(|| format!("{} is not an OCI image layout", dir.display()))?;
-    if layout["imageLayoutVersion"] != "1.0.0" {
-        bail!(
-            "{} is an OCI layout of version {}, not 1.0.0",
-            dir.display(),
-            layout["imageLayoutVersion"]
-        );
-    }
-    let (_, index) = read_json(&dir.join("index.json"))?;
+    let layout = Layout::open(&r.place)?;
+    let place = &r.place;
+    let (_, marker) = layout
+        .need_json("oci-layout")
+        .with_context(|| format!("{place} is not an OCI image layout"))?;
+    check_layout_version(&marker, &place.to_string())?;
+    let (_, index) = layout.need_json("index.json")?;
     let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
     let tags: Vec<&str> = manifests
         .iter()
         .filter_map(|m| m["annotations"][REF_NAME].as_str())
         .collect();
+    let scheme = match place {
+        Place::Dir(_) => "oci:",
+        Place::Bucket(_) => "",
+    };
     let chosen = match &r.tag {
         Some(t) => manifests
             .iter()
             .find(|m| m["annotations"][REF_NAME] == t.as_str())
             .with_context(|| {
                 format!(
-                    "{} has no manifest tagged `{t}` (tags: {})",
-                    dir.display(),
+                    "{place} has no manifest tagged `{t}` (tags: {})",
                     tags.join(", ")
                 )
             })?,
         None if manifests.len() == 1 => &manifests[0],
         None => bail!(
-            "{} holds {} manifests: name one as oci:{}:TAG (tags: {})",
-            dir.display(),
+            "{place} holds {} manifests: name one as {scheme}{place}:TAG (tags: {})",
             manifests.len(),
-            dir.display(),
             tags.join(", ")
         ),
     };
-    let manifest: Value =
-        serde_json::from_slice(&small_blob(dir, chosen)?).context("the manifest is not JSON")?;
+    let manifest: Value = serde_json::from_slice(&small_blob(&layout, chosen)?)
+        .context("the manifest is not JSON")?;
     let descriptors = manifest["layers"].as_array().cloned().unwrap_or_default();
     if descriptors.is_empty() || descriptors.len() > MAX_LAYERS {
         bail!(
@@ -453,7 +669,7 @@ pub fn open(r: &OciRef) -> Result<Artifact> {
         layers.push((digest.to_owned(), size));
     }
     Ok(Artifact {
-        dir: dir.clone(),
+        layout,
         layers,
         snapshot: manifest["annotations"][SNAPSHOT_ANNOTATION]
             .as_str()
@@ -471,17 +687,25 @@ mod tests {
     fn a_layer_that_does_not_hash_to_its_digest_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let r = OciRef {
-            dir: dir.path().join("l"),
+            place: Place::Dir(dir.path().join("l")),
             tag: Some("t".into()),
         };
         let root = ferry_kappa::Kappa::of(b"root");
-        let (_, manifest, _) = export(&r, &root, &[Part::Program, Part::State], |part, w| {
-            Ok(w.write_all(match part {
-                Part::Program => b"program bytes",
-                _ => b"capsule bytes",
-            })?)
-        })
+        let exported = export(
+            &r,
+            &root,
+            &[Part::Program, Part::State],
+            |part, w| {
+                Ok(w.write_all(match part {
+                    Part::Program => b"program bytes",
+                    _ => b"capsule bytes",
+                })?)
+            },
+            &mut |_| {},
+        )
         .unwrap();
+        let manifest = exported.manifest;
+        assert_eq!(exported.sent_layers, 2);
         assert!(manifest.starts_with("sha256:"));
         let read = |r: &OciRef| {
             let a = open(r).unwrap();
@@ -495,9 +719,9 @@ mod tests {
         let (got, checked) = read(&r);
         assert_eq!(got, b"capsule bytes");
         checked.unwrap();
-        let blob = r
-            .dir
-            .join("blobs/sha256")
+        let blob = dir
+            .path()
+            .join("l/blobs/sha256")
             .join(sha256_hex(b"capsule bytes"));
         std::fs::write(&blob, b"capsule BYTES").unwrap();
         let (_, checked) = read(&r);
@@ -511,28 +735,30 @@ mod tests {
 
     #[test]
     fn references_read_as_skopeo_writes_them() {
-        let p = |s: &str| OciRef::parse(std::ffi::OsStr::new(s));
+        let p = |s: &str| OciRef::parse(std::ffi::OsStr::new(s)).map(|r| r.unwrap());
+        let dir = |d: &str, tag: Option<&str>| OciRef {
+            place: Place::Dir(d.into()),
+            tag: tag.map(str::to_owned),
+        };
         assert_eq!(p("snap.ferry"), None);
+        assert_eq!(p("oci:./out:v1"), Some(dir("./out", Some("v1"))));
+        assert_eq!(p("oci:/a/b"), Some(dir("/a/b", None)));
+        assert_eq!(p("oci:/a:b/c"), Some(dir("/a:b/c", None)));
+        let bucket = |prefix: &str, tag: Option<&str>| OciRef {
+            place: Place::Bucket(S3Ref {
+                bucket: "my-bucket".into(),
+                prefix: prefix.into(),
+            }),
+            tag: tag.map(str::to_owned),
+        };
         assert_eq!(
-            p("oci:./out:v1"),
-            Some(OciRef {
-                dir: "./out".into(),
-                tag: Some("v1".into())
-            })
+            p("s3://my-bucket/snaps:v1"),
+            Some(bucket("snaps", Some("v1")))
         );
-        assert_eq!(
-            p("oci:/a/b"),
-            Some(OciRef {
-                dir: "/a/b".into(),
-                tag: None
-            })
-        );
-        assert_eq!(
-            p("oci:/a:b/c"),
-            Some(OciRef {
-                dir: "/a:b/c".into(),
-                tag: None
-            })
+        assert_eq!(p("s3://my-bucket/a/b/"), Some(bucket("a/b", None)));
+        assert_eq!(p("s3://my-bucket:v2"), Some(bucket("", Some("v2"))));
+        assert!(
+            OciRef::parse(std::ffi::OsStr::new("s3://No_Bucket/x")).is_some_and(|r| r.is_err())
         );
         assert!(valid_tag("blake3-0123abcd") && valid_tag("v1.2_x"));
         assert!(

@@ -605,3 +605,88 @@ fn a_snapshot_moves_through_a_container_registry() {
     let source = format!("oci:{}:snap", back.display());
     imports_and_ends_like_plain(&Env::new(), &source, &k, &mut seen, &plain);
 }
+
+/// Through an S3-compatible bucket (moto's server, checking the signature of every request):
+/// `export -o s3://BUCKET/PREFIX:TAG` writes the OCI layout there, every blob named by its
+/// SHA-256; a later snapshot of the same run sends only the layers the bucket lacks (its
+/// program is there), and exporting it again sends none. `import s3://…` in a store that
+/// shares nothing brings it back, and it resumes byte-identically. A wrong secret is refused
+/// with the store's reason; a layer changed in the bucket is refused on import.
+#[test]
+fn a_snapshot_moves_through_an_s3_bucket() {
+    let s3 = crate::harness::S3Server::start();
+    let (here, plain, mut seen, k) = suspended_cpu_guest();
+    let here = s3.for_ferry(here);
+    let at = |tag: &str| format!("s3://ferry-test/snaps/cpu:{tag}");
+    let (_, err, code) = here.output(&["export", &k, "-o", &at("v1")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("to the OCI layout in s3://ferry-test/snaps/cpu, tag `v1`"),
+        "{err}"
+    );
+    let layers: usize = err
+        .split("; sent all ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("every layer sent to an empty bucket: {err}"));
+    assert!(layers >= 3, "program, memory, state: {err}");
+    let (more, k2) = crate::harness::resume_and_suspend(&here, &[&k], 300);
+    seen.extend(more);
+    let (_, err, code) = here.output(&["export", &k2, "-o", &at("v2")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(" layers (") && err.contains("the bucket held the rest"),
+        "the program layer is not sent again: {err}"
+    );
+    let (_, err, code) = here.output(&["export", &k2, "-o", &at("again")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("already: none sent"), "{err}");
+    // Every blob is named by the SHA-256 of its bytes; the index holds the three tags.
+    let checked = s3.boto(
+        r#"
+import hashlib
+n = 0
+for o in s3.list_objects_v2(Bucket="ferry-test", Prefix="snaps/cpu/blobs/sha256/")["Contents"]:
+    body = s3.get_object(Bucket="ferry-test", Key=o["Key"])["Body"].read()
+    assert hashlib.sha256(body).hexdigest() == o["Key"].rsplit("/", 1)[1], o["Key"]
+    n += 1
+index = json.loads(s3.get_object(Bucket="ferry-test", Key="snaps/cpu/index.json")["Body"].read())
+print(n, sorted(m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]))
+"#,
+        &[],
+    );
+    assert!(checked.contains("['again', 'v1', 'v2']"), "{checked}");
+    // A wrong secret: the store's refusal, and nothing imported.
+    let wrong = s3
+        .for_ferry(Env::new())
+        .with_var("AWS_SECRET_ACCESS_KEY", "not-the-secret");
+    let (_, err, code) = wrong.output(&["import", &at("v2")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("403 SignatureDoesNotMatch"), "{err}");
+    let there = s3.for_ferry(Env::new());
+    imports_and_ends_like_plain(&there, &at("v2"), &k2, &mut seen, &plain);
+    // One byte of v1's last layer (its state) changed in the bucket: refused on import.
+    s3.boto(
+        r#"
+get = lambda key: s3.get_object(Bucket="ferry-test", Key="snaps/cpu/" + key)["Body"].read()
+index = json.loads(get("index.json"))
+v1 = [m for m in index["manifests"] if m["annotations"]["org.opencontainers.image.ref.name"] == "v1"][0]
+layer = json.loads(get("blobs/sha256/" + v1["digest"][7:]))["layers"][-1]["digest"][7:]
+body = bytearray(get("blobs/sha256/" + layer))
+body[len(body) // 2] ^= 1
+s3.put_object(Bucket="ferry-test", Key="snaps/cpu/blobs/sha256/" + layer, Body=bytes(body))
+"#,
+        &[],
+    );
+    let fresh = s3.for_ferry(Env::new());
+    let (_, err, code) = fresh.output(&["import", &at("v1")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("cannot import s3://ferry-test/snaps/cpu:v1")
+            && err.contains("capsule is corrupt"),
+        "{err}"
+    );
+    let (_, err, code) = fresh.output(&["resume", &k]);
+    assert_eq!(code, 1, "nothing was named: {err}");
+}

@@ -800,6 +800,104 @@ pub fn tool(name: &str) -> Option<String> {
     p.exists().then(|| p.to_string_lossy().into_owned())
 }
 
+/// An S3-compatible server of the test's own (moto's, `scripts/fetch-moto.sh`, on a free
+/// port, checking every request's signature), holding one bucket, `ferry-test`, and an
+/// access key allowed everything; stopped on drop.
+pub struct S3Server {
+    pub endpoint: String,
+    pub access_key: String,
+    pub secret: String,
+    python: String,
+    child: std::process::Child,
+}
+
+impl S3Server {
+    pub fn start() -> Self {
+        let server = tool("moto/bin/moto_server")
+            .expect("moto's S3 server is missing: run scripts/setup.sh (scripts/fetch-moto.sh)");
+        let python = server.replace("moto_server", "python");
+        let port = free_port();
+        // Unsigned, its first three calls create the key; every later one must be signed.
+        let child = Command::new(&server)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .env("INITIAL_NO_AUTH_ACTION_COUNT", "3")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let mut me = Self {
+            endpoint,
+            access_key: String::new(),
+            secret: String::new(),
+            python,
+            child,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the S3 server did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let keys = me.boto(
+            r#"
+iam = boto3.client("iam", endpoint_url=ep, aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1")
+iam.create_user(UserName="ferry")
+k = iam.create_access_key(UserName="ferry")["AccessKey"]
+iam.put_user_policy(UserName="ferry", PolicyName="all", PolicyDocument=json.dumps(
+    {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+print(k["AccessKeyId"], k["SecretAccessKey"])
+"#,
+            &[],
+        );
+        let mut words = keys.split_whitespace();
+        me.access_key = words.next().expect("an access key").to_owned();
+        me.secret = words.next().expect("a secret").to_owned();
+        me.boto("s3.create_bucket(Bucket='ferry-test')", &[]);
+        me
+    }
+
+    /// Runs Python `code` with boto3 (`ep`: the endpoint, `s3`: a client signed with the
+    /// key, `args`: `extra`); returns what it printed.
+    pub fn boto(&self, code: &str, extra: &[&str]) -> String {
+        let prelude = format!(
+            "import boto3, json, sys\nep = {:?}\nargs = sys.argv[1:]\n\
+             s3 = boto3.client('s3', endpoint_url=ep, aws_access_key_id={:?}, \
+             aws_secret_access_key={:?}, region_name='us-east-1')\n",
+            self.endpoint, self.access_key, self.secret
+        );
+        let o = Command::new(&self.python)
+            .arg("-c")
+            .arg(format!("{prelude}{code}"))
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "boto3: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// `env` with this server's endpoint and key in the variables ferry reads.
+    pub fn for_ferry(&self, env: Env) -> Env {
+        env.with_var("AWS_ENDPOINT_URL", &self.endpoint)
+            .with_var("AWS_REGION", "us-east-1")
+            .with_var("AWS_ACCESS_KEY_ID", &self.access_key)
+            .with_var("AWS_SECRET_ACCESS_KEY", &self.secret)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// An etcd server of the test's own (Debian's `etcd`, on free ports, its data in a
 /// temporary directory; clients reach it at 127.0.0.1 and 127.0.0.3), stopped on drop. `None` where there is no `etcd` binary, except
 /// under CI (`CI` set), where that fails the test.
