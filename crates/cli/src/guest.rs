@@ -19,6 +19,13 @@ use crate::settings::Settings;
 /// Exit code of `ferry run`/`resume` when the guest was suspended (EX_TEMPFAIL).
 pub const EXIT_SUSPENDED: u8 = 75;
 
+/// `--export-to`: an `s3://` or `oci:` place.
+fn parse_export_to(s: &str) -> Result<crate::cmd::oci::OciRef, String> {
+    crate::cmd::oci::OciRef::parse(std::ffi::OsStr::new(s))
+        .ok_or_else(|| format!("`{s}` is neither s3://BUCKET/PREFIX[:TAG] nor oci:DIR[:TAG]"))?
+        .map_err(|e| format!("{e:#}"))
+}
+
 /// Stack of the thread the guest runs on: Wasm frames live on it.
 pub const GUEST_THREAD_STACK: usize = 256 << 20;
 
@@ -47,6 +54,13 @@ pub struct GuestArgs {
     /// snapshot, or by `ferry store gc --keep N`.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub keep: Option<u64>,
+    /// After each snapshot (checkpoint or suspend), also export it in the background as an OCI
+    /// layout — into an S3-compatible bucket (`s3://BUCKET/PREFIX[:TAG]`) or a directory
+    /// (`oci:DIR[:TAG]`), the tag by default the session's name — so that another machine can
+    /// `ferry import` it and resume if this one is lost. A suspend ends once its snapshot is
+    /// exported too.
+    #[arg(long, value_name = "s3://BUCKET/PREFIX[:TAG]|oci:DIR[:TAG]", value_parser = parse_export_to)]
+    pub export_to: Option<crate::cmd::oci::OciRef>,
     /// Engine to run the guest on: `jit` (wasmtime, the default) or `interp` (wasmi, a
     /// pure-Rust interpreter). A snapshot taken on one resumes on the other. (With --space,
     /// `resume` keeps the session's engine unless this is given.)
@@ -63,6 +77,7 @@ impl GuestArgs {
             && self.checkpoint_every.is_none()
             && self.pre_write.is_none()
             && self.keep.is_none()
+            && self.export_to.is_none()
     }
 
     /// The engine asked for, else the JIT.
@@ -245,6 +260,8 @@ pub struct Execution<'a> {
     pub checkpoint_every: Option<Duration>,
     /// `--keep N`: after each snapshot, older ones of this session are deleted.
     pub keep: Option<u64>,
+    /// `--export-to`: each snapshot also exported there, in the background.
+    pub export_to: Option<crate::cmd::oci::OciRef>,
     /// The line the guest has begun on its terminal and not ended (recorded with each snapshot).
     pub open_line: OpenLine,
 }
@@ -418,6 +435,24 @@ impl Execution<'_> {
         let replays = self.replays.clone();
         let keep = self.keep;
         let open_line = self.open_line.clone();
+        // `--export-to`: a thread exporting each snapshot recorded (the latest of those
+        // waiting), joined once the guest stops, so that a suspend ends exported too.
+        let export_to = self.export_to.clone().map(|mut to| {
+            if to.tag.is_none() {
+                to.tag = Some(crate::cmd::oci::tag_for(&sess.id));
+            }
+            to
+        });
+        let (export_tx, export_rx) = std::sync::mpsc::channel::<Kappa>();
+        let exporter = export_to.clone().map(|to| {
+            std::thread::Builder::new()
+                .name("export".into())
+                .spawn({
+                    let dir = settings.store_dir.clone();
+                    move || export_each(&dir, &to, export_rx)
+                })
+                .expect("a thread")
+        });
         let outcome = on_guest_thread(move || {
             let mut failures = Failures::default();
             let mut on_snapshot = |r: Result<Kappa, ferry_engine::EngineError>, why: Request| {
@@ -437,8 +472,11 @@ impl Execution<'_> {
                         (sess.prompt_fd, sess.prompt) = open_line.get();
                         if let Err(e) = record(settings, store, &mut sess, k, why) {
                             eprintln!("ferry: snapshot {k} written but not recorded: {e:#}");
-                        } else if let Some(n) = keep {
-                            prune(store, &sess.id, n);
+                        } else {
+                            if let Some(n) = keep {
+                                prune(store, &sess.id, n);
+                            }
+                            let _ = export_tx.send(k);
                         }
                     }
                     Err(e) => {
@@ -478,6 +516,22 @@ impl Execution<'_> {
             )
         });
         self.session = session::load(self.settings, &self.session.id).unwrap_or(self.session);
+        if let (Some(exporter), Some(to)) = (exporter, &export_to) {
+            let exported = exporter.join().expect("the export thread panicked");
+            if let Ok(Outcome::Suspended(k)) = &outcome {
+                match exported {
+                    Some(last) if last == *k => eprintln!(
+                        "ferry: exported {k} to {}: `ferry import {}` elsewhere resumes it",
+                        to.describe(to.tag.as_deref().unwrap_or_default()),
+                        to.name()
+                    ),
+                    _ => eprintln!(
+                        "ferry: {k} was not exported to {} (above: why); it is in this store",
+                        to.name()
+                    ),
+                }
+            }
+        }
         match outcome {
             Ok(Outcome::Exited(code)) => {
                 self.session.state = format!("exited({code})");
@@ -507,6 +561,36 @@ impl Execution<'_> {
             }
         }
     }
+}
+
+/// `--export-to`: exports each snapshot `rx` brings (the latest of those waiting) to `to`,
+/// through a store of its own at `dir` (opened for each export, so that a `--keep` prune finds
+/// the store to itself in between). Returns the last one exported.
+fn export_each(
+    dir: &std::path::Path,
+    to: &crate::cmd::oci::OciRef,
+    rx: std::sync::mpsc::Receiver<Kappa>,
+) -> Option<Kappa> {
+    let mut last = None;
+    while let Ok(mut k) = rx.recv() {
+        while let Ok(newer) = rx.try_recv() {
+            k = newer;
+        }
+        let exported = FsStore::open(dir)
+            .map_err(anyhow::Error::from)
+            .and_then(|store| crate::cmd::capsule::export_layout(&store, k, false, to, false));
+        match exported {
+            Ok(said) => {
+                tracing::info!("{said}");
+                last = Some(k);
+            }
+            Err(e) => eprintln!(
+                "ferry: could not export {k} to {} (the next snapshot will be): {e:#}",
+                to.name()
+            ),
+        }
+    }
+    last
 }
 
 /// Bytes of live chunks a `--keep` prune copies at most when it compacts packs (the guest

@@ -52,6 +52,8 @@ struct Progress {
     total: Option<u64>,
     last: Instant,
     shown: bool,
+    /// Whether it says anything at all.
+    on: bool,
 }
 
 impl Progress {
@@ -61,11 +63,17 @@ impl Progress {
             total,
             last: Instant::now(),
             shown: false,
+            on: true,
         }
     }
 
+    /// This progress, silent unless `on`.
+    fn silent_unless(self, on: bool) -> Self {
+        Self { on, ..self }
+    }
+
     fn tick(&mut self, bytes: u64) {
-        if self.last.elapsed().as_secs_f64() < 1.0 {
+        if !self.on || self.last.elapsed().as_secs_f64() < 1.0 {
             return;
         }
         self.last = Instant::now();
@@ -122,107 +130,131 @@ impl Write for WritingBack<'_> {
     }
 }
 
+/// The snapshot `root` loaded (refused if it could not be resumed: its closure must be
+/// complete and verify) and its closure (with its ancestors if `with_history`), the memory
+/// chunks first, in memory order: the importer packs them so.
+fn closure_of(
+    store: &ferry_store::FsStore,
+    root: Kappa,
+    with_history: bool,
+) -> Result<(snapshot::Loaded, Vec<Kappa>)> {
+    let loaded = snapshot::load(store, root).with_context(|| format!("cannot export {root}"))?;
+    let mut closure = BTreeSet::new();
+    snapshot_closure(store, &root, with_history, &mut closure)?;
+    let mut objects: Vec<_> = closure.into_iter().collect();
+    moving_order(&root, loaded.chunks().copied(), &mut objects);
+    Ok((loaded, objects))
+}
+
+/// Exports snapshot `root` (with its ancestors if `with_history`) as an OCI layout at `r` — a
+/// directory or a bucket — and says what it did ("exported κ to …"); with `show_progress`,
+/// says how far it has come every second on stderr.
+pub fn export_layout(
+    store: &ferry_store::FsStore,
+    root: Kappa,
+    with_history: bool,
+    r: &super::oci::OciRef,
+    show_progress: bool,
+) -> Result<String> {
+    let (loaded, objects) = closure_of(store, root, with_history)?;
+    // The program (the same for every snapshot of it: a registry keeps it once), the
+    // memory region by region (a region that did not change is the same layer), then
+    // the rest.
+    let program: Vec<_> = [loaded.snapshot.module, loaded.snapshot.instrumented]
+        .into_iter()
+        .filter(|k| objects.contains(k))
+        .collect();
+    let regions = memory_regions(&loaded, &program);
+    let mut taken: HashSet<Kappa> = program.iter().copied().collect();
+    taken.extend(regions.iter().flatten().copied());
+    let files = file_groups(
+        store,
+        &loaded,
+        &taken,
+        super::oci::MAX_LAYERS - 2 - regions.len(),
+    )?;
+    taken.extend(files.iter().flatten().copied());
+    let state: Vec<_> = objects
+        .iter()
+        .copied()
+        .filter(|k| !taken.contains(k))
+        .collect();
+    let parts: Vec<_> = std::iter::once(super::oci::Part::Program)
+        .chain((0..regions.len() as u32).map(super::oci::Part::Memory))
+        .chain((0..files.len() as u32).map(super::oci::Part::Files))
+        .chain([super::oci::Part::State])
+        .collect();
+    let mut progress = Progress::new("exported", None).silent_unless(show_progress);
+    let mut done = 0;
+    let started = Instant::now();
+    let mut sending = Progress::new("sent", None).silent_unless(show_progress);
+    let exported = super::oci::export(
+        r,
+        &root,
+        &parts,
+        |part, w| {
+            let (part_root, part_objects) = match part {
+                super::oci::Part::Program => (loaded.snapshot.module, &program),
+                super::oci::Part::Memory(n) => {
+                    let chunks = &regions[n as usize];
+                    (chunks[0], chunks)
+                }
+                super::oci::Part::Files(n) => {
+                    let group = &files[n as usize];
+                    (group[0], group)
+                }
+                super::oci::Part::State => (root, &state),
+            };
+            let s = capsule::export(store, part_root, part_objects, w, &mut |b| {
+                progress.tick(done + b)
+            })?;
+            done += s.stored_bytes;
+            Ok(s)
+        },
+        &mut |b| sending.tick(b),
+    )?;
+    let mut total = capsule::CapsuleStats::default();
+    for s in &exported.results {
+        total += *s;
+    }
+    // In a bucket, what it held already was not sent again.
+    let sent = match r.place {
+        super::oci::Place::Dir(_) => String::new(),
+        super::oci::Place::Bucket(_) => match (exported.sent_layers, exported.results.len()) {
+            (0, n) => format!("; the bucket held all {n} layers already: none sent"),
+            (k, n) if k == n => format!(
+                "; sent all {n} layers ({:.1} MiB)",
+                crate::cmd::mib(exported.sent_bytes)
+            ),
+            (k, n) => format!(
+                "; sent {k} of its {n} layers ({:.1} MiB), the bucket held the rest",
+                crate::cmd::mib(exported.sent_bytes)
+            ),
+        },
+    };
+    Ok(format!(
+        "exported {root} to {} (manifest {}): {} objects, {:.1} MiB of data in \
+         {:.1} MiB{sent}, {:.1} s",
+        r.describe(&exported.tag),
+        exported.manifest,
+        total.objects,
+        crate::cmd::mib(total.bytes),
+        crate::cmd::mib(total.stored_bytes),
+        started.elapsed().as_secs_f64()
+    ))
+}
+
 pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
     let root = crate::session::snapshot_named(settings, &store, &a.snapshot, true)
         .map_err(anyhow::Error::msg)?;
-    // Refuse to export what could not be resumed: the closure must be complete and verify.
-    let loaded = snapshot::load(&store, root).with_context(|| format!("cannot export {root}"))?;
-    let mut closure = BTreeSet::new();
-    snapshot_closure(&store, &root, a.with_history, &mut closure)?;
-    // The snapshot's memory chunks first, in memory order: the importer packs them so.
-    let mut objects: Vec<_> = closure.into_iter().collect();
-    moving_order(&root, loaded.chunks().copied(), &mut objects);
     if let Some(r) = super::oci::OciRef::parse(a.output.as_os_str()) {
-        let r = r?;
-        // The program (the same for every snapshot of it: a registry keeps it once), the
-        // memory region by region (a region that did not change is the same layer), then
-        // the rest.
-        let program: Vec<_> = [loaded.snapshot.module, loaded.snapshot.instrumented]
-            .into_iter()
-            .filter(|k| objects.contains(k))
-            .collect();
-        let regions = memory_regions(&loaded, &program);
-        let mut taken: HashSet<Kappa> = program.iter().copied().collect();
-        taken.extend(regions.iter().flatten().copied());
-        let files = file_groups(
-            &store,
-            &loaded,
-            &taken,
-            super::oci::MAX_LAYERS - 2 - regions.len(),
-        )?;
-        taken.extend(files.iter().flatten().copied());
-        let state: Vec<_> = objects
-            .iter()
-            .copied()
-            .filter(|k| !taken.contains(k))
-            .collect();
-        let parts: Vec<_> = std::iter::once(super::oci::Part::Program)
-            .chain((0..regions.len() as u32).map(super::oci::Part::Memory))
-            .chain((0..files.len() as u32).map(super::oci::Part::Files))
-            .chain([super::oci::Part::State])
-            .collect();
-        let mut progress = Progress::new("exported", None);
-        let mut done = 0;
-        let started = Instant::now();
-        let mut sending = Progress::new("sent", None);
-        let exported = super::oci::export(
-            &r,
-            &root,
-            &parts,
-            |part, w| {
-                let (part_root, part_objects) = match part {
-                    super::oci::Part::Program => (loaded.snapshot.module, &program),
-                    super::oci::Part::Memory(n) => {
-                        let chunks = &regions[n as usize];
-                        (chunks[0], chunks)
-                    }
-                    super::oci::Part::Files(n) => {
-                        let group = &files[n as usize];
-                        (group[0], group)
-                    }
-                    super::oci::Part::State => (root, &state),
-                };
-                let s = capsule::export(&store, part_root, part_objects, w, &mut |b| {
-                    progress.tick(done + b)
-                })?;
-                done += s.stored_bytes;
-                Ok(s)
-            },
-            &mut |b| sending.tick(b),
-        )
-        .with_context(|| format!("cannot export {root} to {}", a.output.display()))?;
-        let mut total = capsule::CapsuleStats::default();
-        for s in &exported.results {
-            total += *s;
-        }
-        // In a bucket, what it held already was not sent again.
-        let sent = match r.place {
-            super::oci::Place::Dir(_) => String::new(),
-            super::oci::Place::Bucket(_) => match (exported.sent_layers, exported.results.len()) {
-                (0, n) => format!("; the bucket held all {n} layers already: none sent"),
-                (k, n) if k == n => format!(
-                    "; sent all {n} layers ({:.1} MiB)",
-                    crate::cmd::mib(exported.sent_bytes)
-                ),
-                (k, n) => format!(
-                    "; sent {k} of its {n} layers ({:.1} MiB), the bucket held the rest",
-                    crate::cmd::mib(exported.sent_bytes)
-                ),
-            },
-        };
-        eprintln!(
-            "ferry: exported {root} to {} (manifest {}): {} objects, {:.1} MiB of data in \
-             {:.1} MiB{sent}, {:.1} s",
-            r.describe(&exported.tag),
-            exported.manifest,
-            total.objects,
-            crate::cmd::mib(total.bytes),
-            crate::cmd::mib(total.stored_bytes),
-            started.elapsed().as_secs_f64()
-        );
+        let said = export_layout(&store, root, a.with_history, &r?, true)
+            .with_context(|| format!("cannot export {root} to {}", a.output.display()))?;
+        eprintln!("ferry: {said}");
         return Ok(ExitCode::SUCCESS);
     }
+    let (_, objects) = closure_of(&store, root, a.with_history)?;
     // `-o -`: straight to stdout (no temporary file: a reader that gets less than all of it
     // refuses it as truncated). Otherwise to FILE.ferry-partial, renamed once durable.
     let to_stdout = a.output.as_os_str() == "-";

@@ -97,7 +97,20 @@ impl OciRef {
         )
     }
 
-    /// How it is named to the user: `oci:DIR:TAG` or `s3://BUCKET/PREFIX:TAG`.
+    /// As it is written on a command line: `oci:DIR[:TAG]` or `s3://BUCKET/PREFIX[:TAG]`.
+    pub fn name(&self) -> String {
+        let tag = self
+            .tag
+            .as_deref()
+            .map(|t| format!(":{t}"))
+            .unwrap_or_default();
+        match &self.place {
+            Place::Dir(d) => format!("oci:{}{tag}", d.display()),
+            Place::Bucket(b) => format!("{b}{tag}"),
+        }
+    }
+
+    /// How it is described to the user, with its tag `tag`.
     pub fn describe(&self, tag: &str) -> String {
         match &self.place {
             Place::Dir(d) => format!("the OCI layout {}, tag `{tag}`", d.display()),
@@ -252,6 +265,25 @@ fn check_layout_version(v: &Value, place: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A tag for a session's snapshots: its name where that is a valid tag, else the name with
+/// every other character replaced by `-` (and cut to 128).
+pub fn tag_for(session: &str) -> String {
+    if valid_tag(session) {
+        return session.to_owned();
+    }
+    let t: String = session
+        .chars()
+        .map(
+            |c| match c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                true => c,
+                false => '-',
+            },
+        )
+        .take(127)
+        .collect();
+    format!("_{t}")
 }
 
 /// Whether `tag` is a valid OCI tag (`[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`).

@@ -435,6 +435,7 @@ fn admit_and_run(
         meta,
         checkpoint_every: a.guest.checkpoint_every,
         keep: a.guest.keep,
+        export_to: a.guest.export_to.clone(),
         open_line,
     }
     .execute(wasi, Start::Restore(Box::new(loaded)))

@@ -330,6 +330,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         },
         checkpoint_every: a.guest.checkpoint_every,
         keep: a.guest.keep,
+        export_to: a.guest.export_to.clone(),
         open_line,
     }
     .execute(wasi, Start::Fresh)

@@ -540,10 +540,7 @@ fn a_snapshot_moves_through_a_container_registry() {
     let (skopeo_bin, registry_bin) = (tool("skopeo"), tool("docker-registry"));
     let (here, plain, mut seen, k) = suspended_cpu_guest();
     // A registry on a free port, storing in this test's directory.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = crate::harness::free_port();
     let config = here.path("registry.yml");
     std::fs::write(
         &config,
@@ -570,14 +567,7 @@ fn a_snapshot_moves_through_a_container_registry() {
         &mut registry,
         std::process::Command::new("true").spawn().unwrap(),
     ));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the registry did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    crate::harness::wait_for_port(port, "the registry");
     let out = here.path("out");
     let (_, err, code) = here.output(&["export", &k, "-o", &format!("oci:{}:snap", out.display())]);
     assert_eq!(code, 0, "{err}");
@@ -624,11 +614,7 @@ fn a_snapshot_moves_through_an_s3_bucket() {
         err.contains("to the OCI layout in s3://ferry-test/snaps/cpu, tag `v1`"),
         "{err}"
     );
-    let layers: usize = err
-        .split("; sent all ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|n| n.parse().ok())
+    let layers = crate::harness::number_after(&err, "; sent all ")
         .unwrap_or_else(|| panic!("every layer sent to an empty bucket: {err}"));
     assert!(layers >= 3, "program, memory, state: {err}");
     let (more, k2) = crate::harness::resume_and_suspend(&here, &[&k], 300);
@@ -689,4 +675,98 @@ s3.put_object(Bucket="ferry-test", Key="snaps/cpu/blobs/sha256/" + layer, Body=b
     );
     let (_, err, code) = fresh.output(&["resume", &k]);
     assert_eq!(code, 1, "nothing was named: {err}");
+}
+
+/// `run --checkpoint-every 300ms --export-to s3://…` exports each checkpoint into the bucket
+/// in the background, under the session's name: once the bucket's index names it, the run
+/// is killed (`SIGKILL`: the machine is lost), and a store that shares nothing imports the
+/// session's tag and resumes it — printing the rest of what an uninterrupted run prints,
+/// from that checkpoint on. A suspend ends once its snapshot is exported: its tag in the
+/// bucket names that very snapshot, which resumes elsewhere to the end.
+#[test]
+fn checkpoints_exported_to_a_bucket_resume_elsewhere_after_the_machine_is_lost() {
+    use std::process::Stdio;
+    let s3 = crate::harness::S3Server::start();
+    let here = s3.for_ferry(Env::new());
+    let g = guest("wasm/cpu.wasm");
+    let g = g.to_str().unwrap();
+    let plain = here.plain(&[g, "--", "400"]).stdout;
+    let mut child = here
+        .ferry()
+        .args(["run", "--session", "lost", "--checkpoint-every", "300ms"])
+        .args(["--export-to", "s3://ferry-test/runs", g, "--", "400"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tagged = |tag: &str| {
+        s3.boto(
+            r#"
+try:
+    index = json.loads(s3.get_object(Bucket="ferry-test", Key="runs/index.json")["Body"].read())
+    print([m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]])
+except s3.exceptions.NoSuchKey:
+    print([])
+"#,
+            &[],
+        )
+        .contains(&format!("'{tag}'"))
+    };
+    crate::migrate::eventually("a checkpoint is in the bucket", || tagged("lost"));
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("could not export"), "{err}");
+    let there = s3.for_ferry(Env::new());
+    let (imported, err, code) = there.output(&["import", "s3://ferry-test/runs:lost"]);
+    assert_eq!(code, 0, "{err}");
+    let k = imported
+        .trim()
+        .strip_prefix("imported ")
+        .unwrap()
+        .to_owned();
+    let rest = resume_to_end(&there, &k);
+    assert!(
+        !rest.is_empty() && rest.len() < plain.len() && plain.ends_with(&rest),
+        "resumed from a checkpoint, it prints the rest of the run: {}",
+        String::from_utf8_lossy(&rest)
+    );
+    // Suspended: the tag names the suspend's own snapshot once ferry has ended.
+    let (out, k) = crate::harness::suspend_after_output(
+        &here,
+        "run",
+        &[
+            "--session",
+            "sus",
+            "--export-to",
+            "s3://ferry-test/runs",
+            g,
+            "--",
+            "400",
+        ],
+        500,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "ferry: exported {k} to the OCI layout in s3://ferry-test/runs, tag `sus`"
+        )) && err.contains("`ferry import s3://ferry-test/runs:sus` elsewhere resumes it"),
+        "{err}"
+    );
+    let mut seen = out.stdout;
+    let elsewhere = s3.for_ferry(Env::new());
+    imports_and_ends_like_plain(
+        &elsewhere,
+        "s3://ferry-test/runs:sus",
+        &k,
+        &mut seen,
+        &plain,
+    );
+    // A place that is neither: refused before anything runs.
+    let (_, err, code) = here.output(&["run", "--export-to", "/tmp/x", g]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("neither s3://BUCKET/PREFIX[:TAG] nor oci:DIR[:TAG]"),
+        "{err}"
+    );
 }

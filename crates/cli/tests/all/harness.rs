@@ -800,6 +800,21 @@ pub fn tool(name: &str) -> Option<String> {
     p.exists().then(|| p.to_string_lossy().into_owned())
 }
 
+/// The number that follows the first `phrase` in `text` (up to the next space), if any.
+pub fn number_after(text: &str, phrase: &str) -> Option<u64> {
+    text.split(phrase).nth(1)?.split(' ').next()?.parse().ok()
+}
+
+/// Waits until something listens on 127.0.0.1:`port` (at most 30 s: then `what` did not
+/// start).
+pub fn wait_for_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// An S3-compatible server of the test's own (moto's, `scripts/fetch-moto.sh`, on a free
 /// port, checking every request's signature), holding one bucket, `ferry-test`, and an
 /// access key allowed everything; stopped on drop.
@@ -833,14 +848,7 @@ impl S3Server {
             python,
             child,
         };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the S3 server did not start"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        wait_for_port(port, "the S3 server");
         let keys = me.boto(
             r#"
 iam = boto3.client("iam", endpoint_url=ep, aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1")
@@ -902,7 +910,7 @@ impl Drop for S3Server {
 /// temporary directory; clients reach it at 127.0.0.1 and 127.0.0.3), stopped on drop. `None` where there is no `etcd` binary, except
 /// under CI (`CI` set), where that fails the test.
 /// A port on 127.0.0.1 free a moment ago.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

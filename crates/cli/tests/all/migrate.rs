@@ -959,11 +959,7 @@ fn a_final_delta_slower_than_max_pause_is_cut_and_the_guest_runs_on() {
         "{err}"
     );
     // Cut at the bound: the error names a pause of about 1 s, not the 4 s the batch took.
-    let ms: u64 = err
-        .split("paused ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
+    let ms = crate::harness::number_after(&err, "paused ")
         .unwrap_or_else(|| panic!("no pause named: {err}"));
     assert!((1000..2500).contains(&ms), "paused {ms} ms: {err}");
 }
@@ -1071,7 +1067,6 @@ fn auto_converge_holds_back_a_guest_too_fast_for_the_link_until_its_move_fits_ma
         &[&migrate[..], &["--auto-converge", "--progress"]].concat(),
     );
     assert_eq!(code, 0, "{err}");
-    eprintln!("{err}");
     let report: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert!(
         report["downtime_ms"].as_u64().unwrap() <= 600,
