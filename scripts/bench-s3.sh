@@ -22,7 +22,8 @@ INITIAL_NO_AUTH_ACTION_COUNT=3 "$tools/moto/bin/moto_server" -H 127.0.0.1 -p "$p
 server=$!
 trap 'kill $server 2>/dev/null; rm -rf "$work"' EXIT
 export AWS_ENDPOINT_URL="http://127.0.0.1:$port" AWS_REGION=us-east-1
-until curl -s -o /dev/null "$AWS_ENDPOINT_URL"; do sleep 0.1; done
+# (A TCP probe: an HTTP request would use up one of the three unsigned calls.)
+until (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do sleep 0.1; done
 read -r AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY < <("$tools/moto/bin/python" - "$AWS_ENDPOINT_URL" <<'PY'
 import boto3, json, sys
 ep = sys.argv[1]
@@ -50,16 +51,18 @@ sleep 2
 kill -INT "$pid"; wait "$pid" || true
 k2=$(grep -o 'suspended blake3:[0-9a-f]*' "$work/err2" | cut -d' ' -f2)
 
-# timed CMD...: runs it, its stderr's last line kept in $said; prints the seconds it took.
+# timed CMD...: runs it; prints the seconds it took and, after `;`, the end of the last line
+# it said on stderr (what an export sent).
 timed() {
-    local t0 t1
+    local t0 t1 said
     t0=$(date +%s.%N)
     "$@" 2>"$work/said" >/dev/null
     t1=$(date +%s.%N)
     said=$(tail -1 "$work/said")
     echo "$t0 $t1" | awk '{printf "%.2f s", $2 - $1}'
+    echo " (${said##*; })"
 }
-e1=$(timed "$ferry" export "$k1" -o s3://bench/snaps:v1); s1=${said##*; }
-e2=$(timed "$ferry" export "$k2" -o s3://bench/snaps:v2); s2=${said##*; }
+e1=$(timed "$ferry" export "$k1" -o s3://bench/snaps:v1)
+e2=$(timed "$ferry" export "$k2" -o s3://bench/snaps:v2)
 i2=$(FERRY_STORE=$work/there timed "$ferry" import s3://bench/snaps:v2)
-echo "$mib MiB, permille $permille: export v1 $e1 ($s1); export v2 $e2 ($s2); import v2 $i2"
+echo "$mib MiB, permille $permille: export v1 $e1; export v2 $e2; import v2 $i2"
