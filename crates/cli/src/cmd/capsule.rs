@@ -130,6 +130,114 @@ impl Write for WritingBack<'_> {
     }
 }
 
+/// The digests of the capsules this store's exports built, by what each held (the store's
+/// cache file `oci-layers`, at most [`LayerCache::MOST`] entries, newest last): an export
+/// to a layout that holds such a capsule already does not build it again.
+struct LayerCache {
+    /// Entries read, then those added, by fingerprint.
+    entries: Vec<(Kappa, super::oci::Built)>,
+    /// The fingerprint of each part of this export.
+    parts: std::collections::HashMap<super::oci::Part, Kappa>,
+    changed: bool,
+}
+
+impl LayerCache {
+    const FILE: &str = "oci-layers";
+    const MOST: usize = 4096;
+
+    /// What a part's capsule is made of: its root and objects in order, and the version of
+    /// ferry that made it.
+    fn fingerprint(root: Kappa, objects: &[Kappa]) -> Kappa {
+        let mut b = Vec::with_capacity(64 + 32 * objects.len());
+        b.extend_from_slice(b"ferry oci layer ");
+        b.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes());
+        b.extend_from_slice(&capsule::CAPSULE_VERSION.to_le_bytes());
+        b.extend_from_slice(root.as_bytes());
+        for k in objects {
+            b.extend_from_slice(k.as_bytes());
+        }
+        Kappa::of(&b)
+    }
+
+    fn load(
+        store: &ferry_store::FsStore,
+        parts: impl Iterator<Item = (super::oci::Part, Kappa)>,
+    ) -> Self {
+        use ferry_store::Store;
+        let text = store.load_cache(Self::FILE).unwrap_or_default();
+        let entries = String::from_utf8_lossy(&text)
+            .lines()
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split(' ').collect();
+                let [fp, hex, len, objects, bytes, stored] = w[..] else {
+                    return None;
+                };
+                let n = |s: &str| s.parse::<u64>().ok();
+                (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then_some(())?;
+                Some((
+                    fp.parse::<Kappa>().ok()?,
+                    super::oci::Built {
+                        hex: hex.to_owned(),
+                        len: n(len)?,
+                        stats: capsule::CapsuleStats {
+                            objects: n(objects)?,
+                            bytes: n(bytes)?,
+                            stored_bytes: n(stored)?,
+                            new_objects: 0,
+                        },
+                    },
+                ))
+            })
+            .collect();
+        Self {
+            entries,
+            parts: parts.collect(),
+            changed: false,
+        }
+    }
+
+    /// Writes the entries back (the newest [`LayerCache::MOST`]) if this export added any;
+    /// a cache that cannot be written only costs the next export time.
+    fn save(&self, store: &ferry_store::FsStore) {
+        use ferry_store::Store;
+        if !self.changed {
+            return;
+        }
+        let skip = self.entries.len().saturating_sub(Self::MOST);
+        let text: String = self.entries[skip..]
+            .iter()
+            .map(|(fp, b)| {
+                format!(
+                    "{} {} {} {} {} {}\n",
+                    fp, b.hex, b.len, b.stats.objects, b.stats.bytes, b.stats.stored_bytes
+                )
+            })
+            .collect();
+        if let Err(e) = store.save_cache(Self::FILE, text.as_bytes()) {
+            tracing::warn!("cannot write the cache of exported layers: {e}");
+        }
+    }
+}
+
+impl super::oci::Known for LayerCache {
+    fn get(&self, part: super::oci::Part) -> Option<super::oci::Built> {
+        let fp = self.parts.get(&part)?;
+        self.entries
+            .iter()
+            .rev()
+            .find(|(k, _)| k == fp)
+            .map(|(_, b)| b.clone())
+    }
+
+    fn put(&mut self, part: super::oci::Part, built: &super::oci::Built) {
+        if let Some(fp) = self.parts.get(&part) {
+            self.entries.retain(|(k, _)| k != fp);
+            self.entries.push((*fp, built.clone()));
+            self.changed = true;
+        }
+    }
+}
+
 /// The snapshot `root` loaded (refused if it could not be resumed: its closure must be
 /// complete and verify) and its closure (with its ancestors if `with_history`), the memory
 /// chunks first, in memory order: the importer packs them so.
@@ -184,6 +292,25 @@ pub fn export_layout(
         .chain((0..files.len() as u32).map(super::oci::Part::Files))
         .chain([super::oci::Part::State])
         .collect();
+    let holds = |part| match part {
+        super::oci::Part::Program => (loaded.snapshot.module, &program),
+        super::oci::Part::Memory(n) => {
+            let chunks = &regions[n as usize];
+            (chunks[0], chunks)
+        }
+        super::oci::Part::Files(n) => {
+            let group = &files[n as usize];
+            (group[0], group)
+        }
+        super::oci::Part::State => (root, &state),
+    };
+    let mut known = LayerCache::load(
+        store,
+        parts.iter().map(|&p| {
+            let (part_root, part_objects) = holds(p);
+            (p, LayerCache::fingerprint(part_root, part_objects))
+        }),
+    );
     let mut progress = Progress::new("exported", None).silent_unless(show_progress);
     let mut done = 0;
     let started = Instant::now();
@@ -193,41 +320,42 @@ pub fn export_layout(
         &root,
         &parts,
         |part, w| {
-            let (part_root, part_objects) = match part {
-                super::oci::Part::Program => (loaded.snapshot.module, &program),
-                super::oci::Part::Memory(n) => {
-                    let chunks = &regions[n as usize];
-                    (chunks[0], chunks)
-                }
-                super::oci::Part::Files(n) => {
-                    let group = &files[n as usize];
-                    (group[0], group)
-                }
-                super::oci::Part::State => (root, &state),
-            };
+            let (part_root, part_objects) = holds(part);
             let s = capsule::export(store, part_root, part_objects, w, &mut |b| {
                 progress.tick(done + b)
             })?;
             done += s.stored_bytes;
             Ok(s)
         },
+        &mut known,
         &mut |b| sending.tick(b),
     )?;
+    known.save(store);
     let mut total = capsule::CapsuleStats::default();
     for s in &exported.results {
         total += *s;
     }
-    // In a bucket, what it held already was not sent again.
+    // In a bucket, what it held already was not sent again; what an earlier export of this
+    // store built, and the layout holds, was not even built.
+    let reused = match exported.reused_layers {
+        0 => String::new(),
+        n => format!(" ({n} known from earlier exports: not built again)"),
+    };
     let sent = match r.place {
+        super::oci::Place::Dir(_) if exported.reused_layers > 0 => format!(
+            "; {} of its {} layers held by the layout already: not written again",
+            exported.reused_layers,
+            exported.results.len()
+        ),
         super::oci::Place::Dir(_) => String::new(),
         super::oci::Place::Bucket(_) => match (exported.sent_layers, exported.results.len()) {
-            (0, n) => format!("; the bucket held all {n} layers already: none sent"),
+            (0, n) => format!("; the bucket held all {n} layers already: none sent{reused}"),
             (k, n) if k == n => format!(
                 "; sent all {n} layers ({:.1} MiB)",
                 crate::cmd::mib(exported.sent_bytes)
             ),
             (k, n) => format!(
-                "; sent {k} of its {n} layers ({:.1} MiB), the bucket held the rest",
+                "; sent {k} of its {n} layers ({:.1} MiB), the bucket held the rest{reused}",
                 crate::cmd::mib(exported.sent_bytes)
             ),
         },

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use ferry_space::s3::{Body, Bucket, Condition, S3Ref};
+use ferry_store::capsule::CapsuleStats;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -223,6 +224,15 @@ impl Layout {
         }
     }
 
+    /// Whether the layout holds blob `hex` of `len` bytes.
+    fn holds(&self, hex: &str, len: u64) -> Result<bool> {
+        let name = format!("blobs/sha256/{hex}");
+        Ok(match self {
+            Layout::Dir(d) => std::fs::metadata(d.join(&name)).is_ok_and(|m| m.len() == len),
+            Layout::Bucket(b, r) => b.head(&r.key(&name))? == Some(len),
+        })
+    }
+
     /// A reader of blob `hex`, which must be `size` bytes (read no further).
     fn blob(&self, hex: &str, size: u64) -> Result<Box<dyn Read + Send>> {
         let name = format!("blobs/sha256/{hex}");
@@ -350,7 +360,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// One layer of a snapshot's artifact: a capsule, and what it holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Part {
     /// The program: the module and its instrumented form (the bulk for an interpreter such
     /// as CPython), the same for every snapshot of it — so a registry stores it once and a
@@ -390,11 +400,30 @@ impl Part {
 /// The annotation naming a layer's [`Part`].
 const PART_ANNOTATION: &str = "dev.ferry.part";
 
+/// A capsule built for a part before: its digest (hex), size and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Built {
+    pub hex: String,
+    pub len: u64,
+    pub stats: CapsuleStats,
+}
+
+/// What [`export`] may know of capsules built before (a cache, never trusted further than
+/// this: a layout that holds a blob of that digest and size holds that capsule).
+pub trait Known {
+    /// The capsule built before for what `part` holds now, if there was one.
+    fn get(&self, part: Part) -> Option<Built>;
+    /// The capsule of `part` was built.
+    fn put(&mut self, part: Part, built: &Built);
+}
+
 /// What [`export`] wrote.
 #[derive(Debug)]
-pub struct Exported<T> {
-    /// What `write` returned for each part.
-    pub results: Vec<T>,
+pub struct Exported {
+    /// What each part's capsule holds.
+    pub results: Vec<CapsuleStats>,
+    /// Parts whose capsule was not built again: the layout held it, as `known` said.
+    pub reused_layers: usize,
     /// The manifest's digest.
     pub manifest: String,
     pub tag: String,
@@ -407,13 +436,14 @@ pub struct Exported<T> {
 /// the same tag is replaced), one layer per part of `parts`, in order: `write` writes the
 /// part's capsule to the writer it is given. `sending` is told the bytes sent to a bucket so
 /// far. The tag is by default `blake3-` and the first 16 hex digits of the snapshot's κ.
-pub fn export<T>(
+pub fn export(
     r: &OciRef,
     root: &ferry_kappa::Kappa,
     parts: &[Part],
-    mut write: impl FnMut(Part, &mut dyn Write) -> Result<T>,
+    mut write: impl FnMut(Part, &mut dyn Write) -> Result<CapsuleStats>,
+    known: &mut dyn Known,
     sending: &mut dyn FnMut(u64),
-) -> Result<Exported<T>> {
+) -> Result<Exported> {
     if parts.is_empty() || parts.len() > MAX_LAYERS {
         bail!(
             "a snapshot artifact has 1 to {MAX_LAYERS} layers, not {}",
@@ -437,8 +467,28 @@ pub fn export<T>(
     };
     let mut results = Vec::new();
     let mut layers = Vec::new();
-    let (mut sent_layers, mut sent_bytes) = (0, 0);
+    let (mut sent_layers, mut sent_bytes, mut reused_layers) = (0, 0, 0);
+    let descriptor = |part: Part, hex: &str, len: u64| {
+        json!({
+            "mediaType": CAPSULE_MEDIA_TYPE,
+            "digest": format!("sha256:{hex}"),
+            "size": len,
+            "annotations": {
+                "org.opencontainers.image.title": part.title(&tag),
+                PART_ANNOTATION: part.name(),
+            },
+        })
+    };
     for &part in parts {
+        // Built before for what it holds now, and held by the layout: not built again.
+        if let Some(b) = known.get(part)
+            && layout.holds(&b.hex, b.len)?
+        {
+            results.push(b.stats);
+            layers.push(descriptor(part, &b.hex, b.len));
+            reused_layers += 1;
+            continue;
+        }
         let tmp = tempfile::Builder::new()
             .prefix(".ferry-partial-")
             .tempfile_in(&tmp_dir)
@@ -482,16 +532,16 @@ pub fn export<T>(
                 }
             }
         }
-        results.push(t);
-        layers.push(json!({
-            "mediaType": CAPSULE_MEDIA_TYPE,
-            "digest": format!("sha256:{hex}"),
-            "size": len,
-            "annotations": {
-                "org.opencontainers.image.title": part.title(&tag),
-                PART_ANNOTATION: part.name(),
+        known.put(
+            part,
+            &Built {
+                hex: hex.clone(),
+                len,
+                stats: t,
             },
-        }));
+        );
+        results.push(t);
+        layers.push(descriptor(part, &hex, len));
     }
     let empty_hex = sha256_hex(EMPTY);
     layout.write_small(
@@ -541,6 +591,7 @@ pub fn export<T>(
         if layout.write_small("index.json", &serde_json::to_vec(&index)?, condition)? {
             return Ok(Exported {
                 results,
+                reused_layers,
                 manifest: format!("sha256:{manifest_hex}"),
                 tag,
                 sent_layers,
@@ -713,6 +764,17 @@ pub fn open(r: &OciRef) -> Result<Artifact> {
 mod tests {
     use super::*;
 
+    /// Knows nothing.
+    #[derive(Debug)]
+    struct Nothing;
+
+    impl Known for Nothing {
+        fn get(&self, _: Part) -> Option<Built> {
+            None
+        }
+        fn put(&mut self, _: Part, _: &Built) {}
+    }
+
     /// A layer whose bytes were changed (same length) is read, then refused by its digest;
     /// the manifest and index written are found again by tag.
     #[test]
@@ -728,11 +790,13 @@ mod tests {
             &root,
             &[Part::Program, Part::State],
             |part, w| {
-                Ok(w.write_all(match part {
+                w.write_all(match part {
                     Part::Program => b"program bytes",
                     _ => b"capsule bytes",
-                })?)
+                })?;
+                Ok(CapsuleStats::default())
             },
+            &mut Nothing,
             &mut |_| {},
         )
         .unwrap();

@@ -48,6 +48,11 @@ pub fn run(settings: &Settings, a: crate::cmd::run::Args) -> Result<ExitCode> {
         "--pre-write is for local runs: a space writes a guest's memory when it snapshots it"
     );
     anyhow::ensure!(
+        a.guest.export_to.is_none(),
+        "--export-to is for local runs: a space keeps its sessions' snapshots in its store, and \
+         a standby of the fleet can keep their checkpoints too (--standby)"
+    );
+    anyhow::ensure!(
         a.standby.is_none() || a.guest.checkpoint_every.is_some(),
         "--standby keeps the session's checkpoints: give --checkpoint-every too"
     );

@@ -49,12 +49,13 @@ impl Args {
             self.guest.checkpoint_every.is_none()
                 && self.guest.pre_write.is_none()
                 && self.guest.keep.is_none()
+                && self.guest.export_to.is_none()
                 && self.guest.mounts()?.is_empty()
                 && self.guest.env()?.is_empty()
                 && !self.allow_changed_dirs
                 && !self.trust_instrumented,
             "--dir, --env, --allow-changed-dirs, --trust-instrumented, --checkpoint-every, \
-             --pre-write and --keep are for local resumes: a session on a space resumes with what it had (and \
+             --pre-write, --keep and --export-to are for local resumes: a session on a space resumes with what it had (and \
              the space's policy decides what it trusts)"
         );
         Ok(())

@@ -622,12 +622,22 @@ fn a_snapshot_moves_through_an_s3_bucket() {
     let (_, err, code) = here.output(&["export", &k2, "-o", &at("v2")]);
     assert_eq!(code, 0, "{err}");
     assert!(
-        err.contains(" layers (") && err.contains("the bucket held the rest"),
-        "the program layer is not sent again: {err}"
+        err.contains(" layers (")
+            && err.contains("the bucket held the rest (")
+            && err.contains(" known from earlier exports: not built again)"),
+        "the program layer is not sent again, nor built again: {err}"
     );
     let (_, err, code) = here.output(&["export", &k2, "-o", &at("again")]);
     assert_eq!(code, 0, "{err}");
-    assert!(err.contains("already: none sent"), "{err}");
+    // This store built every layer of k2 for v2: none is built again.
+    let held = crate::harness::number_after(&err, "the bucket held all ")
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        err.contains(&format!(
+            "already: none sent ({held} known from earlier exports: not built again)"
+        )),
+        "{err}"
+    );
     // Every blob is named by the SHA-256 of its bytes; the index holds the three tags.
     let checked = s3.boto(
         r#"
@@ -762,11 +772,21 @@ except s3.exceptions.NoSuchKey:
         &mut seen,
         &plain,
     );
-    // A place that is neither: refused before anything runs.
+    // A place that is neither: refused before anything runs; so is a run on a space.
     let (_, err, code) = here.output(&["run", "--export-to", "/tmp/x", g]);
     assert_eq!(code, 2, "{err}");
     assert!(
         err.contains("neither s3://BUCKET/PREFIX[:TAG] nor oci:DIR[:TAG]"),
         "{err}"
     );
+    let (_, err, code) = Env::new().with_var("FERRY_TOKEN", "t").output(&[
+        "--space",
+        "http://127.0.0.1:9",
+        "run",
+        "--export-to",
+        "s3://ferry-test/runs",
+        g,
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--export-to is for local runs"), "{err}");
 }
