@@ -650,7 +650,6 @@ for o in s3.list_objects_v2(Bucket="ferry-test", Prefix="snaps/cpu/blobs/sha256/
 index = json.loads(s3.get_object(Bucket="ferry-test", Key="snaps/cpu/index.json")["Body"].read())
 print(n, sorted(m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]))
 "#,
-        &[],
     );
     assert!(checked.contains("['again', 'v1', 'v2']"), "{checked}");
     // A wrong secret: the store's refusal, and nothing imported.
@@ -673,7 +672,6 @@ body = bytearray(get("blobs/sha256/" + layer))
 body[len(body) // 2] ^= 1
 s3.put_object(Bucket="ferry-test", Key="snaps/cpu/blobs/sha256/" + layer, Body=bytes(body))
 "#,
-        &[],
     );
     let fresh = s3.for_ferry(Env::new());
     let (_, err, code) = fresh.output(&["import", &at("v1")]);
@@ -718,7 +716,6 @@ try:
 except s3.exceptions.NoSuchKey:
     print([])
 "#,
-            &[],
         )
         .contains(&format!("'{tag}'"))
     };

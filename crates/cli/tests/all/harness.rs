@@ -858,20 +858,19 @@ iam.put_user_policy(UserName="ferry", PolicyName="all", PolicyDocument=json.dump
     {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
 print(k["AccessKeyId"], k["SecretAccessKey"])
 "#,
-            &[],
         );
         let mut words = keys.split_whitespace();
         me.access_key = words.next().expect("an access key").to_owned();
         me.secret = words.next().expect("a secret").to_owned();
-        me.boto("s3.create_bucket(Bucket='ferry-test')", &[]);
+        me.boto("s3.create_bucket(Bucket='ferry-test')");
         me
     }
 
     /// Runs Python `code` with boto3 (`ep`: the endpoint, `s3`: a client signed with the
-    /// key, `args`: `extra`); returns what it printed.
-    pub fn boto(&self, code: &str, extra: &[&str]) -> String {
+    /// key); returns what it printed.
+    pub fn boto(&self, code: &str) -> String {
         let prelude = format!(
-            "import boto3, json, sys\nep = {:?}\nargs = sys.argv[1:]\n\
+            "import boto3, json\nep = {:?}\n\
              s3 = boto3.client('s3', endpoint_url=ep, aws_access_key_id={:?}, \
              aws_secret_access_key={:?}, region_name='us-east-1')\n",
             self.endpoint, self.access_key, self.secret
@@ -879,7 +878,6 @@ print(k["AccessKeyId"], k["SecretAccessKey"])
         let o = Command::new(&self.python)
             .arg("-c")
             .arg(format!("{prelude}{code}"))
-            .args(extra)
             .output()
             .unwrap();
         assert!(
