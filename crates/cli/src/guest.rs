@@ -521,7 +521,7 @@ impl Execution<'_> {
             if let Ok(Outcome::Suspended(k)) = &outcome {
                 match exported {
                     Some(last) if last == *k => eprintln!(
-                        "ferry: exported {k} to {}: `ferry import {}` elsewhere resumes it",
+                        "ferry: exported {k} to {}: `ferry resume {}` on another machine goes on from it",
                         to.describe(to.tag.as_deref().unwrap_or_default()),
                         to.name()
                     ),

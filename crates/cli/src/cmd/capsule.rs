@@ -578,48 +578,54 @@ fn file_groups(
     }
 }
 
+/// Imports the OCI layout at `r` — a directory or a bucket — into `store`: every layer's
+/// capsule, checked; returns the snapshot its manifest names (not yet named in the store:
+/// see [`imported`]).
+pub fn import_layout(
+    store: &ferry_store::FsStore,
+    r: &super::oci::OciRef,
+) -> Result<(Kappa, capsule::CapsuleStats)> {
+    let artifact = super::oci::open(r)?;
+    let mut progress = Progress::new("imported", Some(artifact.size()));
+    let mut done = 0;
+    let mut roots = Vec::new();
+    let mut stats = capsule::CapsuleStats::default();
+    for i in 0..artifact.len() {
+        let mut cin = artifact.capsule(i)?;
+        let (root, s) = capsule::import(&mut cin.reader, store, &mut |b| progress.tick(done + b))?;
+        done += cin.size;
+        cin.check()?;
+        roots.push(root);
+        stats += s;
+    }
+    // The snapshot is the one the manifest names (else the last layer's root), and a
+    // layer must hold it.
+    let root = match artifact.snapshot.as_deref() {
+        Some(named) => *roots
+            .iter()
+            .find(|k| k.to_string() == named)
+            .with_context(|| {
+                let mut held: Vec<_> = roots.iter().take(3).map(|k| k.to_string()).collect();
+                if roots.len() > 3 {
+                    held.push(format!("{} more", roots.len() - 3));
+                }
+                format!(
+                    "its manifest names the snapshot {named}, but no layer holds it (they \
+                     hold {})",
+                    held.join(", ")
+                )
+            })?,
+        None => *roots.last().expect("at least one layer"),
+    };
+    Ok((root, stats))
+}
+
 pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
     if let Some(r) = super::oci::OciRef::parse(a.capsule.as_os_str()) {
-        let r = r?;
         let name = a.capsule.display().to_string();
-        let artifact = super::oci::open(&r).with_context(|| format!("cannot import {name}"))?;
-        let mut progress = Progress::new("imported", Some(artifact.size()));
-        let mut done = 0;
-        let mut roots = Vec::new();
-        let mut stats = capsule::CapsuleStats::default();
-        for i in 0..artifact.len() {
-            let mut cin = artifact
-                .capsule(i)
-                .with_context(|| format!("cannot import {name}"))?;
-            let (root, s) =
-                capsule::import(&mut cin.reader, &store, &mut |b| progress.tick(done + b))
-                    .with_context(|| format!("cannot import {name}"))?;
-            done += cin.size;
-            cin.check()
-                .with_context(|| format!("cannot import {name}"))?;
-            roots.push(root);
-            stats += s;
-        }
-        // The snapshot is the one the manifest names (else the last layer's root), and a
-        // layer must hold it.
-        let root = match artifact.snapshot.as_deref() {
-            Some(named) => *roots
-                .iter()
-                .find(|k| k.to_string() == named)
-                .with_context(|| {
-                    let mut held: Vec<_> = roots.iter().take(3).map(|k| k.to_string()).collect();
-                    if roots.len() > 3 {
-                        held.push(format!("{} more", roots.len() - 3));
-                    }
-                    format!(
-                        "cannot import {name}: its manifest names the snapshot {named}, but \
-                         no layer holds it (they hold {})",
-                        held.join(", ")
-                    )
-                })?,
-            None => *roots.last().expect("at least one layer"),
-        };
+        let (root, stats) =
+            import_layout(&store, &r?).with_context(|| format!("cannot import {name}"))?;
         return imported(&store, root, stats, &name);
     }
     let (input, total, name): (Box<dyn std::io::Read>, _, _) = if a.capsule.as_os_str() == "-" {
@@ -638,6 +644,26 @@ pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
         })
         .with_context(|| format!("cannot import {name}"))?;
     imported(&store, root, stats, &name)
+}
+
+/// `ferry resume s3://…` (or `oci:…`): the layout at `r` imported into `store`, its
+/// snapshot's closure loaded and verified, then named, and said on stderr (stdout is the
+/// guest's); returns the snapshot.
+pub fn import_for_resume(
+    store: &ferry_store::FsStore,
+    r: &super::oci::OciRef,
+    name: &str,
+) -> Result<Kappa> {
+    let (root, stats) = import_layout(store, r).with_context(|| format!("cannot import {name}"))?;
+    snapshot::load(store, root).with_context(|| format!("{name} holds an incomplete snapshot"))?;
+    snapshot::name(store, root)?;
+    eprintln!(
+        "ferry: imported {root} from {name} ({} objects, {} new, {:.1} MiB)",
+        stats.objects,
+        stats.new_objects,
+        crate::cmd::mib(stats.bytes)
+    );
+    Ok(root)
 }
 
 /// The end of an import: the snapshot's closure loaded and verified, then named.

@@ -32,8 +32,10 @@ pub struct Args {
     #[arg(long)]
     trust_instrumented: bool,
     /// The snapshot: `blake3:<hex>` or a unique prefix of it, or a session's id (its last
-    /// snapshot; a session named so wins over a κ prefix). With --space: the session id.
-    #[arg(value_name = "SNAPSHOT|SESSION")]
+    /// snapshot; a session named so wins over a κ prefix), or an OCI layout to import it from
+    /// first (`s3://BUCKET/PREFIX[:TAG]`, `oci:DIR[:TAG]`: what `export` or `--export-to`
+    /// wrote). With --space: the session id.
+    #[arg(value_name = "SNAPSHOT|SESSION|s3://BUCKET/PREFIX[:TAG]")]
     snapshot: String,
 }
 
@@ -209,8 +211,12 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     }
     let env = a.guest.env()?;
     let store = settings.open_store()?;
-    let k = session::snapshot_named(settings, &store, &a.snapshot, false)
-        .map_err(|why| refused(Stage::Resolving, why))?;
+    // A snapshot in a bucket or an OCI layout is imported first (`ferry import`, then this).
+    let k = match crate::cmd::oci::OciRef::parse(std::ffi::OsStr::new(&a.snapshot)) {
+        Some(r) => crate::cmd::capsule::import_for_resume(&store, &r?, &a.snapshot)?,
+        None => session::snapshot_named(settings, &store, &a.snapshot, false)
+            .map_err(|why| refused(Stage::Resolving, why))?,
+    };
     let loaded = snapshot::load_leaving_module(&store, k)?;
     // Verifying the module (re-hashing up to 100 MB) goes on while the guest is admitted and
     // restored, and the memory chunks mapped from packs are re-hashed while it runs: it is

@@ -757,17 +757,30 @@ except s3.exceptions.NoSuchKey:
     assert!(
         err.contains(&format!(
             "ferry: exported {k} to the OCI layout in s3://ferry-test/runs, tag `sus`"
-        )) && err.contains("`ferry import s3://ferry-test/runs:sus` elsewhere resumes it"),
+        )) && err
+            .contains("`ferry resume s3://ferry-test/runs:sus` on another machine goes on from it"),
         "{err}"
     );
+    // `resume s3://…` imports and resumes in one step.
     let mut seen = out.stdout;
     let elsewhere = s3.for_ferry(Env::new());
-    imports_and_ends_like_plain(
-        &elsewhere,
-        "s3://ferry-test/runs:sus",
-        &k,
-        &mut seen,
-        &plain,
+    let resumed = elsewhere
+        .ferry()
+        .args(["resume", "s3://ferry-test/runs:sus"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert_eq!(resumed.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains(&format!(
+            "ferry: imported {k} from s3://ferry-test/runs:sus ("
+        )),
+        "{err}"
+    );
+    seen.extend(resumed.stdout);
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain)
     );
     // A place that is neither: refused before anything runs; so is a run on a space.
     let (_, err, code) = here.output(&["run", "--export-to", "/tmp/x", g]);
