@@ -56,9 +56,9 @@ pub struct GuestArgs {
     pub keep: Option<u64>,
     /// After each snapshot (checkpoint or suspend), also export it in the background as an OCI
     /// layout — into an S3-compatible bucket (`s3://BUCKET/PREFIX[:TAG]`) or a directory
-    /// (`oci:DIR[:TAG]`), the tag by default the session's name — so that another machine can
-    /// `ferry import` it and resume if this one is lost. A suspend ends once its snapshot is
-    /// exported too.
+    /// (`oci:DIR[:TAG]`), the tag by default the session's name — so that if this machine is
+    /// lost, another one goes on from it (`ferry resume s3://BUCKET/PREFIX:NAME`). A suspend
+    /// ends once its snapshot is exported too.
     #[arg(long, value_name = "s3://BUCKET/PREFIX[:TAG]|oci:DIR[:TAG]", value_parser = parse_export_to)]
     pub export_to: Option<crate::cmd::oci::OciRef>,
     /// Engine to run the guest on: `jit` (wasmtime, the default) or `interp` (wasmi, a
@@ -517,6 +517,11 @@ impl Execution<'_> {
         });
         self.session = session::load(self.settings, &self.session.id).unwrap_or(self.session);
         if let (Some(exporter), Some(to)) = (exporter, &export_to) {
+            if let Ok(Outcome::Suspended(k)) = &outcome
+                && !exporter.is_finished()
+            {
+                eprintln!("ferry: exporting {k} to {} before ending", to.name());
+            }
             let exported = exporter.join().expect("the export thread panicked");
             if let Ok(Outcome::Suspended(k)) = &outcome {
                 match exported {
