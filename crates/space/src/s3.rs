@@ -331,7 +331,7 @@ impl Bucket {
         key: &str,
         r: ureq::http::Response<ureq::Body>,
     ) -> S3Error {
-        refusal_with(what, &self.name(key), r, self.credentials.is_none())
+        refusal(what, &self.name(key), r, self.credentials.is_none())
     }
 
     /// How `key` is named in messages.
@@ -378,29 +378,26 @@ impl Bucket {
                 req = req.header(k.as_str(), v.as_str());
             }
             let sent = match body {
-                None => req
-                    .body(())
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| self.agent.run(r).map_err(|e| e.to_string())),
-                Some((Body::Bytes(b), _)) => req
-                    .body(b)
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| self.agent.run(r).map_err(|e| e.to_string())),
-                Some((Body::File(p, len), _)) => {
-                    let mut file = Counted {
-                        inner: std::fs::File::open(p)?.take(len),
+                None => self.run(req.body(ureq::SendBody::none())),
+                Some((body, _)) => {
+                    let (inner, len): (Box<dyn Read + '_>, u64) = match body {
+                        Body::Bytes(b) => (Box::new(b), b.len() as u64),
+                        Body::File(p, len) => (Box::new(std::fs::File::open(p)?.take(len)), len),
+                    };
+                    let mut counted = Counted {
+                        inner,
                         read: 0,
                         progress: &mut *progress,
                     };
-                    req.header("content-length", len.to_string())
-                        .body(ureq::SendBody::from_reader(&mut file))
-                        .map_err(|e| e.to_string())
-                        .and_then(|r| self.agent.run(r).map_err(|e| e.to_string()))
+                    self.run(
+                        req.header("content-length", len.to_string())
+                            .body(ureq::SendBody::from_reader(&mut counted)),
+                    )
                 }
             };
             let again = match sent {
                 Ok(r) if r.status().is_server_error() || r.status().as_u16() == 429 => {
-                    Err(refusal(what, &self.name(key), r))
+                    Err(self.refused(what, key, r))
                 }
                 Ok(r) => return Ok(r),
                 Err(reason) => Err(S3Error::Transport {
@@ -418,6 +415,15 @@ impl Bucket {
             std::thread::sleep(wait);
             wait *= 2;
         }
+    }
+
+    /// Sends the request built (a failure to build or send, as text).
+    fn run(
+        &self,
+        r: Result<ureq::http::Request<ureq::SendBody<'_>>, ureq::http::Error>,
+    ) -> Result<ureq::http::Response<ureq::Body>, String> {
+        r.map_err(|e| e.to_string())
+            .and_then(|r| self.agent.run(r).map_err(|e| e.to_string()))
     }
 
     /// The size of object `key`, or `None` if there is none.
@@ -510,15 +516,7 @@ impl Bucket {
 
 /// Hex SHA-256 of `bytes`: the payload hash a `PUT` of them is signed with.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// Counts what passes through to `progress`.
@@ -539,13 +537,8 @@ impl<R: Read> Read for Counted<'_, R> {
 
 /// The error an answer of status `>= 300` stands for: its S3 error code and message when the
 /// body is an S3 error document (read up to 64 KiB).
-fn refusal(what: &'static str, url: &str, r: ureq::http::Response<ureq::Body>) -> S3Error {
-    refusal_with(what, url, r, false)
-}
-
-/// [`refusal`], saying that the request went unsigned when `unsigned` and the store refused
-/// access.
-fn refusal_with(
+/// Said of a request that went unsigned (`unsigned`) and was refused access: why.
+fn refusal(
     what: &'static str,
     url: &str,
     r: ureq::http::Response<ureq::Body>,
@@ -669,7 +662,7 @@ fn authorization(
     format!(
         "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={names}, Signature={}",
         c.access_key,
-        hex(&hmac(&key, &to_sign))
+        hex::encode(hmac(&key, &to_sign))
     )
 }
 

@@ -655,8 +655,7 @@ pub fn import_for_resume(
     name: &str,
 ) -> Result<Kappa> {
     let (root, stats) = import_layout(store, r).with_context(|| format!("cannot import {name}"))?;
-    snapshot::load(store, root).with_context(|| format!("{name} holds an incomplete snapshot"))?;
-    snapshot::name(store, root)?;
+    load_and_name(store, root, name)?;
     eprintln!(
         "ferry: imported {root} from {name} ({} objects, {} new, {:.1} MiB)",
         stats.objects,
@@ -666,6 +665,19 @@ pub fn import_for_resume(
     Ok(root)
 }
 
+/// The imported snapshot `root` (from `name`) loaded, then named: the closure must be
+/// complete and verify before anything names it.
+fn load_and_name(
+    store: &ferry_store::FsStore,
+    root: Kappa,
+    name: &str,
+) -> Result<snapshot::Loaded> {
+    let loaded = snapshot::load(store, root)
+        .with_context(|| format!("{name} holds an incomplete snapshot"))?;
+    snapshot::name(store, root)?;
+    Ok(loaded)
+}
+
 /// The end of an import: the snapshot's closure loaded and verified, then named.
 fn imported(
     store: &ferry_store::FsStore,
@@ -673,10 +685,7 @@ fn imported(
     stats: capsule::CapsuleStats,
     name: &str,
 ) -> Result<ExitCode> {
-    // The closure must be complete and verify before anything names it.
-    let loaded = snapshot::load(store, root)
-        .with_context(|| format!("{name} holds an incomplete snapshot"))?;
-    snapshot::name(store, root)?;
+    let loaded = load_and_name(store, root, name)?;
     println!("imported {root}");
     eprintln!(
         "ferry: {} objects ({} new, {:.1} MiB); {}",

@@ -21,7 +21,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use ferry_space::s3::{Body, Bucket, Condition, S3Ref};
+use ferry_space::s3::{Body, Bucket, Condition, S3Ref, sha256_hex};
 use ferry_store::capsule::CapsuleStats;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -349,10 +349,6 @@ impl<R: Read> Read for Sha256Reader<R> {
     }
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
 /// Writes `bytes` to `path` through a temporary file, durably ([`ferry_store::write_durably`]).
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     ferry_store::write_durably(path, bytes)
@@ -518,7 +514,7 @@ pub fn export(
                 let key = r.key(&format!("blobs/sha256/{hex}"));
                 // Named by its digest: a blob of that name and size is these bytes (and an
                 // import checks them anyway).
-                if b.head(&key)? != Some(len) {
+                if !layout.holds(&hex, len)? {
                     let before = sent_bytes;
                     b.put(
                         &key,
