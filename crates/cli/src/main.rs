@@ -101,6 +101,9 @@ enum Command {
     Export(cmd::capsule::ExportArgs),
     /// Read a capsule written by `ferry export`, verifying every object; prints the snapshot.
     Import(cmd::capsule::ImportArgs),
+    /// Delete from an OCI layout (oci:DIR or s3://BUCKET/PREFIX) what no tag needs any more,
+    /// such as the layers of checkpoints a later export replaced.
+    Prune(cmd::capsule::PruneArgs),
     /// Serve this machine's store to peers over HTTP (bearer token required).
     Serve(cmd::space::ServeArgs),
     /// Send a snapshot to a space: only the objects it lacks move; it verifies them all.
@@ -214,6 +217,7 @@ fn main() -> ExitCode {
         Command::Python(a) => cmd::python::run(&settings, a),
         Command::Export(a) => cmd::capsule::export(&settings, a),
         Command::Import(a) => cmd::capsule::import(&settings, a),
+        Command::Prune(a) => cmd::capsule::prune(a),
         Command::Serve(a) => cmd::space::serve(&settings, a),
         Command::Push(a) => cmd::space::push(&settings, a),
         Command::Pull(a) => cmd::space::pull(&settings, a),

@@ -44,7 +44,7 @@ pub const MAX_QUERY: usize = 1 << 20;
 pub const MAX_FETCH: usize = 256;
 
 /// Feeds `data` to every decoder of untrusted input a space has — object batches from peers,
-/// the JSON bodies of the API, output logs, policy files — discarding the results: the fuzzing
+/// the JSON bodies of the API, output logs, policy files, S3 answers — discarding the results: the fuzzing
 /// entry point (`fuzz/fuzz_targets/space_inputs.rs`, and a property test on stable). None may
 /// panic or allocate without bound.
 pub fn fuzz_inputs(data: &[u8]) {
@@ -63,6 +63,7 @@ pub fn fuzz_inputs(data: &[u8]) {
     let _ = serde_json::from_slice::<api::SetStandby>(data);
     let _ = ferry_wasi::output::Records::check(data);
     owners::fuzz_answers(data);
+    s3::fuzz_answers(data);
     // A lent session's output, appended at each offset of a log that holds some records.
     let log = ferry_wasi::OutputBuffer::from_bytes(vec![1, 2, 0, 0, 0, b'h', b'i']);
     for at in [0, 3, 7, 8] {
@@ -82,6 +83,11 @@ mod fuzz_tests {
         #[test]
         fn untrusted_inputs_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512)) {
             super::fuzz_inputs(&data);
+        }
+
+        #[test]
+        fn near_valid_s3_listings_never_panic(s in "(<Contents><Key>[a-z/&;#x0-9]{0,8}</Key><Size>[0-9]{0,22}</Size><LastModified>[0-9]{0,6}-[0-9]{1,2}-[0-9]{1,2}T[0-9:.]{0,12}Z?</LastModified></Contents>){0,3}(<IsTruncated>true</IsTruncated>)?(<NextContinuationToken>[a-z&;#x0-9]{0,8}</NextContinuationToken>)?") {
+            super::fuzz_inputs(s.as_bytes());
         }
 
         #[test]

@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::io::{BufReader, BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use ferry_engine::closure::{moving_order, snapshot_closure};
@@ -44,6 +44,32 @@ pub struct ImportArgs {
     /// `s3://BUCKET/PREFIX[:TAG]` reads one from an S3-compatible bucket (`ferry export -o s3://…`).
     #[arg(value_name = "FILE|oci:DIR[:TAG]|s3://BUCKET/PREFIX[:TAG]")]
     capsule: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PruneArgs {
+    /// The layout: `oci:DIR` or `s3://BUCKET/PREFIX` (whole: to drop a tag, --untag it).
+    #[arg(value_name = "oci:DIR|s3://BUCKET/PREFIX")]
+    layout: PathBuf,
+    /// Remove this tag first (repeatable): what only it needed is deleted too.
+    #[arg(long, value_name = "TAG")]
+    untag: Vec<String>,
+    /// Keep what no tag needs if it was written within this long: an export running now may
+    /// be about to name it. Under 1h, a layer an export running now reuses may be deleted;
+    /// `0` when none runs.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_grace)]
+    grace: Duration,
+    /// Say what would be deleted, and delete nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// A duration, or `0`.
+fn parse_grace(s: &str) -> Result<Duration, String> {
+    match s {
+        "0" => Ok(Duration::ZERO),
+        _ => super::run::parse_duration(s),
+    }
 }
 
 /// Reports progress on stderr at most about once a second.
@@ -717,4 +743,94 @@ pub fn resume_hint(loaded: &snapshot::Loaded) -> String {
         "resume it with `ferry resume {grants}{}`",
         loaded.kappa.fmt_short()
     )
+}
+
+pub fn prune(a: PruneArgs) -> Result<ExitCode> {
+    let r = match super::oci::OciRef::parse(a.layout.as_os_str()) {
+        Some(r) => r?,
+        None => anyhow::bail!(
+            "`{}` is not a layout: give oci:DIR or s3://BUCKET/PREFIX",
+            a.layout.display()
+        ),
+    };
+    if let Some(t) = &r.tag {
+        anyhow::bail!(
+            "prune takes a whole layout, not a tag: to drop tag `{t}` and what only it needs, \
+             `ferry prune {} --untag {t}`",
+            super::oci::OciRef {
+                tag: None,
+                ..r.clone()
+            }
+            .name()
+        );
+    }
+    if a.grace < super::oci::SAFE_GRACE && !a.dry_run {
+        eprintln!(
+            "ferry: note: with a grace under {}, a layer that an export to this layout running \
+             now reuses may be deleted (docs/format.md, \"Pruning a layout\")",
+            duration_text(super::oci::SAFE_GRACE)
+        );
+    }
+    let mut last = Instant::now();
+    let pruned = super::oci::prune(&r.place, &a.untag, a.grace, a.dry_run, &mut |n| {
+        if last.elapsed().as_secs_f64() >= 1.0 {
+            last = Instant::now();
+            eprintln!("ferry: deleted {n} blobs");
+        }
+    })
+    .with_context(|| format!("cannot prune {}", r.name()))?;
+    let blobs = |(n, bytes): (usize, u64)| {
+        format!(
+            "{n} blob{} ({:.1} MiB)",
+            if n == 1 { "" } else { "s" },
+            crate::cmd::mib(bytes)
+        )
+    };
+    let untagged = match pruned.untagged.as_slice() {
+        [] => String::new(),
+        tags => format!(
+            "{} tag{} {}, ",
+            if a.dry_run { "would remove" } else { "removed" },
+            if tags.len() == 1 { "" } else { "s" },
+            tags.iter()
+                .map(|t| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let spared = match pruned.spared {
+        0 => String::new(),
+        n => format!("; kept {n} that an export wrote again while this ran"),
+    };
+    let young = match a.grace.is_zero() {
+        true => String::new(),
+        false => format!(
+            " and {} written in the last {}",
+            blobs(pruned.young),
+            duration_text(a.grace)
+        ),
+    };
+    eprintln!(
+        "ferry: {}: {untagged}{} {}; kept {} that its {} tag{} need{}{young}{spared}",
+        r.name(),
+        if a.dry_run { "would delete" } else { "deleted" },
+        blobs(pruned.deleted),
+        blobs(pruned.referenced),
+        pruned.tags,
+        if pruned.tags == 1 { "" } else { "s" },
+        if pruned.tags == 1 { "s" } else { "" },
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `d` as it would be given: `1h`, `90m`, `30s`, `250ms`.
+fn duration_text(d: Duration) -> String {
+    let (s, ms) = (d.as_secs(), d.subsec_millis());
+    match (s, ms) {
+        (0, ms) => format!("{ms}ms"),
+        (s, 0) if s % 3600 == 0 => format!("{}h", s / 3600),
+        (s, 0) if s % 60 == 0 => format!("{}m", s / 60),
+        (s, 0) => format!("{s}s"),
+        _ => format!("{}ms", d.as_millis()),
+    }
 }

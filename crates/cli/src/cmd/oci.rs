@@ -20,8 +20,11 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime};
+
 use anyhow::{Context, Result, bail};
-use ferry_space::s3::{Body, Bucket, Condition, S3Ref, sha256_hex};
+use ferry_space::s3::{Body, Bucket, Condition, Listed, S3Ref, sha256_hex};
 use ferry_store::capsule::CapsuleStats;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -137,6 +140,14 @@ impl Layout {
         })
     }
 
+    /// How the layout is named in messages.
+    fn place(&self) -> String {
+        match self {
+            Layout::Dir(d) => d.display().to_string(),
+            Layout::Bucket(_, r) => r.to_string(),
+        }
+    }
+
     /// How file `name` of the layout is named in messages.
     fn name(&self, name: &str) -> String {
         match self {
@@ -224,13 +235,117 @@ impl Layout {
         }
     }
 
-    /// Whether the layout holds blob `hex` of `len` bytes.
-    fn holds(&self, hex: &str, len: u64) -> Result<bool> {
+    /// How long ago blob `hex` of `len` bytes was last written, if the layout holds it.
+    fn held(&self, hex: &str, len: u64) -> Result<Option<Duration>> {
         let name = format!("blobs/sha256/{hex}");
         Ok(match self {
-            Layout::Dir(d) => std::fs::metadata(d.join(&name)).is_ok_and(|m| m.len() == len),
-            Layout::Bucket(b, r) => b.head(&r.key(&name))? == Some(len),
+            Layout::Dir(d) => std::fs::metadata(d.join(&name))
+                .ok()
+                .filter(|m| m.len() == len)
+                .map(|m| age(m.modified().ok(), SystemTime::now())),
+            Layout::Bucket(b, r) => b
+                .head(&r.key(&name))?
+                .filter(|h| h.len == len)
+                .map(|h| h.age()),
         })
+    }
+
+    /// Blob `hex` made new (its last-modified time now), so that a prune running meanwhile
+    /// counts it as just written: a directory's file touched, a bucket's object copied onto
+    /// itself.
+    fn touch(&self, hex: &str) -> Result<()> {
+        let name = format!("blobs/sha256/{hex}");
+        match self {
+            Layout::Dir(d) => {
+                let path = d.join(&name);
+                std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|f| f.set_modified(SystemTime::now()))
+                    .with_context(|| format!("cannot touch {}", path.display()))?;
+            }
+            Layout::Bucket(b, r) => {
+                if !b.touch(&r.key(&name))? {
+                    bail!("{} went away while this export used it", self.name(&name));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The files of `blobs/sha256` — blobs and, in a directory, what exports left there — and
+    /// the time by the layout's clock when they were listed.
+    fn blobs(&self) -> Result<(Vec<Listed>, SystemTime)> {
+        match self {
+            Layout::Dir(d) => {
+                let dir = d.join("blobs").join("sha256");
+                let now = SystemTime::now();
+                let mut all = Vec::new();
+                let entries = match std::fs::read_dir(&dir) {
+                    Ok(e) => e,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((all, now)),
+                    Err(e) => {
+                        return Err(e).with_context(|| format!("cannot list {}", dir.display()));
+                    }
+                };
+                for entry in entries {
+                    let entry = entry.with_context(|| format!("cannot list {}", dir.display()))?;
+                    let Ok(name) = entry.file_name().into_string() else {
+                        continue;
+                    };
+                    let meta = entry.metadata()?;
+                    if !meta.is_file() {
+                        continue;
+                    }
+                    all.push(Listed {
+                        key: name,
+                        size: meta.len(),
+                        modified: meta.modified().unwrap_or(now),
+                    });
+                    if all.len() > MAX_BLOBS {
+                        bail!("{} holds over {MAX_BLOBS} files", dir.display());
+                    }
+                }
+                Ok((all, now))
+            }
+            Layout::Bucket(b, r) => {
+                let prefix = r.key("blobs/sha256/");
+                let (mut all, now) = b.list(&prefix, MAX_BLOBS)?;
+                for l in &mut all {
+                    l.key = l.key[prefix.len()..].to_owned();
+                }
+                Ok((all, now.unwrap_or_else(SystemTime::now)))
+            }
+        }
+    }
+
+    /// When file `name` of `blobs/sha256` was last written, if it is there.
+    fn modified(&self, name: &str) -> Result<Option<SystemTime>> {
+        let name = format!("blobs/sha256/{name}");
+        Ok(match self {
+            Layout::Dir(d) => match std::fs::metadata(d.join(&name)) {
+                Ok(m) => Some(m.modified()?),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e.into()),
+            },
+            Layout::Bucket(b, r) => b
+                .head(&r.key(&name))?
+                .map(|h| h.modified.unwrap_or(SystemTime::UNIX_EPOCH)),
+        })
+    }
+
+    /// Deletes file `name` of `blobs/sha256`.
+    fn delete(&self, name: &str) -> Result<()> {
+        let name = format!("blobs/sha256/{name}");
+        match self {
+            Layout::Dir(d) => match std::fs::remove_file(d.join(&name)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e).with_context(|| format!("cannot delete {}", self.name(&name)))
+                }
+                _ => Ok(()),
+            },
+            Layout::Bucket(b, r) => Ok(b.delete(&r.key(&name))?),
+        }
     }
 
     /// A reader of blob `hex`, which must be `size` bytes (read no further).
@@ -475,11 +590,21 @@ pub fn export(
             },
         })
     };
+    let started = Instant::now();
+    // A blob held already that has not been written for a while is touched, so that a prune
+    // running now does not take it for garbage (see [`prune`]).
+    let reuse = |hex: &str, age: Duration| match age > REFRESH_AFTER {
+        true => layout.touch(hex),
+        false => Ok(()),
+    };
+    let mut written = Vec::new();
     for &part in parts {
         // Built before for what it holds now, and held by the layout: not built again.
         if let Some(b) = known.get(part)
-            && layout.holds(&b.hex, b.len)?
+            && let Some(age) = layout.held(&b.hex, b.len)?
         {
+            reuse(&b.hex, age)?;
+            written.push(b.hex.clone());
             results.push(b.stats);
             layers.push(descriptor(part, &b.hex, b.len));
             reused_layers += 1;
@@ -514,7 +639,9 @@ pub fn export(
                 let key = r.key(&format!("blobs/sha256/{hex}"));
                 // Named by its digest: a blob of that name and size is these bytes (and an
                 // import checks them anyway).
-                if !layout.holds(&hex, len)? {
+                if let Some(age) = layout.held(&hex, len)? {
+                    reuse(&hex, age)?;
+                } else {
                     let before = sent_bytes;
                     b.put(
                         &key,
@@ -528,6 +655,7 @@ pub fn export(
                 }
             }
         }
+        written.push(hex.clone());
         known.put(
             part,
             &Built {
@@ -538,6 +666,13 @@ pub fn export(
         );
         results.push(t);
         layers.push(descriptor(part, &hex, len));
+    }
+    // An export this long may have outlasted the grace of a prune running beside it: every
+    // layer is made new again before the index names it.
+    if started.elapsed() > REFRESH_AFTER {
+        for hex in &written {
+            layout.touch(hex)?;
+        }
     }
     let empty_hex = sha256_hex(EMPTY);
     layout.write_small(
@@ -604,6 +739,227 @@ pub fn export(
 
 /// Tries to write `index.json` while other exports change it.
 const INDEX_TRIES: usize = 8;
+
+/// How long since it was last written an export trusts a blob it finds in the layout without
+/// touching it ([`Layout::touch`]); also how long an export may run before it touches all its
+/// layers again before naming them.
+pub const REFRESH_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// The shortest grace with which [`prune`] cannot take a layer from an export running beside
+/// it (one that takes under [`REFRESH_AFTER`] plus this margin between its look at a layer
+/// and its index): see docs/format.md, "Pruning a layout".
+pub const SAFE_GRACE: Duration = Duration::from_secs(60 * 60);
+
+/// Most files of `blobs/sha256` a prune looks at.
+const MAX_BLOBS: usize = 10_000_000;
+
+/// How long before `now` `modified` was (nothing if unknown or later).
+fn age(modified: Option<SystemTime>, now: SystemTime) -> Duration {
+    modified
+        .and_then(|m| now.duration_since(m).ok())
+        .unwrap_or_default()
+}
+
+/// What [`prune`] did, or (`dry_run`) would do.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pruned {
+    /// Tags the layout names after the prune.
+    pub tags: usize,
+    /// Tags removed.
+    pub untagged: Vec<String>,
+    /// Blobs a tag needs: kept.
+    pub referenced: (usize, u64),
+    /// Blobs no tag needs, written within the grace: kept.
+    pub young: (usize, u64),
+    /// Blobs no tag needs (and partial files an export left), older: deleted.
+    pub deleted: (usize, u64),
+    /// Blobs that changed after they were listed: kept.
+    pub spared: usize,
+}
+
+/// Removes the tags `untag` from the layout at `place`, then deletes the blobs (and the
+/// partial files of exports that ended early) that no tag needs and that were last written
+/// over `grace` ago — with `dry_run`, only says what it would do. `deleting` is told how
+/// many it has deleted so far.
+///
+/// Safe beside exports to the same layout when `grace` is at least [`SAFE_GRACE`]: the blobs
+/// are listed first, the index and manifests read after (so a blob an export wrote and named
+/// meanwhile is needed), an export touches a layer it reuses that is older than
+/// [`REFRESH_AFTER`], and each blob is looked at again just before it is deleted (one changed
+/// since it was listed is kept).
+pub fn prune(
+    place: &Place,
+    untag: &[String],
+    grace: Duration,
+    dry_run: bool,
+    deleting: &mut dyn FnMut(usize),
+) -> Result<Pruned> {
+    let layout = Layout::open(place)?;
+    let (_, marker) = layout
+        .need_json("oci-layout")
+        .with_context(|| format!("{place} is not an OCI image layout"))?;
+    check_layout_version(&marker, &place.to_string())?;
+    let mut pruned = Pruned::default();
+    untag_all(&layout, untag, dry_run)?;
+    pruned.untagged = untag.to_vec();
+    // Listed before the index is read: a blob an export writes after this is not listed,
+    // and one it wrote and named before the index was read is needed.
+    let (listed, now) = layout.blobs()?;
+    let (_, mut index) = layout.need_json("index.json")?;
+    if dry_run {
+        without(&mut index, untag);
+    }
+    let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
+    pruned.tags = manifests
+        .iter()
+        .filter(|m| m["annotations"][REF_NAME].is_string())
+        .count();
+    let needed = needed(&layout, &manifests)?;
+    let mut doomed = Vec::new();
+    for l in listed {
+        let partial = l.key.starts_with(".ferry-partial-") && matches!(layout, Layout::Dir(_));
+        if !partial && digest_hex(&format!("sha256:{}", l.key)).is_err() {
+            continue; // not a blob, nor ours: left alone
+        }
+        if needed.contains(&l.key) {
+            pruned.referenced.0 += 1;
+            pruned.referenced.1 += l.size;
+        } else if age(Some(l.modified), now) < grace {
+            pruned.young.0 += 1;
+            pruned.young.1 += l.size;
+        } else {
+            doomed.push(l);
+        }
+    }
+    for l in doomed {
+        if !dry_run {
+            // Written again since it was listed (an export touched it): kept.
+            match layout.modified(&l.key)? {
+                None => continue,
+                Some(m) if m != l.modified => {
+                    pruned.spared += 1;
+                    continue;
+                }
+                Some(_) => layout.delete(&l.key)?,
+            }
+        }
+        pruned.deleted.0 += 1;
+        pruned.deleted.1 += l.size;
+        deleting(pruned.deleted.0);
+    }
+    Ok(pruned)
+}
+
+/// Removes the tags `untag` from the layout's index (refused if one is not there), written
+/// only if no export changed it since it was read (with `dry_run`, only checked).
+fn untag_all(layout: &Layout, untag: &[String], dry_run: bool) -> Result<()> {
+    for _ in 0..INDEX_TRIES {
+        if untag.is_empty() {
+            return Ok(());
+        }
+        let (_, mut index, etag) = layout
+            .read_json("index.json")?
+            .with_context(|| format!("{} is not there", layout.name("index.json")))?;
+        let tags: Vec<String> = index["manifests"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["annotations"][REF_NAME].as_str().map(str::to_owned))
+            .collect();
+        if let Some(t) = untag.iter().find(|t| !tags.contains(t)) {
+            bail!(
+                "{} has no tag `{t}` (tags: {})",
+                layout.place(),
+                tags.join(", ")
+            );
+        }
+        if dry_run {
+            return Ok(());
+        }
+        without(&mut index, untag);
+        let condition = match &etag {
+            Some(etag) => Condition::Unchanged(etag),
+            None => Condition::Always,
+        };
+        if layout.write_small("index.json", &serde_json::to_vec(&index)?, condition)? {
+            return Ok(());
+        }
+    }
+    bail!(
+        "{} kept changing while this prune wrote it ({INDEX_TRIES} tries): nothing was \
+         deleted; prune again",
+        layout.name("index.json")
+    )
+}
+
+/// `index` without the manifests tagged one of `untag`.
+fn without(index: &mut Value, untag: &[String]) {
+    if let Some(manifests) = index["manifests"].as_array_mut() {
+        manifests.retain(|m| {
+            !m["annotations"][REF_NAME]
+                .as_str()
+                .is_some_and(|n| untag.iter().any(|t| t == n))
+        });
+    }
+}
+
+/// The blobs (hex digests) the index's `manifests` need: each manifest, and every digest it
+/// names (config, layers, subject), through nested image indexes too. A manifest that cannot
+/// be read is refused: what it needs is not known, so nothing may be deleted.
+fn needed(layout: &Layout, manifests: &[Value]) -> Result<HashSet<String>> {
+    let mut needed = HashSet::new();
+    let mut todo: Vec<(Value, usize)> = manifests.iter().map(|m| (m.clone(), 0)).collect();
+    while let Some((desc, depth)) = todo.pop() {
+        let digest = desc["digest"]
+            .as_str()
+            .context("a descriptor without a digest")?;
+        let hex = digest_hex(digest)?.to_owned();
+        if !needed.insert(hex) {
+            continue;
+        }
+        let media = desc["mediaType"].as_str().unwrap_or_default();
+        if !(media.contains("manifest") || media.contains("index")) {
+            continue;
+        }
+        if depth >= MAX_INDEX_DEPTH {
+            bail!("image indexes nest deeper than {MAX_INDEX_DEPTH}: not pruned");
+        }
+        let tag = desc["annotations"][REF_NAME]
+            .as_str()
+            .unwrap_or("(untagged)");
+        let bytes = small_blob(layout, &desc).with_context(|| {
+            format!(
+                "cannot read manifest {digest} (tag `{tag}`), so what it needs is not known: \
+                 nothing was deleted (`--untag {tag}` drops that tag)"
+            )
+        })?;
+        let manifest: Value = serde_json::from_slice(&bytes)
+            .with_context(|| format!("manifest {digest} is not JSON: nothing was deleted"))?;
+        let mut found = Vec::new();
+        descriptors_in(&manifest, &mut found);
+        todo.extend(found.into_iter().map(|d| (d, depth + 1)));
+    }
+    Ok(needed)
+}
+
+/// Deepest nesting of image indexes a prune follows.
+const MAX_INDEX_DEPTH: usize = 8;
+
+/// Every object of `v` (at any depth) that has a `digest` string: the descriptors.
+fn descriptors_in(v: &Value, found: &mut Vec<Value>) {
+    match v {
+        Value::Object(o) => {
+            if o.get("digest").is_some_and(Value::is_string) {
+                found.push(v.clone());
+            }
+            for child in o.values() {
+                descriptors_in(child, found);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|c| descriptors_in(c, found)),
+        _ => {}
+    }
+}
 
 /// A blob of the layout, checked against its descriptor's digest and size (read whole: for
 /// the small JSON blobs).
@@ -823,6 +1179,100 @@ mod tests {
                 .to_string()
                 .contains("does not hash to its layer's digest")
         );
+    }
+
+    /// Writes blob `bytes` into the directory layout `dir`; its descriptor.
+    fn put_blob(dir: &Path, media: &str, bytes: &[u8]) -> Value {
+        let hex = sha256_hex(bytes);
+        std::fs::write(dir.join("blobs/sha256").join(&hex), bytes).unwrap();
+        json!({"mediaType": media, "digest": format!("sha256:{hex}"), "size": bytes.len()})
+    }
+
+    /// What other OCI content in the layout needs — through an image index nested in the
+    /// index, a manifest's config and layers — is kept; a tag whose manifest is missing
+    /// stops the prune before anything is deleted, and `--untag` of it lets it go on.
+    #[test]
+    fn prune_keeps_what_nested_indexes_need_and_stops_at_a_missing_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let place = Place::Dir(dir.path().to_owned());
+        let r = OciRef {
+            place: place.clone(),
+            tag: Some("ours".into()),
+        };
+        let root = ferry_kappa::Kappa::of(b"root");
+        export(
+            &r,
+            &root,
+            &[Part::State],
+            |_, w| {
+                w.write_all(b"capsule")?;
+                Ok(CapsuleStats::default())
+            },
+            &mut Nothing,
+            &mut |_| {},
+        )
+        .unwrap();
+        // An image as skopeo would add it: index -> manifest -> config and a layer.
+        let layer = put_blob(
+            dir.path(),
+            "application/vnd.oci.image.layer.v1.tar",
+            b"layer",
+        );
+        let config = put_blob(
+            dir.path(),
+            "application/vnd.oci.image.config.v1+json",
+            b"{}",
+        );
+        let manifest = json!({"schemaVersion": 2, "mediaType": MANIFEST_MEDIA_TYPE,
+            "config": config, "layers": [layer]});
+        let manifest = put_blob(
+            dir.path(),
+            MANIFEST_MEDIA_TYPE,
+            &serde_json::to_vec(&manifest).unwrap(),
+        );
+        let image = json!({"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE,
+            "manifests": [manifest]});
+        let mut image = put_blob(
+            dir.path(),
+            INDEX_MEDIA_TYPE,
+            &serde_json::to_vec(&image).unwrap(),
+        );
+        image["annotations"] = json!({REF_NAME: "image"});
+        let garbage = put_blob(dir.path(), "x", b"garbage");
+        let index_path = dir.path().join("index.json");
+        let mut index: Value =
+            serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+        index["manifests"].as_array_mut().unwrap().push(image);
+        let missing = json!({"mediaType": MANIFEST_MEDIA_TYPE, "digest":
+            format!("sha256:{}", "0".repeat(64)), "size": 2, "annotations": {REF_NAME: "gone"}});
+        index["manifests"].as_array_mut().unwrap().push(missing);
+        std::fs::write(&index_path, serde_json::to_vec(&index).unwrap()).unwrap();
+        let blobs = || {
+            std::fs::read_dir(dir.path().join("blobs/sha256"))
+                .unwrap()
+                .count()
+        };
+        let all = blobs();
+        let err = prune(&place, &[], Duration::ZERO, false, &mut |_| {}).unwrap_err();
+        assert!(
+            format!("{err:#}").contains(
+                "(tag `gone`), so what it needs is not known: nothing \
+                 was deleted (`--untag gone` drops that tag)"
+            ),
+            "{err:#}"
+        );
+        assert_eq!(blobs(), all);
+        let pruned = prune(&place, &["gone".into()], Duration::ZERO, false, &mut |_| {}).unwrap();
+        assert_eq!(pruned.deleted.0, 1, "{pruned:?}");
+        assert_eq!(pruned.tags, 2);
+        assert!(
+            !dir.path()
+                .join("blobs/sha256")
+                .join(&garbage["digest"].as_str().unwrap()[7..])
+                .exists()
+        );
+        assert_eq!(blobs(), all - 1);
+        open(&r).unwrap();
     }
 
     #[test]

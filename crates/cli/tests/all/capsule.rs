@@ -800,3 +800,251 @@ except s3.exceptions.NoSuchKey:
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("--export-to is for local runs"), "{err}");
 }
+
+/// Names and last-modified times of the files of `layout`'s `blobs/sha256`.
+fn blob_times(
+    layout: &std::path::Path,
+) -> std::collections::BTreeMap<String, std::time::SystemTime> {
+    std::fs::read_dir(layout.join("blobs/sha256"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap().modified().unwrap();
+            (e.file_name().to_string_lossy().into_owned(), m)
+        })
+        .collect()
+}
+
+/// Sets the last-modified time of `path` to `ago` before now.
+fn age_file(path: &std::path::Path, ago: std::time::Duration) {
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - ago)
+        .unwrap();
+}
+
+/// A checkpoint exported again under the same tag leaves the first one's layers in the
+/// layout; `ferry prune` deletes what no tag needs once it is older than the grace (after a
+/// dry run that says the same and deletes nothing), keeps what is younger, and touches
+/// nothing a tag needs: the tag still imports and resumes to the end like a plain run. A
+/// layer an export reuses is made new, so a prune running beside it does not take it.
+/// `--untag` drops a tag and what only it needed; a tag, a missing tag or a place that is
+/// no layout are refused with their reason.
+#[test]
+fn prune_deletes_what_no_tag_needs_from_an_oci_layout() {
+    let (here, plain, mut seen, k) = suspended_cpu_guest();
+    let layout = here.path("layout");
+    let at = format!("oci:{}", layout.display());
+    let tagged = |tag: &str| format!("{at}:{tag}");
+    let (_, err, code) = here.output(&["export", &k, "-o", &tagged("cpu")]);
+    assert_eq!(code, 0, "{err}");
+    let first = blob_times(&layout);
+    let (more, k2) = crate::harness::resume_and_suspend(&here, &[&k], 300);
+    seen.extend(more);
+    let (_, err, code) = here.output(&["export", &k2, "-o", &tagged("cpu")]);
+    assert_eq!(code, 0, "{err}");
+    let needed: std::collections::BTreeSet<String> = layers_of(&layout, "cpu")
+        .into_iter()
+        .map(|(_, d)| d[7..].to_owned())
+        .collect();
+    let all = blob_times(&layout);
+    // Of the first export, what the second did not write again: its manifest, its state.
+    let stale: Vec<&String> = first
+        .keys()
+        .filter(|b| !needed.contains(*b) && all.contains_key(*b))
+        .filter(|b| {
+            let m = manifest_of(&layout, "cpu");
+            m["config"]["digest"].as_str() != Some(&format!("sha256:{b}"))
+        })
+        .collect();
+    assert!(
+        stale.len() >= 2,
+        "the old manifest and state at least: {stale:?}"
+    );
+    let foreign = layout.join("blobs/sha256/README");
+    std::fs::write(&foreign, "not a blob").unwrap();
+    let partial = layout.join("blobs/sha256/.ferry-partial-left");
+    std::fs::write(&partial, "an export that ended early").unwrap();
+    // All within the default grace (1h): kept.
+    let (_, err, code) = here.output(&["prune", &at]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("ferry: {at}: deleted 0 blobs"))
+            && err.contains(&format!("and {} blobs (", stale.len() + 1))
+            && err.contains("written in the last 1h"),
+        "{err}"
+    );
+    // Old, and no tag needs them: what a dry run lists, and then deletes. A layer the tag
+    // needs is as old, yet kept; so is what is not a blob.
+    for b in &stale {
+        age_file(
+            &layout.join("blobs/sha256").join(b),
+            std::time::Duration::from_secs(7200),
+        );
+    }
+    age_file(&partial, std::time::Duration::from_secs(7200));
+    age_file(&foreign, std::time::Duration::from_secs(7200));
+    let kept = needed.iter().next().unwrap();
+    age_file(
+        &layout.join("blobs/sha256").join(kept),
+        std::time::Duration::from_secs(7200),
+    );
+    let (_, err, code) = here.output(&["prune", &at, "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    let doomed = stale.len() + 1;
+    assert!(
+        err.contains(&format!(": would delete {doomed} blobs (")),
+        "{err}"
+    );
+    assert_eq!(
+        blob_times(&layout).len(),
+        all.len() + 2,
+        "a dry run deletes nothing"
+    );
+    // An export that reuses the old layer the tag needs makes it new again.
+    let (_, err, code) = here.output(&["export", &k2, "-o", &tagged("cpu")]);
+    assert_eq!(code, 0, "{err}");
+    let age = blob_times(&layout)[kept].elapsed().unwrap();
+    assert!(
+        age < std::time::Duration::from_secs(600),
+        "touched: {age:?}"
+    );
+    let (_, err, code) = here.output(&["prune", &at]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!(": deleted {doomed} blobs (")) && err.contains("its 1 tag needs"),
+        "{err}"
+    );
+    let left = blob_times(&layout);
+    assert!(stale.iter().all(|b| !left.contains_key(*b)) && !partial.exists());
+    assert!(needed.iter().all(|b| left.contains_key(b)) && foreign.exists());
+    // Refusals, each with its reason.
+    for (args, reason) in [
+        (
+            vec!["prune", &tagged("cpu")],
+            "prune takes a whole layout, not a tag",
+        ),
+        (
+            vec!["prune", &at, "--untag", "nope"],
+            "has no tag `nope` (tags: cpu)",
+        ),
+        (
+            vec!["prune", "oci:/nonexistent/layout"],
+            "is not an OCI image layout",
+        ),
+        (
+            vec!["prune", "layout"],
+            "is not a layout: give oci:DIR or s3://BUCKET/PREFIX",
+        ),
+    ] {
+        let (_, err, code) = here.output(&args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(reason), "{args:?}: {err}");
+    }
+    let there = Env::new();
+    imports_and_ends_like_plain(&there, &tagged("cpu"), &k2, &mut seen, &plain);
+    // The tag dropped: every blob goes (the grace 0: no export runs now).
+    let (_, err, code) = here.output(&["prune", &at, "--untag", "cpu", "--grace", "0"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("removed tag `cpu`, deleted "), "{err}");
+    assert_eq!(
+        blob_times(&layout).into_keys().collect::<Vec<_>>(),
+        ["README"]
+    );
+    let (_, err, code) = Env::new().output(&["import", &tagged("cpu")]);
+    assert_eq!(code, 1);
+    assert!(err.contains("has no manifest tagged `cpu`"), "{err}");
+}
+
+/// The same in a bucket: a checkpoint exported again under its tag, the first one's layers
+/// pruned once the grace is over (the bucket's listing and clock), the tag still imported
+/// and resumed to the end elsewhere; an object copied onto itself (how an export makes a
+/// reused layer new) keeps its bytes and gets a new time; `--untag` empties the layout.
+#[test]
+fn prune_deletes_what_no_tag_needs_from_a_bucket() {
+    let s3 = crate::harness::S3Server::start();
+    let (here, plain, mut seen, k) = suspended_cpu_guest();
+    let here = s3.for_ferry(here);
+    let at = "s3://ferry-test/snaps";
+    let (_, err, code) = here.output(&["export", &k, "-o", &format!("{at}:cpu")]);
+    assert_eq!(code, 0, "{err}");
+    let (more, k2) = crate::harness::resume_and_suspend(&here, &[&k], 300);
+    seen.extend(more);
+    let (_, err, code) = here.output(&["export", &k2, "-o", &format!("{at}:cpu")]);
+    assert_eq!(code, 0, "{err}");
+    let count = || {
+        s3.boto(
+            r#"print(len(s3.list_objects_v2(Bucket="ferry-test", Prefix="snaps/blobs/sha256/").get("Contents", [])))"#,
+        )
+        .trim()
+        .parse::<usize>()
+        .unwrap()
+    };
+    let before = count();
+    // The bucket's times are whole seconds: a second later, all is older than 1ms.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (_, err, code) = here.output(&["prune", at, "--dry-run", "--grace", "1ms"]);
+    assert_eq!(code, 0, "{err}");
+    let doomed =
+        crate::harness::number_after(&err, ": would delete ").unwrap_or_else(|| panic!("{err}"));
+    assert!(doomed >= 2, "the old manifest and state at least: {err}");
+    assert_eq!(count(), before);
+    let (_, err, code) = here.output(&["prune", at]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(": deleted 0 blobs") && err.contains("written in the last 1h"),
+        "{err}"
+    );
+    let (_, err, code) = here.output(&["prune", at, "--grace", "1ms"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!(": deleted {doomed} blobs (")),
+        "{err}"
+    );
+    assert_eq!(count(), before - doomed as usize);
+    // Copied onto itself: the same bytes, a new time.
+    let key = "snaps/oci-layout";
+    let when = || {
+        s3.boto(&format!(
+            r#"o = s3.head_object(Bucket="ferry-test", Key="{key}"); print(o["LastModified"].timestamp(), o["ContentLength"])"#
+        ))
+    };
+    let was = when();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let bucket = ferry_space::s3::Bucket::new(
+        "ferry-test",
+        Some(&s3.endpoint),
+        "us-east-1",
+        Some(ferry_space::s3::Credentials {
+            access_key: s3.access_key.clone(),
+            secret: s3.secret.clone(),
+            token: None,
+        }),
+    )
+    .unwrap();
+    assert!(bucket.touch(key).unwrap());
+    let now = when();
+    assert_ne!(was, now);
+    assert_eq!(was.split_whitespace().nth(1), now.split_whitespace().nth(1));
+    assert!(!bucket.touch("snaps/not-there").unwrap());
+    let there = s3.for_ferry(Env::new());
+    imports_and_ends_like_plain(&there, &format!("{at}:cpu"), &k2, &mut seen, &plain);
+    let (_, err, code) = here.output(&["prune", at, "--untag", "cpu", "--grace", "0"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("removed tag `cpu`, deleted ") && err.contains("its 0 tags need"),
+        "{err}"
+    );
+    assert_eq!(count(), 0);
+    // A bucket that is not there is said to be so, not taken for an empty layout.
+    for args in [
+        ["import", "s3://no-such-bucket/snaps:cpu"],
+        ["prune", "s3://no-such-bucket/snaps"],
+    ] {
+        let (_, err, code) = here.output(&args);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("404 NoSuchBucket"), "{args:?}: {err}");
+    }
+}
