@@ -449,7 +449,14 @@ impl Execution<'_> {
                 .name("export".into())
                 .spawn({
                     let dir = settings.store_dir.clone();
-                    move || export_each(&dir, &to, export_rx)
+                    let (settings, id) = (settings.clone(), sess.id.clone());
+                    move || {
+                        export_each(&dir, &to, export_rx, &mut |status| {
+                            if let Err(e) = session::save_export(&settings, &id, status) {
+                                tracing::warn!("{e:#}");
+                            }
+                        })
+                    }
                 })
                 .expect("a thread")
         });
@@ -570,30 +577,56 @@ impl Execution<'_> {
 
 /// `--export-to`: exports each snapshot `rx` brings (the latest of those waiting) to `to`,
 /// through a store of its own at `dir` (opened for each export, so that a `--keep` prune finds
-/// the store to itself in between). Returns the last one exported.
+/// the store to itself in between), telling `note` how it goes (for `ferry ps`). Returns the
+/// last one exported.
 fn export_each(
     dir: &std::path::Path,
     to: &crate::cmd::oci::OciRef,
     rx: std::sync::mpsc::Receiver<Kappa>,
+    note: &mut dyn FnMut(&session::ExportStatus),
 ) -> Option<Kappa> {
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    };
+    let mut status = session::ExportStatus {
+        to: to.name(),
+        ..Default::default()
+    };
     let mut last = None;
     while let Ok(mut k) = rx.recv() {
         while let Ok(newer) = rx.try_recv() {
             k = newer;
         }
+        status.exporting = Some(session::Stamped {
+            snapshot: k.to_string(),
+            at: now(),
+        });
+        note(&status);
         let exported = FsStore::open(dir)
             .map_err(anyhow::Error::from)
             .and_then(|store| crate::cmd::capsule::export_layout(&store, k, false, to, false));
+        status.exporting = None;
         match exported {
             Ok(said) => {
                 tracing::info!("{said}");
                 last = Some(k);
+                status.exported = Some(session::Stamped {
+                    snapshot: k.to_string(),
+                    at: now(),
+                });
+                status.error = None;
             }
-            Err(e) => eprintln!(
-                "ferry: could not export {k} to {} (the next snapshot will be): {e:#}",
-                to.name()
-            ),
+            Err(e) => {
+                eprintln!(
+                    "ferry: could not export {k} to {} (the next snapshot will be): {e:#}",
+                    to.name()
+                );
+                status.error = Some(format!("{k}: {e:#}"));
+            }
         }
+        note(&status);
     }
     last
 }

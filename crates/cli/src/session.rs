@@ -315,7 +315,11 @@ pub fn load(settings: &Settings, id: &str) -> Result<Session> {
 
 /// Deletes session `id`'s record and lock file (its lease must be held by the caller).
 pub fn remove(settings: &Settings, id: &str) -> Result<()> {
-    for p in [path(settings, id), lock_path(settings, id)] {
+    for p in [
+        path(settings, id),
+        lock_path(settings, id),
+        export_path(settings, id),
+    ] {
         match std::fs::remove_file(&p) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(e).with_context(|| format!("removing {}", p.display()));
@@ -324,6 +328,48 @@ pub fn remove(settings: &Settings, id: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// How a run's `--export-to` goes, as `ferry ps` shows it: kept beside the session's record
+/// (`ID.export`), written by the run's export thread only.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExportStatus {
+    /// Where to (`s3://BUCKET/PREFIX:TAG`, `oci:DIR:TAG`).
+    pub to: String,
+    /// The snapshot last exported there, and when.
+    pub exported: Option<Stamped>,
+    /// The snapshot being exported now, and since when.
+    pub exporting: Option<Stamped>,
+    /// Why the last export failed, if it did (the next snapshot is tried).
+    pub error: Option<String>,
+}
+
+/// A snapshot, and a time (Unix seconds).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Stamped {
+    pub snapshot: String,
+    pub at: u64,
+}
+
+fn export_path(settings: &Settings, id: &str) -> PathBuf {
+    settings.sessions_dir().join(format!("{id}.export"))
+}
+
+/// Notes how session `id`'s exports go (through a temporary file: `ps` may be reading).
+pub fn save_export(settings: &Settings, id: &str, status: &ExportStatus) -> Result<()> {
+    let p = export_path(settings, id);
+    let tmp = settings
+        .sessions_dir()
+        .join(format!("{id}.export.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_vec(status)?)
+        .and_then(|()| std::fs::rename(&tmp, &p))
+        .with_context(|| format!("writing {}", p.display()))
+}
+
+/// How session `id`'s exports go, if it exports (nothing if the note is unreadable).
+pub fn load_export(settings: &Settings, id: &str) -> Option<ExportStatus> {
+    let bytes = std::fs::read(export_path(settings, id)).ok()?;
+    serde_json::from_slice(&bytes).ok()
 }
 
 pub fn list(settings: &Settings) -> Result<Vec<Session>> {

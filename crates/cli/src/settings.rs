@@ -37,7 +37,7 @@ fn check_tuning() -> Result<()> {
 }
 
 /// Paths and opened resources shared by every subcommand.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     pub store_dir: PathBuf,
     /// The space to drive (`--space` / `$FERRY_SPACE`), if any.

@@ -595,21 +595,11 @@ impl Bucket {
             return Err(self.refused(what, key, r));
         }
         // A copy can fail after its `200` has been sent: the error is then in the body.
-        let mut text = String::new();
-        let _ = r
-            .into_body()
-            .into_reader()
-            .take(64 << 10)
-            .read_to_string(&mut text);
-        match element(&text, "Code") {
-            Some(code) if text.contains("<Error>") => Err(S3Error::Refused {
-                what,
-                url: self.name(key),
-                status: 200,
-                code,
-                message: element(&text, "Message").unwrap_or_default(),
-            }),
-            _ => Ok(true),
+        let status = r.status();
+        let text = body_text(r);
+        match text.contains("<Error>") {
+            true => Err(refused_with(what, &self.name(key), status, &text, false)),
+            false => Ok(true),
         }
     }
 
@@ -731,18 +721,29 @@ fn refusal(
     unsigned: bool,
 ) -> S3Error {
     let status = r.status();
+    refused_with(what, url, status, &body_text(r), unsigned)
+}
+
+/// Up to 64 KiB of the body of answer `r`, as text (what could not be read left out).
+fn body_text(r: ureq::http::Response<ureq::Body>) -> String {
     let mut text = String::new();
     let _ = r
         .into_body()
         .into_reader()
         .take(64 << 10)
         .read_to_string(&mut text);
-    let element = |name: &str| {
-        let open = format!("<{name}>");
-        let start = text.find(&open)? + open.len();
-        let len = text[start..].find(&format!("</{name}>"))?;
-        Some(text[start..start + len].trim().to_owned())
-    };
+    text
+}
+
+/// [`refusal`] of an answer of status `status` whose body, read, is `text`.
+fn refused_with(
+    what: &'static str,
+    url: &str,
+    status: ureq::http::StatusCode,
+    text: &str,
+    unsigned: bool,
+) -> S3Error {
+    let element = |name: &str| element(text, name).map(unescape);
     S3Error::Refused {
         what,
         url: url.to_owned(),

@@ -11,7 +11,8 @@ use crate::settings::Settings;
 pub struct Args {
     /// One JSON array of sessions, most recently active first: id, program, state, pid (while
     /// running), memory bytes, updated (when its record was last written, Unix seconds),
-    /// last snapshot (its full κ).
+    /// last snapshot (its full κ), export (with --export-to: where to, the snapshot last
+    /// exported and when, the one being exported and since when, the last export's error).
     /// With --space: the space's `SessionInfo` records as they come.
     #[arg(long)]
     pub(crate) json: bool,
@@ -48,19 +49,33 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
                     "pid": holder.filter(|&p| p != 0), "memory": s.memory,
                     "last_snapshot": s.last_snapshot, "updated": updated,
                     "snapshot_error": s.snapshot_error,
+                    "export": session::load_export(settings, &s.id),
                 })
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{:<10} {:<20} {:<12} {:>10}  {:<9} LAST SNAPSHOT",
-        "SESSION", "PROGRAM", "STATE", "MEMORY", "UPDATED"
+    let exports: Vec<_> = sessions
+        .iter()
+        .map(|s| session::load_export(settings, &s.id))
+        .collect();
+    // The column of `--export-to` only when a session listed exports.
+    let exporting = exports.iter().any(Option::is_some);
+    let header = format!(
+        "{:<10} {:<20} {:<12} {:>10}  {:<9} {:<19}{}",
+        "SESSION",
+        "PROGRAM",
+        "STATE",
+        "MEMORY",
+        "UPDATED",
+        "LAST SNAPSHOT",
+        if exporting { "  EXPORTED" } else { "" }
     );
+    println!("{}", header.trim_end());
     let mut lost = false;
     let mut failing = Vec::new();
-    for s in &sessions {
+    for (s, export) in sessions.iter().zip(&exports) {
         let running = session::holder(settings, &s.id).is_some();
         let state = s.shown_state(running);
         lost |= state == "lost";
@@ -81,10 +96,24 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
             .updated
             .and_then(|t| t.elapsed().ok())
             .map_or_else(|| "-".into(), ago);
-        println!(
-            "{:<10} {:<20} {:<12} {:>10}  {:<9} {}",
+        let exported = match export {
+            Some(e) => {
+                if let Some(error) = e.error.as_ref().filter(|_| running) {
+                    failing.push(format!(
+                        "ferry: {}: its last export to {} failed (the next snapshot will be \
+                         tried): {error}",
+                        s.id, e.to
+                    ));
+                }
+                format!("  {}", export_text(e))
+            }
+            None => String::new(),
+        };
+        let line = format!(
+            "{:<10} {:<20} {:<12} {:>10}  {:<9} {:<19}{exported}",
             s.id, s.program, state, mem, age, snap
         );
+        println!("{}", line.trim_end());
     }
     for line in failing {
         eprintln!("{line}");
@@ -108,6 +137,33 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
 /// What `ps` (local or a space's) says of a running session whose last snapshot failed.
 pub fn snapshot_failed(id: &str, error: &str) -> String {
     format!("ferry: {id}: its last snapshot failed, it keeps running: {error}")
+}
+
+/// The EXPORTED column: how long ago the last export ended and of which snapshot (`12s ago
+/// blake3:0123456789`), whether one is under way (`exporting 3s`) or failed (`failed`).
+fn export_text(e: &session::ExportStatus) -> String {
+    let since = |t: u64| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        std::time::Duration::from_secs(now.saturating_sub(t))
+    };
+    let mut parts = Vec::new();
+    match &e.exported {
+        Some(e) => parts.push(format!(
+            "{} {}",
+            ago(since(e.at)),
+            e.snapshot.chars().take(19).collect::<String>()
+        )),
+        None => parts.push("none yet".into()),
+    }
+    if let Some(e) = &e.exporting {
+        parts.push(format!("exporting {}s", since(e.at).as_secs()));
+    }
+    if e.error.is_some() {
+        parts.push("last one failed".into());
+    }
+    parts.join(", ")
 }
 
 /// `d` as a short age: `12s ago`, `5m ago`, `3h ago`, `4d ago`.

@@ -720,6 +720,22 @@ except s3.exceptions.NoSuchKey:
         .contains(&format!("'{tag}'"))
     };
     crate::migrate::eventually("a checkpoint is in the bucket", || tagged("lost"));
+    // `ps` shows where the run exports and how recently a snapshot got there.
+    crate::migrate::eventually("ps shows the export", || {
+        let (out, _, _) = here.output(&["ps", "--json"]);
+        let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let row = rows.as_array().unwrap().iter().find(|r| r["id"] == "lost");
+        let e = &row.unwrap()["export"];
+        e["to"] == "s3://ferry-test/runs:lost" && e["exported"]["snapshot"].is_string()
+    });
+    let (table, _, _) = here.output(&["ps"]);
+    let row = table.lines().find(|l| l.starts_with("lost ")).unwrap();
+    assert!(
+        table.lines().next().unwrap().ends_with("  EXPORTED")
+            && row.contains(" ago blake3:")
+            && row.contains("s ago"),
+        "{table}"
+    );
     child.kill().unwrap();
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -761,6 +777,16 @@ except s3.exceptions.NoSuchKey:
             .contains("`ferry resume s3://ferry-test/runs:sus` on another machine goes on from it"),
         "{err}"
     );
+    let (listed, _, _) = here.output(&["ps", "--all", "--json"]);
+    let rows: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let sus = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "sus")
+        .unwrap();
+    assert_eq!(sus["export"]["exported"]["snapshot"], k.as_str(), "{sus}");
+    assert!(sus["export"]["exporting"].is_null() && sus["export"]["error"].is_null());
     // `resume s3://…` imports and resumes in one step.
     let mut seen = out.stdout;
     let elsewhere = s3.for_ferry(Env::new());
