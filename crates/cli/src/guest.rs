@@ -61,6 +61,12 @@ pub struct GuestArgs {
     /// ends once its snapshot is exported too.
     #[arg(long, value_name = "s3://BUCKET/PREFIX[:TAG]|oci:DIR[:TAG]", value_parser = parse_export_to)]
     pub export_to: Option<crate::cmd::oci::OciRef>,
+    /// With --export-to: after an export (every 10 minutes at most, or every GRACE if that is
+    /// shorter), also delete from that layout what no tag needs and was written over GRACE
+    /// ago — the layers of the checkpoints each export replaced — as `ferry prune --grace
+    /// GRACE` does. 1h is safe beside other exports to the same layout.
+    #[arg(long, value_name = "GRACE", requires = "export_to", value_parser = crate::cmd::run::parse_duration)]
+    pub export_prune: Option<Duration>,
     /// Engine to run the guest on: `jit` (wasmtime, the default) or `interp` (wasmi, a
     /// pure-Rust interpreter). A snapshot taken on one resumes on the other. (With --space,
     /// `resume` keeps the session's engine unless this is given.)
@@ -78,6 +84,7 @@ impl GuestArgs {
             && self.pre_write.is_none()
             && self.keep.is_none()
             && self.export_to.is_none()
+            && self.export_prune.is_none()
     }
 
     /// The engine asked for, else the JIT.
@@ -262,6 +269,8 @@ pub struct Execution<'a> {
     pub keep: Option<u64>,
     /// `--export-to`: each snapshot also exported there, in the background.
     pub export_to: Option<crate::cmd::oci::OciRef>,
+    /// `--export-prune GRACE`: the export thread also prunes the layout.
+    pub export_prune: Option<Duration>,
     /// The line the guest has begun on its terminal and not ended (recorded with each snapshot).
     pub open_line: OpenLine,
 }
@@ -444,6 +453,7 @@ impl Execution<'_> {
             to
         });
         let (export_tx, export_rx) = std::sync::mpsc::channel::<Kappa>();
+        let export_prune = self.export_prune;
         let exporter = export_to.clone().map(|to| {
             std::thread::Builder::new()
                 .name("export".into())
@@ -451,7 +461,7 @@ impl Execution<'_> {
                     let dir = settings.store_dir.clone();
                     let (settings, id) = (settings.clone(), sess.id.clone());
                     move || {
-                        export_each(&dir, &to, export_rx, &mut |status| {
+                        export_each(&dir, &to, export_prune, export_rx, &mut |status| {
                             if let Err(e) = session::save_export(&settings, &id, status) {
                                 tracing::warn!("{e:#}");
                             }
@@ -577,11 +587,14 @@ impl Execution<'_> {
 
 /// `--export-to`: exports each snapshot `rx` brings (the latest of those waiting) to `to`,
 /// through a store of its own at `dir` (opened for each export, so that a `--keep` prune finds
-/// the store to itself in between), telling `note` how it goes (for `ferry ps`). Returns the
-/// last one exported.
+/// the store to itself in between), telling `note` how it goes (for `ferry ps`); with
+/// `prune` (`--export-prune GRACE`), deleting from the layout after an export what no tag
+/// needs and is older than GRACE, every [`EXPORT_PRUNE_EVERY`] (or GRACE) at most. Returns
+/// the last one exported.
 fn export_each(
     dir: &std::path::Path,
     to: &crate::cmd::oci::OciRef,
+    prune: Option<Duration>,
     rx: std::sync::mpsc::Receiver<Kappa>,
     note: &mut dyn FnMut(&session::ExportStatus),
 ) -> Option<Kappa> {
@@ -595,6 +608,7 @@ fn export_each(
         ..Default::default()
     };
     let mut last = None;
+    let mut pruned: Option<std::time::Instant> = None;
     while let Ok(mut k) = rx.recv() {
         while let Ok(newer) = rx.try_recv() {
             k = newer;
@@ -617,6 +631,23 @@ fn export_each(
                     at: now(),
                 });
                 status.error = None;
+                if let Some(grace) = prune
+                    && pruned.is_none_or(|t| t.elapsed() >= grace.min(EXPORT_PRUNE_EVERY))
+                {
+                    pruned = Some(std::time::Instant::now());
+                    match crate::cmd::oci::prune(&to.place, &[], grace, false, &mut |_| {}) {
+                        Ok(p) => tracing::info!(
+                            deleted = p.deleted.0,
+                            bytes = p.deleted.1,
+                            "--export-prune: pruned {}",
+                            to.name()
+                        ),
+                        Err(e) => eprintln!(
+                            "ferry: --export-prune: could not prune {} (tried again later): {e:#}",
+                            to.name()
+                        ),
+                    }
+                }
             }
             Err(e) => {
                 eprintln!(
@@ -630,6 +661,10 @@ fn export_each(
     }
     last
 }
+
+/// How often at most `--export-prune` prunes the layout (a listing of it and a read of every
+/// manifest each time).
+const EXPORT_PRUNE_EVERY: Duration = Duration::from_secs(600);
 
 /// Bytes of live chunks a `--keep` prune copies at most when it compacts packs (the guest
 /// waits for it): a 1 GiB first snapshot's pack, half unreachable, is then compacted over

@@ -443,6 +443,7 @@ fn admit_and_run(
         checkpoint_every: a.guest.checkpoint_every,
         keep: a.guest.keep,
         export_to: a.guest.export_to.clone(),
+        export_prune: a.guest.export_prune,
         open_line,
     }
     .execute(wasi, Start::Restore(Box::new(loaded)))

@@ -331,6 +331,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         checkpoint_every: a.guest.checkpoint_every,
         keep: a.guest.keep,
         export_to: a.guest.export_to.clone(),
+        export_prune: a.guest.export_prune,
         open_line,
     }
     .execute(wasi, Start::Fresh)

@@ -1074,3 +1074,61 @@ fn prune_deletes_what_no_tag_needs_from_a_bucket() {
         assert!(err.contains("404 NoSuchBucket"), "{args:?}: {err}");
     }
 }
+
+/// `run --export-to oci:DIR --export-prune GRACE`: each export also deletes what no tag
+/// needs and is older than GRACE, so a run checkpointed many times leaves in the layout
+/// only what its tag needs — where the same run without it leaves every checkpoint's
+/// manifest and state behind. The suspend's snapshot, exported last, resumes to the end.
+#[test]
+fn a_run_that_exports_and_prunes_leaves_only_what_its_tag_needs() {
+    let here = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let g = g.to_str().unwrap();
+    let plain = here.plain(&[g, "--", "400"]).stdout;
+    let blobs = |dir: &std::path::Path| -> std::collections::BTreeSet<String> {
+        blob_times(dir).into_keys().collect()
+    };
+    let needed = |dir: &std::path::Path, tag: &str| -> std::collections::BTreeSet<String> {
+        let index: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+        let m = &index["manifests"][0];
+        assert_eq!(m["annotations"]["org.opencontainers.image.ref.name"], tag);
+        let manifest = manifest_of(dir, tag);
+        layers_of(dir, tag)
+            .into_iter()
+            .map(|(_, d)| d)
+            .chain([
+                m["digest"].as_str().unwrap().to_owned(),
+                manifest["config"]["digest"].as_str().unwrap().to_owned(),
+            ])
+            .map(|d| d[7..].to_owned())
+            .collect()
+    };
+    let run = |session: &str, prune: &[&str]| {
+        let layout = here.path(session);
+        let to = format!("oci:{}", layout.display());
+        let mut args = vec!["--session", session, "--checkpoint-every", "100ms"];
+        args.extend(["--export-to", &to]);
+        args.extend(prune);
+        args.extend([g, "--", "400"]);
+        let (out, k) = crate::harness::suspend_after_output(&here, "run", &args, 1500);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("ferry: exported {k} to")), "{err}");
+        assert!(!err.contains("could not"), "{err}");
+        (layout, out.stdout, k)
+    };
+    let (kept, _, _) = run("kept", &[]);
+    assert!(
+        blobs(&kept).len() > needed(&kept, "kept").len() + 2,
+        "checkpoints' layers are left behind without --export-prune"
+    );
+    let (pruned, mut seen, k) = run("pruned", &["--export-prune", "1ms"]);
+    assert_eq!(blobs(&pruned), needed(&pruned, "pruned"));
+    let there = Env::new();
+    let source = format!("oci:{}:pruned", pruned.display());
+    imports_and_ends_like_plain(&there, &source, &k, &mut seen, &plain);
+    // Not without --export-to.
+    let (_, err, code) = here.output(&["run", "--export-prune", "1h", g]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--export-to"), "{err}");
+}
