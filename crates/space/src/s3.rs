@@ -651,7 +651,15 @@ impl Bucket {
                     .get("etag")
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_owned);
-                Ok(Some((Box::new(r.into_body().into_reader()), etag)))
+                let reader = Resuming {
+                    bucket: self.clone(),
+                    key: key.to_owned(),
+                    etag: etag.clone(),
+                    read: 0,
+                    inner: Box::new(r.into_body().into_reader()),
+                    tries: 1,
+                };
+                Ok(Some((Box::new(reader), etag)))
             }
             _ => Err(self.refused("cannot read", key, r)),
         }
@@ -686,6 +694,82 @@ impl Bucket {
             412 => Ok(false),
             s if (200..300).contains(&s) => Ok(true),
             _ => Err(self.refused("cannot write", key, r)),
+        }
+    }
+}
+
+/// The body of a `GET`, which goes on where it broke: when the connection fails mid-body, the
+/// rest is asked for (`Range: bytes=READ-`, `If-Match` the ETag first given, so that it is
+/// the same object), up to [`TRIES`] times in all.
+struct Resuming {
+    bucket: Bucket,
+    key: String,
+    /// Without one, the rest cannot be told to be of the same object: not asked for.
+    etag: Option<String>,
+    read: u64,
+    inner: Box<dyn Read + Send>,
+    tries: u32,
+}
+
+impl Resuming {
+    /// The rest of the object, from byte `self.read`.
+    fn rest(&self, etag: &str) -> std::io::Result<Box<dyn Read + Send>> {
+        let what = "cannot read";
+        let range = format!("bytes={}-", self.read);
+        let r = self
+            .bucket
+            .request(
+                what,
+                "GET",
+                &self.key,
+                &[],
+                &[("range", &range), ("if-match", etag)],
+                None,
+                &mut |_| {},
+            )
+            .map_err(std::io::Error::other)?;
+        match r.status().as_u16() {
+            206 => Ok(Box::new(r.into_body().into_reader())),
+            // The store ignored the range: the bytes already read are skipped.
+            200 => {
+                let mut body = r.into_body().into_reader();
+                std::io::copy(&mut (&mut body).take(self.read), &mut std::io::sink())?;
+                Ok(Box::new(body))
+            }
+            412 => Err(std::io::Error::other(format!(
+                "{} changed while it was read",
+                self.bucket.name(&self.key)
+            ))),
+            _ => Err(std::io::Error::other(
+                self.bucket.refused(what, &self.key, r),
+            )),
+        }
+    }
+}
+
+impl Read for Resuming {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            match self.inner.read(buf) {
+                Ok(n) => {
+                    self.read += n as u64;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let Some(etag) = self.etag.clone().filter(|_| self.tries < TRIES) else {
+                        return Err(e);
+                    };
+                    self.tries += 1;
+                    tracing::warn!(
+                        "reading {} broke after {} bytes ({e}); asking for the rest",
+                        self.bucket.name(&self.key),
+                        self.read
+                    );
+                    std::thread::sleep(Duration::from_millis(100 << self.tries));
+                    self.inner = self.rest(&etag)?;
+                }
+            }
         }
     }
 }

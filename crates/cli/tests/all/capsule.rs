@@ -1132,3 +1132,34 @@ fn a_run_that_exports_and_prunes_leaves_only_what_its_tag_needs() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--export-to"), "{err}");
 }
+
+/// A connection to the bucket that breaks in the middle of a layer (a proxy cuts it once)
+/// does not fail the import: the rest of the layer is asked for where it broke (a range of
+/// the same object, by its ETag), and the snapshot, every byte checked, resumes to the end.
+#[test]
+fn an_import_goes_on_where_the_connection_to_the_bucket_broke() {
+    let s3 = crate::harness::S3Server::start();
+    let (here, plain, mut seen, k) = suspended_cpu_guest();
+    let here = s3.for_ferry(here);
+    let (_, err, code) = here.output(&["export", &k, "-o", "s3://ferry-test/cut:v1"]);
+    assert_eq!(code, 0, "{err}");
+    let upstream: u16 = s3.endpoint.rsplit(':').next().unwrap().parse().unwrap();
+    let (port, cut) = crate::harness::cutting_proxy(upstream, 12_000);
+    let there = s3
+        .for_ferry(Env::new())
+        .with_var("AWS_ENDPOINT_URL", &format!("http://127.0.0.1:{port}"));
+    let (out, err, code) = there.output(&["import", "s3://ferry-test/cut:v1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(cut.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(
+        err.contains("reading s3://ferry-test/cut/blobs/sha256/")
+            && err.contains("; asking for the rest"),
+        "the cut came in the middle of a layer: {err}"
+    );
+    assert_eq!(out.trim(), format!("imported {k}"));
+    seen.extend(resume_to_end(&there, &k));
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        String::from_utf8_lossy(&plain)
+    );
+}

@@ -1344,3 +1344,57 @@ impl Drop for Etcd {
         let _ = self.child.wait();
     }
 }
+
+/// A TCP proxy on 127.0.0.1 to `upstream` (a port of 127.0.0.1) that, once, breaks a
+/// connection after it has carried `cut_after` bytes from the server: a network failing in
+/// the middle of an answer. Its port; whether it has cut yet.
+pub fn cutting_proxy(
+    upstream: u16,
+    cut_after: u64,
+) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let has_cut = cut.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let Ok(mut server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let (mut up_from, mut up_to) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut up_from, &mut up_to);
+                let _ = up_to.shutdown(std::net::Shutdown::Write);
+            });
+            let cut = cut.clone();
+            std::thread::spawn(move || {
+                let mut carried = 0u64;
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = match server.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if !cut.load(Ordering::SeqCst) && carried + n as u64 >= cut_after {
+                        let part = (cut_after - carried) as usize;
+                        let _ = client.write_all(&buf[..part]);
+                        cut.store(true, Ordering::SeqCst);
+                        let _ = client.shutdown(std::net::Shutdown::Both);
+                        let _ = server.shutdown(std::net::Shutdown::Both);
+                        return;
+                    }
+                    carried += n as u64;
+                    if client.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = client.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    (port, has_cut)
+}
