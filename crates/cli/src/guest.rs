@@ -271,6 +271,10 @@ pub struct Execution<'a> {
     pub export_to: Option<crate::cmd::oci::OciRef>,
     /// `--export-prune GRACE`: the export thread also prunes the layout.
     pub export_prune: Option<Duration>,
+    /// The epoch to write the export's tag with (`oci::Claim`): the one after the tag's, for a
+    /// run resumed from it; else that of the session's last run exporting there, or (`None`)
+    /// the one after the tag's at the first export.
+    pub export_epoch: Option<u64>,
     /// The line the guest has begun on its terminal and not ended (recorded with each snapshot).
     pub open_line: OpenLine,
 }
@@ -454,6 +458,34 @@ impl Execution<'_> {
         });
         let (export_tx, export_rx) = std::sync::mpsc::channel::<Kappa>();
         let export_prune = self.export_prune;
+        // A session resumed here goes on with the epoch (and as the writer) its last run
+        // here exported with; one taken over from its tag, with the epoch after it.
+        let fresh = || format!("{:016x}", rand::random::<u64>());
+        let previous = export_to
+            .as_ref()
+            .and_then(|to| session::load_export(settings, &sess.id).filter(|e| e.to == to.name()));
+        let claim = match (self.export_epoch, previous) {
+            (Some(epoch), _) => crate::cmd::oci::Claim {
+                writer: fresh(),
+                epoch: Some(epoch),
+            },
+            (
+                None,
+                Some(session::ExportStatus {
+                    epoch: Some(epoch),
+                    writer,
+                    ..
+                }),
+            ) => crate::cmd::oci::Claim {
+                writer: writer.unwrap_or_else(fresh),
+                epoch: Some(epoch),
+            },
+            (None, _) => crate::cmd::oci::Claim {
+                writer: fresh(),
+                epoch: None,
+            },
+        };
+        let export_control = self.control.clone();
         let exporter = export_to.clone().map(|to| {
             std::thread::Builder::new()
                 .name("export".into())
@@ -461,11 +493,19 @@ impl Execution<'_> {
                     let dir = settings.store_dir.clone();
                     let (settings, id) = (settings.clone(), sess.id.clone());
                     move || {
-                        export_each(&dir, &to, export_prune, export_rx, &mut |status| {
-                            if let Err(e) = session::save_export(&settings, &id, status) {
-                                tracing::warn!("{e:#}");
-                            }
-                        })
+                        let taken_over = || export_control.request(Request::Suspend);
+                        export_each(
+                            &dir,
+                            &to,
+                            (export_prune, claim),
+                            export_rx,
+                            &mut |status| {
+                                if let Err(e) = session::save_export(&settings, &id, status) {
+                                    tracing::warn!("{e:#}");
+                                }
+                            },
+                            &taken_over,
+                        )
                     }
                 })
                 .expect("a thread")
@@ -589,14 +629,17 @@ impl Execution<'_> {
 /// through a store of its own at `dir` (opened for each export, so that a `--keep` prune finds
 /// the store to itself in between), telling `note` how it goes (for `ferry ps`); with
 /// `prune` (`--export-prune GRACE`), deleting from the layout after an export what no tag
-/// needs and is older than GRACE, every [`EXPORT_PRUNE_EVERY`] (or GRACE) at most. Returns
-/// the last one exported.
+/// needs and is older than GRACE, every [`EXPORT_PRUNE_EVERY`] (or GRACE) at most. The tag
+/// is written under `claim` ([`crate::cmd::oci::Claim`]): once another run has taken it
+/// over, nothing more is exported and `taken_over` is called (the guest is suspended: the
+/// session goes on there). Returns the last one exported.
 fn export_each(
     dir: &std::path::Path,
     to: &crate::cmd::oci::OciRef,
-    prune: Option<Duration>,
+    (prune, mut claim): (Option<Duration>, crate::cmd::oci::Claim),
     rx: std::sync::mpsc::Receiver<Kappa>,
     note: &mut dyn FnMut(&session::ExportStatus),
+    taken_over: &dyn Fn(),
 ) -> Option<Kappa> {
     let now = || {
         std::time::SystemTime::now()
@@ -609,9 +652,13 @@ fn export_each(
     };
     let mut last = None;
     let mut pruned: Option<std::time::Instant> = None;
+    let mut fenced = false;
     while let Ok(mut k) = rx.recv() {
         while let Ok(newer) = rx.try_recv() {
             k = newer;
+        }
+        if fenced {
+            continue;
         }
         status.exporting = Some(session::Stamped {
             snapshot: k.to_string(),
@@ -620,7 +667,9 @@ fn export_each(
         note(&status);
         let exported = FsStore::open(dir)
             .map_err(anyhow::Error::from)
-            .and_then(|store| crate::cmd::capsule::export_layout(&store, k, false, to, false));
+            .and_then(|store| {
+                crate::cmd::capsule::export_layout(&store, k, false, to, false, Some(&mut claim))
+            });
         status.exporting = None;
         match exported {
             Ok(said) => {
@@ -631,6 +680,8 @@ fn export_each(
                     at: now(),
                 });
                 status.error = None;
+                status.epoch = claim.epoch;
+                status.writer = Some(claim.writer.clone());
                 if let Some(grace) = prune
                     && pruned.is_none_or(|t| t.elapsed() >= grace.min(EXPORT_PRUNE_EVERY))
                 {
@@ -648,6 +699,17 @@ fn export_each(
                         ),
                     }
                 }
+            }
+            Err(e) if e.downcast_ref::<crate::cmd::oci::TakenOver>().is_some() => {
+                eprintln!(
+                    "ferry: {} of {}: the session goes on there; this run exports no more and \
+                     suspends, so that it does not run in two places ({k} and the snapshots \
+                     before it stay in this store)",
+                    e, to.place
+                );
+                status.error = Some(e.to_string());
+                fenced = true;
+                taken_over();
             }
             Err(e) => {
                 eprintln!(

@@ -342,6 +342,12 @@ pub struct ExportStatus {
     pub exporting: Option<Stamped>,
     /// Why the last export failed, if it did (the next snapshot is tried).
     pub error: Option<String>,
+    /// The epoch the run writes its tag with and who it is (`oci::Claim`), once it has
+    /// written it: a local resume of the session goes on with both.
+    #[serde(default)]
+    pub epoch: Option<u64>,
+    #[serde(default)]
+    pub writer: Option<String>,
 }
 
 /// A snapshot, and a time (Unix seconds).

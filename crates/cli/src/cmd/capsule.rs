@@ -282,13 +282,15 @@ fn closure_of(
 
 /// Exports snapshot `root` (with its ancestors if `with_history`) as an OCI layout at `r` — a
 /// directory or a bucket — and says what it did ("exported κ to …"); with `show_progress`,
-/// says how far it has come every second on stderr.
+/// says how far it has come every second on stderr. `claim`: a run's hold on its tag
+/// ([`super::oci::Claim`]).
 pub fn export_layout(
     store: &ferry_store::FsStore,
     root: Kappa,
     with_history: bool,
     r: &super::oci::OciRef,
     show_progress: bool,
+    claim: Option<&mut super::oci::Claim>,
 ) -> Result<String> {
     let (loaded, objects) = closure_of(store, root, with_history)?;
     // The program (the same for every snapshot of it: a registry keeps it once), the
@@ -355,6 +357,7 @@ pub fn export_layout(
         },
         &mut known,
         &mut |b| sending.tick(b),
+        claim,
     )?;
     known.save(store);
     let mut total = capsule::CapsuleStats::default();
@@ -403,7 +406,7 @@ pub fn export(settings: &Settings, a: ExportArgs) -> Result<ExitCode> {
     let root = crate::session::snapshot_named(settings, &store, &a.snapshot, true)
         .map_err(anyhow::Error::msg)?;
     if let Some(r) = super::oci::OciRef::parse(a.output.as_os_str()) {
-        let said = export_layout(&store, root, a.with_history, &r?, true)
+        let said = export_layout(&store, root, a.with_history, &r?, true, None)
             .with_context(|| format!("cannot export {root} to {}", a.output.display()))?;
         eprintln!("ferry: {said}");
         return Ok(ExitCode::SUCCESS);
@@ -607,10 +610,17 @@ fn file_groups(
 /// Imports the OCI layout at `r` — a directory or a bucket — into `store`: every layer's
 /// capsule, checked; returns the snapshot its manifest names (not yet named in the store:
 /// see [`imported`]).
-pub fn import_layout(
-    store: &ferry_store::FsStore,
-    r: &super::oci::OciRef,
-) -> Result<(Kappa, capsule::CapsuleStats)> {
+/// What an import from a layout brought: the snapshot, what the capsules held, and the tag
+/// read with its epoch.
+#[derive(Debug)]
+pub struct FromLayout {
+    pub root: Kappa,
+    pub stats: capsule::CapsuleStats,
+    pub tag: Option<String>,
+    pub epoch: u64,
+}
+
+pub fn import_layout(store: &ferry_store::FsStore, r: &super::oci::OciRef) -> Result<FromLayout> {
     let artifact = super::oci::open(r)?;
     let mut progress = Progress::new("imported", Some(artifact.size()));
     let mut done = 0;
@@ -643,16 +653,20 @@ pub fn import_layout(
             })?,
         None => *roots.last().expect("at least one layer"),
     };
-    Ok((root, stats))
+    Ok(FromLayout {
+        root,
+        stats,
+        tag: artifact.tag.clone(),
+        epoch: artifact.epoch,
+    })
 }
 
 pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
     if let Some(r) = super::oci::OciRef::parse(a.capsule.as_os_str()) {
         let name = a.capsule.display().to_string();
-        let (root, stats) =
-            import_layout(&store, &r?).with_context(|| format!("cannot import {name}"))?;
-        return imported(&store, root, stats, &name);
+        let from = import_layout(&store, &r?).with_context(|| format!("cannot import {name}"))?;
+        return imported(&store, from.root, from.stats, &name);
     }
     let (input, total, name): (Box<dyn std::io::Read>, _, _) = if a.capsule.as_os_str() == "-" {
         let name = "the capsule on stdin".to_owned();
@@ -679,16 +693,17 @@ pub fn import_for_resume(
     store: &ferry_store::FsStore,
     r: &super::oci::OciRef,
     name: &str,
-) -> Result<Kappa> {
-    let (root, stats) = import_layout(store, r).with_context(|| format!("cannot import {name}"))?;
-    load_and_name(store, root, name)?;
+) -> Result<FromLayout> {
+    let from = import_layout(store, r).with_context(|| format!("cannot import {name}"))?;
+    load_and_name(store, from.root, name)?;
     eprintln!(
-        "ferry: imported {root} from {name} ({} objects, {} new, {:.1} MiB)",
-        stats.objects,
-        stats.new_objects,
-        crate::cmd::mib(stats.bytes)
+        "ferry: imported {} from {name} ({} objects, {} new, {:.1} MiB)",
+        from.root,
+        from.stats.objects,
+        from.stats.new_objects,
+        crate::cmd::mib(from.stats.bytes)
     );
-    Ok(root)
+    Ok(from)
 }
 
 /// The imported snapshot `root` (from `name`) loaded, then named: the closure must be

@@ -215,6 +215,24 @@ impl Layout {
         }
     }
 
+    /// In a directory, an exclusive lock on its `index.json` (on `.ferry-index.lock`, held
+    /// until dropped): a directory has no conditional writes, so ferry processes changing
+    /// the index take turns (a bucket's writes are conditional instead: `None`).
+    fn lock_index(&self) -> Result<Option<std::fs::File>> {
+        let Layout::Dir(d) = self else {
+            return Ok(None);
+        };
+        let path = d.join(".ferry-index.lock");
+        let file = std::fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.lock().map(|()| f))
+            .with_context(|| format!("cannot lock {}", path.display()))?;
+        Ok(Some(file))
+    }
+
     /// `oci-layout` checked, or written where there is none.
     fn start(&self) -> Result<()> {
         if let Layout::Dir(d) = self {
@@ -510,6 +528,53 @@ impl Part {
 
 /// The annotation naming a layer's [`Part`].
 const PART_ANNOTATION: &str = "dev.ferry.part";
+/// Annotations of a tag's entry in `index.json` written by a run's exports (`--export-to`):
+/// the run that wrote it, and its epoch — the tag's fencing token (see [`Claim`]).
+const WRITER_ANNOTATION: &str = "dev.ferry.writer";
+const EPOCH_ANNOTATION: &str = "dev.ferry.epoch";
+
+/// A run's hold on the tag it exports to. A run writes the tag only while the tag's epoch
+/// is below its own, or is its own and was written by it (or by no run): a run resumed
+/// elsewhere from the tag takes the epoch after the one it imported, so the run it took
+/// over from — a machine cut off, not lost — finds a later epoch at its next export, and
+/// stops ([`TakenOver`]) instead of writing over it; of two resumed from the same tag, the
+/// first to export keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// Who writes (random; kept by a local resume of the session, new for a takeover).
+    pub writer: String,
+    /// The epoch written with; `None` until the first export takes the one after the tag's.
+    pub epoch: Option<u64>,
+}
+
+/// A run's export found its tag written by another run with a later epoch: that run took
+/// the session over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenOver {
+    pub tag: String,
+    pub epoch: u64,
+    pub writer: String,
+}
+
+impl std::fmt::Display for TakenOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "tag `{}` was taken over by another run (writer {}, epoch {})",
+            self.tag, self.writer, self.epoch
+        )
+    }
+}
+
+impl std::error::Error for TakenOver {}
+
+/// The epoch of an index entry (`0` if it has none).
+fn epoch_of(entry: &Value) -> u64 {
+    entry["annotations"][EPOCH_ANNOTATION]
+        .as_str()
+        .and_then(|e| e.parse().ok())
+        .unwrap_or(0)
+}
 
 /// A capsule built for a part before: its digest (hex), size and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -547,6 +612,9 @@ pub struct Exported {
 /// the same tag is replaced), one layer per part of `parts`, in order: `write` writes the
 /// part's capsule to the writer it is given. `sending` is told the bytes sent to a bucket so
 /// far. The tag is by default `blake3-` and the first 16 hex digits of the snapshot's κ.
+/// With `claim` (a run's exports), the tag is written only under the rule of [`Claim`]
+/// (else the error is a [`TakenOver`]); without, the tag's epoch is kept.
+#[allow(clippy::too_many_arguments)]
 pub fn export(
     r: &OciRef,
     root: &ferry_kappa::Kappa,
@@ -554,6 +622,7 @@ pub fn export(
     mut write: impl FnMut(Part, &mut dyn Write) -> Result<CapsuleStats>,
     known: &mut dyn Known,
     sending: &mut dyn FnMut(u64),
+    mut claim: Option<&mut Claim>,
 ) -> Result<Exported> {
     if parts.is_empty() || parts.len() > MAX_LAYERS {
         bail!(
@@ -698,19 +767,47 @@ pub fn export(
     // The index: this manifest under its tag, other tags kept. In a bucket, written only if
     // no other export changed it since it was read (else read again), so that two exports
     // to the same prefix do not lose each other's tag.
+    let _turn = layout.lock_index()?;
     for _ in 0..INDEX_TRIES {
         let read = layout.read_json("index.json")?;
         let mut manifests: Vec<Value> = match &read {
             Some((_, v, _)) => v["manifests"].as_array().cloned().unwrap_or_default(),
             None => Vec::new(),
         };
+        let current = manifests
+            .iter()
+            .find(|m| m["annotations"][REF_NAME] == tag.as_str());
+        let current_epoch = current.map_or(0, epoch_of);
+        let mut annotations = json!({REF_NAME: tag});
+        let epoch = match claim.as_deref() {
+            Some(c) => {
+                let epoch = c.epoch.unwrap_or(current_epoch + 1);
+                let writer = current.and_then(|m| m["annotations"][WRITER_ANNOTATION].as_str());
+                if current_epoch > epoch
+                    || (current_epoch == epoch && writer.is_some_and(|w| w != c.writer))
+                {
+                    return Err(TakenOver {
+                        tag: tag.clone(),
+                        epoch: current_epoch,
+                        writer: writer.unwrap_or("unknown").to_owned(),
+                    }
+                    .into());
+                }
+                annotations[WRITER_ANNOTATION] = json!(c.writer);
+                epoch
+            }
+            None => current_epoch,
+        };
+        if epoch > 0 {
+            annotations[EPOCH_ANNOTATION] = json!(epoch.to_string());
+        }
         manifests.retain(|m| m["annotations"][REF_NAME] != tag.as_str());
         manifests.push(json!({
             "mediaType": MANIFEST_MEDIA_TYPE,
             "artifactType": ARTIFACT_TYPE,
             "digest": format!("sha256:{manifest_hex}"),
             "size": manifest.len(),
-            "annotations": {REF_NAME: tag},
+            "annotations": annotations,
         }));
         let index =
             json!({"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": manifests});
@@ -720,6 +817,9 @@ pub fn export(
             Some((_, _, None)) => Condition::Always,
         };
         if layout.write_small("index.json", &serde_json::to_vec(&index)?, condition)? {
+            if let Some(c) = claim.as_deref_mut() {
+                c.epoch = Some(epoch);
+            }
             return Ok(Exported {
                 results,
                 reused_layers,
@@ -853,6 +953,7 @@ pub fn prune(
 /// Removes the tags `untag` from the layout's index (refused if one is not there), written
 /// only if no export changed it since it was read (with `dry_run`, only checked).
 fn untag_all(layout: &Layout, untag: &[String], dry_run: bool) -> Result<()> {
+    let _turn = layout.lock_index()?;
     for _ in 0..INDEX_TRIES {
         if untag.is_empty() {
             return Ok(());
@@ -1014,6 +1115,9 @@ pub struct Artifact {
     layers: Vec<(String, u64)>,
     /// The snapshot the manifest names.
     pub snapshot: Option<String>,
+    /// The tag read, and its epoch ([`Claim`]; `0` if it has none).
+    pub tag: Option<String>,
+    pub epoch: u64,
 }
 
 impl Artifact {
@@ -1109,6 +1213,8 @@ pub fn open(r: &OciRef) -> Result<Artifact> {
         snapshot: manifest["annotations"][SNAPSHOT_ANNOTATION]
             .as_str()
             .map(str::to_owned),
+        tag: chosen["annotations"][REF_NAME].as_str().map(str::to_owned),
+        epoch: epoch_of(chosen),
     })
 }
 
@@ -1150,6 +1256,7 @@ mod tests {
             },
             &mut Nothing,
             &mut |_| {},
+            None,
         )
         .unwrap();
         let manifest = exported.manifest;
@@ -1210,6 +1317,7 @@ mod tests {
             },
             &mut Nothing,
             &mut |_| {},
+            None,
         )
         .unwrap();
         // An image as skopeo would add it: index -> manifest -> config and a layer.
@@ -1273,6 +1381,57 @@ mod tests {
         );
         assert_eq!(blobs(), all - 1);
         open(&r).unwrap();
+    }
+
+    /// The tag's fence: a later epoch stops a run; an equal one stops another writer but
+    /// not the same one; a plain export keeps the epoch and names no writer.
+    #[test]
+    fn a_tag_is_written_only_under_its_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = OciRef {
+            place: Place::Dir(dir.path().to_owned()),
+            tag: Some("job".into()),
+        };
+        let root = ferry_kappa::Kappa::of(b"root");
+        let put = |claim: Option<&mut Claim>| {
+            export(
+                &r,
+                &root,
+                &[Part::State],
+                |_, w| {
+                    w.write_all(b"capsule")?;
+                    Ok(CapsuleStats::default())
+                },
+                &mut Nothing,
+                &mut |_| {},
+                claim,
+            )
+            .map(|_| open(&r).unwrap().epoch)
+            .map_err(|e| e.downcast::<TakenOver>().unwrap())
+        };
+        let claim = |writer: &str, epoch| Claim {
+            writer: writer.into(),
+            epoch,
+        };
+        let mut a = claim("a", None);
+        assert_eq!(put(Some(&mut a)).unwrap(), 1);
+        assert_eq!(a.epoch, Some(1));
+        let mut b = claim("b", Some(2));
+        assert_eq!(put(Some(&mut b)).unwrap(), 2);
+        let taken = put(Some(&mut a)).unwrap_err();
+        assert_eq!((taken.epoch, taken.writer.as_str()), (2, "b"));
+        assert!(
+            put(Some(&mut claim("c", Some(2)))).is_err(),
+            "same epoch, other writer"
+        );
+        assert_eq!(
+            put(Some(&mut claim("b", Some(2)))).unwrap(),
+            2,
+            "a local resume of b"
+        );
+        assert_eq!(put(None).unwrap(), 2, "a plain export keeps the epoch");
+        assert_eq!(put(Some(&mut claim("c", Some(2)))).unwrap(), 2);
+        assert_eq!(put(Some(&mut claim("d", None))).unwrap(), 3);
     }
 
     #[test]

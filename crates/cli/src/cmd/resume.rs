@@ -37,6 +37,9 @@ pub struct Args {
     /// wrote). With --space: the session id.
     #[arg(value_name = "SNAPSHOT|SESSION|s3://BUCKET/PREFIX[:TAG]")]
     snapshot: String,
+    /// The layout the snapshot was imported from, with the tag and epoch read there.
+    #[arg(skip)]
+    from_layout: Option<(crate::cmd::oci::OciRef, crate::cmd::capsule::FromLayout)>,
 }
 
 impl Args {
@@ -198,7 +201,7 @@ fn admit_mount(
     Ok(false)
 }
 
-pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
+pub fn run(settings: &Settings, mut a: Args) -> Result<ExitCode> {
     let control = Arc::new(Control::new());
     control.pre_write_every(a.guest.pre_write);
     guest::install_signals(
@@ -213,7 +216,13 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
     let store = settings.open_store()?;
     // A snapshot in a bucket or an OCI layout is imported first (`ferry import`, then this).
     let k = match crate::cmd::oci::OciRef::parse(std::ffi::OsStr::new(&a.snapshot)) {
-        Some(r) => crate::cmd::capsule::import_for_resume(&store, &r?, &a.snapshot)?,
+        Some(r) => {
+            let r = r?;
+            let from = crate::cmd::capsule::import_for_resume(&store, &r, &a.snapshot)?;
+            let k = from.root;
+            a.from_layout = Some((r, from));
+            k
+        }
         None => session::snapshot_named(settings, &store, &a.snapshot, false)
             .map_err(|why| refused(Stage::Resolving, why))?,
     };
@@ -424,6 +433,19 @@ fn admit_and_run(
         snapshot_failures: 0,
         updated: None,
     };
+    // Resumed from a tag and exporting to the same layout: to that tag (by default), as the
+    // run that takes the session over — with the epoch after the one imported, so that the
+    // run it came from stops at its next export (`oci::Claim`).
+    let mut export_to = a.guest.export_to.clone();
+    let mut export_epoch = None;
+    if let (Some(to), Some((from, imported))) = (&mut export_to, &a.from_layout)
+        && to.place == from.place
+        && imported.tag.is_some()
+        && (to.tag.is_none() || to.tag == imported.tag)
+    {
+        to.tag = imported.tag.clone();
+        export_epoch = Some(imported.epoch + 1);
+    }
     let meta = SnapshotMeta {
         program,
         parent: Some(k),
@@ -442,8 +464,9 @@ fn admit_and_run(
         meta,
         checkpoint_every: a.guest.checkpoint_every,
         keep: a.guest.keep,
-        export_to: a.guest.export_to.clone(),
+        export_to,
         export_prune: a.guest.export_prune,
+        export_epoch,
         open_line,
     }
     .execute(wasi, Start::Restore(Box::new(loaded)))

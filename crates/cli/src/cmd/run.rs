@@ -332,6 +332,7 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         keep: a.guest.keep,
         export_to: a.guest.export_to.clone(),
         export_prune: a.guest.export_prune,
+        export_epoch: None,
         open_line,
     }
     .execute(wasi, Start::Fresh)

@@ -1163,3 +1163,91 @@ fn an_import_goes_on_where_the_connection_to_the_bucket_broke() {
         String::from_utf8_lossy(&plain)
     );
 }
+
+/// The entry of `tag` in the index of the directory layout `dir`.
+fn index_entry(dir: &std::path::Path, tag: &str) -> serde_json::Value {
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+    index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+        .unwrap()
+        .clone()
+}
+
+/// A run exports its checkpoints to a layout; while it still runs (a machine cut off, not
+/// lost), another store resumes the session from its tag, exporting to the same layout:
+/// that run takes the tag over (the epoch after the one it imported, by default the same
+/// tag), and the first run, at its next export, finds the later epoch, exports no more and
+/// suspends with the reason — the session does not go on in two places. The run that took
+/// over prints the rest of an uninterrupted run; a resume of the first one where it was
+/// stops again at its first export.
+#[test]
+fn a_run_resumed_elsewhere_from_its_tag_takes_it_over_and_the_first_run_stops() {
+    use std::process::Stdio;
+    let here = Env::new();
+    let g = guest("wasm/cpu.wasm");
+    let g = g.to_str().unwrap();
+    let plain = here.plain(&[g, "--", "600"]).stdout;
+    let layout = here.path("home");
+    let to = format!("oci:{}", layout.display());
+    let every = ["--checkpoint-every", "200ms", "--export-to", &to];
+    let first = here
+        .ferry()
+        .args(["run", "--session", "job"])
+        .args(every)
+        .args([g, "--", "600"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    crate::migrate::eventually("the first run exported", || {
+        layout.join("index.json").exists()
+    });
+    assert_eq!(
+        index_entry(&layout, "job")["annotations"]["dev.ferry.epoch"],
+        "1"
+    );
+    let there = Env::new();
+    let second = there
+        .ferry()
+        .args(["resume", &format!("{to}:job")])
+        .args(every)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(0), "{err}");
+    assert!(
+        !err.contains("could not export") && !err.contains("taken over"),
+        "{err}"
+    );
+    assert!(
+        !second.stdout.is_empty() && plain.ends_with(&second.stdout),
+        "the run that took over prints the rest of the run"
+    );
+    let first = first.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(75), "{err}");
+    assert!(
+        err.contains("ferry: tag `job` was taken over by another run (writer ")
+            && err.contains(", epoch 2) of ")
+            && err.contains(": the session goes on there; this run exports no more and suspends"),
+        "{err}"
+    );
+    assert!(
+        first.stdout.len() < plain.len(),
+        "the first run stopped early"
+    );
+    let entry = index_entry(&layout, "job");
+    assert_eq!(entry["annotations"]["dev.ferry.epoch"], "2", "{entry}");
+    // The first run resumed where it was: still behind, it stops at its first export.
+    let (_, err, code) = here.output(&[&["resume", "job"][..], &every[..]].concat());
+    assert_eq!(code, 75, "{err}");
+    assert!(err.contains("was taken over by another run"), "{err}");
+    assert_eq!(
+        index_entry(&layout, "job")["annotations"]["dev.ferry.epoch"],
+        "2"
+    );
+}
