@@ -1288,6 +1288,22 @@ mod tests {
         );
     }
 
+    /// Exports to `r` a snapshot of one state layer holding `capsule`, under `claim`.
+    fn export_state(r: &OciRef, claim: Option<&mut Claim>) -> Result<Exported> {
+        export(
+            r,
+            &ferry_kappa::Kappa::of(b"root"),
+            &[Part::State],
+            |_, w| {
+                w.write_all(b"capsule")?;
+                Ok(CapsuleStats::default())
+            },
+            &mut Nothing,
+            &mut |_| {},
+            claim,
+        )
+    }
+
     /// Writes blob `bytes` into the directory layout `dir`; its descriptor.
     fn put_blob(dir: &Path, media: &str, bytes: &[u8]) -> Value {
         let hex = sha256_hex(bytes);
@@ -1306,20 +1322,7 @@ mod tests {
             place: place.clone(),
             tag: Some("ours".into()),
         };
-        let root = ferry_kappa::Kappa::of(b"root");
-        export(
-            &r,
-            &root,
-            &[Part::State],
-            |_, w| {
-                w.write_all(b"capsule")?;
-                Ok(CapsuleStats::default())
-            },
-            &mut Nothing,
-            &mut |_| {},
-            None,
-        )
-        .unwrap();
+        export_state(&r, None).unwrap();
         // An image as skopeo would add it: index -> manifest -> config and a layer.
         let layer = put_blob(
             dir.path(),
@@ -1392,22 +1395,10 @@ mod tests {
             place: Place::Dir(dir.path().to_owned()),
             tag: Some("job".into()),
         };
-        let root = ferry_kappa::Kappa::of(b"root");
         let put = |claim: Option<&mut Claim>| {
-            export(
-                &r,
-                &root,
-                &[Part::State],
-                |_, w| {
-                    w.write_all(b"capsule")?;
-                    Ok(CapsuleStats::default())
-                },
-                &mut Nothing,
-                &mut |_| {},
-                claim,
-            )
-            .map(|_| open(&r).unwrap().epoch)
-            .map_err(|e| e.downcast::<TakenOver>().unwrap())
+            export_state(&r, claim)
+                .map(|_| open(&r).unwrap().epoch)
+                .map_err(|e| e.downcast::<TakenOver>().unwrap())
         };
         let claim = |writer: &str, epoch| Claim {
             writer: writer.into(),
