@@ -579,9 +579,14 @@ impl Execution<'_> {
             {
                 eprintln!("ferry: exporting {k} to {} before ending", to.name());
             }
-            let exported = exporter.join().expect("the export thread panicked");
+            let (exported, taken) = exporter.join().expect("the export thread panicked");
             if let Ok(Outcome::Suspended(k)) = &outcome {
                 match exported {
+                    _ if taken => eprintln!(
+                        "ferry: {k} is not the session's latest: it goes on from {} elsewhere \
+                         (a resume of {k} here runs it a second time)",
+                        to.name()
+                    ),
                     Some(last) if last == *k => eprintln!(
                         "ferry: exported {k} to {}: `ferry resume {}` on another machine goes on from it",
                         to.describe(to.tag.as_deref().unwrap_or_default()),
@@ -632,7 +637,7 @@ impl Execution<'_> {
 /// needs and is older than GRACE, every [`EXPORT_PRUNE_EVERY`] (or GRACE) at most. The tag
 /// is written under `claim` ([`crate::cmd::oci::Claim`]): once another run has taken it
 /// over, nothing more is exported and `taken_over` is called (the guest is suspended: the
-/// session goes on there). Returns the last one exported.
+/// session goes on there). Returns the last one exported, and whether it was taken over.
 fn export_each(
     dir: &std::path::Path,
     to: &crate::cmd::oci::OciRef,
@@ -640,14 +645,18 @@ fn export_each(
     rx: std::sync::mpsc::Receiver<Kappa>,
     note: &mut dyn FnMut(&session::ExportStatus),
     taken_over: &dyn Fn(),
-) -> Option<Kappa> {
+) -> (Option<Kappa>, bool) {
     let now = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs())
     };
+    // The claim, noted from the start: a local resume after a crash before the first export
+    // goes on with it too.
     let mut status = session::ExportStatus {
         to: to.name(),
+        epoch: claim.epoch,
+        writer: claim.epoch.map(|_| claim.writer.clone()),
         ..Default::default()
     };
     let mut last = None;
@@ -721,7 +730,7 @@ fn export_each(
         }
         note(&status);
     }
-    last
+    (last, fenced)
 }
 
 /// How often at most `--export-prune` prunes the layout (a listing of it and a read of every

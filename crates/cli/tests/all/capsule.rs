@@ -1237,6 +1237,10 @@ fn a_run_resumed_elsewhere_from_its_tag_takes_it_over_and_the_first_run_stops() 
         "{err}"
     );
     assert!(
+        err.contains(&format!("it goes on from {to}:job elsewhere (a resume of ")),
+        "{err}"
+    );
+    assert!(
         first.stdout.len() < plain.len(),
         "the first run stopped early"
     );
