@@ -646,11 +646,6 @@ fn export_each(
     note: &mut dyn FnMut(&session::ExportStatus),
     taken_over: &dyn Fn(),
 ) -> (Option<Kappa>, bool) {
-    let now = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
-    };
     // The claim, noted from the start: a local resume after a crash before the first export
     // goes on with it too.
     let mut status = session::ExportStatus {
@@ -669,10 +664,7 @@ fn export_each(
         if fenced {
             continue;
         }
-        status.exporting = Some(session::Stamped {
-            snapshot: k.to_string(),
-            at: now(),
-        });
+        status.exporting = Some(session::Stamped::now(k.to_string()));
         note(&status);
         let exported = FsStore::open(dir)
             .map_err(anyhow::Error::from)
@@ -684,10 +676,7 @@ fn export_each(
             Ok(said) => {
                 tracing::info!("{said}");
                 last = Some(k);
-                status.exported = Some(session::Stamped {
-                    snapshot: k.to_string(),
-                    at: now(),
-                });
+                status.exported = Some(session::Stamped::now(k.to_string()));
                 status.error = None;
                 status.epoch = claim.epoch;
                 status.writer = Some(claim.writer.clone());

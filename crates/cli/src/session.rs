@@ -357,6 +357,28 @@ pub struct Stamped {
     pub at: u64,
 }
 
+impl Stamped {
+    /// `snapshot`, now.
+    pub fn now(snapshot: String) -> Self {
+        Self {
+            snapshot,
+            at: unix_now(),
+        }
+    }
+
+    /// How long ago it was stamped.
+    pub fn age(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(unix_now().saturating_sub(self.at))
+    }
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 fn export_path(settings: &Settings, id: &str) -> PathBuf {
     settings.sessions_dir().join(format!("{id}.export"))
 }

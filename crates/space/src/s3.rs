@@ -490,18 +490,16 @@ impl Bucket {
         let r = self.request("cannot look up", "HEAD", key, &[], &[], None, &mut |_| {})?;
         match r.status().as_u16() {
             404 => Ok(None),
-            s if (200..300).contains(&s) => {
-                let header = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok());
-                let date =
-                    |name: &str| header(name).and_then(|v| httpdate::parse_http_date(v).ok());
-                Ok(Some(Head {
-                    len: header("content-length")
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0),
-                    modified: date("last-modified"),
-                    now: date("date"),
-                }))
-            }
+            s if (200..300).contains(&s) => Ok(Some(Head {
+                len: r
+                    .headers()
+                    .get("content-length")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+                modified: header_time(&r, "last-modified"),
+                now: header_time(&r, "date"),
+            })),
             _ => Err(self.refused("cannot look up", key, r)),
         }
     }
@@ -527,11 +525,7 @@ impl Bucket {
                 return Err(self.refused(what, prefix, r));
             }
             if now.is_none() {
-                now = r
-                    .headers()
-                    .get("date")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| httpdate::parse_http_date(v).ok());
+                now = header_time(&r, "date");
             }
             let mut text = String::new();
             r.into_body()
@@ -772,6 +766,12 @@ impl Read for Resuming {
             }
         }
     }
+}
+
+/// The time the HTTP date header `name` of answer `r` gives (`Date`, `Last-Modified`).
+fn header_time(r: &ureq::http::Response<ureq::Body>, name: &str) -> Option<SystemTime> {
+    let v = r.headers().get(name)?.to_str().ok()?;
+    httpdate::parse_http_date(v).ok()
 }
 
 /// Hex SHA-256 of `bytes`: the payload hash a `PUT` of them is signed with.

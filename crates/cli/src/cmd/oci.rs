@@ -24,7 +24,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
-use ferry_space::s3::{Body, Bucket, Condition, Listed, S3Ref, sha256_hex};
+use ferry_space::s3::{Body, Bucket, Condition, Head, Listed, S3Ref, sha256_hex};
 use ferry_store::capsule::CapsuleStats;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -253,19 +253,29 @@ impl Layout {
         }
     }
 
+    /// What the layout says of file `name` of `blobs/sha256` — its length, when it was last
+    /// written, and the layout's clock now — if it is there.
+    fn stat(&self, name: &str) -> Result<Option<Head>> {
+        let name = format!("blobs/sha256/{name}");
+        Ok(match self {
+            Layout::Dir(d) => match std::fs::metadata(d.join(&name)) {
+                Ok(m) => Some(Head {
+                    len: m.len(),
+                    modified: m.modified().ok(),
+                    now: Some(SystemTime::now()),
+                }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot look up {}", self.name(&name)));
+                }
+            },
+            Layout::Bucket(b, r) => b.head(&r.key(&name))?,
+        })
+    }
+
     /// How long ago blob `hex` of `len` bytes was last written, if the layout holds it.
     fn held(&self, hex: &str, len: u64) -> Result<Option<Duration>> {
-        let name = format!("blobs/sha256/{hex}");
-        Ok(match self {
-            Layout::Dir(d) => std::fs::metadata(d.join(&name))
-                .ok()
-                .filter(|m| m.len() == len)
-                .map(|m| age(m.modified().ok(), SystemTime::now())),
-            Layout::Bucket(b, r) => b
-                .head(&r.key(&name))?
-                .filter(|h| h.len == len)
-                .map(|h| h.age()),
-        })
+        Ok(self.stat(hex)?.filter(|h| h.len == len).map(|h| h.age()))
     }
 
     /// Blob `hex` made new (its last-modified time now), so that a prune running meanwhile
@@ -335,21 +345,6 @@ impl Layout {
                 Ok((all, now.unwrap_or_else(SystemTime::now)))
             }
         }
-    }
-
-    /// When file `name` of `blobs/sha256` was last written, if it is there.
-    fn modified(&self, name: &str) -> Result<Option<SystemTime>> {
-        let name = format!("blobs/sha256/{name}");
-        Ok(match self {
-            Layout::Dir(d) => match std::fs::metadata(d.join(&name)) {
-                Ok(m) => Some(m.modified()?),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(e.into()),
-            },
-            Layout::Bucket(b, r) => b
-                .head(&r.key(&name))?
-                .map(|h| h.modified.unwrap_or(SystemTime::UNIX_EPOCH)),
-        })
     }
 
     /// Deletes file `name` of `blobs/sha256`.
@@ -622,7 +617,7 @@ pub fn export(
     mut write: impl FnMut(Part, &mut dyn Write) -> Result<CapsuleStats>,
     known: &mut dyn Known,
     sending: &mut dyn FnMut(u64),
-    mut claim: Option<&mut Claim>,
+    claim: Option<&mut Claim>,
 ) -> Result<Exported> {
     if parts.is_empty() || parts.len() > MAX_LAYERS {
         bail!(
@@ -764,22 +759,19 @@ pub fn export(
         &manifest,
         Condition::Always,
     )?;
-    // The index: this manifest under its tag, other tags kept. In a bucket, written only if
-    // no other export changed it since it was read (else read again), so that two exports
-    // to the same prefix do not lose each other's tag.
-    let _turn = layout.lock_index()?;
-    for _ in 0..INDEX_TRIES {
-        let read = layout.read_json("index.json")?;
-        let mut manifests: Vec<Value> = match &read {
-            Some((_, v, _)) => v["manifests"].as_array().cloned().unwrap_or_default(),
-            None => Vec::new(),
-        };
+    // The index: this manifest under its tag, other tags kept, so that two exports to the
+    // same prefix do not lose each other's tag.
+    let mut epoch = 0;
+    let written = change_index(&layout, |read| {
+        let mut manifests: Vec<Value> = read
+            .and_then(|v| v["manifests"].as_array().cloned())
+            .unwrap_or_default();
         let current = manifests
             .iter()
             .find(|m| m["annotations"][REF_NAME] == tag.as_str());
         let current_epoch = current.map_or(0, epoch_of);
         let mut annotations = json!({REF_NAME: tag});
-        let epoch = match claim.as_deref() {
+        epoch = match claim.as_deref() {
             Some(c) => {
                 let epoch = c.epoch.unwrap_or(current_epoch + 1);
                 let writer = current.and_then(|m| m["annotations"][WRITER_ANNOTATION].as_str());
@@ -809,32 +801,55 @@ pub fn export(
             "size": manifest.len(),
             "annotations": annotations,
         }));
-        let index =
-            json!({"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": manifests});
+        Ok(Some(
+            json!({"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": manifests}),
+        ))
+    })?;
+    if !written {
+        bail!(
+            "{} kept changing while this export wrote it ({INDEX_TRIES} tries): the layers are \
+             there, but tag `{tag}` is not; export again",
+            layout.name("index.json")
+        );
+    }
+    if let Some(c) = claim {
+        c.epoch = Some(epoch);
+    }
+    Ok(Exported {
+        results,
+        reused_layers,
+        manifest: format!("sha256:{manifest_hex}"),
+        tag,
+        sent_layers,
+        sent_bytes,
+    })
+}
+
+/// Changes `index.json` as `change` says — given the index as it is (`None`: there is none),
+/// it returns the index to write, or `None` to write nothing — written only if no other
+/// writer changed it since it was read (in a bucket, a conditional `PUT`; in a directory,
+/// under [`Layout::lock_index`]), else read and changed again, [`INDEX_TRIES`] times at
+/// most: `false` if it kept changing.
+fn change_index(
+    layout: &Layout,
+    mut change: impl FnMut(Option<&Value>) -> Result<Option<Value>>,
+) -> Result<bool> {
+    let _turn = layout.lock_index()?;
+    for _ in 0..INDEX_TRIES {
+        let read = layout.read_json("index.json")?;
+        let Some(index) = change(read.as_ref().map(|(_, v, _)| v))? else {
+            return Ok(true);
+        };
         let condition = match &read {
             None => Condition::Absent,
             Some((_, _, Some(etag))) => Condition::Unchanged(etag),
             Some((_, _, None)) => Condition::Always,
         };
         if layout.write_small("index.json", &serde_json::to_vec(&index)?, condition)? {
-            if let Some(c) = claim.as_deref_mut() {
-                c.epoch = Some(epoch);
-            }
-            return Ok(Exported {
-                results,
-                reused_layers,
-                manifest: format!("sha256:{manifest_hex}"),
-                tag,
-                sent_layers,
-                sent_bytes,
-            });
+            return Ok(true);
         }
     }
-    bail!(
-        "{} kept changing while this export wrote it ({INDEX_TRIES} tries): the layers are \
-         there, but tag `{tag}` is not; export again",
-        layout.name("index.json")
-    )
+    Ok(false)
 }
 
 /// Tries to write `index.json` while other exports change it.
@@ -852,13 +867,6 @@ pub const SAFE_GRACE: Duration = Duration::from_secs(60 * 60);
 
 /// Most files of `blobs/sha256` a prune looks at.
 const MAX_BLOBS: usize = 10_000_000;
-
-/// How long before `now` `modified` was (nothing if unknown or later).
-fn age(modified: Option<SystemTime>, now: SystemTime) -> Duration {
-    modified
-        .and_then(|m| now.duration_since(m).ok())
-        .unwrap_or_default()
-}
 
 /// What [`prune`] did, or (`dry_run`) would do.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -924,7 +932,7 @@ pub fn prune(
         if needed.contains(&l.key) {
             pruned.referenced.0 += 1;
             pruned.referenced.1 += l.size;
-        } else if age(Some(l.modified), now) < grace {
+        } else if now.duration_since(l.modified).unwrap_or_default() < grace {
             pruned.young.0 += 1;
             pruned.young.1 += l.size;
         } else {
@@ -934,9 +942,9 @@ pub fn prune(
     for l in doomed {
         if !dry_run {
             // Written again since it was listed (an export touched it): kept.
-            match layout.modified(&l.key)? {
+            match layout.stat(&l.key)? {
                 None => continue,
-                Some(m) if m != l.modified => {
+                Some(h) if h.modified != Some(l.modified) => {
                     pruned.spared += 1;
                     continue;
                 }
@@ -953,14 +961,11 @@ pub fn prune(
 /// Removes the tags `untag` from the layout's index (refused if one is not there), written
 /// only if no export changed it since it was read (with `dry_run`, only checked).
 fn untag_all(layout: &Layout, untag: &[String], dry_run: bool) -> Result<()> {
-    let _turn = layout.lock_index()?;
-    for _ in 0..INDEX_TRIES {
-        if untag.is_empty() {
-            return Ok(());
-        }
-        let (_, mut index, etag) = layout
-            .read_json("index.json")?
-            .with_context(|| format!("{} is not there", layout.name("index.json")))?;
+    if untag.is_empty() {
+        return Ok(());
+    }
+    let written = change_index(layout, |read| {
+        let index = read.with_context(|| format!("{} is not there", layout.name("index.json")))?;
         let tags: Vec<String> = index["manifests"]
             .as_array()
             .into_iter()
@@ -975,22 +980,20 @@ fn untag_all(layout: &Layout, untag: &[String], dry_run: bool) -> Result<()> {
             );
         }
         if dry_run {
-            return Ok(());
+            return Ok(None);
         }
+        let mut index = index.clone();
         without(&mut index, untag);
-        let condition = match &etag {
-            Some(etag) => Condition::Unchanged(etag),
-            None => Condition::Always,
-        };
-        if layout.write_small("index.json", &serde_json::to_vec(&index)?, condition)? {
-            return Ok(());
-        }
+        Ok(Some(index))
+    })?;
+    if !written {
+        bail!(
+            "{} kept changing while this prune wrote it ({INDEX_TRIES} tries): nothing was \
+             deleted; prune again",
+            layout.name("index.json")
+        );
     }
-    bail!(
-        "{} kept changing while this prune wrote it ({INDEX_TRIES} tries): nothing was \
-         deleted; prune again",
-        layout.name("index.json")
-    )
+    Ok(())
 }
 
 /// `index` without the manifests tagged one of `untag`.

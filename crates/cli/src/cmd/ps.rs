@@ -142,23 +142,17 @@ pub fn snapshot_failed(id: &str, error: &str) -> String {
 /// The EXPORTED column: how long ago the last export ended and of which snapshot (`12s ago
 /// blake3:0123456789`), whether one is under way (`exporting 3s`) or failed (`failed`).
 fn export_text(e: &session::ExportStatus) -> String {
-    let since = |t: u64| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        std::time::Duration::from_secs(now.saturating_sub(t))
-    };
     let mut parts = Vec::new();
     match &e.exported {
         Some(e) => parts.push(format!(
             "{} {}",
-            ago(since(e.at)),
+            ago(e.age()),
             e.snapshot.chars().take(19).collect::<String>()
         )),
         None => parts.push("none yet".into()),
     }
     if let Some(e) = &e.exporting {
-        parts.push(format!("exporting {}s", since(e.at).as_secs()));
+        parts.push(format!("exporting {}s", e.age().as_secs()));
     }
     if e.error.is_some() {
         parts.push("last one failed".into());

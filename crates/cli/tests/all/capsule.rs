@@ -385,15 +385,7 @@ fn a_snapshot_moves_through_an_oci_layout() {
 
 /// The manifest tagged `tag` in the OCI layout `dir`.
 fn manifest_of(dir: &std::path::Path, tag: &str) -> serde_json::Value {
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
-    let m = index["manifests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
-        .unwrap()
-        .clone();
+    let m = index_entry(dir, tag);
     let hex = m["digest"]
         .as_str()
         .unwrap()
