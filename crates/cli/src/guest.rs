@@ -26,6 +26,30 @@ fn parse_export_to(s: &str) -> Result<crate::cmd::oci::OciRef, String> {
         .map_err(|e| format!("{e:#}"))
 }
 
+/// `--export-lease`: a time to live, or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportLease {
+    Off,
+    Ttl(Duration),
+}
+
+/// The time to live of a run's lease on its tag unless `--export-lease` says otherwise.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+fn parse_lease(s: &str) -> Result<ExportLease, String> {
+    if s == "off" {
+        return Ok(ExportLease::Off);
+    }
+    let d = crate::cmd::run::parse_duration(s)?;
+    if d < crate::cmd::oci::lease::MIN_TTL {
+        return Err(format!(
+            "`{s}`: a lease lives at least {} s (or `off`)",
+            crate::cmd::oci::lease::MIN_TTL.as_secs()
+        ));
+    }
+    Ok(ExportLease::Ttl(d))
+}
+
 /// Stack of the thread the guest runs on: Wasm frames live on it.
 pub const GUEST_THREAD_STACK: usize = 256 << 20;
 
@@ -67,6 +91,13 @@ pub struct GuestArgs {
     /// GRACE` does. 1h is safe beside other exports to the same layout.
     #[arg(long, value_name = "GRACE", requires = "export_to", value_parser = crate::cmd::run::parse_duration)]
     pub export_prune: Option<Duration>,
+    /// With --export-to: how long the run's lease on its tag outlives its last renewal
+    /// (renewed every quarter of it; at least 2s), or `off`. A run resumed from the tag
+    /// elsewhere waits for the lease to lapse (or to be given up at a suspend or exit), and a
+    /// run that cannot renew it for half of it suspends itself, so that the session never
+    /// runs in two places.
+    #[arg(long, value_name = "TTL|off", requires = "export_to", value_parser = parse_lease)]
+    pub export_lease: Option<ExportLease>,
     /// Engine to run the guest on: `jit` (wasmtime, the default) or `interp` (wasmi, a
     /// pure-Rust interpreter). A snapshot taken on one resumes on the other. (With --space,
     /// `resume` keeps the session's engine unless this is given.)
@@ -85,6 +116,16 @@ impl GuestArgs {
             && self.keep.is_none()
             && self.export_to.is_none()
             && self.export_prune.is_none()
+            && self.export_lease.is_none()
+    }
+
+    /// `--export-lease`'s time to live: [`DEFAULT_LEASE`] unless given; `None`: off.
+    pub fn export_lease(&self) -> Option<Duration> {
+        match self.export_lease {
+            None => Some(DEFAULT_LEASE),
+            Some(ExportLease::Off) => None,
+            Some(ExportLease::Ttl(d)) => Some(d),
+        }
     }
 
     /// The engine asked for, else the JIT.
@@ -275,6 +316,10 @@ pub struct Execution<'a> {
     /// run resumed from it; else that of the session's last run exporting there, or (`None`)
     /// the one after the tag's at the first export.
     pub export_epoch: Option<u64>,
+    /// `--export-lease`: the tag's lease's time to live (`None`: no lease).
+    pub export_lease: Option<Duration>,
+    /// `--take-over`: the tag's lease is taken even while another run holds it.
+    pub take_over: bool,
     /// The line the guest has begun on its terminal and not ended (recorded with each snapshot).
     pub open_line: OpenLine,
 }
@@ -431,28 +476,11 @@ impl Execution<'_> {
                 }
             });
         }
-        starting();
-        self.session.pid = std::process::id();
-        self.session.state = "running".into();
-        session::save(self.settings, &self.session)?;
-
-        let (runtime, prepared, store, control) = (
-            self.runtime,
-            self.prepared,
-            self.store,
-            self.control.clone(),
-        );
-        let settings = self.settings;
-        let meta = self.meta.clone();
-        let mut sess = self.session.clone();
-        let replays = self.replays.clone();
-        let keep = self.keep;
-        let open_line = self.open_line.clone();
         // `--export-to`: a thread exporting each snapshot recorded (the latest of those
         // waiting), joined once the guest stops, so that a suspend ends exported too.
         let export_to = self.export_to.clone().map(|mut to| {
             if to.tag.is_none() {
-                to.tag = Some(crate::cmd::oci::tag_for(&sess.id));
+                to.tag = Some(crate::cmd::oci::tag_for(&self.session.id));
             }
             to
         });
@@ -461,10 +489,10 @@ impl Execution<'_> {
         // A session resumed here goes on with the epoch (and as the writer) its last run
         // here exported with; one taken over from its tag, with the epoch after it.
         let fresh = || format!("{:016x}", rand::random::<u64>());
-        let previous = export_to
-            .as_ref()
-            .and_then(|to| session::load_export(settings, &sess.id).filter(|e| e.to == to.name()));
-        let claim = match (self.export_epoch, previous) {
+        let previous = export_to.as_ref().and_then(|to| {
+            session::load_export(self.settings, &self.session.id).filter(|e| e.to == to.name())
+        });
+        let mut claim = match (self.export_epoch, previous) {
             (Some(epoch), _) => crate::cmd::oci::Claim {
                 writer: fresh(),
                 epoch: Some(epoch),
@@ -485,7 +513,44 @@ impl Execution<'_> {
                 epoch: None,
             },
         };
+        // The tag's lease, taken before the guest runs: refused while a run elsewhere holds it.
+        let taken_at = std::time::Instant::now();
+        let tag_lease = match (&export_to, self.export_lease) {
+            (Some(to), Some(ttl)) => Some(
+                crate::cmd::oci::TagLease::take(to, &mut claim, ttl, self.take_over)
+                    .with_context(|| format!("cannot export to {}", to.name()))?,
+            ),
+            _ => None,
+        };
+        starting();
+        self.session.pid = std::process::id();
+        self.session.state = "running".into();
+        session::save(self.settings, &self.session)?;
+
+        let (runtime, prepared, store, control) = (
+            self.runtime,
+            self.prepared,
+            self.store,
+            self.control.clone(),
+        );
+        let settings = self.settings;
+        let meta = self.meta.clone();
+        let mut sess = self.session.clone();
+        let replays = self.replays.clone();
+        let keep = self.keep;
+        let open_line = self.open_line.clone();
         let export_control = self.control.clone();
+        let lease_lost = Arc::new(LeaseFate::default());
+        let leasing = tag_lease.map(|lease| {
+            keep_lease(
+                lease,
+                taken_at,
+                self.control.clone(),
+                lease_lost.clone(),
+                &self.session.id,
+            )
+        });
+        let export_lost = lease_lost.clone();
         let exporter = export_to.clone().map(|to| {
             std::thread::Builder::new()
                 .name("export".into())
@@ -505,6 +570,7 @@ impl Execution<'_> {
                                 }
                             },
                             &taken_over,
+                            &export_lost,
                         )
                     }
                 })
@@ -573,6 +639,8 @@ impl Execution<'_> {
             )
         });
         self.session = session::load(self.settings, &self.session.id).unwrap_or(self.session);
+        let mut taken_over = false;
+        let mut exported_last = None;
         if let (Some(exporter), Some(to)) = (exporter, &export_to) {
             if let Ok(Outcome::Suspended(k)) = &outcome
                 && !exporter.is_finished()
@@ -580,9 +648,11 @@ impl Execution<'_> {
                 eprintln!("ferry: exporting {k} to {} before ending", to.name());
             }
             let (exported, taken) = exporter.join().expect("the export thread panicked");
+            exported_last = exported;
+            taken_over = taken || lease_lost.taken();
             if let Ok(Outcome::Suspended(k)) = &outcome {
                 match exported {
-                    _ if taken => eprintln!(
+                    _ if taken_over => eprintln!(
                         "ferry: {k} is not the session's latest: it goes on from {} elsewhere \
                          (a resume of {k} here runs it a second time)",
                         to.name()
@@ -599,6 +669,26 @@ impl Execution<'_> {
                 }
             }
         }
+        // The lease, kept until the last export was made, is given up saying how the run
+        // ended — unless it was lost, or the last snapshot is not in the tag: then it lapses.
+        if let Some(leasing) = leasing {
+            let mut lease = leasing.stop();
+            let how = match &outcome {
+                Ok(Outcome::Exited(code)) => Some(format!("exited({code})")),
+                Ok(Outcome::Suspended(k)) if exported_last == Some(*k) => Some("suspended".into()),
+                _ => None,
+            };
+            if let Some(how) = how.filter(|_| !taken_over && !lease_lost.lost())
+                && let Err(e) = lease.end(&how)
+            {
+                eprintln!(
+                    "ferry: could not give up the lease of {}: it lapses {} s after its \
+                     last renewal ({e:#})",
+                    lease.describe(),
+                    lease.ttl().as_secs()
+                );
+            }
+        }
         match outcome {
             Ok(Outcome::Exited(code)) => {
                 self.session.state = format!("exited({code})");
@@ -609,10 +699,12 @@ impl Execution<'_> {
                 self.session.state = "suspended".into();
                 session::save(self.settings, &self.session)?;
                 eprintln!("suspended {k}");
-                eprintln!(
-                    "ferry: resume it with `ferry resume {grants}{}`",
-                    k.fmt_short()
-                );
+                if !taken_over {
+                    eprintln!(
+                        "ferry: resume it with `ferry resume {grants}{}`",
+                        k.fmt_short()
+                    );
+                }
                 Ok(ExitCode::from(EXIT_SUSPENDED))
             }
             Err(e) => {
@@ -645,6 +737,7 @@ fn export_each(
     rx: std::sync::mpsc::Receiver<Kappa>,
     note: &mut dyn FnMut(&session::ExportStatus),
     taken_over: &dyn Fn(),
+    lease: &LeaseFate,
 ) -> (Option<Kappa>, bool) {
     // The claim, noted from the start: a local resume after a crash before the first export
     // goes on with it too.
@@ -661,7 +754,8 @@ fn export_each(
         while let Ok(newer) = rx.try_recv() {
             k = newer;
         }
-        if fenced {
+        // Once the tag's lease is lost, the session may go on elsewhere from the tag.
+        if fenced || lease.lost() {
             continue;
         }
         status.exporting = Some(session::Stamped::now(k.to_string()));
@@ -720,6 +814,148 @@ fn export_each(
         note(&status);
     }
     (last, fenced)
+}
+
+/// What became of a run's lease on its tag ([`keep_lease`]).
+#[derive(Debug, Default)]
+pub struct LeaseFate(std::sync::atomic::AtomicU8);
+
+impl LeaseFate {
+    const HELD: u8 = 0;
+    const CUT_OFF: u8 = 1;
+    const TAKEN: u8 = 2;
+
+    /// Notes the lease lost (`taken`: by another run); whether it was held until now.
+    fn lose(&self, taken: bool) -> bool {
+        let to = if taken { Self::TAKEN } else { Self::CUT_OFF };
+        self.0
+            .compare_exchange(Self::HELD, to, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// Whether the lease was lost (the run suspends).
+    pub fn lost(&self) -> bool {
+        self.0.load(Ordering::SeqCst) != Self::HELD
+    }
+
+    /// Whether another run took it.
+    pub fn taken(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == Self::TAKEN
+    }
+}
+
+/// The threads keeping a run's lease on its tag ([`keep_lease`]).
+struct Leasing {
+    done: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    renewer: std::thread::JoinHandle<crate::cmd::oci::TagLease>,
+    watcher: std::thread::JoinHandle<()>,
+}
+
+impl Leasing {
+    /// Stops renewing; the lease, to be given up.
+    fn stop(self) -> crate::cmd::oci::TagLease {
+        *self.done.0.lock().expect("lease lock") = true;
+        self.done.1.notify_all();
+        self.watcher.join().expect("the lease watcher panicked");
+        self.renewer.join().expect("the lease thread panicked")
+    }
+}
+
+/// Keeps `lease` (taken at `taken_at`) while the guest runs: renewed every quarter of its
+/// time to live. When another run has taken it, or when it could not be renewed for half its
+/// time to live (the layout does not answer: this machine may be cut off, and a run resumed
+/// from the tag elsewhere takes the session over once the lease lapses), `fate` notes it and
+/// the guest is suspended, so that the session never runs in two places.
+fn keep_lease(
+    mut lease: crate::cmd::oci::TagLease,
+    taken_at: std::time::Instant,
+    control: Arc<Control>,
+    fate: Arc<LeaseFate>,
+    session: &str,
+) -> Leasing {
+    let ttl = lease.ttl();
+    let done = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let renewed = Arc::new(std::sync::Mutex::new(taken_at));
+    // Waits `d` or until told to stop; whether told.
+    let wait = |done: &(std::sync::Mutex<bool>, std::sync::Condvar), d: Duration| {
+        let g = done.0.lock().expect("lease lock");
+        let (g, _) = done
+            .1
+            .wait_timeout_while(g, d, |stop| !*stop)
+            .expect("lease lock");
+        *g
+    };
+    let lose = {
+        let (fate, control) = (fate.clone(), control.clone());
+        move |taken: bool, why: String| {
+            if fate.lose(taken) {
+                eprintln!("ferry: {why}");
+                control.request(Request::Suspend);
+            }
+        }
+    };
+    let renewer = std::thread::Builder::new()
+        .name("lease".into())
+        .spawn({
+            let (done, renewed, lose, fate) =
+                (done.clone(), renewed.clone(), lose.clone(), fate.clone());
+            move || {
+                while !wait(&done, ttl / 4) && !fate.lost() {
+                    let sent = std::time::Instant::now();
+                    match lease.renew() {
+                        Ok(()) => *renewed.lock().expect("lease lock") = sent,
+                        Err(e) if e.downcast_ref::<crate::cmd::oci::TakenOver>().is_some() => {
+                            lose(
+                                true,
+                                format!(
+                                    "{e} of {}: the session goes on there; this run exports \
+                                     no more and suspends, so that it does not run in two places",
+                                    lease.place()
+                                ),
+                            );
+                            break;
+                        }
+                        Err(e) => tracing::warn!(
+                            "could not renew the lease of {}: {e:#}",
+                            lease.describe()
+                        ),
+                    }
+                }
+                lease
+            }
+        })
+        .expect("a thread");
+    let watcher = std::thread::Builder::new()
+        .name("lease-watch".into())
+        .spawn({
+            let (done, session) = (done.clone(), session.to_owned());
+            move || {
+                while !wait(&done, Duration::from_millis(100)) && !fate.lost() {
+                    let since = renewed.lock().expect("lease lock").elapsed();
+                    if since >= ttl / 2 {
+                        lose(
+                            false,
+                            format!(
+                                "the lease of the session's tag could not be renewed for {} s \
+                                 (its layout does not answer): this run exports no more and \
+                                 suspends, so that the session cannot run in two places — a run \
+                                 resumed from the tag elsewhere takes it over once the lease \
+                                 lapses, {} s after its last renewal; `ferry resume {session}` \
+                                 here goes on once the layout answers, unless one did",
+                                since.as_secs(),
+                                ttl.as_secs()
+                            ),
+                        );
+                    }
+                }
+            }
+        })
+        .expect("a thread");
+    Leasing {
+        done,
+        renewer,
+        watcher,
+    }
 }
 
 /// How often at most `--export-prune` prunes the layout (a listing of it and a read of every

@@ -670,6 +670,21 @@ impl Bucket {
         condition: Condition<'_>,
         progress: &mut dyn FnMut(u64),
     ) -> Result<bool, S3Error> {
+        Ok(self
+            .put_tagged(key, body, sha256, condition, progress)?
+            .is_some())
+    }
+
+    /// [`Bucket::put`], telling the ETag the store gave the object written (`Some(None)`
+    /// if it gave none); `None` if `condition` did not hold.
+    pub fn put_tagged(
+        &self,
+        key: &str,
+        body: Body<'_>,
+        sha256: &str,
+        condition: Condition<'_>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Option<Option<String>>, S3Error> {
         let headers: &[(&'static str, &str)] = match condition {
             Condition::Always => &[],
             Condition::Absent => &[("if-none-match", "*")],
@@ -685,8 +700,13 @@ impl Bucket {
             progress,
         )?;
         match r.status().as_u16() {
-            412 => Ok(false),
-            s if (200..300).contains(&s) => Ok(true),
+            412 => Ok(None),
+            s if (200..300).contains(&s) => Ok(Some(
+                r.headers()
+                    .get("etag")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
+            )),
             _ => Err(self.refused("cannot write", key, r)),
         }
     }

@@ -123,6 +123,9 @@ impl OciRef {
     }
 }
 
+pub mod lease;
+pub use lease::{TagLease, await_lease};
+
 /// A JSON file of a layout: its bytes, what they say, and its ETag (in a bucket).
 type Json = (Vec<u8>, Value, Option<String>);
 
@@ -200,12 +203,28 @@ impl Layout {
     /// Writes the small file `name` if `condition` holds (a directory has no conditions:
     /// written through a temporary file, durably); `false` if it did not.
     fn write_small(&self, name: &str, bytes: &[u8], condition: Condition<'_>) -> Result<bool> {
+        Ok(self.write_small_tagged(name, bytes, condition)?.is_some())
+    }
+
+    /// [`Layout::write_small`], telling the ETag of what was written (in a bucket); `None`
+    /// if `condition` did not hold.
+    fn write_small_tagged(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        condition: Condition<'_>,
+    ) -> Result<Option<Option<String>>> {
         match self {
             Layout::Dir(d) => {
-                write_atomic(&d.join(name), bytes)?;
-                Ok(true)
+                let path = d.join(name);
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)
+                        .with_context(|| format!("cannot create {}", parent.display()))?;
+                }
+                write_atomic(&path, bytes)?;
+                Ok(Some(None))
             }
-            Layout::Bucket(b, r) => Ok(b.put(
+            Layout::Bucket(b, r) => Ok(b.put_tagged(
                 &r.key(name),
                 Body::Bytes(bytes),
                 &sha256_hex(bytes),
@@ -256,9 +275,13 @@ impl Layout {
     /// What the layout says of file `name` of `blobs/sha256` — its length, when it was last
     /// written, and the layout's clock now — if it is there.
     fn stat(&self, name: &str) -> Result<Option<Head>> {
-        let name = format!("blobs/sha256/{name}");
+        self.stat_file(&format!("blobs/sha256/{name}"))
+    }
+
+    /// What the layout says of its file `name` (as [`Layout::stat`]).
+    fn stat_file(&self, name: &str) -> Result<Option<Head>> {
         Ok(match self {
-            Layout::Dir(d) => match std::fs::metadata(d.join(&name)) {
+            Layout::Dir(d) => match std::fs::metadata(d.join(name)) {
                 Ok(m) => Some(Head {
                     len: m.len(),
                     modified: m.modified().ok(),
@@ -266,10 +289,10 @@ impl Layout {
                 }),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                 Err(e) => {
-                    return Err(e).with_context(|| format!("cannot look up {}", self.name(&name)));
+                    return Err(e).with_context(|| format!("cannot look up {}", self.name(name)));
                 }
             },
-            Layout::Bucket(b, r) => b.head(&r.key(&name))?,
+            Layout::Bucket(b, r) => b.head(&r.key(name))?,
         })
     }
 

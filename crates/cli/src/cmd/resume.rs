@@ -37,6 +37,11 @@ pub struct Args {
     /// wrote). With --space: the session id.
     #[arg(value_name = "SNAPSHOT|SESSION|s3://BUCKET/PREFIX[:TAG]")]
     snapshot: String,
+    /// With --export-to the layout it is resumed from: take the session over from the run
+    /// that holds the tag's lease without waiting for the lease to lapse; that run suspends
+    /// at its next renewal (what it did since its last export is done again here).
+    #[arg(long, requires = "export_to")]
+    take_over: bool,
     /// The layout the snapshot was imported from, with the tag and epoch read there.
     #[arg(skip)]
     from_layout: Option<(crate::cmd::oci::OciRef, crate::cmd::capsule::FromLayout)>,
@@ -218,6 +223,17 @@ pub fn run(settings: &Settings, mut a: Args) -> Result<ExitCode> {
     let k = match crate::cmd::oci::OciRef::parse(std::ffi::OsStr::new(&a.snapshot)) {
         Some(r) => {
             let r = r?;
+            // Taking the session over from its tag: once no run holds the tag's lease.
+            if let Some(to) = &a.guest.export_to
+                && to.place == r.place
+                && (to.tag.is_none() || r.tag.is_none() || to.tag == r.tag)
+                && a.guest.export_lease().is_some()
+            {
+                crate::cmd::oci::await_lease(&r, a.take_over, &mut |said| {
+                    eprintln!("ferry: {said}")
+                })
+                .with_context(|| format!("cannot take the session of {} over", a.snapshot))?;
+            }
             let from = crate::cmd::capsule::import_for_resume(&store, &r, &a.snapshot)?;
             let k = from.root;
             a.from_layout = Some((r, from));
@@ -467,6 +483,8 @@ fn admit_and_run(
         export_to,
         export_prune: a.guest.export_prune,
         export_epoch,
+        export_lease: a.guest.export_lease(),
+        take_over: a.take_over,
         open_line,
     }
     .execute(wasi, Start::Restore(Box::new(loaded)))

@@ -333,6 +333,8 @@ pub fn run(settings: &Settings, a: Args) -> Result<ExitCode> {
         export_to: a.guest.export_to.clone(),
         export_prune: a.guest.export_prune,
         export_epoch: None,
+        export_lease: a.guest.export_lease(),
+        take_over: false,
         open_line,
     }
     .execute(wasi, Start::Fresh)

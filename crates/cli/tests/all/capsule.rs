@@ -1169,13 +1169,11 @@ fn index_entry(dir: &std::path::Path, tag: &str) -> serde_json::Value {
         .clone()
 }
 
-/// A run exports its checkpoints to a layout; while it still runs (a machine cut off, not
-/// lost), another store resumes the session from its tag, exporting to the same layout:
-/// that run takes the tag over (the epoch after the one it imported, by default the same
-/// tag), and the first run, at its next export, finds the later epoch, exports no more and
-/// suspends with the reason — the session does not go on in two places. The run that took
-/// over prints the rest of an uninterrupted run; a resume of the first one where it was
-/// stops again at its first export.
+/// A resume from a tag whose run is still going (it renews the tag's lease) waits, sees the
+/// lease renewed and refuses: the session runs there. With --take-over it takes the lease at
+/// once, and the run it took over — a machine cut off, not lost — finds the lease taken at
+/// its next renewal, exports no more and suspends; resumed where it was, it is refused
+/// before it runs.
 #[test]
 fn a_run_resumed_elsewhere_from_its_tag_takes_it_over_and_the_first_run_stops() {
     use std::process::Stdio;
@@ -1185,7 +1183,14 @@ fn a_run_resumed_elsewhere_from_its_tag_takes_it_over_and_the_first_run_stops() 
     let plain = here.plain(&[g, "--", "600"]).stdout;
     let layout = here.path("home");
     let to = format!("oci:{}", layout.display());
-    let every = ["--checkpoint-every", "200ms", "--export-to", &to];
+    let every = [
+        "--checkpoint-every",
+        "200ms",
+        "--export-to",
+        &to,
+        "--export-lease",
+        "4s",
+    ];
     let first = here
         .ferry()
         .args(["run", "--session", "job"])
@@ -1203,9 +1208,18 @@ fn a_run_resumed_elsewhere_from_its_tag_takes_it_over_and_the_first_run_stops() 
         "1"
     );
     let there = Env::new();
+    let tag = format!("{to}:job");
+    let (_, err, code) = there.output(&[&["resume", &tag][..], &every[..]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("is held by a run (writer ")
+            && err.contains("waiting up to")
+            && err.contains("renewed its lease while this one waited): the session runs there"),
+        "{err}"
+    );
     let second = there
         .ferry()
-        .args(["resume", &format!("{to}:job")])
+        .args(["resume", &tag, "--take-over"])
         .args(every)
         .output()
         .unwrap();
@@ -1229,8 +1243,12 @@ fn a_run_resumed_elsewhere_from_its_tag_takes_it_over_and_the_first_run_stops() 
         "{err}"
     );
     assert!(
-        err.contains(&format!("it goes on from {to}:job elsewhere (a resume of ")),
+        err.contains(&format!("it goes on from {tag} elsewhere (a resume of ")),
         "{err}"
+    );
+    assert!(
+        !err.contains("resume it with"),
+        "a run taken over does not suggest resuming it: {err}"
     );
     assert!(
         first.stdout.len() < plain.len(),
@@ -1238,12 +1256,116 @@ fn a_run_resumed_elsewhere_from_its_tag_takes_it_over_and_the_first_run_stops() 
     );
     let entry = index_entry(&layout, "job");
     assert_eq!(entry["annotations"]["dev.ferry.epoch"], "2", "{entry}");
-    // The first run resumed where it was: still behind, it stops at its first export.
-    let (_, err, code) = here.output(&[&["resume", "job"][..], &every[..]].concat());
-    assert_eq!(code, 75, "{err}");
-    assert!(err.contains("was taken over by another run"), "{err}");
+    // The first run resumed where it was: refused before it runs.
+    let (out, err, code) = here.output(&[&["resume", "job"][..], &every[..]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        out.is_empty() && err.contains("was taken over by another run (writer "),
+        "{err}"
+    );
+    // The run that took over gave the lease up as it ended: a resume from the tag is refused,
+    // since it would run the end again.
+    let (_, err, code) = Env::new().output(&[&["resume", &tag][..], &every[..]].concat());
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("exited(0)") && err.contains("would run its end again"),
+        "{err}"
+    );
     assert_eq!(
         index_entry(&layout, "job")["annotations"]["dev.ferry.epoch"],
         "2"
+    );
+}
+
+/// A run cut off from the bucket it exports to (its network gone, not its machine) cannot
+/// renew its lease on its tag: it suspends itself within half the lease's time to live, and a
+/// resume from the tag on another machine waits for the lease to lapse before it takes the
+/// session over — so the second run prints nothing before the first has stopped.
+#[test]
+fn a_run_cut_off_from_its_bucket_stops_before_a_run_elsewhere_takes_its_session_over() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let s3 = crate::harness::S3Server::start();
+    let upstream: u16 = s3.endpoint.rsplit(':').next().unwrap().parse().unwrap();
+    let (port, cut) = crate::harness::switched_proxy(upstream);
+    let here = s3
+        .for_ferry(Env::new())
+        .with_var("AWS_ENDPOINT_URL", &format!("http://127.0.0.1:{port}"));
+    let g = guest("wasm/cpu.wasm");
+    let g = g.to_str().unwrap();
+    let plain = here.plain(&[g, "--", "600"]).stdout;
+    let lease = ["--export-to", "s3://ferry-test/cut", "--export-lease", "4s"];
+    let first = here
+        .ferry()
+        .args(["run", "--session", "job", "--checkpoint-every", "300ms"])
+        .args(lease)
+        .args([g, "--", "600"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    crate::migrate::eventually("the first run exported", || {
+        s3.boto(
+            r#"
+try:
+    s3.head_object(Bucket="ferry-test", Key="cut/index.json")
+    print("there")
+except Exception:
+    print("not yet")
+"#,
+        )
+        .contains("there")
+    });
+    cut.store(true, std::sync::atomic::Ordering::SeqCst);
+    let first = std::thread::spawn(move || {
+        let out = first.wait_with_output().unwrap();
+        (out, std::time::Instant::now())
+    });
+    let mut second = s3
+        .for_ferry(Env::new())
+        .ferry()
+        .args(["resume", "s3://ferry-test/cut:job"])
+        .args(lease)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = second.stdout.take().unwrap();
+    let printing = std::thread::spawn(move || {
+        let mut out = vec![0u8; 1];
+        stdout.read_exact(&mut out).unwrap();
+        let began = std::time::Instant::now();
+        stdout.read_to_end(&mut out).unwrap();
+        (out, began)
+    });
+    let second = second.wait_with_output().unwrap();
+    let (printed, began) = printing.join().unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("is held by a run (writer ")
+            && err.contains("waiting up to")
+            && err.contains("the lease of tag `job` lapsed after"),
+        "{err}"
+    );
+    assert!(
+        plain.ends_with(&printed),
+        "the run that took over prints the rest of the run"
+    );
+    let (first, stopped) = first.join().unwrap();
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(75), "{err}");
+    assert!(
+        err.contains("could not be renewed for")
+            && err.contains("this run exports no more and suspends"),
+        "{err}"
+    );
+    assert!(
+        first.stdout.len() < plain.len() && plain.starts_with(&first.stdout),
+        "the first run stopped early"
+    );
+    assert!(
+        stopped < began,
+        "the first run ended before the second printed anything"
     );
 }

@@ -1398,3 +1398,53 @@ pub fn cutting_proxy(
     });
     (port, has_cut)
 }
+
+/// A TCP proxy on 127.0.0.1 to `upstream` (a port of 127.0.0.1) until the flag returned is
+/// raised: then it cuts every connection it carries and closes each new one at once — a
+/// machine cut off from a server. Its port and that flag.
+pub fn switched_proxy(upstream: u16) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::net::{Shutdown, TcpStream};
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+    let (cutting, carried) = (cut.clone(), open.clone());
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            if cutting.load(Ordering::SeqCst) {
+                for s in carried.lock().unwrap().drain(..) {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+            }
+        }
+    });
+    let has_cut = cut.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            if cut.load(Ordering::SeqCst) {
+                let _ = client.shutdown(Shutdown::Both);
+                continue;
+            }
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            open.lock()
+                .unwrap()
+                .extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(Shutdown::Write);
+                });
+            }
+        }
+    });
+    (port, has_cut)
+}
