@@ -665,7 +665,9 @@ pub fn import(settings: &Settings, a: ImportArgs) -> Result<ExitCode> {
     let store = settings.open_store()?;
     if let Some(r) = super::oci::OciRef::parse(a.capsule.as_os_str()) {
         let name = a.capsule.display().to_string();
-        let from = import_layout(&store, &r?).with_context(|| format!("cannot import {name}"))?;
+        let r = r?;
+        super::oci::lease::say_if_copy(&r);
+        let from = import_layout(&store, &r).with_context(|| format!("cannot import {name}"))?;
         return imported(&store, from.root, from.stats, &name);
     }
     let (input, total, name): (Box<dyn std::io::Read>, _, _) = if a.capsule.as_os_str() == "-" {

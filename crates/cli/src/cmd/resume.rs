@@ -224,11 +224,12 @@ pub fn run(settings: &Settings, mut a: Args) -> Result<ExitCode> {
         Some(r) => {
             let r = r?;
             // Taking the session over from its tag: once no run holds the tag's lease.
-            if let Some(to) = &a.guest.export_to
-                && to.place == r.place
-                && (to.tag.is_none() || r.tag.is_none() || to.tag == r.tag)
-                && a.guest.export_lease().is_some()
-            {
+            let takes_over = a.guest.export_to.as_ref().is_some_and(|to| {
+                to.place == r.place && (to.tag.is_none() || r.tag.is_none() || to.tag == r.tag)
+            });
+            if !takes_over {
+                crate::cmd::oci::lease::say_if_copy(&r);
+            } else if a.guest.export_lease().is_some() {
                 crate::cmd::oci::await_lease(&r, a.take_over, &mut |said| {
                     eprintln!("ferry: {said}")
                 })

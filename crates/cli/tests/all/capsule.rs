@@ -1316,6 +1316,16 @@ except Exception:
         )
         .contains("there")
     });
+    // An import while the run goes on is a copy, and says so.
+    let (_, err, code) = s3
+        .for_ferry(Env::new())
+        .output(&["import", "s3://ferry-test/cut:job"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("tag `job` of s3://ferry-test/cut is held by a run that is still going")
+            && err.contains("this is a copy of its last export, not the session"),
+        "{err}"
+    );
     cut.store(true, std::sync::atomic::Ordering::SeqCst);
     let first = std::thread::spawn(move || {
         let out = first.wait_with_output().unwrap();

@@ -354,6 +354,39 @@ pub fn await_lease(r: &OciRef, take_over: bool, say: &mut dyn FnMut(String)) -> 
     }
 }
 
+/// Says on stderr, when a run holds the lease of `r`'s tag, that importing or resuming it
+/// without taking its session over (no `--export-to` there) makes a copy of its last export.
+pub fn say_if_copy(r: &OciRef) {
+    match copy_note(r) {
+        Ok(Some(note)) => eprintln!("ferry: {note}"),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("could not read the lease of {}: {e:#}", r.name()),
+    }
+}
+
+fn copy_note(r: &OciRef) -> Result<Option<String>> {
+    let layout = Layout::open(&r.place)?;
+    let Some(tag) = tag_of(&layout, r)? else {
+        return Ok(None);
+    };
+    Ok(read(&layout, &tag)?.filter(Seen::live).map(|s| {
+        format!(
+            "tag `{tag}` of {} is held by a run that is still going (writer {}, its lease \
+             renewed {} s ago): this is a copy of its last export, not the session (`ferry \
+             resume {} --export-to {}` waits to take the session over)",
+            layout.place(),
+            s.record.writer,
+            s.age.as_secs(),
+            r.name(),
+            OciRef {
+                place: r.place.clone(),
+                tag: None
+            }
+            .name()
+        )
+    }))
+}
+
 /// The tag `r` names, or the one tag of its layout (as an import takes it).
 fn tag_of(layout: &Layout, r: &OciRef) -> Result<Option<String>> {
     if let Some(t) = &r.tag {
@@ -380,6 +413,16 @@ mod tests {
         }
     }
 
+    /// Tag `t` of a directory layout in a new temporary directory.
+    fn layout() -> (tempfile::TempDir, OciRef) {
+        let dir = tempfile::tempdir().unwrap();
+        let to = OciRef {
+            place: Place::Dir(dir.path().to_owned()),
+            tag: Some("t".into()),
+        };
+        (dir, to)
+    }
+
     /// The lease file made `secs` older than it is (as if not renewed since).
     fn age(dir: &std::path::Path, secs: u64) {
         let f = std::fs::File::options()
@@ -392,11 +435,7 @@ mod tests {
 
     #[test]
     fn a_live_lease_keeps_other_runs_out_until_it_lapses_or_ends() {
-        let dir = tempfile::tempdir().unwrap();
-        let to = OciRef {
-            place: Place::Dir(dir.path().to_owned()),
-            tag: Some("t".into()),
-        };
+        let (dir, to) = layout();
         let ttl = Duration::from_secs(10);
         let mut a = claim("a", None);
         let mut lease_a = TagLease::take(&to, &mut a, ttl, false).unwrap();
@@ -446,11 +485,7 @@ mod tests {
 
     #[test]
     fn an_ended_lease_is_free_and_an_exit_is_not_taken_over() {
-        let dir = tempfile::tempdir().unwrap();
-        let to = OciRef {
-            place: Place::Dir(dir.path().to_owned()),
-            tag: Some("t".into()),
-        };
+        let (dir, to) = layout();
         let ttl = Duration::from_secs(10);
         await_lease(&to, false, &mut |s| panic!("{s}")).unwrap();
         let mut lease = TagLease::take(&to, &mut claim("a", None), ttl, false).unwrap();
