@@ -647,24 +647,31 @@ impl Execution<'_> {
             {
                 eprintln!("ferry: exporting {k} to {} before ending", to.name());
             }
-            let (exported, taken) = exporter.join().expect("the export thread panicked");
-            exported_last = exported;
-            taken_over = taken || lease_lost.taken();
+            let done = exporter.join().expect("the export thread panicked");
+            exported_last = done.last;
+            taken_over = done.taken || lease_lost.taken();
             if let Ok(Outcome::Suspended(k)) = &outcome {
-                match exported {
+                match done.last {
                     _ if taken_over => eprintln!(
                         "ferry: {k} is not the session's latest: it goes on from {} elsewhere \
                          (a resume of {k} here runs it a second time)",
                         to.name()
                     ),
                     Some(last) if last == *k => eprintln!(
-                        "ferry: exported {k} to {}: `ferry resume {}` on another machine goes on from it",
+                        "ferry: exported {k} to {}: `ferry resume {} --export-to {}` on another \
+                         machine goes on from it",
                         to.describe(to.tag.as_deref().unwrap_or_default()),
-                        to.name()
+                        to.name(),
+                        to.layout_name()
                     ),
                     _ => eprintln!(
-                        "ferry: {k} was not exported to {} (above: why); it is in this store",
-                        to.name()
+                        "ferry: {k} was not exported to {} ({}); it is in this store",
+                        to.name(),
+                        match (&done.error, lease_lost.lost()) {
+                            (_, true) => "this run lost its lease on the tag".to_owned(),
+                            (Some(why), false) => format!("the last export failed: {why}"),
+                            (None, false) => "see above".to_owned(),
+                        }
                     ),
                 }
             }
@@ -738,7 +745,7 @@ fn export_each(
     note: &mut dyn FnMut(&session::ExportStatus),
     taken_over: &dyn Fn(),
     lease: &LeaseFate,
-) -> (Option<Kappa>, bool) {
+) -> ExportsDone {
     // The claim, noted from the start: a local resume after a crash before the first export
     // goes on with it too.
     let mut status = session::ExportStatus {
@@ -750,6 +757,8 @@ fn export_each(
     let mut last = None;
     let mut pruned: Option<std::time::Instant> = None;
     let mut fenced = false;
+    // A layout that does not answer fails every export alike: said once a minute.
+    let mut failures = Failures::default();
     while let Ok(mut k) = rx.recv() {
         while let Ok(newer) = rx.try_recv() {
             k = newer;
@@ -770,6 +779,12 @@ fn export_each(
             Ok(said) => {
                 tracing::info!("{said}");
                 last = Some(k);
+                if failures.ended() {
+                    eprintln!(
+                        "ferry: exported {k} to {}: exports go through again",
+                        to.name()
+                    );
+                }
                 status.exported = Some(session::Stamped::now(k.to_string()));
                 status.error = None;
                 status.epoch = claim.epoch;
@@ -804,16 +819,30 @@ fn export_each(
                 taken_over();
             }
             Err(e) => {
-                eprintln!(
-                    "ferry: could not export {k} to {} (the next snapshot will be): {e:#}",
-                    to.name()
-                );
+                if let Some(more) = failures.note(&format!("{e:#}"), true) {
+                    eprintln!(
+                        "ferry: could not export {k} to {} (the next snapshot will be): {e:#}{more}",
+                        to.name()
+                    );
+                }
                 status.error = Some(format!("{k}: {e:#}"));
             }
         }
         note(&status);
     }
-    (last, fenced)
+    ExportsDone {
+        last,
+        taken: fenced,
+        error: status.error,
+    }
+}
+
+/// What [`export_each`] did: the last snapshot exported, whether the tag was taken over, and
+/// why the last export failed if it did.
+struct ExportsDone {
+    last: Option<Kappa>,
+    taken: bool,
+    error: Option<String>,
 }
 
 /// What became of a run's lease on its tag ([`keep_lease`]).

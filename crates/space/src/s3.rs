@@ -469,7 +469,8 @@ impl Bucket {
                 return again;
             }
             if let Err(e) = again {
-                tracing::warn!("{e}; trying again in {} ms", wait.as_millis());
+                // Said with -v: a request that fails in the end is said by its caller.
+                tracing::info!("{e}; trying again in {} ms", wait.as_millis());
             }
             std::thread::sleep(wait);
             wait *= 2;

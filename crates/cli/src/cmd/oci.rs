@@ -114,6 +114,15 @@ impl OciRef {
         }
     }
 
+    /// [`OciRef::name`] without the tag: the layout, as `--export-to` takes it.
+    pub fn layout_name(&self) -> String {
+        OciRef {
+            place: self.place.clone(),
+            tag: None,
+        }
+        .name()
+    }
+
     /// How it is described to the user, with its tag `tag`.
     pub fn describe(&self, tag: &str) -> String {
         match &self.place {

@@ -766,7 +766,7 @@ except s3.exceptions.NoSuchKey:
         err.contains(&format!(
             "ferry: exported {k} to the OCI layout in s3://ferry-test/runs, tag `sus`"
         )) && err
-            .contains("`ferry resume s3://ferry-test/runs:sus` on another machine goes on from it"),
+            .contains("`ferry resume s3://ferry-test/runs:sus --export-to s3://ferry-test/runs` on another machine goes on from it"),
         "{err}"
     );
     let (listed, _, _) = here.output(&["ps", "--all", "--json"]);

@@ -378,11 +378,7 @@ fn copy_note(r: &OciRef) -> Result<Option<String>> {
             s.record.writer,
             s.age.as_secs(),
             r.name(),
-            OciRef {
-                place: r.place.clone(),
-                tag: None
-            }
-            .name()
+            r.layout_name()
         )
     }))
 }
