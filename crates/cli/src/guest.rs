@@ -668,7 +668,7 @@ impl Execution<'_> {
                         "ferry: {k} was not exported to {} ({}); it is in this store",
                         to.name(),
                         match (&done.error, lease_lost.lost()) {
-                            (_, true) => "this run lost its lease on the tag".to_owned(),
+                            (_, true) => LEASE_LOST.to_owned(),
                             (Some(why), false) => format!("the last export failed: {why}"),
                             (None, false) => "see above".to_owned(),
                         }
@@ -707,8 +707,13 @@ impl Execution<'_> {
                 session::save(self.settings, &self.session)?;
                 eprintln!("suspended {k}");
                 if !taken_over {
+                    // A run that exported goes on exporting there (and holding the tag).
+                    let export = export_to
+                        .as_ref()
+                        .map(|to| format!("--export-to {} ", shell_word(&to.name())))
+                        .unwrap_or_default();
                     eprintln!(
-                        "ferry: resume it with `ferry resume {grants}{}`",
+                        "ferry: resume it with `ferry resume {grants}{export}{}`",
                         k.fmt_short()
                     );
                 }
@@ -765,6 +770,10 @@ fn export_each(
         }
         // Once the tag's lease is lost, the session may go on elsewhere from the tag.
         if fenced || lease.lost() {
+            if !fenced && status.error.as_deref() != Some(LEASE_LOST) {
+                status.error = Some(LEASE_LOST.into());
+                note(&status);
+            }
             continue;
         }
         status.exporting = Some(session::Stamped::now(k.to_string()));
@@ -836,6 +845,9 @@ fn export_each(
         error: status.error,
     }
 }
+
+/// Why a run whose lease on its tag was lost exports no more (`ferry ps`).
+const LEASE_LOST: &str = "this run lost its lease on the tag";
 
 /// What [`export_each`] did: the last snapshot exported, whether the tag was taken over, and
 /// why the last export failed if it did.
@@ -969,8 +981,9 @@ fn keep_lease(
                                  (its layout does not answer): this run exports no more and \
                                  suspends, so that the session cannot run in two places — a run \
                                  resumed from the tag elsewhere takes it over once the lease \
-                                 lapses, {} s after its last renewal; `ferry resume {session}` \
-                                 here goes on once the layout answers, unless one did",
+                                 lapses, {} s after its last renewal; `ferry resume {session} \
+                                 --export-to …` here goes on once the layout answers, unless \
+                                 one did",
                                 since.as_secs(),
                                 ttl.as_secs()
                             ),

@@ -381,15 +381,19 @@ impl Layout {
 
     /// Deletes file `name` of `blobs/sha256`.
     fn delete(&self, name: &str) -> Result<()> {
-        let name = format!("blobs/sha256/{name}");
+        self.delete_file(&format!("blobs/sha256/{name}"))
+    }
+
+    /// Deletes the layout's file `name` (nothing if it is not there).
+    fn delete_file(&self, name: &str) -> Result<()> {
         match self {
-            Layout::Dir(d) => match std::fs::remove_file(d.join(&name)) {
+            Layout::Dir(d) => match std::fs::remove_file(d.join(name)) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    Err(e).with_context(|| format!("cannot delete {}", self.name(&name)))
+                    Err(e).with_context(|| format!("cannot delete {}", self.name(name)))
                 }
                 _ => Ok(()),
             },
-            Layout::Bucket(b, r) => Ok(b.delete(&r.key(&name))?),
+            Layout::Bucket(b, r) => Ok(b.delete(&r.key(name))?),
         }
     }
 
@@ -996,6 +1000,16 @@ fn untag_all(layout: &Layout, untag: &[String], dry_run: bool) -> Result<()> {
     if untag.is_empty() {
         return Ok(());
     }
+    // A tag a run still holds would be written again at its next export.
+    for tag in untag {
+        if let Some(holder) = lease::live_holder(layout, tag)? {
+            bail!(
+                "tag `{tag}` of {} is held by a run that is still going (writer {holder}): \
+                 its next export would tag it again; suspend that run first",
+                layout.place()
+            );
+        }
+    }
     let written = change_index(layout, |read| {
         let index = read.with_context(|| format!("{} is not there", layout.name("index.json")))?;
         let tags: Vec<String> = index["manifests"]
@@ -1024,6 +1038,11 @@ fn untag_all(layout: &Layout, untag: &[String], dry_run: bool) -> Result<()> {
              deleted; prune again",
             layout.name("index.json")
         );
+    }
+    if !dry_run {
+        for tag in untag {
+            layout.delete_file(&lease::file(tag)?)?;
+        }
     }
     Ok(())
 }

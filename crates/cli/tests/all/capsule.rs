@@ -766,7 +766,11 @@ except s3.exceptions.NoSuchKey:
         err.contains(&format!(
             "ferry: exported {k} to the OCI layout in s3://ferry-test/runs, tag `sus`"
         )) && err
-            .contains("`ferry resume s3://ferry-test/runs:sus --export-to s3://ferry-test/runs` on another machine goes on from it"),
+            .contains("`ferry resume s3://ferry-test/runs:sus --export-to s3://ferry-test/runs` on another machine goes on from it")
+            && err.contains(&format!(
+                "resume it with `ferry resume --export-to s3://ferry-test/runs:sus {}`",
+                &k[..19]
+            )),
         "{err}"
     );
     let (listed, _, _) = here.output(&["ps", "--all", "--json"]);
@@ -1209,6 +1213,13 @@ fn a_run_resumed_elsewhere_from_its_tag_takes_it_over_and_the_first_run_stops() 
     );
     let there = Env::new();
     let tag = format!("{to}:job");
+    // A tag a run holds is not untagged: its next export would tag it again.
+    let (_, err, code) = there.output(&["prune", &to, "--untag", "job"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("tag `job` of ") && err.contains("is held by a run that is still going"),
+        "{err}"
+    );
     let (_, err, code) = there.output(&[&["resume", &tag][..], &every[..]].concat());
     assert_eq!(code, 1, "{err}");
     assert!(
@@ -1275,6 +1286,11 @@ fn a_run_resumed_elsewhere_from_its_tag_takes_it_over_and_the_first_run_stops() 
         index_entry(&layout, "job")["annotations"]["dev.ferry.epoch"],
         "2"
     );
+    // Once it ended, the tag is untagged, and its lease goes with it.
+    assert!(layout.join("ferry-leases/job").exists());
+    let (_, err, code) = there.output(&["prune", &to, "--untag", "job", "--grace", "0"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!layout.join("ferry-leases/job").exists(), "{err}");
 }
 
 /// A run cut off from the bucket it exports to (its network gone, not its machine) cannot
@@ -1343,15 +1359,16 @@ except Exception:
     let mut stdout = second.stdout.take().unwrap();
     let printing = std::thread::spawn(move || {
         let mut out = vec![0u8; 1];
-        stdout.read_exact(&mut out).unwrap();
+        let read = stdout.read_exact(&mut out);
         let began = std::time::Instant::now();
         stdout.read_to_end(&mut out).unwrap();
-        (out, began)
+        (read.map(|()| out), began)
     });
     let second = second.wait_with_output().unwrap();
     let (printed, began) = printing.join().unwrap();
     let err = String::from_utf8_lossy(&second.stderr);
     assert_eq!(second.status.code(), Some(0), "{err}");
+    let printed = printed.unwrap();
     assert!(
         err.contains("is held by a run (writer ")
             && err.contains("waiting up to")
@@ -1377,5 +1394,14 @@ except Exception:
     assert!(
         stopped < began,
         "the first run ended before the second printed anything"
+    );
+    // `ps` says why the first run's exports stopped.
+    let (listed, _, _) = here.output(&["ps", "--all", "--json"]);
+    let rows: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let row = rows.as_array().unwrap().iter().find(|r| r["id"] == "job");
+    assert_eq!(
+        row.unwrap()["export"]["error"],
+        "this run lost its lease on the tag",
+        "{listed}"
     );
 }

@@ -60,13 +60,18 @@ impl Seen {
     }
 }
 
-fn file(tag: &str) -> String {
-    format!("ferry-leases/{tag}")
+/// Where the lease of `tag` is in its layout (a tag read from a layout is untrusted: one that
+/// is no OCI tag names no file).
+pub(super) fn file(tag: &str) -> Result<String> {
+    if !super::valid_tag(tag) {
+        bail!("`{tag}` is not an OCI tag (letters, digits, `_`, `.`, `-`; at most 128)");
+    }
+    Ok(format!("ferry-leases/{tag}"))
 }
 
 /// The lease of `tag` in `layout`, if there is one.
 fn read(layout: &Layout, tag: &str) -> Result<Option<Seen>> {
-    let name = file(tag);
+    let name = file(tag)?;
     let Some((_, v, etag)) = layout.read_json(&name)? else {
         return Ok(None);
     };
@@ -111,10 +116,9 @@ impl std::fmt::Debug for TagLease {
 
 impl TagLease {
     /// Takes the lease of `to`'s tag for the run of `claim`, fixing the claim's epoch (the one
-    /// after the tag's and the lease's, if it has none yet). Refused while another run holds
-    /// it (renewed within its time to live and not ended) unless `force`, and — `force` or
-    /// not — when a later epoch than the claim's took it ([`TakenOver`]: this run was taken
-    /// over).
+    /// after the tag's and the lease's, if it has none yet). Unless `force`, refused while
+    /// another run holds it (renewed within its time to live and not ended), and when a
+    /// later epoch than the claim's took it ([`TakenOver`]: this run was taken over).
     pub fn take(to: &OciRef, claim: &mut Claim, ttl: Duration, force: bool) -> Result<TagLease> {
         let tag = to.tag.clone().context("a lease needs a tag")?;
         let layout = Layout::open(&to.place)?;
@@ -237,16 +241,18 @@ impl TagLease {
                 && s.record.epoch == self.record.epoch
                 && s.record.ended.is_none()
         };
-        let etag = self.etag.clone();
-        let condition = match (&self.layout, &etag) {
-            // A directory has no conditional writes: the lease is read under the lock.
-            (Layout::Dir(_), _) => match read(&self.layout, &self.tag)? {
-                Some(s) if mine(&s) => Condition::Always,
+        // Without the ETag of its last write (a directory; a store that gave none) the lease
+        // is read first: in a directory under the lock, in a bucket on the ETag read.
+        let etag = match (&self.layout, &self.etag) {
+            (Layout::Bucket(..), Some(etag)) => Some(etag.clone()),
+            _ => match read(&self.layout, &self.tag)? {
+                Some(s) if mine(&s) => s.etag,
                 other => return Err(lost(other)),
             },
-            (Layout::Bucket(..), Some(etag)) => Condition::Unchanged(etag),
-            (Layout::Bucket(..), None) => Condition::Always,
         };
+        let condition = etag
+            .as_deref()
+            .map_or(Condition::Always, Condition::Unchanged);
         if let Some(etag) = self.write(condition)? {
             self.etag = etag;
             return Ok(());
@@ -275,7 +281,7 @@ impl TagLease {
     fn write(&self, condition: Condition<'_>) -> Result<Option<Option<String>>> {
         let bytes = serde_json::to_vec(&self.record)?;
         self.layout
-            .write_small_tagged(&file(&self.tag), &bytes, condition)
+            .write_small_tagged(&file(&self.tag)?, &bytes, condition)
     }
 }
 
@@ -295,6 +301,10 @@ pub fn await_lease(r: &OciRef, take_over: bool, say: &mut dyn FnMut(String)) -> 
     };
     let start = Instant::now();
     let mut first: Option<Seen> = None;
+    // Renewals seen while waiting: one may be a write sent before the holder was cut off
+    // that landed after (its answer lost, so the holder counts from the one before); a
+    // second one means the holder goes on.
+    let (mut last_written, mut renewals) = (None, 0);
     loop {
         let Some(s) = read(&layout, &tag)? else {
             return Ok(());
@@ -318,8 +328,12 @@ pub fn await_lease(r: &OciRef, take_over: bool, say: &mut dyn FnMut(String)) -> 
             }
             return Ok(());
         }
+        if first.is_some() && s.modified > last_written {
+            renewals += 1;
+        }
+        last_written = s.modified;
         match &first {
-            Some(f) if s.record.writer != f.record.writer || s.modified > f.modified => bail!(
+            Some(f) if s.record.writer != f.record.writer || renewals >= 2 => bail!(
                 "tag `{tag}` of {} is held by a run that is still going (writer {} renewed \
                  its lease while this one waited): the session runs there. Suspend it there \
                  first, or resume it with --take-over to stop it at its next renewal",
@@ -381,6 +395,13 @@ fn copy_note(r: &OciRef) -> Result<Option<String>> {
             r.layout_name()
         )
     }))
+}
+
+/// The writer holding the lease of `tag` in `layout`, if it is live.
+pub(super) fn live_holder(layout: &Layout, tag: &str) -> Result<Option<String>> {
+    Ok(read(layout, tag)?
+        .filter(Seen::live)
+        .map(|s| s.record.writer))
 }
 
 /// The tag `r` names, or the one tag of its layout (as an import takes it).
@@ -485,13 +506,15 @@ mod tests {
         let ttl = Duration::from_secs(10);
         await_lease(&to, false, &mut |s| panic!("{s}")).unwrap();
         let mut lease = TagLease::take(&to, &mut claim("a", None), ttl, false).unwrap();
-        // A renewal seen while waiting: the run goes on, the wait is refused.
+        // Renewals seen while waiting: the run goes on, the wait is refused.
         let waited = std::thread::spawn({
             let to = to.clone();
             move || await_lease(&to, false, &mut |_| {})
         });
-        std::thread::sleep(Duration::from_millis(1100));
-        lease.renew().unwrap();
+        for _ in 0..2 {
+            std::thread::sleep(Duration::from_millis(1100));
+            lease.renew().unwrap();
+        }
         let e = waited.join().unwrap().unwrap_err();
         assert!(
             format!("{e:#}").contains("renewed its lease while this one waited"),
@@ -516,5 +539,13 @@ mod tests {
         .unwrap();
         let e = await_lease(&to, false, &mut |_| {}).unwrap_err();
         assert!(format!("{e:#}").contains("of format 2"), "{e:#}");
+        // A tag read from a layout names no file outside `ferry-leases` (no path escapes).
+        let escape = OciRef {
+            tag: Some("../../x".into()),
+            ..to
+        };
+        let e = TagLease::take(&escape, &mut claim("d", None), ttl, true).unwrap_err();
+        assert!(format!("{e:#}").contains("is not an OCI tag"), "{e:#}");
+        assert!(!dir.path().parent().unwrap().join("x").exists());
     }
 }
