@@ -289,8 +289,8 @@ impl TagLease {
 /// run holds its lease — the run that held it ended (and said so), or has not renewed it
 /// for its time to live (its machine is gone or cut off: a run that cannot renew suspends
 /// itself within half of that) — telling `say` that it waits. Refused when the lease is
-/// renewed meanwhile (the run holding it is going: the session runs there) or when the run
-/// that held it exited (its end would run again); `take_over`: no wait, nothing refused.
+/// renewed twice meanwhile, or taken by another writer (the session runs there), or when the
+/// run that held it exited (its end would run again); `take_over`: no wait, nothing refused.
 pub fn await_lease(r: &OciRef, take_over: bool, say: &mut dyn FnMut(String)) -> Result<()> {
     if take_over {
         return Ok(());
