@@ -1347,8 +1347,9 @@ except Exception:
         let out = first.wait_with_output().unwrap();
         (out, std::time::Instant::now())
     });
-    let mut second = s3
-        .for_ferry(Env::new())
+    // Bound to a name: the store must outlive the process.
+    let there = s3.for_ferry(Env::new());
+    let mut second = there
         .ferry()
         .args(["resume", "s3://ferry-test/cut:job"])
         .args(lease)
