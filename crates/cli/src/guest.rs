@@ -558,7 +558,12 @@ impl Execution<'_> {
                     let dir = settings.store_dir.clone();
                     let (settings, id) = (settings.clone(), sess.id.clone());
                     move || {
-                        let taken_over = || export_control.request(Request::Suspend);
+                        // The tag taken over at an export: noted as for the lease.
+                        let taken_over = || {
+                            if export_lost.lose(true) {
+                                export_control.request(Request::Suspend);
+                            }
+                        };
                         export_each(
                             &dir,
                             &to,
@@ -649,7 +654,7 @@ impl Execution<'_> {
             }
             let done = exporter.join().expect("the export thread panicked");
             exported_last = done.last;
-            taken_over = done.taken || lease_lost.taken();
+            taken_over = lease_lost.taken();
             if let Ok(Outcome::Suspended(k)) = &outcome {
                 match done.last {
                     _ if taken_over => eprintln!(
@@ -685,7 +690,7 @@ impl Execution<'_> {
                 Ok(Outcome::Suspended(k)) if exported_last == Some(*k) => Some("suspended".into()),
                 _ => None,
             };
-            if let Some(how) = how.filter(|_| !taken_over && !lease_lost.lost())
+            if let Some(how) = how.filter(|_| !lease_lost.lost())
                 && let Err(e) = lease.end(&how)
             {
                 eprintln!(
@@ -740,8 +745,9 @@ impl Execution<'_> {
 /// `prune` (`--export-prune GRACE`), deleting from the layout after an export what no tag
 /// needs and is older than GRACE, every [`EXPORT_PRUNE_EVERY`] (or GRACE) at most. The tag
 /// is written under `claim` ([`crate::cmd::oci::Claim`]): once another run has taken it
-/// over, nothing more is exported and `taken_over` is called (the guest is suspended: the
-/// session goes on there). Returns the last one exported, and whether it was taken over.
+/// over, nothing more is exported and `taken_over` is called (it notes that in `lease` and
+/// suspends the guest: the session goes on there); nor once `lease` says the tag's lease was
+/// lost.
 fn export_each(
     dir: &std::path::Path,
     to: &crate::cmd::oci::OciRef,
@@ -761,17 +767,19 @@ fn export_each(
     };
     let mut last = None;
     let mut pruned: Option<std::time::Instant> = None;
-    let mut fenced = false;
+    // Whether `status` says why exports stopped.
+    let mut stopped = false;
     // A layout that does not answer fails every export alike: said once a minute.
     let mut failures = Failures::default();
     while let Ok(mut k) = rx.recv() {
         while let Ok(newer) = rx.try_recv() {
             k = newer;
         }
-        // Once the tag's lease is lost, the session may go on elsewhere from the tag.
-        if fenced || lease.lost() {
-            if !fenced && status.error.as_deref() != Some(LEASE_LOST) {
+        // Once the tag is lost, the session may go on elsewhere from it.
+        if lease.lost() {
+            if !stopped {
                 status.error = Some(LEASE_LOST.into());
+                stopped = true;
                 note(&status);
             }
             continue;
@@ -824,7 +832,7 @@ fn export_each(
                     e, to.place
                 );
                 status.error = Some(e.to_string());
-                fenced = true;
+                stopped = true;
                 taken_over();
             }
             Err(e) => {
@@ -841,7 +849,6 @@ fn export_each(
     }
     ExportsDone {
         last,
-        taken: fenced,
         error: status.error,
     }
 }
@@ -849,15 +856,15 @@ fn export_each(
 /// Why a run whose lease on its tag was lost exports no more (`ferry ps`).
 const LEASE_LOST: &str = "this run lost its lease on the tag";
 
-/// What [`export_each`] did: the last snapshot exported, whether the tag was taken over, and
-/// why the last export failed if it did.
+/// What [`export_each`] did: the last snapshot exported, and why the last export failed if
+/// it did.
 struct ExportsDone {
     last: Option<Kappa>,
-    taken: bool,
     error: Option<String>,
 }
 
-/// What became of a run's lease on its tag ([`keep_lease`]).
+/// What became of a run's hold on its tag: its lease ([`keep_lease`]), or at an export its
+/// epoch ([`crate::cmd::oci::TakenOver`]).
 #[derive(Debug, Default)]
 pub struct LeaseFate(std::sync::atomic::AtomicU8);
 

@@ -599,6 +599,11 @@ impl std::fmt::Display for TakenOver {
 
 impl std::error::Error for TakenOver {}
 
+/// The entry of `manifests` (an index's) tagged `tag`.
+fn tagged<'a>(manifests: &'a [Value], tag: &str) -> Option<&'a Value> {
+    manifests.iter().find(|m| m["annotations"][REF_NAME] == tag)
+}
+
 /// The epoch of an index entry (`0` if it has none).
 fn epoch_of(entry: &Value) -> u64 {
     entry["annotations"][EPOCH_ANNOTATION]
@@ -802,9 +807,7 @@ pub fn export(
         let mut manifests: Vec<Value> = read
             .and_then(|v| v["manifests"].as_array().cloned())
             .unwrap_or_default();
-        let current = manifests
-            .iter()
-            .find(|m| m["annotations"][REF_NAME] == tag.as_str());
+        let current = tagged(&manifests, &tag);
         let current_epoch = current.map_or(0, epoch_of);
         let mut annotations = json!({REF_NAME: tag});
         epoch = match claim.as_deref() {
@@ -1223,15 +1226,12 @@ pub fn open(r: &OciRef) -> Result<Artifact> {
         Place::Bucket(_) => "",
     };
     let chosen = match &r.tag {
-        Some(t) => manifests
-            .iter()
-            .find(|m| m["annotations"][REF_NAME] == t.as_str())
-            .with_context(|| {
-                format!(
-                    "{place} has no manifest tagged `{t}` (tags: {})",
-                    tags.join(", ")
-                )
-            })?,
+        Some(t) => tagged(&manifests, t).with_context(|| {
+            format!(
+                "{place} has no manifest tagged `{t}` (tags: {})",
+                tags.join(", ")
+            )
+        })?,
         None if manifests.len() == 1 => &manifests[0],
         None => bail!(
             "{place} holds {} manifests: name one as {scheme}{place}:TAG (tags: {})",

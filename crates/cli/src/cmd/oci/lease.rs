@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use ferry_space::s3::Condition;
 use serde::{Deserialize, Serialize};
 
-use super::{Claim, Layout, OciRef, TakenOver, epoch_of};
+use super::{Claim, Layout, OciRef, TakenOver, epoch_of, tagged};
 
 /// The lease file's format.
 const LEASE_FORMAT: u64 = 1;
@@ -129,14 +129,10 @@ impl TagLease {
             Some(e) => e,
             None => {
                 let index = layout.read_json("index.json")?;
-                let tagged = index.as_ref().and_then(|(_, v, _)| {
-                    v["manifests"]
-                        .as_array()?
-                        .iter()
-                        .find(|m| m["annotations"][super::REF_NAME] == tag.as_str())
-                        .map(epoch_of)
-                });
-                tagged.unwrap_or(0) + 1
+                let entry = index
+                    .as_ref()
+                    .and_then(|(_, v, _)| tagged(v["manifests"].as_array()?, &tag).map(epoch_of));
+                entry.unwrap_or(0) + 1
             }
         };
         if let Some(s) = seen.as_ref().filter(|s| s.record.writer != claim.writer) {
@@ -209,17 +205,6 @@ impl TagLease {
     /// Writes the lease again (its time to live starts anew); `Err(TakenOver)` (as the
     /// error's cause) if another run has taken it.
     pub fn renew(&mut self) -> Result<()> {
-        self.rewrite()
-    }
-
-    /// Gives the lease up, saying how the run ended (`suspended`, `exited(0)`): a run resumed
-    /// from the tag takes it at once.
-    pub fn end(&mut self, how: &str) -> Result<()> {
-        self.record.ended = Some(how.to_owned());
-        self.rewrite()
-    }
-
-    fn rewrite(&mut self) -> Result<()> {
         let _turn = self.layout.lock_index()?;
         let lost = |s: Option<Seen>| -> anyhow::Error {
             match s {
@@ -243,39 +228,39 @@ impl TagLease {
         };
         // Without the ETag of its last write (a directory; a store that gave none) the lease
         // is read first: in a directory under the lock, in a bucket on the ETag read.
-        let etag = match (&self.layout, &self.etag) {
+        let mut etag = match (&self.layout, &self.etag) {
             (Layout::Bucket(..), Some(etag)) => Some(etag.clone()),
             _ => match read(&self.layout, &self.tag)? {
                 Some(s) if mine(&s) => s.etag,
                 other => return Err(lost(other)),
             },
         };
-        let condition = etag
-            .as_deref()
-            .map_or(Condition::Always, Condition::Unchanged);
-        if let Some(etag) = self.write(condition)? {
-            self.etag = etag;
-            return Ok(());
-        }
-        // Changed since: by this run's own write whose answer was lost (then its ETag is
-        // taken and the write made again), or by another run.
-        match read(&self.layout, &self.tag)? {
-            Some(s) if mine(&s) => {
-                self.etag = s.etag.clone();
-                let condition = s
-                    .etag
-                    .as_deref()
-                    .map_or(Condition::Always, Condition::Unchanged);
-                match self.write(condition)? {
-                    Some(etag) => {
-                        self.etag = etag;
-                        Ok(())
-                    }
-                    None => Err(lost(read(&self.layout, &self.tag)?)),
-                }
+        let mut tried_again = false;
+        loop {
+            let condition = etag
+                .as_deref()
+                .map_or(Condition::Always, Condition::Unchanged);
+            if let Some(written) = self.write(condition)? {
+                self.etag = written;
+                return Ok(());
             }
-            other => Err(lost(other)),
+            // Changed since: by this run's own write whose answer was lost (then its ETag is
+            // taken and the write made again, once), or by another run.
+            match read(&self.layout, &self.tag)? {
+                Some(s) if mine(&s) && !tried_again => {
+                    etag = s.etag;
+                    tried_again = true;
+                }
+                other => return Err(lost(other)),
+            }
         }
+    }
+
+    /// Gives the lease up, saying how the run ended (`suspended`, `exited(0)`): a run resumed
+    /// from the tag takes it at once.
+    pub fn end(&mut self, how: &str) -> Result<()> {
+        self.record.ended = Some(how.to_owned());
+        self.renew()
     }
 
     fn write(&self, condition: Condition<'_>) -> Result<Option<Option<String>>> {
